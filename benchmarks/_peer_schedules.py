@@ -1,0 +1,135 @@
+"""Generate complete Revolve schedules with peer tools, for timing benchmarks.
+
+Each function builds a fresh scheduler object and runs it to the end,
+with no operator, no real state and no storage: what gets timed is only
+how long each tool takes to produce its action sequence.
+
+* pyrevolve: the compiled C++ revolve core (``pyrevolve.crevolve.CRevolve``),
+  driven directly by ``revolve()`` calls. Its ``snapshots`` count
+  *includes* the initial state u_0: the first action is always
+  ``takeshot`` at capo 0, into slot 0.
+  ``pyrevolve.schedulers.CRevolve`` (the Python wrapper) is skipped on
+  purpose: its constructor runs the whole schedule once, building Python
+  ``CAction`` objects, then builds a second C++ object.
+* checkpoint_schedules: ``checkpoint_schedules.Revolve(n, snapshots)``
+  iterated up to ``EndReverse``. Its constructor already builds the whole
+  H-Revolve operation list (pure Python), and that cost is included.
+  Its ``snapshots`` (``snapshots_in_ram``) count also includes u_0.
+
+Action counts differ between the tools and cannot be compared one to one.
+pyrevolve gives advance/takeshot/restore/firstrun/youturn/terminate;
+checkpoint_schedules gives Forward/Reverse/Copy/Move/EndForward/EndReverse.
+"""
+import time
+import tracemalloc
+
+import pyrevolve.crevolve as _cr
+from checkpoint_schedules import EndReverse, Forward, Revolve
+
+_ADVANCE = _cr.Action.advance
+_TERMINATE = _cr.Action.terminate
+_ERROR = _cr.Action.error
+
+
+def pyrevolve_actions(n, snapshots):
+    """Number of actions the C++ revolve returns for ``n`` steps and
+    ``snapshots`` snapshots, counting every action up to and including
+    ``terminate``.
+
+    The time covers building one ``crevolve.CRevolve(snapshots, n, None)``
+    and making every ``revolve()`` call until it returns ``terminate``.
+    Each CRevolve keeps its own state, so a new one is built on every
+    call: a finished object cannot be run again.
+    """
+    r = _cr.CRevolve(snapshots, n, None)
+    step = r.revolve
+    count = 1
+    a = step()
+    while a is not _TERMINATE:
+        if a is _ERROR:
+            raise RuntimeError(f"revolve error (n={n}, snapshots={snapshots})")
+        count += 1
+        a = step()
+    return count
+
+
+def pyrevolve_forward_count(n, snapshots):
+    """Number of forward steps taken by ``advance`` actions (sum of
+    ``capo - oldcapo``), for ``n`` steps and ``snapshots`` snapshots.
+
+    ``firstrun``/``youturn`` are not counted: each one stands for a taped
+    forward step plus its adjoint step, n in all, so the total number of
+    forward-step evaluations is this count plus ``n``. The count equals
+    ``crevolve.numforw(n, snapshots)``.
+    """
+    r = _cr.CRevolve(snapshots, n, None)
+    step = r.revolve
+    fwd = 0
+    a = step()
+    while a is not _TERMINATE:
+        if a is _ADVANCE:
+            fwd += r.capo - r.oldcapo
+        elif a is _ERROR:
+            raise RuntimeError(f"revolve error (n={n}, snapshots={snapshots})")
+        a = step()
+    return fwd
+
+
+def checkpoint_schedules_actions(n, snapshots):
+    """Number of actions in ``checkpoint_schedules.Revolve(n, snapshots)``,
+    counting every action up to and including ``EndReverse``.
+
+    The time covers the constructor (which builds the full H-Revolve
+    operation list) and the iteration that turns it into actions.
+    """
+    count = 0
+    for action in Revolve(n, snapshots):
+        count += 1
+        if isinstance(action, EndReverse):
+            break
+    return count
+
+
+def checkpoint_schedules_forward_count(n, snapshots):
+    """Sum of ``n1 - n0`` over the ``Forward`` actions, the final taped
+    steps included (compare with ``pyrevolve_forward_count(...) + n``)."""
+    fwd = 0
+    for action in Revolve(n, snapshots):
+        if isinstance(action, Forward):
+            fwd += action.n1 - action.n0
+        elif isinstance(action, EndReverse):
+            break
+    return fwd
+
+
+def measure(fn, n, snapshots, memory=True):
+    """Return ``(result, process_time_s, peak_bytes)`` for ``fn(n, snapshots)``.
+
+    The time comes from a run with tracemalloc off; the peak then comes
+    from a second run with tracemalloc on, if ``memory`` is set (otherwise
+    it is None). tracemalloc only sees Python allocations, so the C++
+    revolve's own memory is not counted.
+    """
+    t0 = time.process_time()
+    result = fn(n, snapshots)
+    elapsed = time.process_time() - t0
+    peak = None
+    if memory:
+        tracemalloc.start()
+        try:
+            fn(n, snapshots)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    return result, elapsed, peak
+
+
+if __name__ == "__main__":
+    cases = [(pyrevolve_actions, 1000, 10), (pyrevolve_actions, 10**4, 100),
+             (pyrevolve_actions, 10**5, 100), (pyrevolve_actions, 10**6, 100),
+             (checkpoint_schedules_actions, 1000, 10),
+             (checkpoint_schedules_actions, 2000, 10)]
+    for fn, n, c in cases:
+        res, t, peak = measure(fn, n, c)
+        print(f"{fn.__name__:30s} n={n:<8d} c={c:<4d} actions={res:<9d} "
+              f"t={t:.4f}s peak={peak} B")

@@ -1,0 +1,185 @@
+"""Revolve: optimal binomial checkpointing on one storage level.
+
+Reference: A. Griewank and A. Walther, "Algorithm 799: revolve: an
+implementation of checkpointing for the reverse or adjoint mode of
+computational differentiation", ACM TOMS 26(1), 19-45, 2000.
+
+With ``c`` slots (``u_0`` occupies one) the least number of forward steps
+outside adjoint steps needed to reverse ``l`` steps is
+
+    t(l, c) = r * l - C(c + r, c + 1),    r = min { r : beta(c, r) >= l },
+
+where ``beta(c, r) = C(c + r, c)`` is the most steps ``c`` slots reverse with
+every state computed at most ``r`` times (Griewank & Walther, Prop. 1).  The
+schedule is the recursion
+
+    reverse(s, l, c):  advance m steps from u_s, save u_{s+m},
+                       reverse(s+m, l-m, c-1), then reverse(s, m, c)
+
+whose cost ``m + t(m, c) + t(l - m, c - 1)`` is minimal for
+
+    m = min(l - 1, max(1, l - beta(c - 1, r), beta(c, r - 2))).          (*)
+
+Why (*): ``t(., c)`` is convex and piecewise linear with slope ``r(l, c)``,
+so the split is optimal exactly when the left part ``m`` lies where
+``t(., c)`` has slope ``r - 1`` and the right part ``l - m`` where
+``t(., c - 1)`` has slope ``r``; (*) picks the smallest such ``m``, and
+``tests/test_revolve.py`` checks the total against ``t(n, c)`` for every
+``n <= 2000``, ``c <= 40``.  With one slot left a segment is reversed by
+restarting from its base for every step (``t(l, 1) = l (l - 1) / 2``).
+
+The recursion runs in a numba kernel on an explicit stack (depth at most
+``2 (c + r)``), once to count the actions and once to write them into the
+table, so ten million steps cost no Python objects and no recursion.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .actions import ACTION_DTYPE
+from ._schedule import Level, Schedule, check_positive_int
+
+__all__ = ["Revolve", "binomial_forward_count"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _beta(c, r, cap):
+    """``C(c + r, c)`` for ``r >= 0`` (0 for ``r < 0``), saturated at ``cap``."""
+    if r < 0:
+        return 0
+    value = 1
+    for i in range(1, r + 1):
+        # C(c+i, i) = C(c+i-1, i-1) * (c+i) / i is exact; stop before overflow.
+        value = value * (c + i) // i
+        if value >= cap:
+            return cap
+    return value
+
+
+@numba.njit(cache=True, nogil=True)
+def _repetitions(l, c):
+    """The least ``r`` with ``beta(c, r) >= l``."""
+    r = 0
+    value = 1
+    while value < l:
+        r += 1
+        value = value * (c + r) // r
+    return r
+
+
+@numba.njit(cache=True, nogil=True)
+def _split(l, c):
+    """The optimal first advance (*) of a segment of ``l`` steps, ``c >= 2`` slots."""
+    r = _repetitions(l, c)
+    m = max(1, l - _beta(c - 1, r, l + 1), _beta(c, r - 2, l + 1))
+    return min(l - 1, m)
+
+
+@numba.njit(cache=True, nogil=True)
+def _put(out, pos, write, kind, a, b, level):
+    if write:
+        out[pos].kind = kind
+        out[pos].a = a
+        out[pos].b = b
+        out[pos].level = level
+        out[pos].dst = -1
+    return pos + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def emit_segment(out, pos, write, s, l, c, in_hand, level):
+    """Reverse steps ``s + l - 1 .. s`` from the stored base ``u_s``.
+
+    ``c`` counts the slots of ``level`` this segment may use, its base
+    included; the segment ends by deleting its base.  Writes rows from
+    ``pos`` on (only counts them when ``write`` is false) and returns the
+    position after the last row.
+    """
+    depth = 2 * (c + _repetitions(l, c)) + 8
+    st_s = np.empty(depth, np.int64)
+    st_l = np.empty(depth, np.int64)
+    st_c = np.empty(depth, np.int64)
+    st_h = np.empty(depth, np.bool_)
+    top = 0
+    st_s[0], st_l[0], st_c[0], st_h[0] = s, l, c, in_hand
+    top = 1
+    while top > 0:
+        top -= 1
+        s, l, c, h = st_s[top], st_l[top], st_c[top], st_h[top]
+        if not h:
+            pos = _put(out, pos, write, 2, s, -1, level)  # Load
+        if l == 1 or c == 1:
+            # Restart from the base for every step, top down.
+            for j in range(s + l - 1, s - 1, -1):
+                if j < s + l - 1:
+                    pos = _put(out, pos, write, 2, s, -1, level)  # Load
+                if j == s:
+                    pos = _put(out, pos, write, 3, s, -1, level)  # Delete
+                else:
+                    pos = _put(out, pos, write, 0, s, j, -1)  # Advance
+                pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
+            continue
+        m = _split(l, c)
+        pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
+        pos = _put(out, pos, write, 1, s + m, -1, level)  # Save
+        # Left part (the rest of this segment) waits below the right part.
+        st_s[top], st_l[top], st_c[top], st_h[top] = s, m, c, False
+        st_s[top + 1], st_l[top + 1], st_c[top + 1], st_h[top + 1] = s + m, l - m, c - 1, True
+        top += 2
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _emit_revolve(out, write, n, c):
+    pos = 0
+    if n == 1:
+        return _put(out, pos, write, 5, 0, -1, -1)
+    pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
+    return emit_segment(out, pos, write, 0, n, c, True, 0)
+
+
+def build_table(emit, *args) -> np.ndarray:
+    """Run a numba emitter twice: count the rows, then write them."""
+    dummy = np.empty(1, ACTION_DTYPE)
+    count = emit(dummy, False, *args)
+    table = np.empty(count, ACTION_DTYPE)
+    written = emit(table, True, *args)
+    assert written == count
+    return table
+
+
+def binomial_forward_count(steps: int, snapshots: int) -> int:
+    """Griewank's optimum ``t(n, c) = r n - C(c + r, c + 1)`` (exact integers)."""
+    from math import comb
+
+    n = check_positive_int(steps, "steps")
+    c = check_positive_int(snapshots, "snapshots")
+    r = 0
+    while comb(c + r, c) < n:
+        r += 1
+    return r * n - comb(c + r, c + 1)
+
+
+class Revolve(Schedule):
+    """Optimal binomial checkpointing with ``snapshots`` slots on one level.
+
+    **Arguments:**
+
+    - `steps`: the number of forward steps ``n`` (>= 1).
+    - `snapshots`: slots for stored states, ``u_0``'s included (>= 1).
+
+    The forward count is Griewank's optimum ``t(n, c)`` (see the module
+    docstring); peak slot use is ``min(c, n - 1)``; every table is built by a
+    numba kernel in ``O(len(table))`` time and memory.
+    """
+
+    def __init__(self, steps: int, snapshots: int):
+        n = check_positive_int(steps, "steps")
+        c = check_positive_int(snapshots, "snapshots")
+        self.snapshots = c
+        super().__init__(build_table(_emit_revolve, n, min(c, max(n - 1, 1))), n, (Level(c),))
+
+    def _params(self) -> str:
+        return f"steps={self.n_steps}, snapshots={self.snapshots}"

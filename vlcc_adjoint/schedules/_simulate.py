@@ -1,0 +1,225 @@
+"""Symbolic replay of a schedule: validation and statistics.
+
+One pass over the table in a numba kernel, following the rules of
+:mod:`vlcc_adjoint.schedules.actions` exactly; each stored step carries a
+bit mask of the levels that hold it, so a replay costs ``O(len(table) +
+n)`` time and ``n + 1`` bytes of state, whatever the number of slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numba
+import numpy as np
+
+from .actions import ActionKind, action_from_row
+from ._schedule import MAX_LEVELS, Schedule
+
+__all__ = ["InvalidScheduleError", "ScheduleStats", "simulate"]
+
+
+class InvalidScheduleError(ValueError):
+    """A schedule breaks the rules of :mod:`vlcc_adjoint.schedules.actions`.
+
+    ``index`` is the offending action's row in the table (or the table's
+    length when the schedule ends with adjoint steps missing).
+    """
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleStats:
+    """What a schedule does, counted by :func:`simulate`.
+
+    ``predicted_time`` is ``forward_count * forward_cost + adjoint_count *
+    adjoint_cost + sum_k(writes[k] * write_cost[k] + reads[k] * read_cost[k])``.
+    """
+
+    n_steps: int
+    actions: int
+    forward_count: int
+    adjoint_count: int
+    peak_slots: tuple[int, ...]
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    predicted_time: float
+
+    @property
+    def recompute_ratio(self) -> float:
+        """Forward steps evaluated outside adjoint steps, per step."""
+        return self.forward_count / self.n_steps
+
+
+_ERRORS = {
+    1: "Advance({a}, {b}) with no state in hand; Load a stored state first",
+    2: "Advance({a}, {b}) but the state in hand is u_{cur}",
+    3: "Advance({a}, {b}) must satisfy start < stop <= n = {n}",
+    4: "Save({a}, {lv}) but the state in hand is u_{cur}",
+    5: "Save({a}, {lv}): u_{a} is already stored on level {lv}",
+    6: "Save/Move of u_{a} overflows level {lv}: its {slots} slots are all taken",
+    7: "Load({a}, {lv}) of a state that level {lv} does not hold",
+    8: "Delete({a}, {lv}) of a state that level {lv} does not hold",
+    9: "Move({a}, {lv}, {dst}) of a state that level {lv} does not hold",
+    10: "Move({a}, {lv}, {dst}): level {dst} already holds u_{a}",
+    11: "Reverse({a}) needs u_{a} in hand, but the state in hand is {curtext}",
+    12: "Reverse({a}) out of order: the next adjoint step due is {due}",
+    13: "action uses level {lv}, but the schedule has levels 0..{nlv_1}",
+    14: "unknown action kind {kind}",
+    15: "step {a} is outside 0..n = {n}",
+    16: "the schedule ends before adjoint steps {due}..0 were done",
+}
+
+
+@numba.njit(cache=True, nogil=True)
+def _replay(kind, a, b, level, dst, n, slots):
+    """Replay the table; return (error, index, counts...)."""
+    nlv = slots.shape[0]
+    mask = np.zeros(n + 1, dtype=np.uint8)
+    used = np.zeros(nlv, dtype=np.int64)
+    peak = np.zeros(nlv, dtype=np.int64)
+    reads = np.zeros(nlv, dtype=np.int64)
+    writes = np.zeros(nlv, dtype=np.int64)
+    cur = 0
+    due = n - 1
+    fwd = 0
+    adj = 0
+    for i in range(kind.shape[0]):
+        k = kind[i]
+        s = a[i]
+        lv = level[i]
+        if s < 0 or s > n:
+            return 15, i, cur, due, fwd, adj, peak, reads, writes
+        if k == 1 or k == 2 or k == 3 or k == 4:
+            if lv < 0 or lv >= nlv:
+                return 13, i, cur, due, fwd, adj, peak, reads, writes
+        if k == 0:  # Advance
+            if cur < 0:
+                return 1, i, cur, due, fwd, adj, peak, reads, writes
+            if cur != s:
+                return 2, i, cur, due, fwd, adj, peak, reads, writes
+            if b[i] <= s or b[i] > n:
+                return 3, i, cur, due, fwd, adj, peak, reads, writes
+            fwd += b[i] - s
+            cur = b[i]
+        elif k == 1:  # Save
+            bit = np.uint8(1 << lv)
+            if cur != s:
+                return 4, i, cur, due, fwd, adj, peak, reads, writes
+            if mask[s] & bit:
+                return 5, i, cur, due, fwd, adj, peak, reads, writes
+            if used[lv] >= slots[lv]:
+                return 6, i, cur, due, fwd, adj, peak, reads, writes
+            mask[s] |= bit
+            used[lv] += 1
+            writes[lv] += 1
+            if used[lv] > peak[lv]:
+                peak[lv] = used[lv]
+        elif k == 2:  # Load
+            if not mask[s] & np.uint8(1 << lv):
+                return 7, i, cur, due, fwd, adj, peak, reads, writes
+            reads[lv] += 1
+            cur = s
+        elif k == 3:  # Delete
+            bit = np.uint8(1 << lv)
+            if not mask[s] & bit:
+                return 8, i, cur, due, fwd, adj, peak, reads, writes
+            mask[s] &= ~bit
+            used[lv] -= 1
+        elif k == 4:  # Move
+            d = dst[i]
+            if d < 0 or d >= nlv:
+                return 13, i, cur, due, fwd, adj, peak, reads, writes
+            bit = np.uint8(1 << lv)
+            dbit = np.uint8(1 << d)
+            if not mask[s] & bit:
+                return 9, i, cur, due, fwd, adj, peak, reads, writes
+            if mask[s] & dbit:
+                return 10, i, cur, due, fwd, adj, peak, reads, writes
+            if used[d] >= slots[d]:
+                return 6, i, cur, due, fwd, adj, peak, reads, writes
+            mask[s] = (mask[s] & ~bit) | dbit
+            used[lv] -= 1
+            used[d] += 1
+            reads[lv] += 1
+            writes[d] += 1
+            if used[d] > peak[d]:
+                peak[d] = used[d]
+        elif k == 5:  # Reverse
+            if cur != s:
+                return 11, i, cur, due, fwd, adj, peak, reads, writes
+            if s != due:
+                return 12, i, cur, due, fwd, adj, peak, reads, writes
+            adj += 1
+            due -= 1
+            cur = -1
+        else:
+            return 14, i, cur, due, fwd, adj, peak, reads, writes
+    if due >= 0:
+        return 16, kind.shape[0], cur, due, fwd, adj, peak, reads, writes
+    return 0, -1, cur, due, fwd, adj, peak, reads, writes
+
+
+def simulate(schedule: Schedule) -> ScheduleStats:
+    """Replay `schedule` symbolically, check it and count what it does.
+
+    **Arguments:**
+
+    - `schedule`: any :class:`~vlcc_adjoint.schedules.Schedule`.
+
+    **Returns:** a :class:`ScheduleStats`.
+
+    **Raises:** :class:`InvalidScheduleError`, naming the offending action and
+    its index, on any violation of the rules in
+    :mod:`vlcc_adjoint.schedules.actions`: a step without its state, a Load
+    of a state not stored, a level over its slots, an adjoint step out of
+    order, a schedule that ends before adjoint step 0.
+    """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(
+            f"simulate takes a Schedule, got {type(schedule).__name__}; wrap a raw "
+            "table as Schedule(table, n_steps, levels)"
+        )
+    t = schedule.table
+    n = schedule.n_steps
+    big = np.iinfo(np.int64).max
+    slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
+    err, index, cur, due, fwd, adj, peak, reads, writes = _replay(
+        t["kind"], t["a"], t["b"], t["level"], t["dst"], n, slots
+    )
+    if err:
+        fields = dict(n=n, cur=cur, due=due, nlv_1=len(slots) - 1,
+                      curtext=("nothing" if cur < 0 else f"u_{cur}"))
+        where = ""
+        if index < len(t):
+            row = t[index]
+            fields.update(a=int(row["a"]), b=int(row["b"]), lv=int(row["level"]),
+                          dst=int(row["dst"]), kind=int(row["kind"]))
+            lv = int(row["dst"]) if row["kind"] == ActionKind.MOVE and err == 6 else int(row["level"])
+            fields["lv"] = lv if err == 6 else fields["lv"]
+            fields["slots"] = int(slots[lv]) if 0 <= lv < len(slots) else 0
+            try:
+                where = f" ({action_from_row(row)!r})"
+            except ValueError:
+                where = ""
+        message = _ERRORS[err].format(**fields)
+        raise InvalidScheduleError(f"invalid schedule at action {index}{where}: {message}", index)
+    predicted = (
+        fwd * schedule.forward_cost
+        + adj * schedule.adjoint_cost
+        + sum(w * lv.write_cost + r * lv.read_cost
+              for w, r, lv in zip(writes, reads, schedule.levels))
+    )
+    return ScheduleStats(
+        n_steps=n,
+        actions=len(t),
+        forward_count=int(fwd),
+        adjoint_count=int(adj),
+        peak_slots=tuple(int(p) for p in peak),
+        reads=tuple(int(r) for r in reads),
+        writes=tuple(int(w) for w in writes),
+        predicted_time=float(predicted),
+    )
