@@ -9,7 +9,7 @@ performs adjoint steps n-1..0. "forward" counts forward-step evaluations
 OUTSIDE adjoint steps. Levels: 0 = RAM, 1 = disk.
 
 How their conventions map to ours (verified by ``_drive``'s assertions and
-numerically, see the helper's report)
+numerically on grids, n <= 200)
 ------------------------------------------------------------------------
 * ``max_n`` = our n. Their "step k" is our forward step k; "start of step k"
   is our u_k. ``Forward(n0, n1, ...)`` evaluates forward steps n0..n1-1
@@ -38,16 +38,31 @@ numerically, see the helper's report)
   went); subtract it if your schedule treats u_0 as held for free.
 * Their internal cost models: HRevolve optimises with RAM write/read cost 0
   (it passes ``wc=[0, wd]``, ``rc=[0, rd]``); our w_ram/r_ram only enter the
-  reported 'time'.  Their makespan (``Sequence.makespan``) equals our 'time'
-  + n*(fwd_cost + bwd_cost) (taped forward + backward per adjoint step).
-  ``DiskRevolve`` passes (wd, rd) into ``disk_revolve(l, cm, rd, wd, ...)``
+  reported 'time'.  Their makespan (``Sequence.makespan`` of the raw
+  hrevolve/disk_revolve sequence) == our 'time' + n*(fwd_cost + bwd_cost)
+  (taped forward + backward per adjoint step), except that raw HRevolve
+  sequences may hold a useless disk write ``W^1_k`` directly followed by
+  ``W^0_k``; the cs translation keeps only the RAM write, so 'time' is then
+  w_disk lower per such write (seen only without ``fix_uf_ub_swap``).
+* BUG in 1.0.4 HRevolve: uf/ub are passed swapped to ``get_hopt_table``, so
+  HRevolve is suboptimal when fwd_cost != bwd_cost (e.g. n=200, RAM only,
+  c=7, uf=3, ub=1: 856 forward steps vs t(200,7)=635; n=200, 3 RAM + 4 disk,
+  wd=rd=10: time 3023 (makespan 3823) vs 2200 fixed, 2645 for Multistage).
+  ``cs_hrevolve(..., fix_uf_ub_swap=True)`` undoes it.
+  ``HRevolve(1, ...)`` raises IndexError; ``cs_hrevolve`` returns the trivial
+  result for n == 1.
+* ``DiskRevolve`` passes (wd, rd) into ``disk_revolve(l, cm, rd, wd, ...)``
   swapped, but with one read per disk snapshot only wd+rd enters its DP.
   ``Revolve``'s uf/ub/wd/rd are irrelevant to its (unit-cost) DP.
-* They generate the whole schedule in ``__init__`` (dynamic programming,
-  pure python, numba absent): Revolve ~O(n^2 c), HRevolve/DiskRevolve slower.
+* Cost: schedules are generated in ``__init__`` by pure-python dynamic
+  programming (Revolve ~0.13 s at n=200, c=10; 3 s at n=1000, c=10).
+  Multistage's ``n_advance`` is numba-jitted: the FIRST call in a process
+  costs ~3 s of compilation, later calls are ~ms.
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from math import comb
 from typing import Any, Dict, Iterable
 
@@ -67,35 +82,53 @@ def griewank_t(n: int, c: int) -> int:
     return r * n - comb(c + r, c + 1)
 
 
+def _peak(spans: list) -> Dict[int, int]:
+    """Max number of simultaneously live snapshots per level, given
+    (level, first_action_index, last_action_index) spans (inclusive)."""
+    peak = {0: 0, 1: 0}
+    for lv in (0, 1):
+        ev = sorted([(s, 1) for v, s, e in spans if v == lv]
+                    + [(e + 1, -1) for v, s, e in spans if v == lv])
+        cur = 0
+        for _, d in ev:
+            cur += d
+            peak[lv] = max(peak[lv], cur)
+    return peak
+
+
 def _drive(schedule: Iterable, n: int) -> Dict[str, Any]:
     """Run a checkpoint_schedules schedule to EndReverse, simulating the
     storage, asserting consistency, and counting in OUR convention.
 
     Returns {'forward', 'writes', 'reads', 'peak', 'u0_level'}; writes / reads
-    / peak are {level: int} with 0 = RAM, 1 = disk."""
+    / peak are {level: int} with 0 = RAM, 1 = disk.  'peak' is the max number
+    of simultaneously LIVE snapshots (live from its write to its last read:
+    the Revolve-family translation drops the Discard operations, so e.g. a
+    disk snapshot copied to RAM is never freed explicitly)."""
     writes = {0: 0, 1: 0}
     reads = {0: 0, 1: 0}
-    peak = {0: 0, 1: 0}
-    stored: Dict[int, set] = {0: set(), 1: set()}
+    live: Dict[tuple, list] = {}   # (level, k) -> [level, start, last_use]
+    spans: list = []
     forward = 0
     pos = 0                # index of the state currently in WORK
     taped = None           # step k whose adj deps sit in WORK
     next_adj = n - 1       # next adjoint step expected
     u0_level = None
-    it = iter(schedule)
-    while True:
-        a = next(it)
+
+    def write(lv: int, k: int, idx: int) -> None:
+        writes[lv] += 1
+        live[(lv, k)] = [lv, idx, idx]
+        spans.append(live[(lv, k)])
+
+    for idx, a in enumerate(schedule):
         if isinstance(a, Forward):
             assert taped is None, f"forward {a} while adj deps pending"
             assert a.n0 == pos, f"{a} does not start at u_{pos}"
             assert a.n1 <= n
             if a.write_ics:
-                lv = _LEVEL[a.storage]
-                writes[lv] += 1
-                stored[lv].add(a.n0)
-                peak[lv] = max(peak[lv], len(stored[lv]))
+                write(_LEVEL[a.storage], a.n0, idx)
                 if a.n0 == 0 and u0_level is None:
-                    u0_level = lv
+                    u0_level = _LEVEL[a.storage]
             if a.write_adj_deps:
                 if a.n1 - a.n0 != 1 or a.n0 != next_adj:
                     raise NotImplementedError(f"unexpected taped {a}")
@@ -113,16 +146,15 @@ def _drive(schedule: Iterable, n: int) -> Dict[str, Any]:
             assert taped is None
             src, dst = a.from_storage, a.to_storage
             if src in _LEVEL:
-                assert a.n in stored[_LEVEL[src]], f"{a}: not stored"
+                key = (_LEVEL[src], a.n)
+                assert key in live, f"{a}: not stored"
                 if dst is not StorageType.NONE:
-                    reads[_LEVEL[src]] += 1
+                    reads[key[0]] += 1
+                    live[key][2] = idx
                 if isinstance(a, Move):
-                    stored[_LEVEL[src]].discard(a.n)
+                    del live[key]
             if dst in _LEVEL:
-                lv = _LEVEL[dst]
-                writes[lv] += 1
-                stored[lv].add(a.n)
-                peak[lv] = max(peak[lv], len(stored[lv]))
+                write(_LEVEL[dst], a.n, idx)
             elif dst is StorageType.WORK:
                 pos = a.n
         elif isinstance(a, EndForward):
@@ -132,9 +164,8 @@ def _drive(schedule: Iterable, n: int) -> Dict[str, Any]:
         else:
             raise TypeError(f"unexpected action {a!r}")
     assert next_adj == -1, "not all adjoint steps performed"
-    assert not stored[0] and not stored[1], "snapshots left behind"
     return {'forward': forward, 'writes': writes, 'reads': reads,
-            'peak': peak, 'u0_level': u0_level}
+            'peak': _peak(spans), 'u0_level': u0_level}
 
 
 def _time(res: Dict[str, Any], fwd_cost: float, w: Dict[int, float],
@@ -166,14 +197,43 @@ def cs_multistage(n: int, ram: int, disk: int, fwd_cost: float = 1.0,
                  {0: r_ram, 1: r_disk})
 
 
+@contextmanager
+def _hopt_uf_ub_fixed():
+    """Temporarily undo the 1.0.4 bug: hrevolve_sequences.hrevolve calls
+    ``get_hopt_table(l, c, w, r, uf, ub)`` but the signature is
+    ``(lmax, cvect, wvect, rvect, ub, uf)``, so the DP table is built with
+    forward/backward costs swapped (suboptimal whenever uf != ub)."""
+    mod = sys.modules['checkpoint_schedules.hrevolve_sequences.hrevolve']
+    orig = mod.get_hopt_table
+    mod.get_hopt_table = (lambda lmax, c, w, r, uf, ub:
+                          orig(lmax, c, w, r, ub=ub, uf=uf))
+    try:
+        yield
+    finally:
+        mod.get_hopt_table = orig
+
+
 def cs_hrevolve(n: int, ram: int, disk: int, fwd_cost: float,
                 bwd_cost: float, w_disk: float, r_disk: float,
-                w_ram: float = 0.0, r_ram: float = 0.0) -> Dict[str, Any]:
-    """HRevolve(n, ram, disk, uf, ub, wd, rd): optimal two-level schedule
-    (u_0 occupies one RAM or disk slot). HRevolve itself assumes RAM I/O is
-    free; w_ram / r_ram only enter the reported 'time'."""
-    sch = cs.HRevolve(n, ram, disk, uf=fwd_cost, ub=bwd_cost, wd=w_disk,
-                      rd=r_disk)
+                w_ram: float = 0.0, r_ram: float = 0.0,
+                fix_uf_ub_swap: bool = False) -> Dict[str, Any]:
+    """HRevolve(n, ram, disk, uf, ub, wd, rd): two-level schedule (u_0
+    occupies one RAM or disk slot). HRevolve itself assumes RAM I/O is free;
+    w_ram / r_ram only enter the reported 'time'.  As shipped (1.0.4) it is
+    only optimal for fwd_cost == bwd_cost; ``fix_uf_ub_swap=True`` builds it
+    with the swapped-argument bug undone (see ``_hopt_uf_ub_fixed``)."""
+    if n == 1:   # HRevolve(1, ...) raises IndexError in 1.0.4 (lmax=0 table)
+        res = {'forward': 0, 'writes': {0: 0, 1: 0}, 'reads': {0: 0, 1: 0},
+               'peak': {0: 0, 1: 0}, 'u0_level': None}
+        return _time(res, fwd_cost, {0: w_ram, 1: w_disk},
+                     {0: r_ram, 1: r_disk})
+    if fix_uf_ub_swap:
+        with _hopt_uf_ub_fixed():
+            sch = cs.HRevolve(n, ram, disk, uf=fwd_cost, ub=bwd_cost,
+                              wd=w_disk, rd=r_disk)
+    else:
+        sch = cs.HRevolve(n, ram, disk, uf=fwd_cost, ub=bwd_cost, wd=w_disk,
+                          rd=r_disk)
     return _time(_drive(sch, n), fwd_cost, {0: w_ram, 1: w_disk},
                  {0: r_ram, 1: r_disk})
 
