@@ -123,12 +123,6 @@ def _base(F, l, k, a, slots, strides, write, read, fwd, guesses):
 
 
 @numba.njit(cache=True, nogil=True)
-def _rebase_target(l, k, a, slots, strides):
-    """Slot state after moving the base from level ``k`` (``j`` loop in callers)."""
-    return a + strides[k]
-
-
-@numba.njit(cache=True, nogil=True)
 def _solve(n, slots, write, read, fwd):
     """The table ``F[l, k, a]`` for ``l = 0 .. n``."""
     L = slots.shape[0]

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from .actions import ActionKind, action_from_row
-from ._schedule import MAX_LEVELS, Schedule
+from ._schedule import Schedule
 
 __all__ = ["InvalidScheduleError", "ScheduleStats", "simulate"]
 
