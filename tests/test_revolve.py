@@ -1,29 +1,72 @@
+"""Revolve against Griewank's binomial optimum and an independent DP."""
+
+from functools import lru_cache
+
+import numpy as np
 import pytest
 
-from vlcc_adjoint.schedules import (InvalidScheduleError, Level, Multistage, Revolve,
-                                    Schedule, Advance, Reverse, actions_to_table,
-                                    binomial_forward_count)
+from vlcc_adjoint.schedules import (InvalidScheduleError, Revolve, Schedule, Advance,
+                                    Reverse, actions_to_table, binomial_forward_count)
 
 
-def test_revolve_forward_count_is_binomial_optimum():
-    for n in range(1, 400):
-        for c in range(1, 25):
-            assert Revolve(n, c).stats().forward_count == binomial_forward_count(n, c)
+def test_revolve_forward_count_is_binomial_optimum_for_n_up_to_2000_c_up_to_40():
+    for n in range(1, 2001):
+        for c in range(1, 41):
+            stats = Revolve(n, c).stats()
+            assert stats.forward_count == binomial_forward_count(n, c), (n, c)
+            assert stats.adjoint_count == n
+            assert stats.peak_slots[0] <= c
 
 
-def test_multistage_one_free_level_equals_revolve():
-    for n in (1, 2, 3, 10, 50):
-        for c in (1, 2, 5):
-            assert Multistage(n, [Level(c)]).stats().forward_count == binomial_forward_count(n, c)
+@lru_cache(maxsize=None)
+def _least_forward_count(l: int, c: int) -> int:
+    """Reverse ``l`` steps from a stored base with ``c`` slots (base included),
+    minimised over *every* first checkpoint position (Griewank 1992's DP)."""
+    if l == 1:
+        return 0
+    if c == 1:
+        return l * (l - 1) // 2
+    return min(m + _least_forward_count(l - m, c - 1) + _least_forward_count(m, c)
+               for m in range(1, l))
+
+
+def test_revolve_forward_count_equals_exhaustive_dp_for_n_up_to_60():
+    for n in range(1, 61):
+        for c in range(1, 12):
+            assert Revolve(n, c).stats().forward_count == _least_forward_count(n, c), (n, c)
+
+
+def test_revolve_ten_million_steps_without_recursion_limits():
+    schedule = Revolve(10**7, 100)
+    stats = schedule.stats()
+    assert stats.forward_count == binomial_forward_count(10**7, 100)
+    assert schedule.table.nbytes == len(schedule) * schedule.table.dtype.itemsize
 
 
 def test_simulate_rejects_reverse_without_state():
     table = actions_to_table([Advance(0, 1), Reverse(0)])
-    with pytest.raises(InvalidScheduleError):
+    with pytest.raises(InvalidScheduleError) as info:
         Schedule(table, 2).stats()
+    assert info.value.index == 1
+    assert "Reverse(0)" in str(info.value)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5])
-def test_bad_steps_is_value_error(bad):
-    with pytest.raises(ValueError, match="steps"):
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "10", None, True])
+def test_bad_steps_is_value_error_naming_steps(bad):
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
         Revolve(bad, 3)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5])
+def test_bad_snapshots_is_value_error_naming_snapshots(bad):
+    with pytest.raises(ValueError, match="snapshots must be an integer >= 1"):
+        Revolve(10**7, bad)
+
+
+def test_table_is_read_only_and_round_trips_to_actions():
+    schedule = Revolve(50, 4)
+    with pytest.raises(ValueError):
+        schedule.table["a"][0] = 3
+    again = actions_to_table(list(schedule))
+    assert np.array_equal(again, schedule.table)
+    assert repr(schedule[0]) == "Save(step=0, level=0)"

@@ -1,0 +1,27 @@
+"""vlcc-adjoint: checkpointing for adjoint and other revisit-the-past computations.
+
+The public names live in their subpackages (``vlcc_adjoint.schedules``,
+``vlcc_adjoint.storage``, ...); the most used ones are re-exported here.
+Heavy optional dependencies (jax, mpi4py, torch) are imported only by the
+modules that need them.
+"""
+
+from .schedules import Advance as Advance
+from .schedules import Delete as Delete
+from .schedules import InvalidScheduleError as InvalidScheduleError
+from .schedules import Level as Level
+from .schedules import Load as Load
+from .schedules import Move as Move
+from .schedules import Multistage as Multistage
+from .schedules import Online as Online
+from .schedules import Periodic as Periodic
+from .schedules import Reverse as Reverse
+from .schedules import Revolve as Revolve
+from .schedules import Save as Save
+from .schedules import Schedule as Schedule
+from .schedules import ScheduleStats as ScheduleStats
+from .schedules import StoreAll as StoreAll
+from .schedules import io_plan as io_plan
+from .schedules import simulate as simulate
+
+__version__ = "0.1.0"

@@ -1,28 +1,85 @@
-"""The ``vlcc`` command line."""
+"""The ``vlcc`` command line: ``vlcc plan`` and ``vlcc demo``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def _add_plan(sub) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="print (and plot) a checkpoint schedule's statistics",
+        description="Plan a checkpoint schedule and print what it costs.",
+    )
+    plan.add_argument("schedule", nargs="?", default="revolve",
+                      choices=["revolve", "multistage", "online", "periodic", "storeall"])
+    plan.add_argument("--steps", type=int, default=1000, help="forward steps n")
+    plan.add_argument("--snapshots", type=int, default=20,
+                      help="slots (u_0 included); multistage: fast-level slots")
+    plan.add_argument("--disk", type=int, default=0, help="multistage: slow-level slots")
+    plan.add_argument("--disk-write", type=float, default=10.0,
+                      help="multistage: cost of one write to the slow level")
+    plan.add_argument("--disk-read", type=float, default=10.0,
+                      help="multistage: cost of one read from the slow level")
+    plan.add_argument("--forward-cost", type=float, default=1.0)
+    plan.add_argument("--adjoint-cost", type=float, default=1.0)
+    plan.add_argument("--every", type=int, default=10, help="periodic: checkpoint period")
+    plan.add_argument("--plot", metavar="PNG", help="draw the schedule into this file")
+
+
+def _make_schedule(args):
+    from . import schedules as s
+
+    if args.schedule == "revolve":
+        return s.Revolve(args.steps, args.snapshots)
+    if args.schedule == "multistage":
+        levels = [s.Level(args.snapshots)]
+        if args.disk:
+            levels.append(s.Level(args.disk, args.disk_write, args.disk_read))
+        return s.Multistage(args.steps, levels, args.forward_cost, args.adjoint_cost)
+    if args.schedule == "online":
+        return s.Online(args.snapshots, args.steps)
+    if args.schedule == "periodic":
+        return s.Periodic(args.steps, args.every)
+    return s.StoreAll(args.steps)
+
+
+def _plan(args) -> int:
+    from .schedules import binomial_forward_count
+
+    schedule = _make_schedule(args)
+    stats = schedule.stats()
+    print(schedule)
+    width = len("recompute_ratio")
+    for name in stats.__dataclass_fields__:
+        print(f"  {name:<{width}}  {getattr(stats, name)}")
+    print(f"  {'recompute_ratio':<{width}}  {stats.recompute_ratio:.3f}")
+    if args.schedule in ("revolve", "online"):
+        best = binomial_forward_count(args.steps, args.snapshots)
+        print(f"  offline optimum t(n, c) = {best} forward steps")
+    if args.plot:
+        from .plot import plot_schedule
+
+        plot_schedule(schedule, args.plot)
+        print(f"  plot written to {args.plot}")
+    return 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="vlcc")
+    parser = argparse.ArgumentParser(prog="vlcc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    plan = sub.add_parser("plan", help="print a Revolve schedule's statistics")
-    plan.add_argument("--steps", type=int, default=1000)
-    plan.add_argument("--snapshots", type=int, default=20)
-    sub.add_parser("demo", help="the main example (currently: plan a schedule)")
+    _add_plan(sub)
+    sub.add_parser("demo", help="the main example")
     args = parser.parse_args(argv)
-    from .schedules import Revolve, binomial_forward_count
-
-    steps = getattr(args, "steps", 1000)
-    snaps = getattr(args, "snapshots", 20)
-    schedule = Revolve(steps, snaps)
-    stats = schedule.stats()
-    print(schedule)
-    print(stats)
-    print(f"binomial optimum t(n, c) = {binomial_forward_count(steps, snaps)}")
-    return 0
+    try:
+        if args.command == "plan":
+            return _plan(args)
+        args.schedule, args.steps, args.snapshots, args.plot = "revolve", 1000, 20, None
+        return _plan(args)
+    except ValueError as error:
+        print(f"vlcc: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

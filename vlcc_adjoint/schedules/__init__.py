@@ -1,5 +1,34 @@
-from .actions import Advance, Save, Load, Delete, Move, Reverse, ActionKind, ACTION_DTYPE, actions_to_table
-from ._schedule import Level, Schedule
-from ._simulate import simulate, ScheduleStats, InvalidScheduleError
-from ._revolve import Revolve, binomial_forward_count
-from ._multistage import Multistage
+"""Checkpoint schedules as data: pure planning, no I/O, no threads.
+
+A schedule is a table of actions (:data:`ACTION_DTYPE`) that says, for a loop
+of ``n`` steps and a storage hierarchy, which states to store where, what to
+recompute and when each adjoint step runs.  :func:`simulate` checks and counts
+a schedule; :func:`io_plan` derives its future reads for prefetch and
+eviction.
+"""
+
+from ._baselines import Periodic as Periodic
+from ._baselines import StoreAll as StoreAll
+from ._io_plan import IOPlan as IOPlan
+from ._io_plan import LevelIO as LevelIO
+from ._io_plan import io_plan as io_plan
+from ._multistage import Multistage as Multistage
+from ._online import Online as Online
+from ._revolve import Revolve as Revolve
+from ._revolve import binomial_forward_count as binomial_forward_count
+from ._schedule import Level as Level
+from ._schedule import Schedule as Schedule
+from ._simulate import InvalidScheduleError as InvalidScheduleError
+from ._simulate import ScheduleStats as ScheduleStats
+from ._simulate import simulate as simulate
+from .actions import ACTION_DTYPE as ACTION_DTYPE
+from .actions import Action as Action
+from .actions import ActionKind as ActionKind
+from .actions import Advance as Advance
+from .actions import Delete as Delete
+from .actions import Load as Load
+from .actions import Move as Move
+from .actions import Reverse as Reverse
+from .actions import Save as Save
+from .actions import actions_to_table as actions_to_table
+from .actions import table_to_actions as table_to_actions

@@ -1,0 +1,44 @@
+"""The ``vlcc`` command line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from vlcc_adjoint.cli import main
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "revolve", "--steps", "100", "--snapshots", "5"],
+    ["plan", "multistage", "--steps", "60", "--snapshots", "2", "--disk", "3",
+     "--forward-cost", "3"],
+    ["plan", "online", "--steps", "300", "--snapshots", "6"],
+    ["plan", "periodic", "--steps", "50", "--every", "7"],
+    ["plan", "storeall", "--steps", "20"],
+])
+def test_plan_prints_the_statistics_of_every_schedule(argv, capsys):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "forward_count" in out and "peak_slots" in out
+
+
+def test_plan_revolve_reports_the_binomial_optimum(capsys):
+    main(["plan", "revolve", "--steps", "1000", "--snapshots", "20"])
+    out = capsys.readouterr().out
+    assert "forward_count    2747" in out
+    assert "t(n, c) = 2747 forward steps" in out
+
+
+def test_plan_plot_writes_a_png(tmp_path, capsys):
+    path = tmp_path / "revolve.png"
+    assert main(["plan", "revolve", "--steps", "40", "--snapshots", "4", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback():
+    result = subprocess.run([sys.executable, "-m", "vlcc_adjoint", "plan", "revolve",
+                             "--steps", "10000000", "--snapshots", "0"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "snapshots must be an integer >= 1, got 0" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,75 @@
+"""Draw a schedule the way the checkpointing literature does.
+
+Step ``0 .. n`` runs along the horizontal axis and the action index down the
+vertical one (time flows downwards, as in Griewank & Walther's figures):
+each ``Advance`` is a horizontal stroke, saves and loads are triangles
+coloured by storage level, adjoint steps are dots on the diagonal the
+backward pass traces.  matplotlib is an optional dependency (the ``plot``
+extra).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .schedules import ActionKind, Schedule
+
+__all__ = ["plot_schedule"]
+
+_LEVEL_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple",
+                  "tab:brown", "tab:pink", "tab:gray", "tab:olive")
+
+
+def plot_schedule(schedule: Schedule, path: str | None = None, ax=None, title: str | None = None):
+    """Plot `schedule`; save to `path` if given; return the matplotlib axes.
+
+    Tables of more than 200,000 actions are refused: a picture of them shows
+    nothing and takes minutes to draw; plot a smaller instance instead.
+    """
+    try:
+        import matplotlib
+
+        if ax is None and path is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.collections import LineCollection
+    except ImportError:
+        raise ImportError(
+            "plotting a schedule needs matplotlib: pip install 'vlcc-adjoint[plot]'"
+        ) from None
+    t = schedule.table
+    if len(t) > 200_000:
+        raise ValueError(
+            f"the schedule has {len(t):,} actions, too many to draw (at most 200,000); "
+            "plot a schedule with fewer steps"
+        )
+    if ax is None:
+        height = min(12.0, 3.0 + len(t) / 150)
+        _, ax = plt.subplots(figsize=(7.0, height))
+    rows = np.arange(len(t))
+    kind = t["kind"]
+    adv = kind == ActionKind.ADVANCE
+    segments = np.stack(
+        [np.stack([t["a"][adv], rows[adv]], 1), np.stack([t["b"][adv], rows[adv]], 1)], 1
+    )
+    ax.add_collection(LineCollection(segments, colors="0.3", linewidths=1.2, label="advance"))
+    for lv in range(len(schedule.levels)):
+        colour = _LEVEL_COLOURS[lv % len(_LEVEL_COLOURS)]
+        for k, marker, what in ((ActionKind.SAVE, "v", "save"), (ActionKind.LOAD, "^", "load")):
+            sel = (kind == k) & (t["level"] == lv)
+            if sel.any():
+                ax.scatter(t["a"][sel], rows[sel], marker=marker, s=18, color=colour,
+                           label=f"{what} (level {lv})", zorder=3)
+    rev = kind == ActionKind.REVERSE
+    ax.scatter(t["a"][rev] + 0.5, rows[rev], marker="o", s=10, color="tab:red",
+               label="adjoint step", zorder=4)
+    ax.set_xlim(-0.5, schedule.n_steps + 0.5)
+    ax.set_ylim(len(t), -1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("action index")
+    ax.set_title(title or repr(schedule))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize="small")
+    if path is not None:
+        ax.figure.tight_layout()
+        ax.figure.savefig(path, dpi=120)
+    return ax

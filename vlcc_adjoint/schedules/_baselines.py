@@ -1,0 +1,118 @@
+"""Baseline schedules: store every state, or checkpoint periodically.
+
+``StoreAll(n)`` keeps ``u_0 .. u_{n-2}`` (``u_{n-1}`` is in hand when the
+backward pass starts): ``n - 1`` forward steps, ``n - 1`` slots.
+
+``Periodic(n, every)`` is the checkpointing most solvers ship by hand: the
+forward sweep stores ``u_0, u_k, u_2k, ...`` (``k = every``) on ``level``; the
+backward pass reverses the segments last to first, each by recomputing it
+from its checkpoint while storing its interior states on ``buffer_level``.
+With ``q = ceil(n / k)`` segments it costs
+
+    forward count = (n - 1) + (q - 1) (k - 1),
+
+``q`` slots on ``level`` and ``k - 2`` on ``buffer_level`` (one level
+holding both when they coincide): about ``2 n`` steps with
+``O(n / k + k)`` memory, against Revolve's ``r n`` with ``c`` slots.
+"""
+
+from __future__ import annotations
+
+import numba
+
+from ._revolve import _put, build_table
+from ._schedule import Level, Schedule, check_positive_int
+
+__all__ = ["Periodic", "StoreAll"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _emit_segment_store_all(out, pos, write, s, e, in_hand, level, buffer):
+    """Reverse steps ``e - 1 .. s`` from ``u_s`` (stored on ``level``),
+    storing ``u_{s+1} .. u_{e-2}`` on ``buffer`` on the way."""
+    if not in_hand:
+        pos = _put(out, pos, write, 2, s, -1, level)  # Load
+    for i in range(s + 1, e):
+        pos = _put(out, pos, write, 0, i - 1, i, -1)  # Advance
+        if i < e - 1:
+            pos = _put(out, pos, write, 1, i, -1, buffer)  # Save
+    if e - 1 == s:
+        # One-step segment: its base is the state in hand.
+        pos = _put(out, pos, write, 3, s, -1, level)  # Delete
+    pos = _put(out, pos, write, 5, e - 1, -1, -1)  # Reverse
+    for i in range(e - 2, s - 1, -1):
+        lv = level if i == s else buffer
+        pos = _put(out, pos, write, 2, i, -1, lv)  # Load
+        pos = _put(out, pos, write, 3, i, -1, lv)  # Delete
+        pos = _put(out, pos, write, 5, i, -1, -1)  # Reverse
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _emit_periodic(out, write, n, k, level, buffer):
+    pos = 0
+    last = ((n - 1) // k) * k  # base of the last segment
+    for s in range(0, last + 1, k):
+        if s > 0:
+            pos = _put(out, pos, write, 0, s - k, s, -1)  # Advance
+        pos = _put(out, pos, write, 1, s, -1, level)  # Save
+    # The last segment is reversed straight from the forward sweep.
+    pos = _emit_segment_store_all(out, pos, write, last, n, True, level, buffer)
+    for s in range(last - k, -1, -k):
+        pos = _emit_segment_store_all(out, pos, write, s, s + k, False, level, buffer)
+    return pos
+
+
+def _check_level(value, name: str) -> int:
+    return check_positive_int(value, name, minimum=0)
+
+
+class StoreAll(Schedule):
+    """Store every state the backward pass needs, on one level.
+
+    **Arguments:**
+
+    - `steps`: the number of forward steps ``n`` (>= 1).
+    - `level`: the storage level that holds the states (default 0).
+
+    ``n - 1`` forward steps (the least possible), ``n - 1`` slots.
+    """
+
+    def __init__(self, steps: int, level: int = 0):
+        n = check_positive_int(steps, "steps")
+        self.level = _check_level(level, "level")
+        levels = [Level(None) for _ in range(self.level + 1)]
+        # One segment holding everything: Periodic with every = n.
+        table = build_table(_emit_periodic, n, n, self.level, self.level)
+        super().__init__(table, n, levels)
+
+    def _params(self) -> str:
+        return f"steps={self.n_steps}, level={self.level}"
+
+
+class Periodic(Schedule):
+    """Checkpoint every ``every``-th state; reverse each segment from its copy.
+
+    **Arguments:**
+
+    - `steps`: the number of forward steps ``n`` (>= 1).
+    - `every`: the checkpoint period ``k`` (>= 1; ``k >= n`` stores all).
+    - `level`: the level of the periodic checkpoints (default 0).
+    - `buffer_level`: the level of the states stored while a segment is
+      reversed (default 0, the fastest).
+
+    Forward count ``(n - 1) + (ceil(n / k) - 1) (k - 1)`` (module docstring).
+    """
+
+    def __init__(self, steps: int, every: int, level: int = 0, buffer_level: int = 0):
+        n = check_positive_int(steps, "steps")
+        k = check_positive_int(every, "every")
+        self.every = k
+        self.level = _check_level(level, "level")
+        self.buffer_level = _check_level(buffer_level, "buffer_level")
+        levels = [Level(None) for _ in range(max(self.level, self.buffer_level) + 1)]
+        table = build_table(_emit_periodic, n, min(k, n), self.level, self.buffer_level)
+        super().__init__(table, n, levels)
+
+    def _params(self) -> str:
+        return f"steps={self.n_steps}, every={self.every}, level={self.level}"

@@ -1,0 +1,215 @@
+"""The future I/O of a schedule: the input of prefetching and eviction.
+
+A schedule is known before it runs, so every read of every storage level is
+known too.  :func:`io_plan` turns the action table into, per level, the
+ordered list of reads (``Load``, and the source side of ``Move``) with the
+action index at which each is needed, and per stored *record* (one ``Save``
+or ``Move`` into a level, up to its ``Delete`` or move away) the action
+indices of its first and last read and of its end.
+
+Two consumers, two access patterns, both O(1) or O(k):
+
+* a prefetcher asks "the next ``k`` reads of level ``j`` after action ``i``":
+  one ``searchsorted`` on the sorted read indices, then a slice
+  (:meth:`LevelIO.next_reads`); a cursor that only moves forward makes it
+  ``O(k)``;
+* a Belady cache (evict the record needed farthest in the future; Belady,
+  IBM Syst. J. 5(2), 1966) needs each record's next use after every read:
+  ``next_read_of_record`` links each read to the next read of the same
+  record, so the update after a read is one array lookup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numba
+import numpy as np
+
+from ._schedule import Schedule
+from .actions import ActionKind
+
+__all__ = ["IOPlan", "LevelIO", "io_plan"]
+
+#: One row per stored record.
+RECORD_DTYPE = np.dtype(
+    [
+        ("step", np.int64),  # the state u_step
+        ("level", np.int8),  # where it is stored
+        ("start", np.int64),  # action index of its Save (or Move into the level)
+        ("end", np.int64),  # action index of its Delete / Move away; len(table) if kept
+        ("first_read", np.int64),  # action index of its first read, -1 if never read
+        ("last_read", np.int64),  # action index of its last read, -1 if never read
+        ("reads", np.int64),  # how many times it is read
+    ]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelIO:
+    """The reads of one storage level, in the order the schedule needs them.
+
+    **Attributes** (arrays of equal length, sorted by ``index``):
+
+    - `index`: the action index of each read.
+    - `step`: the state it reads.
+    - `record`: the row of :attr:`IOPlan.records` it reads.
+    - `next_read_of_record`: the position in these arrays of the next read of
+      the same record, or -1 if this is its last read.
+    """
+
+    level: int
+    index: np.ndarray
+    step: np.ndarray
+    record: np.ndarray
+    next_read_of_record: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def position(self, after: int) -> int:
+        """The position of the first read at an action index ``>= after``."""
+        return int(np.searchsorted(self.index, after, side="left"))
+
+    def next_reads(self, after: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(action indices, steps)`` of the next ``k`` reads at or after ``after``."""
+        i = self.position(after)
+        return self.index[i : i + k], self.step[i : i + k]
+
+
+@dataclasses.dataclass(frozen=True)
+class IOPlan:
+    """Everything a store needs to know ahead about a schedule's I/O.
+
+    - `levels`: one :class:`LevelIO` per storage level.
+    - `records`: one row per stored record (:data:`RECORD_DTYPE`), in the
+      order they are written.
+    - `record_of_action`: for each action that writes or reads a level, the
+      record it touches (the destination record for a ``Move``); -1 for
+      ``Advance`` and ``Reverse``.
+    """
+
+    levels: tuple[LevelIO, ...]
+    records: np.ndarray
+    record_of_action: np.ndarray
+
+    def next_use(self, record: int, after: int) -> int:
+        """The action index of ``record``'s first read at or after ``after``,
+        or -1 if it is never read again (a walk along the record's reads)."""
+        row = self.records[record]
+        if row["last_read"] < after:
+            return -1
+        lv = self.levels[int(row["level"])]
+        q = lv.position(int(row["first_read"]))
+        while lv.index[q] < after:
+            q = lv.next_read_of_record[q]
+        return int(lv.index[q])
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan(kind, a, level, dst, n, nlv, nsaves, nloads):
+    m = kind.shape[0]
+    live = np.full((nlv, n + 1), -1, np.int64)  # the record each level holds for a step
+    rec_step = np.empty(nsaves, np.int64)
+    rec_level = np.empty(nsaves, np.int8)
+    rec_start = np.empty(nsaves, np.int64)
+    rec_end = np.full(nsaves, m, np.int64)
+    rec_first = np.full(nsaves, -1, np.int64)
+    rec_last = np.full(nsaves, -1, np.int64)
+    rec_reads = np.zeros(nsaves, np.int64)
+    rec_of_action = np.full(m, -1, np.int64)
+    read_action = np.empty(nloads, np.int64)
+    read_record = np.empty(nloads, np.int64)
+    nrec = 0
+    nread = 0
+    for i in range(m):
+        k = kind[i]
+        s = a[i]
+        if k == 1 or k == 4:  # Save, or Move into dst
+            lv = level[i] if k == 1 else dst[i]
+            if k == 4:
+                src = live[level[i], s]
+                read_action[nread] = i
+                read_record[nread] = src
+                nread += 1
+                if rec_first[src] < 0:
+                    rec_first[src] = i
+                rec_last[src] = i
+                rec_reads[src] += 1
+                rec_end[src] = i
+                live[level[i], s] = -1
+            rec_step[nrec] = s
+            rec_level[nrec] = lv
+            rec_start[nrec] = i
+            live[lv, s] = nrec
+            rec_of_action[i] = nrec
+            nrec += 1
+        elif k == 2:  # Load
+            r = live[level[i], s]
+            read_action[nread] = i
+            read_record[nread] = r
+            nread += 1
+            if rec_first[r] < 0:
+                rec_first[r] = i
+            rec_last[r] = i
+            rec_reads[r] += 1
+            rec_of_action[i] = r
+        elif k == 3:  # Delete
+            r = live[level[i], s]
+            rec_end[r] = i
+            live[level[i], s] = -1
+            rec_of_action[i] = r
+    # Link each read to the next read of the same record (scan backwards).
+    nxt = np.full(nread, -1, np.int64)
+    last_seen = np.full(nrec, -1, np.int64)
+    for q in range(nread - 1, -1, -1):
+        r = read_record[q]
+        nxt[q] = last_seen[r]
+        last_seen[r] = q
+    return (nrec, nread, rec_step, rec_level, rec_start, rec_end, rec_first, rec_last,
+            rec_reads, rec_of_action, read_action, read_record, nxt)
+
+
+def io_plan(schedule: Schedule) -> IOPlan:
+    """Derive the future reads and record lifetimes of `schedule`.
+
+    **Arguments:**
+
+    - `schedule`: a valid :class:`~vlcc_adjoint.schedules.Schedule` (the
+      schedule is validated with :func:`simulate` first).
+
+    **Returns:** an :class:`IOPlan`; ``O(len(table) + n L)`` time and memory.
+    """
+    from ._simulate import simulate
+
+    simulate(schedule)  # io_plan trusts the table from here on
+    t = schedule.table
+    nlv = len(schedule.levels)
+    kind = t["kind"]
+    nsaves = int(np.count_nonzero((kind == ActionKind.SAVE) | (kind == ActionKind.MOVE)))
+    nloads = int(np.count_nonzero((kind == ActionKind.LOAD) | (kind == ActionKind.MOVE)))
+    (nrec, nread, step, level, start, end, first, last, reads, rec_of_action,
+     read_action, read_record, nxt) = _scan(t["kind"], t["a"], t["level"], t["dst"],
+                                            schedule.n_steps, nlv, nsaves, nloads)
+    records = np.empty(nrec, RECORD_DTYPE)
+    for name, column in (("step", step), ("level", level), ("start", start), ("end", end),
+                         ("first_read", first), ("last_read", last), ("reads", reads)):
+        records[name] = column[:nrec]
+    read_action = read_action[:nread]
+    read_record = read_record[:nread]
+    read_level = level[read_record]
+    levels = []
+    for lv in range(nlv):
+        sel = np.flatnonzero(read_level == lv)
+        # Positions in the global read list -> positions in this level's list.
+        local = np.full(nread, -1, np.int64)
+        local[sel] = np.arange(len(sel))
+        glob_next = nxt[sel]
+        levels.append(LevelIO(
+            level=lv,
+            index=read_action[sel],
+            step=step[read_record[sel]],
+            record=read_record[sel],
+            next_read_of_record=np.where(glob_next >= 0, local[np.maximum(glob_next, 0)], -1),
+        ))
+    return IOPlan(levels=tuple(levels), records=records, record_of_action=rec_of_action)

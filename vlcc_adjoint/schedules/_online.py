@@ -1,0 +1,196 @@
+"""Online checkpointing: the number of steps is known only when the loop stops.
+
+The forward sweep must decide what to keep while ``n`` is unknown, so the
+decision at ``u_i`` may depend on ``i`` alone.  The scheme here is dynamic
+checkpointing by period doubling, in the family of Wang, Moin & Iaccarino
+(SIAM J. Sci. Comput. 31(4), 2009) and Stumm & Walther (SIAM J. Sci.
+Comput. 32(2), 2010), chosen for a simple, provable repetition bound:
+
+*Forward sweep.*  At most ``p = ceil(c / 2)`` of the ``c`` slots hold
+checkpoints; the other ``c - p`` are kept free for the backward pass.
+Checkpoints sit at the multiples of a period ``d`` (initially 1).  When
+``u_i`` falls on a multiple of ``d`` and all ``p`` slots are taken, the
+checkpoints at odd multiples of ``d`` are deleted and ``d`` doubles; ``u_i``
+is then stored if it is a multiple of the new period.  Thinning happens at
+``i = p d``, so when the sweep stops at ``u_n`` the period satisfies
+``d <= max(1, 2 n / p)`` and the checkpoints ``0 = s_0 < ... < s_{q-1}``
+(``q <= p``) cut ``[0, n]`` into segments of at most ``d`` steps.
+
+*Backward pass.*  Segment ``j`` (from the last to the first) is reversed by
+Revolve from ``u_{s_j}`` with ``c - j`` slots: its own base, the free ones,
+and those released by the segments already reversed.
+
+*Bound.*  The sweep costs ``n`` forward steps (the loop runs until it has
+``u_n`` in hand to test its stop criterion).  Each segment of ``l <= d`` steps
+with ``c_j >= c - p + 1`` slots costs at most ``t(l, c - p + 1)`` of
+DESIGN.md's binomial ``t``, at most ``r l`` for the least ``r`` with
+``C(c - p + 1 + r, r) >= d``.  Hence
+
+    forward count <= n (1 + r),     C(c - p + 1 + r, r) >= 2 n / p,
+
+every state is recomputed at most ``r + 1`` times, and with ``c >= 2`` the
+repetition number grows like that of the offline optimum for half the slots
+and four times the steps.  :meth:`Online.forward_bound` evaluates the bound;
+the tests check every schedule against it and against simulate.
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+import numba
+import numpy as np
+
+from ._revolve import _put, build_table, emit_segment
+from ._schedule import Level, Schedule, check_positive_int
+from .actions import ACTION_DTYPE, action_from_row
+
+__all__ = ["Online"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _online_step(i, state, ckpt, p, out, pos, write):
+    """The forward-sweep decision at ``u_i`` (``i`` in increasing order).
+
+    ``state = [period, count]``; ``ckpt[:count]`` the stored steps, sorted.
+    Writes the Delete/Save rows due at ``u_i`` from ``pos`` on and returns
+    the next position.  This one function drives both the tables and the
+    step-by-step use in :meth:`Online.capture`.
+    """
+    d = state[0]
+    count = state[1]
+    if i % d == 0:
+        if count == p:
+            keep = 0
+            for q in range(count):
+                if (ckpt[q] // d) % 2 == 1:
+                    pos = _put(out, pos, write, 3, ckpt[q], -1, 0)  # Delete
+                else:
+                    ckpt[keep] = ckpt[q]
+                    keep += 1
+            count = keep
+            d *= 2
+        if i % d == 0 and count < p:
+            pos = _put(out, pos, write, 1, i, -1, 0)  # Save
+            ckpt[count] = i
+            count += 1
+    state[0] = d
+    state[1] = count
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _emit_online(out, write, n, c, p):
+    state = np.array([1, 0], np.int64)
+    ckpt = np.empty(p, np.int64)
+    pos = 0
+    run = 0  # start of the pending Advance
+    for i in range(n):
+        before = pos
+        pos = _online_step(i, state, ckpt, p, out, pos, write)
+        if pos != before and run < i:
+            # Rows were due at u_i: the Advance up to it goes first.
+            if write:
+                for r in range(pos - 1, before - 1, -1):
+                    out[r + 1] = out[r]
+            pos = _put(out, before, write, 0, run, i, -1) + (pos - before)
+            run = i
+    pos = _put(out, pos, write, 0, run, n, -1)  # the sweep ends holding u_n
+    reverse_start = pos
+    count = state[1]
+    for j in range(count - 1, -1, -1):
+        s = ckpt[j]
+        e = ckpt[j + 1] if j + 1 < count else n
+        # More slots than interior states would only store and drop one.
+        pos = emit_segment(out, pos, write, s, e - s, min(c - j, max(e - s - 1, 1)), False, 0)
+    if write:
+        out[pos].kind = 0  # the sentinel row records where the backward pass starts
+        out[pos].a = reverse_start
+        out[pos].b = -1
+    return pos + 1
+
+
+class Online(Schedule):
+    """Checkpointing with ``snapshots`` slots when the step count is unknown.
+
+    **Arguments:**
+
+    - `snapshots`: slots for stored states, ``u_0``'s included (>= 1).
+    - `steps`: the step count, if known (for planning and testing).  Without
+      it the object answers forward-sweep decisions (:meth:`capture`) and
+      :meth:`stop` returns the complete schedule once the loop has ended.
+
+    The complete schedule's forward part is exactly what :meth:`capture`
+    decided step by step; :attr:`reverse_start` is the table index where the
+    backward pass begins.  Repetition bound: see :meth:`forward_bound` and
+    the module docstring.
+    """
+
+    def __init__(self, snapshots: int, steps: int | None = None):
+        self.snapshots = check_positive_int(snapshots, "snapshots")
+        self._p = (self.snapshots + 1) // 2
+        self._state = np.array([1, 0], np.int64)
+        self._ckpt = np.empty(self._p, np.int64)
+        self._next = 0
+        self.reverse_start: int | None = None
+        if steps is None:
+            self.n_steps = None
+            self.levels = (Level(self.snapshots),)
+            self.forward_cost = self.adjoint_cost = 1.0
+            return
+        n = check_positive_int(steps, "steps")
+        rows = build_table(_emit_online, n, self.snapshots, self._p)
+        self.reverse_start = int(rows[-1]["a"])
+        super().__init__(rows[:-1], n, (Level(self.snapshots),))
+
+    @property
+    def table(self) -> np.ndarray:
+        try:
+            return self.__dict__["table"]
+        except KeyError:
+            raise AttributeError(
+                "an Online schedule without `steps` has no table yet: drive the "
+                "forward sweep with .capture(i), then call .stop(n) for the schedule"
+            ) from None
+
+    @table.setter
+    def table(self, value: np.ndarray) -> None:
+        self.__dict__["table"] = value
+
+    def capture(self, step: int) -> list:
+        """The ``Delete`` / ``Save`` actions due with ``u_step`` in hand.
+
+        Call it for ``step = 0, 1, 2, ...`` in order during the forward sweep.
+        """
+        if step != self._next:
+            raise ValueError(
+                f"Online.capture takes the steps in order; expected step {self._next}, "
+                f"got {step}"
+            )
+        out = np.empty(self._p + 1, ACTION_DTYPE)
+        pos = _online_step(step, self._state, self._ckpt, self._p, out, 0, True)
+        self._next += 1
+        return [action_from_row(row) for row in out[:pos]]
+
+    def stop(self, steps: int) -> "Online":
+        """The complete schedule for a sweep that stopped holding ``u_steps``."""
+        n = check_positive_int(steps, "steps")
+        if self._next not in (0, n):
+            raise ValueError(
+                f"the forward sweep captured steps 0..{self._next - 1}, so it stops at "
+                f"{self._next}, not {n}"
+            )
+        return Online(self.snapshots, n)
+
+    def forward_bound(self, steps: int) -> int:
+        """The module docstring's bound ``n (1 + r)`` on the forward count."""
+        n = check_positive_int(steps, "steps")
+        free = self.snapshots - self._p + 1
+        longest = max(1, -(-2 * n // self._p))
+        r = 0
+        while comb(free + r, r) < longest:
+            r += 1
+        return n * (1 + r)
+
+    def _params(self) -> str:
+        return f"snapshots={self.snapshots}, steps={self.n_steps}"
