@@ -1,0 +1,153 @@
+"""The storage-tier protocol: what every level of the hierarchy implements.
+
+A *tier* is a keyed store of :class:`Record` objects with a hard capacity.
+It is deliberately small (zarr-python's ``Store`` is the model): ``put``,
+``get``, ``delete``, ``keys`` and two byte counters.  Everything above a tier
+(the asynchronous :class:`~vlcc_adjoint.storage.TieredStore`, the lineage)
+talks to this interface only, so a new tier is one small class.
+
+Contract, checked by ``tests/test_tiers.py`` for every implementation:
+
+* ``used_bytes <= capacity_bytes`` at all times.  A ``put`` that does not fit
+  raises :class:`TierFullError` and changes nothing; a tier never evicts on
+  its own (eviction is the engine's decision, made with the schedule's
+  foreknowledge).
+* ``get`` returns a record equal to the one ``put`` (same spec, same leaf
+  bytes) or raises: :class:`KeyError` when the key is absent,
+  :class:`CorruptCheckpointError` when a checksum does not match.  Never a
+  silently wrong record.
+* Keys are short strings of ``[A-Za-z0-9_.-]`` not starting with ``.``
+  (:func:`check_key`), so no key can name a path outside a tier's directory.
+* Tiers are safe to call from the engine's worker threads: an implementation
+  serialises its own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = [
+    "CorruptCheckpointError",
+    "Record",
+    "StorageError",
+    "Tier",
+    "TierFullError",
+    "check_key",
+]
+
+_KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed; the message names the step, tier and cause."""
+
+
+class TierFullError(StorageError):
+    """A record does not fit in a tier's remaining capacity."""
+
+
+class CorruptCheckpointError(StorageError):
+    """A stored record failed its integrity check (checksum or structure).
+
+    **Attributes:** `key` (the record), `tier` (the tier's name) and `step`
+    (the checkpointed step, when known).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, tier: str | None = None,
+                 step: int | None = None):
+        super().__init__(message)
+        self.key = key
+        self.tier = tier
+        self.step = step
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a safe record key, else a ``ValueError`` saying why."""
+    if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+        raise ValueError(
+            f"invalid record key {key!r}: use 1-200 characters of A-Z a-z 0-9 _ . - "
+            "not starting with '.' (keys must not name paths outside the store)"
+        )
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One checkpoint in flattened form: the unit every tier stores.
+
+    **Attributes:**
+
+    - `spec`: the JSON-serialisable structure of the state
+      (:func:`vlcc_adjoint.state.flatten`), plus any metadata.
+    - `leaves`: the state's arrays, C-contiguous.  A tier may keep these
+      arrays by reference: whoever hands a record to ``put`` gives up the
+      right to modify them.
+    - `checksums`: one integrity hash per leaf (hex strings), computed once
+      when the record is made and verified by every tier on ``get``.
+    """
+
+    spec: dict
+    leaves: tuple[np.ndarray, ...]
+    checksums: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of leaf data (uncompressed)."""
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+
+class Tier(abc.ABC):
+    """A storage level: a keyed store of :class:`Record` with a hard capacity.
+
+    Subclasses set :attr:`name` and implement the five abstract methods;
+    ``capacity_bytes`` is ``None`` for unbounded.
+    """
+
+    name: str = "tier"
+    capacity_bytes: int | None = None
+
+    @property
+    @abc.abstractmethod
+    def used_bytes(self) -> int:
+        """Bytes this tier holds now (after compression, for compressed tiers)."""
+
+    @abc.abstractmethod
+    def put(self, key: str, record: Record) -> None:
+        """Store `record` under `key` (replacing nothing: the key must be new).
+
+        Raises :class:`TierFullError` if it does not fit, ``KeyError`` if the
+        key is taken.
+        """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Record:
+        """The record under `key`, verified; ``KeyError`` if absent."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the record under `key`; ``KeyError`` if absent."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[str]:
+        """The keys of all complete records."""
+
+    def __contains__(self, key: str) -> bool:
+        return key in set(self.keys())
+
+    def free_bytes(self) -> int | None:
+        """Capacity left, or ``None`` when unbounded."""
+        if self.capacity_bytes is None:
+            return None
+        return self.capacity_bytes - self.used_bytes
+
+    def close(self) -> None:
+        """Release resources (files, pools).  Idempotent."""
+
+    def __repr__(self) -> str:
+        cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
+        return f"{type(self).__name__}(used={self.used_bytes} B, capacity={cap})"
