@@ -15,6 +15,8 @@ how long each tool takes to produce its action sequence.
   iterated up to ``EndReverse``. Its constructor already builds the whole
   H-Revolve operation list (pure Python), and that cost is included.
   Its ``snapshots`` (``snapshots_in_ram``) count also includes u_0.
+  ``HRevolve`` (RAM + disk slots) and ``DiskRevolve`` (RAM slots,
+  unbounded disk) are driven the same way, constructor included.
 
 Action counts differ between the tools and cannot be compared one to one.
 pyrevolve gives advance/takeshot/restore/firstrun/youturn/terminate;
@@ -25,7 +27,7 @@ import time
 import tracemalloc
 
 import pyrevolve.crevolve as _cr
-from checkpoint_schedules import EndReverse, Forward, Revolve
+from checkpoint_schedules import DiskRevolve, EndReverse, Forward, HRevolve, Revolve
 
 _ADVANCE = _cr.Action.advance
 _TERMINATE = _cr.Action.terminate
@@ -112,6 +114,32 @@ def checkpoint_schedules_forward_count(n, snapshots):
         elif isinstance(action, EndReverse):
             break
     return fwd
+
+
+def hrevolve_actions(n, ram, disk, uf=1.0, ub=1.0, wd=2.0, rd=2.0):
+    """Number of actions in ``checkpoint_schedules.HRevolve(n, ram, disk,
+    uf, ub, wd, rd)`` up to and including ``EndReverse`` (constructor, which
+    runs the pure-Python H-Revolve dynamic program, included). As shipped in
+    1.0.4 it passes ``uf``/``ub`` swapped to its DP (see
+    ``tests/cs_referee.py``); that does not change its running time."""
+    count = 0
+    for action in HRevolve(n, ram, disk, uf=uf, ub=ub, wd=wd, rd=rd):
+        count += 1
+        if isinstance(action, EndReverse):
+            break
+    return count
+
+
+def disk_revolve_actions(n, ram, uf=1.0, ub=1.0, wd=2.0, rd=2.0):
+    """Number of actions in ``checkpoint_schedules.DiskRevolve(n, ram, uf,
+    ub, wd, rd)`` (``ram`` RAM slots, unbounded disk) up to and including
+    ``EndReverse``, constructor included."""
+    count = 0
+    for action in DiskRevolve(n, ram, uf=uf, ub=ub, wd=wd, rd=rd):
+        count += 1
+        if isinstance(action, EndReverse):
+            break
+    return count
 
 
 def measure(fn, n, snapshots, memory=True, **kw):
