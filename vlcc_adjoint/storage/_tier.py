@@ -15,11 +15,15 @@ Contract, checked by ``tests/test_tiers.py`` for every implementation:
 * ``get`` returns a record equal to the one ``put`` (same spec, same leaf
   bytes) or raises: :class:`KeyError` when the key is absent,
   :class:`CorruptCheckpointError` when a checksum does not match.  Never a
-  silently wrong record.
+  silently wrong record.  (A tier with a lossy codec returns the decoded
+  approximation, with checksums of what it returns.)
 * Keys are short strings of ``[A-Za-z0-9_.-]`` not starting with ``.``
   (:func:`check_key`), so no key can name a path outside a tier's directory.
 * Tiers are safe to call from the engine's worker threads: an implementation
   serialises its own bookkeeping.
+
+Records are made with :func:`make_record`, which computes the per-leaf
+xxh3-64 checksums once, at capture; tiers verify them on every ``get``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "Tier",
     "TierFullError",
     "check_key",
+    "make_record",
 ]
 
 _KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
@@ -99,6 +104,34 @@ class Record:
     def nbytes(self) -> int:
         """Bytes of leaf data (uncompressed)."""
         return sum(leaf.nbytes for leaf in self.leaves)
+
+
+def make_record(spec: dict, leaves) -> Record:
+    """A :class:`Record` of `leaves` with their checksums computed now.
+
+    **Arguments:**
+
+    - `spec`: the state's JSON spec (:func:`vlcc_adjoint.state.flatten`),
+      optionally with metadata; an integer ``spec["step"]`` is named in
+      corruption reports.
+    - `leaves`: numpy arrays.  C-contiguous ones are kept by reference (the
+      caller hands them over); others are copied to C order once.
+
+    **Returns:** the record, whose ``checksums`` are xxh3-64 of each leaf's
+    bytes, verified by every tier on ``get``.
+    """
+    from ._checksum import leaf_checksum  # here: _checksum imports this module
+
+    out = []
+    for i, leaf in enumerate(leaves):
+        if type(leaf) is not np.ndarray:
+            raise TypeError(f"leaf {i} is a {type(leaf).__name__}; records hold numpy arrays "
+                            "(flatten the state with vlcc_adjoint.state.flatten first)")
+        if leaf.dtype.hasobject:
+            raise TypeError(f"leaf {i} is an object array, which cannot be stored without pickle; "
+                            "convert it to a numeric dtype")
+        out.append(leaf if leaf.flags.c_contiguous else np.ascontiguousarray(leaf))
+    return Record(spec, tuple(out), tuple(leaf_checksum(leaf) for leaf in out))
 
 
 class Tier(abc.ABC):

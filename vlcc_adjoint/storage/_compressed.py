@@ -1,0 +1,219 @@
+"""CompressedMemoryTier: records encoded with a codec, held in host memory.
+
+Each leaf is encoded on ``put`` with the tier's codec
+(:mod:`vlcc_adjoint.storage.codecs`; default ``Lossless()``) and kept as
+one blob; ``used_bytes`` counts the encoded bytes, so a 4x compressible
+state takes a quarter of the capacity.  Encoding and decoding run outside
+the tier's lock (the codecs release the GIL), so the engine's workers
+compress several records at once; only the bookkeeping is serialised.
+
+Self-describing records: every leaf keeps the ``config()`` of the codec that
+wrote it, and ``get`` rebuilds the decoder with ``codec_from_config``.
+Records written before a tier's codec changed, or moved here from another
+tier, decode correctly.  Leaves of dtypes the codecs do not encode
+(``datetime64``, strings, structured, ``bfloat16``) are stored exactly as
+their raw bytes through ``Lossless()``.
+
+Integrity, lossless and lossy:
+
+* Every blob gets an xxh3-64 checksum of the *encoded* bytes when it is
+  stored, verified on every ``get`` before decoding: damage to the stored
+  blob is a :class:`CorruptCheckpointError`, never a decoder crash or a
+  silently wrong state.
+* Lossless codecs: the decoded leaf must also match the record's original
+  checksum (an end-to-end check of the codec); the returned record carries
+  the original checksums.
+* Lossy codecs (``ErrorBounded``, ``FixedRate``): ``get`` returns the decoded
+  *approximation*; the original data is gone, so its checksum cannot be
+  checked.  The returned record carries checksums of the decoded leaves, so
+  it is self-consistent and can be put into any other tier.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from ._checksum import (bytes_checksum, check_capacity, check_record, corrupt, encode_spec, full,
+                        leaf_checksum, step_of)
+from ._tier import Record, Tier
+
+__all__ = ["CompressedMemoryTier"]
+
+
+class _Blob:
+    """One encoded leaf."""
+
+    __slots__ = ("data", "checksum", "codec", "raw", "dtype", "shape")
+
+    def __init__(self, data: bytes, checksum: str, codec: str, raw: bool, dtype: np.dtype,
+                 shape: tuple[int, ...]):
+        self.data = data  # the codec's blob
+        self.checksum = checksum  # xxh3-64 of data
+        self.codec = codec  # the codec's config, as JSON text
+        self.raw = raw  # data encodes the leaf's bytes (as uint8), not its values
+        self.dtype = dtype
+        self.shape = shape
+
+
+class _Entry:
+    __slots__ = ("spec", "blobs", "checksums", "lossless")
+
+    def __init__(self, spec: str, blobs: list[_Blob], checksums: tuple[str, ...], lossless: bool):
+        self.spec = spec
+        self.blobs = blobs
+        self.checksums = checksums
+        self.lossless = lossless
+
+
+def _is_lossless(codec) -> bool:
+    flag = getattr(codec, "lossless", None)
+    if isinstance(flag, bool):
+        return flag
+    from .codecs import Lossless
+
+    return isinstance(codec, Lossless)
+
+
+class CompressedMemoryTier(Tier):
+    """Records compressed leaf by leaf with a codec, held in host memory.
+
+    **Arguments:**
+
+    - `codec`: a codec from :mod:`vlcc_adjoint.storage.codecs` (anything with
+      ``encode(array) -> bytes``, ``decode(blob, out=None)`` and ``config()``
+      that ``codec_from_config`` rebuilds); default ``Lossless()``.  With a
+      lossy codec ``get`` returns the decoded approximation (see the module
+      docstring).
+    - `capacity_bytes`: the most *encoded* bytes the tier may hold (``None``:
+      unbounded).
+    - `name`: the tier's name in messages and statistics.
+    """
+
+    def __init__(self, codec=None, capacity_bytes: int | None = None, *,
+                 name: str = "compressed-memory"):
+        from .codecs import Lossless
+
+        self.codec = Lossless() if codec is None else codec
+        for method in ("encode", "decode", "config"):
+            if not callable(getattr(self.codec, method, None)):
+                raise TypeError(f"codec {self.codec!r} has no {method}(); use a codec from "
+                                "vlcc_adjoint.storage.codecs")
+        self.capacity_bytes = check_capacity(capacity_bytes)
+        self.name = name
+        self._config = json.dumps(self.codec.config(), sort_keys=True)
+        self._lossless = _is_lossless(self.codec)
+        self._raw_codec = Lossless()
+        self._raw_config = json.dumps(self._raw_codec.config(), sort_keys=True)
+        self._decoders = {self._config: self.codec, self._raw_config: self._raw_codec}
+        self._lock = threading.Lock()
+        self._records: dict[str, _Entry] = {}
+        self._used = 0
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @property
+    def raw_bytes(self) -> int:
+        """Uncompressed bytes of the leaves held (``raw_bytes / used_bytes``: the ratio)."""
+        with self._lock:
+            return sum(int(np.prod(b.shape, dtype=np.int64)) * b.dtype.itemsize
+                       for e in self._records.values() for b in e.blobs)
+
+    def _encode(self, leaf: np.ndarray) -> _Blob:
+        if leaf.dtype.kind in "biufc" and leaf.dtype.names is None:
+            data = self.codec.encode(leaf)
+            codec, raw = self._config, False
+        else:  # not a numeric dtype: its raw bytes, exactly
+            data = self._raw_codec.encode(leaf.reshape(-1).view(np.uint8))
+            codec, raw = self._raw_config, True
+        return _Blob(data, bytes_checksum(data), codec, raw, leaf.dtype, leaf.shape)
+
+    def put(self, key: str, record: Record) -> None:
+        """Encode and store `record` under the new key `key`.
+
+        Raises :class:`TierFullError` if the *encoded* record does not fit
+        (nothing is stored), ``KeyError`` if the key is taken.
+        """
+        check_record(key, record)
+        spec_json = encode_spec(key, record.spec)
+        if key in self._records:  # fail before spending time on encoding
+            raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+        blobs = [self._encode(leaf) for leaf in record.leaves]  # outside the lock
+        need = sum(len(b.data) for b in blobs)
+        with self._lock:
+            if key in self._records:
+                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+            if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
+                raise full(key, self.name, need, self._used, self.capacity_bytes)
+            self._records[key] = _Entry(spec_json, blobs, tuple(record.checksums), self._lossless)
+            self._used += need
+
+    def _decoder(self, config: str):
+        codec = self._decoders.get(config)
+        if codec is None:
+            from .codecs import codec_from_config
+
+            codec = codec_from_config(json.loads(config))
+            self._decoders[config] = codec
+        return codec
+
+    def get(self, key: str) -> Record:
+        """Decode the record under `key`, after verifying its encoded bytes.
+
+        Lossless: the decoded leaves are also checked against the original
+        checksums.  Lossy: the decoded approximation, with checksums of it.
+        """
+        with self._lock:
+            entry = self._records.get(key)
+        if entry is None:
+            raise KeyError(f"no record {key!r} in tier {self.name!r}")
+        spec = json.loads(entry.spec)
+        step = step_of(spec)
+        leaves = []
+        for i, blob in enumerate(entry.blobs):
+            got = bytes_checksum(blob.data)
+            if got != blob.checksum:
+                raise corrupt(f"the encoded bytes of leaf {i} have checksum {got}, stored "
+                              f"{blob.checksum}", key, self.name, step)
+            out = np.empty(blob.shape, blob.dtype)
+            target = out.reshape(-1).view(np.uint8) if blob.raw else out
+            try:
+                self._decoder(blob.codec).decode(blob.data, out=target)
+            except ValueError as err:
+                raise corrupt(f"leaf {i} does not decode ({err})", key, self.name, step) from None
+            leaves.append(out)
+        checksums = []
+        for i, (leaf, want, blob) in enumerate(zip(leaves, entry.checksums, entry.blobs)):
+            got = leaf_checksum(leaf)
+            if (entry.lossless or blob.raw) and got != want:
+                raise corrupt(f"decoded leaf {i} has checksum {got}, the record says {want}",
+                              key, self.name, step)
+            checksums.append(got)
+        return Record(spec, tuple(leaves), tuple(checksums))
+
+    def delete(self, key: str) -> None:
+        """Free the record under `key`."""
+        with self._lock:
+            entry = self._records.pop(key, None)
+            if entry is None:
+                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            self._used -= sum(len(b.data) for b in entry.blobs)
+
+    def keys(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._records))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
+        return f"CompressedMemoryTier(codec={self.codec!r}, used={self._used} B, capacity={cap})"

@@ -1,0 +1,126 @@
+"""MemoryTier: records held by reference in host memory.
+
+The fastest level of the hierarchy and the simplest :class:`Tier`.  The
+engine has already copied the user's state into buffers it hands over, so
+``put`` keeps the leaf arrays *by reference*: no second copy, O(number of
+leaves) work.  What it does do:
+
+* encode the spec to JSON once (so every tier accepts exactly the same specs,
+  and ``get`` returns a fresh dict the caller may modify);
+* account bytes per distinct array object.  An array object held by several
+  records (a deduplicated leaf from :class:`~vlcc_adjoint.storage.LeafTable`,
+  handed to several ``put`` calls) is counted once and kept until its last
+  record is deleted;
+* verify every leaf's checksum on ``get`` (6-10 GB/s), so a buffer that was
+  modified after it was saved (a stray in-place update, a reused pool
+  buffer) is reported as :class:`CorruptCheckpointError`, not returned.
+
+``get`` returns read-only views of the stored arrays: restoring a state
+twice (Revolve reloads the same checkpoint) must find it unchanged, so
+whoever needs to write copies first (``unflatten(spec, leaves, copy=True)``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from ._checksum import check_capacity, check_record, encode_spec, full, step_of, verify_leaves
+from ._tier import Record, Tier
+
+__all__ = ["MemoryTier"]
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+class MemoryTier(Tier):
+    """Records kept by reference in host memory, with a hard byte capacity.
+
+    **Arguments:**
+
+    - `capacity_bytes`: the most leaf bytes the tier may hold (``None``:
+      unbounded).  A ``put`` that does not fit raises
+      :class:`TierFullError` and changes nothing.
+    - `name`: the tier's name in messages and statistics.
+    """
+
+    def __init__(self, capacity_bytes: int | None = None, *, name: str = "memory"):
+        self.capacity_bytes = check_capacity(capacity_bytes)
+        self.name = name
+        self._lock = threading.Lock()
+        self._records: dict[str, tuple[str, tuple[np.ndarray, ...], tuple[str, ...]]] = {}
+        self._objects: dict[int, list] = {}  # id(array) -> [array, number of holders]
+        self._used = 0
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def put(self, key: str, record: Record) -> None:
+        """Store `record` under the new key `key`, keeping its leaves by reference.
+
+        Raises :class:`TierFullError` if it does not fit, ``KeyError`` if the
+        key is taken, ``ValueError`` if the spec is not pure JSON.
+        """
+        check_record(key, record)
+        spec_json = encode_spec(key, record.spec)
+        leaves = tuple(record.leaves)
+        with self._lock:
+            if key in self._records:
+                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+            new = {}
+            for leaf in leaves:
+                if id(leaf) not in self._objects:
+                    new[id(leaf)] = leaf.nbytes
+            need = sum(new.values())
+            if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
+                raise full(key, self.name, need, self._used, self.capacity_bytes)
+            for leaf in leaves:
+                entry = self._objects.get(id(leaf))
+                if entry is None:
+                    self._objects[id(leaf)] = [leaf, 1]
+                else:
+                    entry[1] += 1
+            self._used += need
+            self._records[key] = (spec_json, leaves, tuple(record.checksums))
+
+    def get(self, key: str) -> Record:
+        """The record under `key`, checksums verified; leaves are read-only views."""
+        with self._lock:
+            entry = self._records.get(key)
+        if entry is None:
+            raise KeyError(f"no record {key!r} in tier {self.name!r}")
+        spec_json, leaves, checksums = entry
+        spec = json.loads(spec_json)
+        verify_leaves(leaves, checksums, key, self.name, step_of(spec))
+        return Record(spec, tuple(_readonly(leaf) for leaf in leaves), checksums)
+
+    def delete(self, key: str) -> None:
+        """Forget the record under `key` (its arrays are freed with their last holder)."""
+        with self._lock:
+            entry = self._records.pop(key, None)
+            if entry is None:
+                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            for leaf in entry[1]:
+                holder = self._objects[id(leaf)]
+                holder[1] -= 1
+                if holder[1] == 0:
+                    del self._objects[id(leaf)]
+                    self._used -= leaf.nbytes
+
+    def keys(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._records))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
