@@ -6,6 +6,11 @@ Heavy optional dependencies (jax, mpi4py, torch) are imported only by the
 modules that need them.
 """
 
+from .budget import BudgetPlan as BudgetPlan
+from .budget import plan as plan
+from .execute import AdjointResult as AdjointResult
+from .execute import StateMismatchError as StateMismatchError
+from .execute import run_adjoint as run_adjoint
 from .schedules import Advance as Advance
 from .schedules import Delete as Delete
 from .schedules import InvalidScheduleError as InvalidScheduleError
@@ -23,5 +28,7 @@ from .schedules import ScheduleStats as ScheduleStats
 from .schedules import StoreAll as StoreAll
 from .schedules import io_plan as io_plan
 from .schedules import simulate as simulate
+from .solver import Solver as Solver
+from .solver import timestep as timestep
 
 __version__ = "0.1.0"

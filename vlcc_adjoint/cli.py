@@ -66,17 +66,37 @@ def _plan(args) -> int:
     return 0
 
 
+def _demo(args) -> int:
+    from ._examples.demo import vlcc_demo
+
+    result = vlcc_demo(nx=args.nx, nz=args.nz, nt=args.steps,
+                       memory_states=args.memory_states, disk_states=args.disk_states,
+                       png=args.png or None)
+    return 0 if result["passed"] else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="vlcc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
-    sub.add_parser("demo", help="the main example")
+    demo = sub.add_parser(
+        "demo", help="the main example: a seismic gradient within a memory budget",
+        description="Compute a full-waveform-inversion gradient of a 2-D acoustic wave "
+        "equation with a checkpoint schedule chosen for a memory + disk budget (a temporary "
+        "zarr store), check it, and draw it.")
+    demo.add_argument("--nx", type=int, default=300, help="grid points in x")
+    demo.add_argument("--nz", type=int, default=300, help="grid points in z")
+    demo.add_argument("--steps", type=int, default=2000, help="time steps")
+    demo.add_argument("--memory-states", type=int, default=10,
+                      help="memory budget, in states")
+    demo.add_argument("--disk-states", type=int, default=41, help="disk budget, in states")
+    demo.add_argument("--png", default="vlcc_demo_gradient.png",
+                      help="where to draw the gradient ('' for no figure)")
     args = parser.parse_args(argv)
     try:
         if args.command == "plan":
             return _plan(args)
-        args.schedule, args.steps, args.snapshots, args.plot = "revolve", 1000, 20, None
-        return _plan(args)
+        return _demo(args)
     except ValueError as error:
         print(f"vlcc: error: {error}", file=sys.stderr)
         return 2

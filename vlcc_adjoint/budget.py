@@ -1,0 +1,294 @@
+"""Memory-budget mode: pick the schedule and the storage levels for the user.
+
+A user knows how much memory and disk a run may use; :func:`plan` turns
+those budgets into a schedule, and a store to run it with:
+
+1. slots: ``m = memory_bytes // state_bytes`` states fit in memory and
+   ``d = disk_bytes // state_bytes`` on disk;
+2. costs, in units of one forward step: the step time and the disk write /
+   read times of one state, measured by a short calibration run (a few
+   forward steps of the solver, one record written to and read from a
+   temporary zarr tier), or given;
+3. candidates, each replayed by :func:`~vlcc_adjoint.schedules.simulate`
+   under the same cost model: ``StoreAll`` when memory holds every state,
+   ``Revolve(n, m)`` on memory alone, ``Multistage(n, [m, d])`` over memory
+   and disk; the least predicted time wins.
+
+The decision and the numbers behind it are kept in :attr:`BudgetPlan.explain`.
+The exact two-level dynamic program costs ``O(n (m + 1) (d + 1))`` time and
+memory; beyond a few hundred million states the disk slots offered to it are
+capped (a schedule with fewer disk slots is still valid, just not proven
+optimal for the larger budget), and the explanation says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
+
+__all__ = ["BudgetPlan", "plan"]
+
+#: Largest ``n * (m + 1) * (d + 1)`` handed to the exact two-level program.
+MAX_MULTISTAGE_STATES = 3 * 10**7
+
+#: Bytes of metadata a disk record costs per leaf, beyond its data.
+DISK_RECORD_OVERHEAD = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    """The schedule :func:`plan` chose, and why.
+
+    **Attributes:**
+
+    - `schedule`: the chosen schedule.
+    - `memory_slots`, `disk_slots`: states that fit in each budget.
+    - `state_bytes`: bytes of one stored state.
+    - `step_seconds`, `write_seconds`, `read_seconds`, `copy_seconds`: the
+      costs used (disk write / read of one state, memory copy of one state).
+    - `predicted_seconds`: the schedule's predicted run time.
+    - `candidates`: ``{name: predicted seconds}`` of every schedule weighed.
+    - `explain`: the decision in words.
+    """
+
+    schedule: Schedule
+    memory_bytes: int
+    disk_bytes: int
+    memory_slots: int
+    disk_slots: int
+    state_bytes: int
+    step_seconds: float
+    write_seconds: float
+    read_seconds: float
+    copy_seconds: float
+    predicted_seconds: float
+    candidates: dict
+    explain: str
+
+    def make_store(self, path=None, **store_options):
+        """A :class:`~vlcc_adjoint.storage.TieredStore` for :attr:`schedule`:
+        a memory tier of `memory_bytes` and, for a two-level schedule, a
+        :class:`~vlcc_adjoint.storage.ZarrTier` of `disk_bytes` at `path` (a
+        new temporary directory by default), with the schedule's I/O plan for
+        prefetching."""
+        from .schedules import io_plan
+        from .storage import MemoryTier, TieredStore, ZarrTier
+
+        tiers = [MemoryTier(capacity_bytes=self.memory_slots * self.state_bytes)]
+        if len(self.schedule.levels) > 1:
+            if path is None:
+                path = tempfile.mkdtemp(prefix="vlcc-disk-")
+            tiers.append(ZarrTier(path, capacity_bytes=self.disk_bytes))
+            # The memory budget also pays for one state being written behind
+            # the computation and one being read ahead of it.
+            store_options.setdefault("staging_bytes", 2 * self.state_bytes)
+            store_options.setdefault("prefetch_bytes", self.state_bytes)
+            store_options.setdefault("pool_bytes", 0)
+        return TieredStore(tiers, plan=io_plan(self.schedule), **store_options)
+
+    def __str__(self) -> str:
+        return self.explain
+
+
+def _leaf_count(u0) -> int:
+    from .state import flatten
+
+    return len(flatten(u0)[0])
+
+
+def _state_bytes(u0) -> int:
+    from .state import flatten
+
+    leaves, _ = flatten(u0)
+    return int(sum(leaf.nbytes for leaf in leaves))
+
+
+def _time_steps(solver, u0, steps: int) -> float:
+    """Median seconds of one forward step, from `steps` steps on a copy."""
+    from .execute import _copy_state
+
+    state = (getattr(solver, "copy", None) or _copy_state)(u0)
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        state = solver.forward(state, i)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _time_copy(nbytes: int) -> float:
+    """Seconds to copy `nbytes` into a reused buffer: the price of a memory
+    save (the store's capture) or restore (the copy into the solver's arrays)."""
+    src = np.ones(max(nbytes // 8, 1))
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch the pages once: the store reuses its buffers
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _time_disk(nbytes: int, path=None) -> tuple[float, float]:
+    """Seconds to write and to read back one record of `nbytes` on a zarr tier."""
+    from .storage import ZarrTier
+    from .storage._tier import Record
+
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(max(nbytes // 8, 1))
+    with tempfile.TemporaryDirectory(prefix="vlcc-calibrate-", dir=path) as tmp:
+        tier = ZarrTier(tmp)
+        try:
+            from .storage import make_record
+
+            record = make_record({"calibration": True}, [data])
+        except ImportError:  # pragma: no cover - make_record ships with the tiers
+            record = Record({"calibration": True}, (data,), ("",))
+        writes, reads = [], []
+        for k in range(3):
+            t0 = time.perf_counter()
+            tier.put(f"c{k}", record)
+            writes.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            tier.get(f"c{k}")
+            reads.append(time.perf_counter() - t0)
+        tier.close()
+    return float(np.median(writes)), float(np.median(reads))
+
+
+def plan(
+    steps: int,
+    memory_bytes: int,
+    disk_bytes: int = 0,
+    *,
+    state_bytes: int | None = None,
+    solver: Any = None,
+    u0: Any = None,
+    step_seconds: float | None = None,
+    write_seconds: float | None = None,
+    read_seconds: float | None = None,
+    copy_seconds: float | None = None,
+    adjoint_cost: float = 1.0,
+    disk_path=None,
+    calibration_steps: int = 3,
+) -> BudgetPlan:
+    """Choose a schedule for `steps` steps within memory and disk budgets.
+
+    **Arguments:**
+
+    - `steps`: forward steps ``n``.
+    - `memory_bytes`, `disk_bytes`: what checkpoints may occupy in memory
+      and on disk (``0``: no disk).
+    - `state_bytes`: bytes of one state; default: measured from `u0`.
+    - `solver`, `u0`: a solver and its initial state, to measure the step
+      time (a few steps on a copy of `u0`) unless `step_seconds` is given.
+    - `step_seconds`, `write_seconds`, `read_seconds`: costs, if known;
+      missing disk costs are measured on a temporary zarr tier in
+      `disk_path` (default: the system's temporary directory).
+    - `copy_seconds`: the cost of one memory save or restore (a copy of
+      the state); default: measured.  For a cheap step (a stencil on a
+      large grid) a copy costs about as much as a step, so memory traffic
+      is part of the cost model too.
+    - `adjoint_cost`: an adjoint step's time in forward steps.
+
+    **Returns:** a :class:`BudgetPlan`; ``.schedule`` to run,
+    ``.make_store()`` to run it with, ``.explain`` for the reasons.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    for name, value in (("memory_bytes", memory_bytes), ("disk_bytes", disk_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name} must be an integer number of bytes >= 0, got {value!r}")
+    n = int(steps)
+    if state_bytes is None:
+        if u0 is None:
+            raise ValueError("plan needs the size of a state: pass state_bytes= or u0=")
+        state_bytes = _state_bytes(u0)
+    if state_bytes < 1:
+        raise ValueError(f"state_bytes must be >= 1, got {state_bytes}")
+    # A record on disk also carries its zarr metadata (a few KiB a leaf).
+    leaves = _leaf_count(u0) if u0 is not None else 4
+    d = int(disk_bytes // (state_bytes + DISK_RECORD_OVERHEAD * (leaves + 1)))
+    # With a disk level, three states of the memory budget are the buffers
+    # of the asynchronous store: two being written behind, one read ahead.
+    reserve = 3 if d > 0 else 0
+    m = int(memory_bytes // state_bytes) - reserve
+    if m < 1:
+        raise ValueError(
+            f"memory_bytes={memory_bytes} holds no state of {state_bytes} bytes; a schedule "
+            f"needs at least one state in memory (four with a disk level: one to keep, two "
+            f"being written, one read ahead): give memory_bytes >= {(1 + reserve) * state_bytes}"
+        )
+    if step_seconds is None:
+        if solver is None or u0 is None:
+            raise ValueError("plan needs the step time: pass step_seconds=, or solver= and u0= "
+                             "to measure it")
+        step_seconds = _time_steps(solver, u0, max(1, calibration_steps))
+    step_seconds = max(float(step_seconds), 1e-9)
+    if d > 0 and (write_seconds is None or read_seconds is None):
+        w, r = _time_disk(state_bytes, disk_path)
+        write_seconds = w if write_seconds is None else write_seconds
+        read_seconds = r if read_seconds is None else read_seconds
+    write_seconds = float(write_seconds or 0.0)
+    read_seconds = float(read_seconds or 0.0)
+    if copy_seconds is None:
+        copy_seconds = _time_copy(state_bytes)
+    copy_seconds = float(copy_seconds)
+
+    notes = [
+        f"a state is {state_bytes:,} bytes: memory holds {m} checkpoints"
+        + (f" (+ {reserve} I/O buffers), disk {d}" if d else ""),
+        f"one forward step takes {step_seconds:.3g} s, a copy of the state in memory "
+        f"{copy_seconds:.3g} s ({copy_seconds / step_seconds:.2f} steps)"
+        + (f"; one disk write {write_seconds:.3g} s, one read {read_seconds:.3g} s "
+           f"({write_seconds / step_seconds:.2f} and {read_seconds / step_seconds:.2f} steps)"
+           if d > 0 else ""),
+    ]
+    candidates: dict[str, tuple[Schedule, float]] = {}
+
+    costs = [(copy_seconds, copy_seconds), (write_seconds, read_seconds)]
+
+    def weigh(name, schedule):
+        # One cost model for every candidate, whatever costs it was planned with.
+        stats = simulate(schedule)
+        seconds = (stats.forward_count + n * adjoint_cost) * step_seconds
+        for k, (w, r) in enumerate(costs[: len(stats.writes)]):
+            seconds += stats.writes[k] * w + stats.reads[k] * r
+        candidates[name] = (schedule, seconds)
+
+    if m >= n - 1:
+        weigh(f"StoreAll({n})", StoreAll(n))
+    else:
+        weigh(f"Revolve({n}, {m})", Revolve(n, m))
+        if d > 0:
+            disk = d
+            while disk > 1 and n * (m + 1) * (disk + 1) > MAX_MULTISTAGE_STATES:
+                disk //= 2
+            if disk < d:
+                notes.append(f"the exact two-level program was offered {disk} of the {d} disk "
+                             "slots, to keep planning fast")
+            levels = [Level(m, copy_seconds / step_seconds, copy_seconds / step_seconds),
+                      Level(disk, write_seconds / step_seconds, read_seconds / step_seconds)]
+            weigh(f"Multistage({n}, memory {m} + disk {disk})",
+                  Multistage(n, levels, forward_cost=1.0, adjoint_cost=adjoint_cost))
+    best = min(candidates, key=lambda k: candidates[k][1])
+    schedule, predicted = candidates[best]
+    for name, (_, seconds) in candidates.items():
+        notes.append(f"{name}: predicted {seconds:.3g} s" + ("  <- chosen" if name == best else ""))
+    if m >= n - 1:
+        notes.append("memory holds every state, so nothing is recomputed")
+    return BudgetPlan(
+        schedule=schedule, memory_bytes=int(memory_bytes), disk_bytes=int(disk_bytes),
+        memory_slots=m, disk_slots=d, state_bytes=int(state_bytes),
+        step_seconds=step_seconds, write_seconds=write_seconds, read_seconds=read_seconds,
+        copy_seconds=copy_seconds, predicted_seconds=predicted,
+        candidates={k: v[1] for k, v in candidates.items()},
+        explain="\n".join(notes),
+    )

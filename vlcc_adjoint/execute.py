@@ -1,0 +1,498 @@
+"""Run a checkpoint schedule against a solver: the Python interpreter of the
+action table.
+
+:func:`run_adjoint` walks a schedule's table (:mod:`vlcc_adjoint.schedules.actions`
+gives the one semantics every interpreter follows) and maps each action to
+one call:
+
+=====================  ====================================================
+action                 call
+=====================  ====================================================
+``Advance(a, b)``      ``solver.forward_many(u, a, b)`` or ``forward`` b - a
+                       times
+``Save(i, k)``         ``store.save(i, solver.on_save(u, i), level=k)``
+``Load(i, k)``         ``u = solver.on_load(store.load(i, level=k), i, u)``
+``Delete(i, k)``       ``store.delete(i, level=k)``
+``Move(i, k, d)``      ``store.move(i, k, d)``
+``Reverse(i)``         ``lam = solver.adjoint(u, lam, i)``
+=====================  ====================================================
+
+The store copies what it saves, so the solver may keep advancing its state
+in place; the store's own plan (from :func:`~vlcc_adjoint.schedules.io_plan`)
+lets it prefetch every ``Load`` before the executor reaches it.
+
+The final state ``u_n`` is never needed by the schedules themselves
+(``Reverse(n - 1)`` starts from ``u_{n-1}``), but the objective is a
+function of it, so the executor evaluates the last forward step once from a
+copy of ``u_{n-1}`` unless the schedule's sweep already reached ``u_n``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .schedules import ActionKind, Online, Schedule, ScheduleStats, io_plan, simulate
+from .solver import Solver
+
+__all__ = ["AdjointResult", "StateMismatchError", "run_adjoint"]
+
+_CHUNK = 1 << 16  # table rows converted to Python ints at a time
+
+
+class StateMismatchError(ValueError):
+    """A solver returned a state whose structure, shapes or dtypes differ
+    from the initial one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdjointResult:
+    """What :func:`run_adjoint` computed and what it cost.
+
+    **Attributes:**
+
+    - `adjoint`: ``lambda_0``, the gradient of the objective with respect
+      to ``u_0``.
+    - `final_state`: ``u_n``, the end of the forward sweep.
+    - `schedule_stats`: :class:`~vlcc_adjoint.schedules.ScheduleStats` of the
+      schedule that ran.
+    - `store_stats`: the store's ``stats()`` at the end of the run.
+    - `forward_steps`: forward steps evaluated (the schedule's forward count,
+      plus one when ``u_n`` was computed for the objective).
+    - `forward_seconds`, `adjoint_seconds`: time inside the solver's forward
+      and adjoint calls.
+    - `stall_seconds`: time the executor waited in store calls (save, load,
+      delete, move, and the final flush).
+    - `wall_seconds`: the whole run.
+    """
+
+    adjoint: Any
+    final_state: Any
+    schedule_stats: ScheduleStats
+    store_stats: Any
+    forward_steps: int
+    forward_seconds: float
+    adjoint_seconds: float
+    stall_seconds: float
+    wall_seconds: float
+
+    @property
+    def n_steps(self) -> int:
+        return self.schedule_stats.n_steps
+
+
+# ---------------------------------------------------------------------------
+# state signatures: catch a solver returning the wrong shape at the step it
+# happens, for a few microseconds a step
+# ---------------------------------------------------------------------------
+
+def _signature(state) -> Any:
+    """The structure, shapes and dtypes of a state (values ignored)."""
+    if isinstance(state, np.ndarray):
+        return ("array", state.shape, state.dtype.str)
+    if hasattr(state, "shape") and hasattr(state, "dtype"):  # jax / torch arrays
+        try:
+            dtype = np.dtype(state.dtype).str
+        except TypeError:
+            dtype = str(state.dtype)
+        return ("array", tuple(state.shape), dtype)
+    if isinstance(state, dict):
+        return ("dict", tuple((k, _signature(v)) for k, v in state.items()))
+    if isinstance(state, (list, tuple)):
+        return (type(state), tuple(_signature(v) for v in state))
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return (type(state), tuple((f.name, _signature(getattr(state, f.name)))
+                                   for f in dataclasses.fields(state)))
+    return (type(state),)
+
+
+def _describe_mismatch(got, want, path="state") -> str:
+    if got == want:
+        return ""
+    if got[0] == "array" and want[0] == "array":
+        return (f"{path} is an array of shape {got[1]} and dtype {got[2]}, "
+                f"expected shape {want[1]} and dtype {want[2]}")
+    if got[0] != want[0]:
+        gname = got[0] if isinstance(got[0], str) else got[0].__name__
+        wname = want[0] if isinstance(want[0], str) else want[0].__name__
+        return f"{path} is a {gname}, expected a {wname}"
+    if len(got) > 1 and len(got[1]) != len(want[1]):
+        return f"{path} has {len(got[1])} entries, expected {len(want[1])}"
+    for i, (g, w) in enumerate(zip(got[1], want[1])):
+        if got[0] == "dict" or dataclasses.is_dataclass(got[0]):
+            if g[0] != w[0]:
+                return f"{path} has key {g[0]!r} where {w[0]!r} was expected"
+            sub = _describe_mismatch(g[1], w[1], f"{path}[{g[0]!r}]")
+        else:
+            sub = _describe_mismatch(g, w, f"{path}[{i}]")
+        if sub:
+            return sub
+    return f"{path} differs in structure"
+
+
+def _copy_state(state):
+    """An independent copy of a state of arrays, containers and scalars."""
+    from .state import flatten, unflatten
+
+    leaves, spec = flatten(state)
+    return unflatten(spec, [np.array(leaf, copy=True) for leaf in leaves])
+
+
+# ---------------------------------------------------------------------------
+# the interpreter
+# ---------------------------------------------------------------------------
+
+class _Run:
+    """The machine of :mod:`~vlcc_adjoint.schedules.actions`, driving a solver
+    and a store.  One instance per :func:`run_adjoint` call."""
+
+    def __init__(self, solver, store, n, adj, check, progress_bar):
+        self.solver = solver
+        self.store = store
+        self.n = n
+        self.adj = adj  # lambda_n, or a callable of u_n
+        self.check = check
+        self.bar = progress_bar
+        self.u = None  # the state in hand
+        self.spare = None  # a consumed state whose buffers a Load may reuse
+        self.final_state = None
+        self.signature = None
+        self.adj_signature = None
+        self.forward_steps = 0
+        self.t_forward = self.t_adjoint = self.t_store = 0.0
+        self.forward_many = getattr(solver, "forward_many", None)
+        self.on_save = getattr(solver, "on_save", None)
+        self.on_load = getattr(solver, "on_load", None)
+        self.in_place = bool(getattr(solver, "restore_in_place", False))
+        self.copy = getattr(solver, "copy", None) or _copy_state
+        self.where = ""  # what the run is doing, for error notes
+
+    # -- forward ---------------------------------------------------------
+    def _checked(self, state, what):
+        if self.check:
+            sig = _signature(state)
+            if sig != self.signature:
+                raise StateMismatchError(
+                    f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
+                    "(as in u_0). A solver must return states of one structure, shape and "
+                    "dtype; check the step function's output, or convert it (e.g. "
+                    "np.asarray(..., dtype=...))"
+                )
+        return state
+
+    def advance(self, a, b):
+        u = self.u
+        t0 = time.perf_counter()
+        if self.forward_many is not None:
+            self.where = f"the solver's forward_many({a}, {b})"
+            u = self.forward_many(u, a, b)
+            u = self._checked(u, f"forward_many({a}, {b})")
+        else:
+            forward = self.solver.forward
+            for i in range(a, b):
+                self.where = f"the solver's forward step {i}"
+                u = forward(u, i)
+                u = self._checked(u, f"forward step {i}")
+        self.t_forward += time.perf_counter() - t0
+        self.forward_steps += b - a
+        self.u = u
+        if b == self.n and self.final_state is None:
+            # The sweep reached u_n (Online does): keep it before a Load
+            # restores into these buffers.
+            self.final_state = self.copy(u)
+
+    # -- storage ---------------------------------------------------------
+    def save(self, i, level):
+        self.where = f"saving u_{i} on level {level}"
+        state = self.on_save(self.u, i) if self.on_save is not None else self.u
+        t0 = time.perf_counter()
+        self.store.save(i, state, level=level)
+        self.t_store += time.perf_counter() - t0
+
+    def load(self, i, level):
+        self.where = f"loading u_{i} from level {level}"
+        out = self.u if self.u is not None else self.spare
+        t0 = time.perf_counter()
+        if self.on_load is not None:
+            stored = self.store.load(i, level=level)
+            self.t_store += time.perf_counter() - t0
+            self.u = self.on_load(stored, i, out)
+        else:
+            target = out if (self.in_place and out is not None) else None
+            self.u = self.store.load(i, level=level, out=target)
+            self.t_store += time.perf_counter() - t0
+        self.spare = None
+
+    def delete(self, i, level):
+        self.where = f"deleting u_{i} from level {level}"
+        t0 = time.perf_counter()
+        self.store.delete(i, level=level)
+        self.t_store += time.perf_counter() - t0
+
+    def move(self, i, src, dst):
+        self.where = f"moving u_{i} from level {src} to level {dst}"
+        t0 = time.perf_counter()
+        self.store.move(i, src, dst)
+        self.t_store += time.perf_counter() - t0
+
+    # -- adjoint ---------------------------------------------------------
+    def reverse(self, i):
+        if i == self.n - 1:
+            if self.final_state is None:
+                self.where = f"the solver's forward step {i} (computing u_n)"
+                t0 = time.perf_counter()
+                u_n = self.solver.forward(self.copy(self.u), i)
+                self.t_forward += time.perf_counter() - t0
+                self.forward_steps += 1
+                self.final_state = self._checked(u_n, f"forward step {i}")
+            if callable(self.adj):
+                self.where = "adj_final(u_n)"
+                self.adj = self.adj(self.copy(self.final_state))
+            self.adj_signature = _signature(self.adj)
+        self.where = f"the solver's adjoint step {i}"
+        t0 = time.perf_counter()
+        adj = self.solver.adjoint(self.u, self.adj, i)
+        self.t_adjoint += time.perf_counter() - t0
+        if self.check:
+            sig = _signature(adj)
+            if sig != self.adj_signature:
+                raise StateMismatchError(
+                    f"adjoint step {i} returned an adjoint whose "
+                    f"{_describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
+                    "adj_final). An adjoint step must return lambda_i with the structure, "
+                    "shapes and dtypes of lambda_{i+1}"
+                )
+        self.adj = adj
+        self.spare, self.u = self.u, None
+
+    # -- the table ---------------------------------------------------------
+    def run_table(self, table: np.ndarray, offset: int = 0):
+        """Execute the rows of ``table`` (``offset``: index of its first row in
+        the whole schedule, for messages)."""
+        for start in range(0, len(table), _CHUNK):
+            chunk = table[start : start + _CHUNK]
+            rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
+                       chunk["level"].tolist(), chunk["dst"].tolist())
+            for j, (kind, a, b, level, dst) in enumerate(rows):
+                self.index = offset + start + j
+                self.dispatch(kind, a, b, level, dst)
+            if self.bar is not None:
+                self.bar.update(len(chunk))
+
+    def dispatch(self, kind, a, b, level, dst):
+        if kind == ActionKind.ADVANCE:
+            self.advance(a, b)
+        elif kind == ActionKind.SAVE:
+            self.save(a, level)
+        elif kind == ActionKind.LOAD:
+            self.load(a, level)
+        elif kind == ActionKind.DELETE:
+            self.delete(a, level)
+        elif kind == ActionKind.MOVE:
+            self.move(a, level, dst)
+        elif kind == ActionKind.REVERSE:
+            self.reverse(a)
+        else:
+            raise ValueError(f"unknown action kind {kind} in the schedule table")
+
+
+def _state_nbytes(state) -> int:
+    from .state import flatten
+
+    leaves, _ = flatten(state)
+    return sum(leaf.nbytes for leaf in leaves)
+
+
+def _default_store(schedule: Schedule, stats: ScheduleStats, u0, solver):
+    """One memory tier per level, each sized to the schedule's peak slots."""
+    from .storage import MemoryTier, TieredStore
+
+    on_save = getattr(solver, "on_save", None)
+    nbytes = _state_nbytes(on_save(u0, 0) if on_save is not None else u0)
+    tiers = [MemoryTier(capacity_bytes=max(peak, 1) * nbytes) for peak in stats.peak_slots]
+    plan = io_plan(schedule) if schedule.table is not None else None
+    return TieredStore(tiers, plan=plan)
+
+
+def _progress(total, enabled):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="action", desc="vlcc adjoint")
+
+
+def run_adjoint(
+    solver: Solver,
+    schedule: Schedule,
+    u0,
+    adj_final,
+    store=None,
+    progress: bool = False,
+    *,
+    stop: Callable[[Any, int], bool] | None = None,
+    max_steps: int | None = None,
+    check: bool = True,
+) -> AdjointResult:
+    """Run the forward sweep and the adjoint of a time loop under `schedule`.
+
+    **Arguments:**
+
+    - `solver`: a :class:`~vlcc_adjoint.solver.Solver` (``forward`` and
+      ``adjoint``; :func:`~vlcc_adjoint.solver.timestep` builds one).
+    - `schedule`: any :class:`~vlcc_adjoint.schedules.Schedule`, or an
+      :class:`~vlcc_adjoint.schedules.Online` without ``steps``, whose loop
+      runs until `stop` says so.
+    - `u0`: the initial state (numpy arrays, dicts, lists, dataclasses, JAX
+      arrays; anything :mod:`vlcc_adjoint.state` flattens).  The executor
+      does not modify it, unless the solver advances states in place.
+    - `adj_final`: ``lambda_n``, or a callable ``adj_final(u_n) -> lambda_n``
+      (e.g. ``lambda u: u`` for ``J = 0.5 ||u_n||^2``).
+    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` with one tier per
+      schedule level; default: memory tiers sized by the schedule.  The store
+      is closed when the run ends, successfully or not.
+    - `progress`: show a progress bar over the schedule's actions.
+    - `stop`: for an ``Online`` schedule without steps: ``stop(u_i, i)``
+      returns true when the forward loop should end at ``u_i`` (``i >= 1``).
+    - `max_steps`: with `stop`, the most steps the loop may run before a
+      ``RuntimeError`` (default: no limit).
+    - `check`: verify that every step returns a state (and adjoint) of the
+      initial structure, shapes and dtypes.
+
+    **Returns:** an :class:`AdjointResult`; ``result.adjoint`` is
+    ``lambda_0``.
+
+    **Raises:** :class:`StateMismatchError` naming the step whose output has
+    the wrong shape or dtype; any exception of the solver or the store,
+    unchanged, with a note naming the step and the schedule action.
+    """
+    online = isinstance(schedule, Online) and schedule.n_steps is None
+    if online:
+        if stop is None:
+            raise ValueError(
+                "an Online schedule without steps runs until a stop criterion holds: pass "
+                "stop=lambda state, step: ... (or give Online its number of steps)"
+            )
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    elif not isinstance(schedule, Schedule):
+        raise TypeError(
+            f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, Multistage, ...), "
+            f"got {type(schedule).__name__}"
+        )
+    elif stop is not None:
+        raise ValueError(
+            "stop= only applies to an Online schedule without a step count; this schedule "
+            f"has {schedule.n_steps} steps"
+        )
+    if not hasattr(solver, "forward") or not hasattr(solver, "adjoint"):
+        raise TypeError(
+            f"{type(solver).__name__} is not a solver: it needs forward(state, step) and "
+            "adjoint(state, adj, step) methods; wrap plain functions with "
+            "vlcc_adjoint.timestep"
+        )
+
+    t_start = time.perf_counter()
+    stats = None if online else simulate(schedule)
+    own_store = store is None
+    if own_store:
+        if online:
+            from .storage import MemoryTier, TieredStore
+
+            store = TieredStore([MemoryTier(
+                capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
+        else:
+            store = _default_store(schedule, stats, u0, solver)
+    total = None if online else len(schedule.table)
+    bar = _progress(total, progress)
+    run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar)
+    run.u = u0
+    run.schedule = schedule
+    run.signature = _signature(u0)
+    run.index = -1
+    try:
+        if online:
+            schedule, stats = _run_online(run, schedule, stop, max_steps)
+        else:
+            run.run_table(schedule.table)
+        run.where = "flushing the store"
+        t0 = time.perf_counter()
+        store.wait()
+        run.t_store += time.perf_counter() - t0
+        store_stats = store.stats()
+    except BaseException as error:
+        where = f"vlcc_adjoint.run_adjoint: while {run.where}"
+        if run.index >= 0:
+            action = run.schedule[run.index]
+            where += f" (action {run.index} of the schedule: {action!r})"
+        error.add_note(where)
+        _close_after_error(store, error)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    store.close()
+    if run.final_state is None:  # pragma: no cover - every schedule ends with Reverse(0)
+        raise RuntimeError("the schedule never reached the last adjoint step")
+    return AdjointResult(
+        adjoint=run.adj,
+        final_state=run.final_state,
+        schedule_stats=stats,
+        store_stats=store_stats,
+        forward_steps=run.forward_steps,
+        forward_seconds=run.t_forward,
+        adjoint_seconds=run.t_adjoint,
+        stall_seconds=run.t_store,
+        wall_seconds=time.perf_counter() - t_start,
+    )
+
+
+def _close_after_error(store, error: BaseException) -> None:
+    """Close the store after a failed run without hiding the run's error."""
+    try:
+        store.close()
+    except Exception as close_error:  # the run's error stays the one raised
+        error.add_note(f"closing the store afterwards also failed: {close_error!r}")
+
+
+def _run_online(run: _Run, online: Online, stop, max_steps):
+    """The forward sweep of an :class:`Online` schedule, stopped by ``stop``,
+    then the backward part of the schedule it turned out to be."""
+    from .schedules import Delete, Save
+
+    i = 0
+    limit = math.inf if max_steps is None else max_steps
+    while True:
+        if i >= 1:
+            run.where = f"the stop criterion at step {i}"
+            if stop(run.u, i):
+                break
+            if i >= limit:
+                raise RuntimeError(
+                    f"the stop criterion did not hold within max_steps={max_steps} steps; "
+                    "raise max_steps or check the criterion"
+                )
+        for action in online.capture(i):
+            if isinstance(action, Save):
+                run.save(action.step, action.level)
+            elif isinstance(action, Delete):
+                run.delete(action.step, action.level)
+            else:  # pragma: no cover - capture only saves and deletes
+                raise AssertionError(action)
+        run.n = math.inf  # u_n is not known yet: don't snapshot a final state
+        run.advance(i, i + 1)
+        i += 1
+        if run.bar is not None:
+            run.bar.update(1)
+    n = i
+    run.n = n
+    run.final_state = run.copy(run.u)
+    full = online.stop(n)
+    run.schedule = full
+    run.run_table(full.table[full.reverse_start:], offset=full.reverse_start)
+    return full, simulate(full)
