@@ -42,3 +42,13 @@ def test_bad_input_is_a_clear_error_not_a_traceback():
     assert result.returncode == 2
     assert "snapshots must be an integer >= 1, got 0" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_demo_checks_its_gradient_and_draws_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--nx", "90", "--nz", "90", "--steps", "300",
+                 "--memory-states", "8", "--disk-states", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "gradient check PASSED" in out
+    assert "Multistage" in out and "zarr" in out
+    assert (tmp_path / "vlcc_demo_gradient.png").stat().st_size > 10_000
