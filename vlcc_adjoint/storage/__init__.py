@@ -12,3 +12,13 @@ from ._tier import StorageError as StorageError
 from ._tier import Tier as Tier
 from ._tier import TierFullError as TierFullError
 from ._tier import check_key as check_key
+from ._engine import PlanMismatchError as PlanMismatchError
+from ._engine import TieredStore as TieredStore
+from ._stats import StoreStats as StoreStats
+from ._stats import TierStats as TierStats
+from ._tier import make_record as make_record
+from ._memory import MemoryTier as MemoryTier
+from ._compressed import CompressedMemoryTier as CompressedMemoryTier
+from ._zarr import ZarrTier as ZarrTier
+from ._dedup import LeafTable as LeafTable
+from . import codecs as codecs
