@@ -1,0 +1,353 @@
+"""Benchmark: gradients through a long JAX time loop, ours against the JAX ways.
+
+Reproduce::
+
+    pip install -e ".[test,bench]"
+    python benchmarks/bench_jax.py --quick        # n = 1,000 only (< 3 minutes)
+    python benchmarks/bench_jax.py                # n = 1,000 and 10,000 (~10 minutes)
+
+Writes ``benchmarks/results/bench_jax.json`` (every number, every repeat) and
+``benchmarks/results/bench_jax.png``.
+
+The problem: ``examples/jax_wave.py``'s 2-D acoustic wave, 256 x 256
+float32 (state ``(u_prev, u)``, 0.5 MiB), misfit of the surface traces,
+gradient with respect to the velocity model and the initial state.  The
+contenders, all differentiating the same step function in one process:
+
+* ``lax.scan``: plain ``jax.lax.scan`` (stores every step's residuals);
+* ``scan(checkpoint)``: ``lax.scan`` of ``jax.checkpoint(step)`` (stores
+  every carry, recomputes each step's residuals once);
+* ``nested remat``: two levels, ``sqrt(n)`` blocks of ``sqrt(n)`` steps:
+  ``lax.scan`` over ``jax.checkpoint(lax.scan(step))`` blocks;
+* ``equinox K``: ``equinox.internal.scan(kind="checkpointed",
+  checkpoints=K)`` (the loop under diffrax's ``RecursiveCheckpointAdjoint``);
+* ``ours K``: ``vlcc_adjoint.jax.checkpointed_scan(snapshots=K)``
+  (Revolve with ``K`` device slots);
+* ``ours Multistage K``: the same ``K`` slots planned by ``Multistage``
+  with a cost of 0.3 forward steps per Save and Load and 3 per adjoint step
+  (Revolve's recomputation count, fewer Saves; its planning time is in the
+  JSON as ``schedule_build_s``).
+
+Measured, per contender: compile time (``jit(...).lower().compile()``),
+XLA working memory (``compiled.memory_analysis().temp_size_in_bytes``: what
+XLA allocates besides arguments and outputs; on CPU
+``jax.devices()[0].memory_stats()`` is unavailable, so this static figure is
+the method), and the gradient's wall and CPU time (``time.process_time``,
+all threads of this process), median of ``--rounds`` interleaved rounds
+after a warm-up call.  Times are reported as ratios to a plain forward pass
+(``jit`` of the misfit with ``lax.scan``, timed in the same rounds).  For
+ours we also time the forward pass alone with its captures (``jax.vjp``'s
+forward, returning the residuals), and for context the cost of ``n`` step
+VJPs relative to ``n`` forward steps.  CPU time is the headline: the
+machines these run on are shared, and wall time absorbs other jobs' load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+# --threads 1 (the default) runs XLA's CPU kernels on one thread: CPU time
+# then measures the work alone, unaffected by other jobs on a shared machine
+# and by idle threads spinning.  Must be set before JAX is imported.
+_THREADS = "1"
+for _i, _arg in enumerate(sys.argv):
+    if _arg == "--threads" and _i + 1 < len(sys.argv):
+        _THREADS = sys.argv[_i + 1]
+    elif _arg.startswith("--threads="):
+        _THREADS = _arg.split("=", 1)[1]
+if _THREADS != "0" and "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
+                               f"{'false' if _THREADS == '1' else 'true'} "
+                               f"intra_op_parallelism_threads={_THREADS}").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+from jax_wave import make_problem  # noqa: E402
+from vlcc_adjoint.jax import checkpointed_scan  # noqa: E402
+from vlcc_adjoint.schedules import Level, Multistage, Revolve  # noqa: E402
+
+try:
+    import equinox.internal as eqxi
+    import equinox
+
+    EQX_VERSION = equinox.__version__
+except ImportError:  # pragma: no cover
+    eqxi = None
+    EQX_VERSION = None
+
+
+def _block(n: int) -> int:
+    """The divisor of `n` closest to sqrt(n): nested remat's block length."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: abs(d - math.sqrt(n)))
+
+
+def make_contenders(problem, observed, n, ks):
+    step = problem["step"]
+    xs = problem["xs"]
+
+    def misfit(scan):
+        def loss(c, init):
+            _, traces = scan(lambda carry, x: step(carry, x, c), init)
+            return 0.5 * jnp.sum((traces - observed) ** 2)
+        return loss
+
+    def plain(f, init):
+        return lax.scan(f, init, xs)
+
+    def per_step(f, init):
+        return lax.scan(jax.checkpoint(f), init, xs)
+
+    k = _block(n)
+
+    def nested(f, init):
+        blocks = jax.tree.map(lambda a: a.reshape((n // k, k) + a.shape[1:]), xs)
+        carry, ys = lax.scan(jax.checkpoint(lambda c, xb: lax.scan(f, c, xb)), init, blocks)
+        return carry, ys.reshape((n,) + ys.shape[2:])
+
+    def equinox_k(K):
+        return lambda f, init: eqxi.scan(f, init, xs, kind="checkpointed", checkpoints=K)
+
+    def ours_k(K):
+        schedule = Revolve(n, K)
+        return lambda f, init: checkpointed_scan(f, init, xs, schedule=schedule)
+
+    def ours_multistage(K):
+        # The same K slots, planned by Multistage with a cost for each Save
+        # and Load (0.3 forward steps: on this problem a checkpoint copy
+        # costs about that much memory traffic) and the VJP's measured cost:
+        # as many recomputations as Revolve, about half the Saves at n = 1e4.
+        t0 = time.perf_counter()
+        schedule = Multistage(n, [Level(K, 0.3, 0.3)], forward_cost=1.0, adjoint_cost=3.0)
+        plan_s[f"ours Multistage K={K}"] = time.perf_counter() - t0
+        return lambda f, init: checkpointed_scan(f, init, xs, schedule=schedule)
+
+    plan_s = {}
+
+    out = {"lax.scan": misfit(plain), "scan(checkpoint)": misfit(per_step),
+           f"nested remat {n // k}x{k}": misfit(nested)}
+    for K in ks:
+        if eqxi is not None:
+            out[f"equinox K={K}"] = misfit(equinox_k(K))
+        out[f"ours K={K}"] = misfit(ours_k(K))
+        if K >= 100:
+            out[f"ours Multistage K={K}"] = misfit(ours_multistage(K))
+    return out, misfit(plain), plan_s
+
+
+def timed(fn, *args):
+    w0, c0 = time.perf_counter(), time.process_time()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def run_case(grid: int, n: int, ks, rounds: int, skip=()):
+    problem = make_problem(grid, n)
+    c0, init = problem["c0"], problem["init"]
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(init))
+    observed = jax.jit(lambda c: lax.scan(lambda carry, x: problem["step"](carry, x, c),
+                                          init, problem["xs"])[1])(problem["c_true"])
+    contenders, plain_loss, plan_s = make_contenders(problem, observed, n, ks)
+    contenders = {k: v for k, v in contenders.items() if not any(s in k for s in skip)}
+
+    # Baselines: the plain forward, and n VJPs of the step vs n forward steps.
+    forward = jax.jit(plain_loss)
+    step = problem["step"]
+
+    def n_vjps(c, init):
+        def body(state, x):
+            lam, gc = state
+            _, pullback = jax.vjp(lambda u, cc: step(u, x, cc)[0], init, c)
+            du, dc = pullback(lam)
+            return (du, gc + dc), None
+        return lax.scan(body, (init, c), problem["xs"])[0]
+
+    def n_steps(c, init):
+        return lax.scan(lambda u, x: step(u, x, c), init, problem["xs"])[0]
+
+    extra = {"forward": forward, "n step VJPs": jax.jit(n_vjps), "n steps": jax.jit(n_steps)}
+    compiled, info = {}, {}
+    for name, loss in contenders.items():
+        grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        t0 = time.perf_counter()
+        compiled[name] = grad.lower(c0, init).compile()
+        compile_s = time.perf_counter() - t0
+        mem = compiled[name].memory_analysis()
+        info[name] = {"compile_s": compile_s,
+                      "temp_bytes": None if mem is None else int(mem.temp_size_in_bytes)}
+        if name in plan_s:
+            info[name]["schedule_build_s"] = plan_s[name]
+        print(f"  compiled {name:<22} {compile_s:6.2f} s, working memory "
+              f"{info[name]['temp_bytes'] / 2**20 if mem else float('nan'):9.1f} MiB", flush=True)
+        if name.startswith("ours"):
+            fwd = jax.jit(lambda c, u, loss=loss: jax.vjp(loss, c, u))
+            extra[f"{name} forward+captures"] = fwd
+    runs = {**compiled, **extra}
+    # Warm up everything, and check the gradients against plain lax.scan.
+    results = {name: jax.block_until_ready(fn(c0, init)) for name, fn in runs.items()}
+    if "lax.scan" in compiled:
+        ref = results["lax.scan"][1][0]
+        for name in compiled:
+            g = results[name][1][0]
+            info[name]["grad_rel_err"] = float(jnp.max(jnp.abs(g - ref)) / jnp.max(jnp.abs(ref)))
+    del results
+    wall = {name: [] for name in runs}
+    cpu = {name: [] for name in runs}
+    for r in range(rounds):
+        for name, fn in runs.items():  # interleaved: every contender once per round
+            w, c = timed(fn, c0, init)
+            wall[name].append(w)
+            cpu[name].append(c)
+        print(f"  round {r + 1}/{rounds} done", flush=True)
+    med_w = {k: statistics.median(v) for k, v in wall.items()}
+    med_c = {k: statistics.median(v) for k, v in cpu.items()}
+    for name in compiled:
+        info[name].update(
+            grad_wall_s=med_w[name], grad_cpu_s=med_c[name],
+            grad_over_forward_cpu=med_c[name] / med_c["forward"],
+            grad_over_forward_wall=med_w[name] / med_w["forward"],
+            wall_repeats=wall[name], cpu_repeats=cpu[name])
+        if name.startswith("ours"):
+            key = f"{name} forward+captures"
+            info[name]["forward_captures_over_forward_cpu"] = med_c[key] / med_c["forward"]
+            info[name]["forward_captures_over_forward_wall"] = med_w[key] / med_w["forward"]
+    return {
+        "grid": grid, "n": n, "state_bytes": state_bytes,
+        "forward_wall_s": med_w["forward"], "forward_cpu_s": med_c["forward"],
+        "step_vjp_over_step_cpu": med_c["n step VJPs"] / med_c["n steps"],
+        "step_vjp_over_step_wall": med_w["n step VJPs"] / med_w["n steps"],
+        "contenders": info,
+    }
+
+
+def report(case, ks):
+    n, sb = case["n"], case["state_bytes"]
+    print(f"\n2-D wave {case['grid']}^2 float32, n = {n}: forward {case['forward_cpu_s']:.3f} s CPU "
+          f"({case['forward_wall_s']:.3f} s wall); one step VJP = "
+          f"{case['step_vjp_over_step_cpu']:.1f} x one forward step (CPU)")
+    print(f"  {'contender':<24}{'grad/fwd CPU':>13}{'grad/fwd wall':>14}{'memory MiB':>12}"
+          f"{'compile s':>11}{'grad err':>10}")
+    c = case["contenders"]
+    for name, v in c.items():
+        mem = v["temp_bytes"] / 2**20 if v["temp_bytes"] is not None else float("nan")
+        print(f"  {name:<24}{v['grad_over_forward_cpu']:>13.2f}{v['grad_over_forward_wall']:>14.2f}"
+              f"{mem:>12.1f}{v['compile_s']:>11.2f}{v.get('grad_rel_err', float('nan')):>10.1e}")
+    checks = []
+    nested = next((k for k in c if k.startswith("nested")), None)
+    for K in ks:
+        ours = c.get(f"ours K={K}")
+        if ours is None:
+            continue
+        checks.append((f"ours K={K}: forward with captures <= 1.1 x forward",
+                       ours["forward_captures_over_forward_cpu"], 1.1))
+        resid = None
+        if "lax.scan" in c and c["lax.scan"]["temp_bytes"]:
+            resid = c["lax.scan"]["temp_bytes"] / n  # one step's residuals, about
+        if resid:
+            checks.append((f"ours K={K}: working memory <= K x state + one step's residuals "
+                           f"({(K * sb + resid) / 2**20:.1f} MiB)",
+                           ours["temp_bytes"] / (K * sb + resid), 1.0))
+        if K >= 100 and nested:
+            checks.append((f"ours K={K}: gradient time <= nested remat's",
+                           ours["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+            ms = c.get(f"ours Multistage K={K}")
+            if ms:
+                checks.append((f"ours Multistage K={K}: gradient time <= nested remat's",
+                               ms["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+            checks.append((f"ours K={K}: working memory < nested remat's",
+                           ours["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+        eq = c.get(f"equinox K={K}")
+        if eq:
+            checks.append((f"ours K={K}: gradient time <= 0.5 x equinox K={K}",
+                           ours["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
+        checks.append((f"ours K={K}: compile <= 5 s", ours["compile_s"], 5.0))
+    print("  targets (measured / bound):")
+    for text, value, bound in checks:
+        verdict = "met" if value <= bound else f"MISSED by {value / bound:.2f}x"
+        print(f"    {text}: {value:.3f} / {bound:g} -> {verdict}")
+    case["targets"] = [dict(target=t, value=v, bound=b, met=v <= b) for t, v, b in checks]
+
+
+def plot(cases, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for case, offset in zip(cases, np.linspace(-0.2, 0.2, len(cases))):
+        names = list(case["contenders"])
+        xs = np.arange(len(names))
+        times = [case["contenders"][k]["grad_over_forward_cpu"] for k in names]
+        mems = [case["contenders"][k]["temp_bytes"] / 2**20 for k in names]
+        width = 0.4 / max(1, len(cases) - 1) if len(cases) > 1 else 0.6
+        axes[0].bar(xs + offset, times, width, label=f"n = {case['n']}")
+        axes[1].bar(xs + offset, mems, width, label=f"n = {case['n']}")
+    for ax, title in zip(axes, ["gradient CPU time / forward CPU time",
+                                "XLA working memory (MiB, log)"]):
+        ax.set_xticks(np.arange(len(names)))
+        ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.legend()
+    axes[1].set_yscale("log")
+    fig.suptitle(f"2-D acoustic wave {cases[0]['grid']}^2 float32: gradient w.r.t. velocity and u0")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="n = 1,000 only, 3 rounds")
+    parser.add_argument("--grid", type=int, default=256)
+    parser.add_argument("--steps", type=int, nargs="*", default=None)
+    parser.add_argument("--ks", type=int, nargs="*", default=[100, 10])
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--threads", default="1",
+                        help="XLA CPU threads (1: single-threaded kernels, the default; "
+                             "0: XLA's own default)")
+    args = parser.parse_args(argv)
+    steps = args.steps or ([1000] if args.quick else [1000, 10_000])
+    rounds = args.rounds or (3 if args.quick else 5)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for n in steps:
+        print(f"n = {n}, grid {args.grid}^2, K in {args.ks}, {rounds} rounds", flush=True)
+        # At n = 10,000 every contender costs ~10 s a call; 3 rounds suffice.
+        case = run_case(args.grid, n, args.ks, rounds if n <= 1000 else min(rounds, 3))
+        report(case, args.ks)
+        cases.append(case)
+    meta = {
+        "jax": jax.__version__, "equinox": EQX_VERSION, "python": platform.python_version(),
+        "machine": platform.machine(), "cpus": os.cpu_count(),
+        "backend": jax.default_backend(), "quick": args.quick,
+        "memory_method": "compiled.memory_analysis().temp_size_in_bytes",
+        "time_method": "median of interleaved rounds; CPU = time.process_time (all threads)",
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    (out / "bench_jax.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
+    print(f"wrote {out / 'bench_jax.json'}")
+    plot(cases, out / "bench_jax.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""JAX integration: ``jax.lax.scan`` with a schedule-driven reverse mode.
+
+:func:`checkpointed_scan` has ``lax.scan``'s signature and semantics; its
+``custom_vjp`` executes a checkpoint schedule's action table (Revolve by
+default, any :class:`~vlcc_adjoint.schedules.Schedule`) in compiled loops,
+with the checkpoints in a device buffer of the schedule's level-0 slots and,
+for multi-level schedules, the slower levels in a
+:class:`~vlcc_adjoint.storage.TieredStore` reached by ``io_callback``::
+
+    from vlcc_adjoint.jax import checkpointed_scan
+
+    def loss(params, u0, xs):
+        step = lambda u, x: (rhs(params, u, x), observe(u))   # closes over params
+        u_n, ys = checkpointed_scan(step, u0, xs, snapshots=30)
+        return misfit(u_n, ys)
+
+    jax.grad(loss)(params, u0, xs)          # gradients to params, u0 and xs
+
+Also :func:`checkpointed` (a decorator for step functions) and
+:func:`checkpointed_fori_loop`.  :func:`compile_program` shows what the
+backward pass will execute; :func:`table_trace` / :func:`jax_trace` compare
+the JAX interpreter with the schedule's semantics.
+
+Importing this module imports JAX; ``import vlcc_adjoint`` does not.
+"""
+
+from ._program import Program as Program
+from ._program import Trace as Trace
+from ._program import compile_program as compile_program
+from ._program import table_trace as table_trace
+from ._scan import CheckpointedStep as CheckpointedStep
+from ._scan import checkpointed as checkpointed
+from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
+from ._scan import checkpointed_scan as checkpointed_scan
+from ._scan import default_snapshots as default_snapshots
+from ._trace import jax_trace as jax_trace

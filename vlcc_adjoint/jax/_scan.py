@@ -1,0 +1,490 @@
+"""``checkpointed_scan``: ``jax.lax.scan`` whose reverse mode follows a schedule.
+
+How it is put together.
+
+1. ``f`` is closure-converted once (``jax.closure_convert``): its Python body
+   runs exactly once, to a jaxpr, and every later use (the plain scan, the
+   forward sweep, each VJP) evaluates that jaxpr.  Closed-over arrays that
+   may carry a derivative (floating-point tracers of an enclosing
+   ``jax.grad`` / ``jax.jit``) become explicit arguments, so gradients flow
+   to closed-over parameters without a ``params`` argument.
+2. The schedule is compiled at trace time into a static integer program
+   (:mod:`._program`), run by two compiled loops (:mod:`._interpret`).
+3. A ``jax.custom_vjp`` (with symbolic zeros, so it knows statically which
+   inputs need a cotangent and which output cotangents are zero) ties them
+   together:
+
+   * primal (no differentiation): a plain ``lax.scan`` of ``f``; nothing
+     stored;
+   * forward rule: the schedule's forward sweep, which computes ``ys``,
+     captures the schedule's checkpoints into a device buffer of its level-0
+     slots plus one row for the state in hand, and stops where the backward
+     pass starts (holding ``u_{n-1}``, or ``u_n`` for sweeps that run to the
+     end); one more step gives ``u_n`` when needed.  Residuals: the buffer,
+     ``xs`` and the closure's arrays, nothing per step;
+   * backward rule: the rest of the program.  ``Reverse(i)`` is the VJP of
+     ``f`` at ``(u_i, xs[i])`` applied to ``(lambda_{i+1}, ys_bar[i])``: the
+     cotangent of ``y_i`` enters exactly at the adjoint step that owns it.
+
+Limits: reverse mode only (``jax.jvp`` of a ``custom_vjp`` is refused by
+JAX); no higher-order reverse mode (the backward pass is a while loop).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+from jax.tree_util import tree_flatten, tree_unflatten
+
+from ..schedules import Revolve, Schedule
+from ._host import HostSession
+from ._interpret import Interpreter, _index, _update
+from ._program import SPLIT_AT_REVERSE, Program, compile_program
+
+__all__ = ["checkpointed", "checkpointed_fori_loop", "checkpointed_scan"]
+
+
+# ---------------------------------------------------------------------------
+# Static arguments
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _static_int(value, name: str, remedy: str) -> int:
+    if _is_tracer(value):
+        raise TypeError(
+            f"checkpointed_scan: `{name}` must be a Python int known at trace time, "
+            f"got a traced value {value!r}; {remedy}"
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"checkpointed_scan: `{name}` must be an int, got {value!r}")
+    return int(value)
+
+
+def _infer_length(xs_leaves, length) -> int:
+    if length is not None:
+        length = _static_int(
+            length, "length",
+            "the number of steps must be static (mark it static in jax.jit with "
+            "static_argnums, or derive it from xs)")
+        if length < 1:
+            raise ValueError(f"checkpointed_scan: `length` must be >= 1, got {length}")
+    lengths = set()
+    for leaf in xs_leaves:
+        shape = np.shape(leaf)
+        if len(shape) == 0:
+            raise ValueError(
+                "checkpointed_scan: every leaf of `xs` needs a leading axis to scan "
+                f"over, got a scalar {leaf!r}; give it shape (length, ...)"
+            )
+        lengths.add(shape[0])
+    if len(lengths) > 1:
+        raise ValueError(
+            "checkpointed_scan: the leaves of `xs` have different leading axis sizes "
+            f"{sorted(lengths)}; they must all equal the number of steps"
+        )
+    if lengths:
+        (xs_length,) = lengths
+        if length is not None and length != xs_length:
+            raise ValueError(
+                f"checkpointed_scan: `length`={length} but the leaves of `xs` have "
+                f"leading axis {xs_length}; pass length={xs_length} or drop `length`"
+            )
+        length = xs_length
+    if length is None:
+        raise ValueError(
+            "checkpointed_scan: with xs=None give `length`, the number of steps")
+    if length < 1:
+        raise ValueError(
+            "checkpointed_scan: zero steps (xs has a leading axis of 0); there is "
+            "nothing to checkpoint, use jax.lax.scan")
+    return length
+
+
+@functools.lru_cache(maxsize=64)
+def _revolve_program(n: int, snapshots: int) -> Program:
+    return compile_program(Revolve(n, snapshots))
+
+
+def default_snapshots(n: int) -> int:
+    """``ceil(sqrt(n))``: the default number of slots when none is given."""
+    return max(1, math.isqrt(n - 1) + 1) if n > 1 else 1
+
+
+def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program:
+    if schedule is not None and snapshots is not None:
+        raise ValueError(
+            "checkpointed_scan: give `schedule` or `snapshots`, not both "
+            "(`snapshots=c` means schedule=Revolve(length, c))")
+    if schedule is None:
+        if snapshots is None:
+            snapshots = default_snapshots(n)
+        snapshots = _static_int(
+            snapshots, "snapshots",
+            "the number of checkpoint slots sizes a device buffer, so it must be static "
+            "(mark it static in jax.jit with static_argnames)")
+        if snapshots < 1:
+            raise ValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
+        return _revolve_program(n, snapshots)
+    if _is_tracer(schedule) or not isinstance(schedule, Schedule):
+        raise TypeError(
+            "checkpointed_scan: `schedule` must be a vlcc_adjoint.schedules.Schedule "
+            f"(static data built outside the traced function), got {type(schedule).__name__}; "
+            "e.g. schedule=Revolve(length, snapshots)")
+    try:
+        table = schedule.table
+    except AttributeError:
+        raise ValueError(
+            f"checkpointed_scan: this {type(schedule).__name__} schedule has no table yet; an Online schedule "
+            "used with scan knows its length: give Online(snapshots, steps=length)"
+        ) from None
+    del table
+    if schedule.n_steps != n:
+        raise ValueError(
+            f"checkpointed_scan: the schedule is for {schedule.n_steps} steps but the "
+            f"scan has length {n}; build it for this length, e.g. "
+            f"{type(schedule).__name__}({n}, ...)")
+    return compile_program(schedule, host=host)
+
+
+def _batched(x) -> bool:
+    """Whether `x` is (or wraps) a ``jax.vmap`` tracer (a best-effort walk)."""
+    seen = 0
+    while isinstance(x, jax.core.Tracer) and seen < 32:
+        if type(x).__name__ == "BatchTracer":
+            return True
+        x = getattr(x, "primal", getattr(x, "val", None))
+        seen += 1
+    return False
+
+
+def _strip_weak(x):
+    """``x`` as a JAX array of its own dtype, not weakly typed."""
+    x = jnp.asarray(x)
+    return lax.convert_element_type(x, x.dtype) if getattr(x, "weak_type", False) else x
+
+
+def _inexact(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _describe(path) -> str:
+    return "carry" + jax.tree_util.keystr(path)
+
+
+def _check_carry(init, carry_out) -> None:
+    in_leaves, in_tree = jax.tree_util.tree_flatten_with_path(init)
+    out_leaves, out_tree = tree_flatten(carry_out)
+    if in_tree != out_tree:
+        raise TypeError(
+            "checkpointed_scan: f must return a carry with the structure of `init`; "
+            f"init is {in_tree} but f returns {out_tree}. Return (new_carry, y) with "
+            "new_carry built like init")
+    for (path, x), o in zip(in_leaves, out_leaves):
+        if jnp.shape(x) != o.shape or jnp.result_type(x) != o.dtype:
+            raise TypeError(
+                f"checkpointed_scan: f changes {_describe(path)} from "
+                f"{jnp.result_type(x).name}{list(jnp.shape(x))} to {o.dtype.name}{list(o.shape)}; "
+                "the carry must keep its shapes and dtypes across steps (cast with "
+                ".astype(...) or reshape inside f, or give `init` the type f returns)")
+
+
+# ---------------------------------------------------------------------------
+# A pytree node with no leaves, to pass static data through residuals.
+
+
+@jax.tree_util.register_static
+class _Static:
+    def __init__(self, value):
+        self.value = value
+
+    def __hash__(self):
+        return hash(id(self))
+
+    def __eq__(self, other):
+        return self is other
+
+
+# ---------------------------------------------------------------------------
+# The scan
+
+
+def checkpointed_scan(
+    f: Callable,
+    init,
+    xs=None,
+    length: int | None = None,
+    *,
+    schedule: Schedule | None = None,
+    snapshots: int | None = None,
+    store=None,
+    unroll: int | bool = 1,
+):
+    """``jax.lax.scan`` whose reverse mode recomputes from a checkpoint schedule.
+
+    Same signature and results as ``jax.lax.scan(f, init, xs, length)``:
+    ``f(carry, x) -> (carry, y)``, returns ``(final_carry, ys)`` with ``ys``
+    stacked along a leading axis.  Differentiable with ``jax.grad`` /
+    ``jax.vjp`` (reverse mode only), usable under ``jax.jit`` and
+    ``jax.vmap``.  Without differentiation it is a plain ``lax.scan``.
+
+    Under reverse mode, the forward pass stores only the schedule's
+    checkpoints, in a device buffer of ``(slots + 1, *leaf.shape)`` per carry
+    leaf (the schedule's level-0 slots and the state in hand), and the
+    backward pass executes the schedule's action table in compiled loops;
+    ``f`` is traced once, whatever the length and slots.
+
+    **Arguments:**
+
+    - `f`: the step, ``f(carry, x) -> (carry, y)``; the carry must keep its
+      structure, shapes and dtypes.  Arrays it closes over receive gradients
+      (through ``jax.closure_convert``); no ``params`` argument is needed.
+    - `init`: the initial carry ``u_0`` (a pytree of arrays).
+    - `xs`: per-step inputs (a pytree of arrays with a leading axis of the
+      number of steps), or ``None``.
+    - `length`: the number of steps ``n``; required when `xs` is ``None``.
+    - `schedule`: a :class:`~vlcc_adjoint.schedules.Schedule` for ``n``
+      steps (``Revolve``, ``StoreAll``, ``Periodic``, ``Online(c, steps=n)``,
+      single-level ``Multistage``, or any valid table on level 0).
+    - `snapshots`: instead of `schedule`: ``Revolve(n, snapshots)``.  With
+      neither, ``snapshots = ceil(sqrt(n))``.
+    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` for schedules
+      with levels >= 1 (e.g. ``Multistage`` with a host level): level 0 is
+      the device buffer, level ``k >= 1`` is ``store.tiers[k - 1]``.  Build
+      it without ``plan=``.  Reached by ordered ``io_callback`` at captures
+      and restores only; not under ``jax.vmap``.
+    - `unroll`: forward steps per loop iteration, as in ``lax.scan``.
+
+    **Returns:** ``(final_carry, ys)``.
+
+    **Raises:** ``ValueError`` / ``TypeError`` at trace time for a carry
+    that changes type, an `xs` / `length` mismatch, a schedule for another
+    length, a traced (non-static) schedule or `snapshots`.
+
+    **References:** A. Griewank and A. Walther, Algorithm 799: revolve,
+    ACM TOMS 26(1), 2000.
+    """
+    if not callable(f):
+        raise TypeError(f"checkpointed_scan: `f` must be callable, got {f!r}")
+    if isinstance(unroll, bool):
+        unroll = 0 if unroll else 1  # as lax.scan: True unrolls fully
+    unroll = _static_int(unroll, "unroll", "give a Python int")
+    if unroll < 0:
+        raise ValueError(f"checkpointed_scan: `unroll` must be >= 1, got {unroll}")
+    xs_leaves, xs_tree = tree_flatten(xs)
+    n = _infer_length(xs_leaves, length)
+    program = _resolve_program(n, schedule, snapshots, host=store is not None)
+    if unroll == 0:  # unroll=True: fully, as lax.scan
+        unroll = n
+    xs_leaves = [jnp.asarray(x) for x in xs_leaves]
+
+    init_leaves, init_tree = tree_flatten(init)
+    init_leaves = [_strip_weak(x) for x in init_leaves]
+    init = tree_unflatten(init_tree, init_leaves)
+    x0 = tree_unflatten(xs_tree, [x[0] for x in xs_leaves])
+
+    # Trace f once.  `consts` are its closed-over, possibly differentiated arrays.
+    f_conv, consts = jax.closure_convert(f, init, x0)
+    out_shape = jax.eval_shape(f_conv, init, x0, *consts)
+    if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
+        raise TypeError(
+            "checkpointed_scan: f must return a pair (new_carry, y), as for "
+            f"jax.lax.scan; got {jax.tree_util.tree_structure(out_shape)}")
+    _check_carry(init, out_shape[0])
+    y_avals, y_tree = tree_flatten(out_shape[1])
+
+    def step(c_leaves, x_leaves, k_leaves):
+        c, y = f_conv(tree_unflatten(init_tree, c_leaves),
+                      tree_unflatten(xs_tree, x_leaves), *k_leaves)
+        return tree_flatten(c)[0], tree_flatten(y)[0]
+
+    host = None
+    if program.levels > 1:
+        if any(_batched(x) for x in [*init_leaves, *xs_leaves, *consts]):
+            raise ValueError(
+                "checkpointed_scan: a schedule with host levels (store=...) cannot run under "
+                "jax.vmap: its io_callbacks sit under lax.cond, which JAX refuses to batch "
+                "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
+                "over the batch")
+        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves])
+    # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
+
+    run = _make_custom_vjp(program, step, n, unroll, y_avals, host)
+    carry_leaves, ys_leaves = run(init_leaves, xs_leaves, list(consts))
+    return tree_unflatten(init_tree, carry_leaves), tree_unflatten(y_tree, ys_leaves)
+
+
+def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_avals, host):
+    """The custom_vjp function of ``(init_leaves, xs_leaves, const_leaves)``."""
+
+    @jax.custom_vjp
+    def run(init, xs, consts):
+        def body(c, x):
+            return step(c, [] if x is None else x, consts)
+
+        return lax.scan(body, init, xs if xs else None, length=n, unroll=unroll)
+
+    def fwd(init, xs, consts):
+        c_pert = [p.perturbed for p in init]
+        x_pert = [p.perturbed for p in xs]
+        k_pert = [p.perturbed for p in consts]
+        init = [p.value for p in init]
+        xs = [p.value for p in xs]
+        consts = [p.value for p in consts]
+        interp = Interpreter(program, step, unroll, host=host)
+        buf = [jnp.zeros((program.rows,) + c.shape, c.dtype) for c in init]
+        ys = [jnp.zeros((n,) + a.shape, a.dtype) for a in y_avals]
+        cur, buf, ys, _ = interp.forward(list(init), xs, consts, ys, buf)
+        if program.split_kind == SPLIT_AT_REVERSE:
+            final, y_last = step(cur, _index(xs, n - 1), consts)
+            ys = _update(ys, y_last, n - 1)
+        else:
+            final = cur
+        static = _Static((c_pert, x_pert, k_pert))
+        # Residuals: the buffer (the state where the sweep ended is in a row
+        # of it, see _program._reverse_from_buffer), xs and the closure.
+        return (final, ys), (buf, xs, consts, static)
+
+    def bwd(res, cts):
+        buf, xs, consts, static = res
+        cur = [jnp.zeros(b.shape[1:], b.dtype) for b in buf]
+        c_pert, x_pert, k_pert = static.value
+        carry_ct, ys_ct = cts
+        interp = Interpreter(program, step, unroll, host=host)
+        c_diff = [_inexact(c) for c in cur]
+        x_diff = [p and _inexact(x) for p, x in zip(x_pert, xs)]
+        k_diff = [p and _inexact(k) for p, k in zip(k_pert, consts)]
+        y_live = [_inexact(a) and not isinstance(ct, SymbolicZero)
+                  for a, ct in zip(y_avals, ys_ct)]
+        lam = [
+            jnp.zeros(c.shape, c.dtype) if isinstance(ct, SymbolicZero) else ct
+            for c, ct, d in zip(cur, carry_ct, c_diff) if d
+        ]
+        ys_bar = [ct for ct, live in zip(ys_ct, y_live) if live]
+        xs_bar = [jnp.zeros(x.shape, x.dtype) for x, d in zip(xs, x_diff) if d]
+        k_bar = [jnp.zeros(k.shape, k.dtype) for k, d in zip(consts, k_diff) if d]
+
+        def adjoint(i, cur, consts_, state):
+            lam, xs_bar, k_bar = state
+            x_i = _index(xs, i)
+
+            def g(cd, xd, kd):
+                c = _merge(cd, cur, c_diff)
+                x = _merge(xd, x_i, x_diff)
+                k = _merge(kd, consts_, k_diff)
+                c_new, y = step(c, x, k)
+                return ([v for v, d in zip(c_new, c_diff) if d],
+                        [v for v, live in zip(y, y_live) if live])
+
+            _, pullback = jax.vjp(
+                g,
+                [v for v, d in zip(cur, c_diff) if d],
+                [v for v, d in zip(x_i, x_diff) if d],
+                [v for v, d in zip(consts_, k_diff) if d],
+            )
+            dc, dx, dk = pullback((lam, _index(ys_bar, i)))
+            xs_bar = _update(xs_bar, dx, i)
+            k_bar = [a + b for a, b in zip(k_bar, dk)]
+            return dc, xs_bar, k_bar
+
+        (lam, xs_bar, k_bar), _ = interp.backward(
+            list(cur), buf, xs, consts, adjoint, (lam, xs_bar, k_bar))
+        lam_it, xs_it, k_it = iter(lam), iter(xs_bar), iter(k_bar)
+        init_ct = [next(lam_it) if d else None for d in c_diff]
+        init_ct = [v if p else None for v, p in zip(init_ct, c_pert)]
+        xs_ct = [next(xs_it) if d else None for d in x_diff]
+        k_ct = [next(k_it) if d else None for d in k_diff]
+        return init_ct, xs_ct, k_ct
+
+    run.defvjp(fwd, bwd, symbolic_zeros=True)
+    return run
+
+
+def _merge(diff_values, all_values, mask):
+    """``all_values`` with the entries where `mask` is set taken from `diff_values`."""
+    it = iter(diff_values)
+    return [next(it) if m else v for v, m in zip(all_values, mask)]
+
+
+# ---------------------------------------------------------------------------
+# Conveniences
+
+
+class CheckpointedStep:
+    """A step function ``f(carry, x) -> (carry, y)`` with a checkpointed loop.
+
+    Calling it runs one step (``f`` itself); :meth:`scan` runs
+    :func:`checkpointed_scan` over it.  Made by :func:`checkpointed`.
+    """
+
+    def __init__(self, f: Callable, **options):
+        self.f = f
+        self.options = options
+        functools.update_wrapper(self, f)
+
+    def __call__(self, carry, x=None):
+        return self.f(carry, x)
+
+    def scan(self, init, xs=None, length: int | None = None):
+        """``checkpointed_scan(f, init, xs, length, **options)``."""
+        return checkpointed_scan(self.f, init, xs, length, **self.options)
+
+
+def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
+                 snapshots: int | None = None, store=None, unroll: int = 1):
+    """Decorate a step function ``f(carry, x) -> (carry, y)`` for checkpointed loops.
+
+    ::
+
+        @checkpointed(snapshots=10)
+        def step(u, x):
+            return u + dt * rhs(u, x), None
+
+        u_n, _ = step.scan(u_0, xs)      # == checkpointed_scan(step, u_0, xs, snapshots=10)
+
+    The decorated object still runs one step when called.  **Arguments:** as
+    :func:`checkpointed_scan`.  **Returns:** a :class:`CheckpointedStep`.
+    """
+    options = dict(schedule=schedule, snapshots=snapshots, store=store, unroll=unroll)
+    if f is None:
+        return lambda g: CheckpointedStep(g, **options)
+    return CheckpointedStep(f, **options)
+
+
+def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val, *,
+                           schedule: Schedule | None = None, snapshots: int | None = None,
+                           store=None, unroll: int = 1):
+    """``jax.lax.fori_loop`` whose reverse mode follows a checkpoint schedule.
+
+    ``body_fun(i, val) -> val`` for ``i = lower .. upper - 1``; `lower` and
+    `upper` must be Python ints (the step count sizes the schedule).  The
+    loop index travels in the carry, so it is checkpointed with the state.
+
+    **Arguments:** as :func:`jax.lax.fori_loop`, plus `schedule`,
+    `snapshots`, `store`, `unroll` as :func:`checkpointed_scan` (the
+    schedule is for ``upper - lower`` steps).  **Returns:** the final value.
+    """
+    lower = _static_int(lower, "lower", "use jax.lax.fori_loop for traced bounds, "
+                        "or make the bounds static")
+    upper = _static_int(upper, "upper", "use jax.lax.fori_loop for traced bounds, "
+                        "or make the bounds static")
+    if upper <= lower:
+        return init_val
+
+    def f(carry, _):
+        i, val = carry
+        return (i + 1, body_fun(i, val)), None
+
+    (_, val), _ = checkpointed_scan(
+        f, (jnp.asarray(lower, jnp.int32), init_val), None, upper - lower,
+        schedule=schedule, snapshots=snapshots, store=store, unroll=unroll)
+    return val
