@@ -59,6 +59,11 @@ which rewrites whatever it writes besides the state, receivers included: the
 reverse operator must read the data residual from its own object, not from
 the forward operator's receivers.
 
+**Caveat (Devito's).** Devito's CPU operators switch the calling thread to
+flush-to-zero / denormals-are-zero (``_MM_SET_FLUSH_ZERO_MODE``) and leave
+it so: after the first operator call, subnormal numbers computed on that
+thread become zero, in Devito's code and everyone else's.
+
 References: Kukreja et al., "High-level Python abstractions for optimal
 checkpointing in inversion problems" (pyrevolve), arXiv:1802.02474 (2018);
 Louboutin et al., "Devito (v3.1.0): an embedded domain-specific language for
