@@ -25,9 +25,9 @@ Importing this module imports JAX; ``import vlcc_adjoint`` does not.
 """
 
 from ._program import Program as Program
-from ._program import Trace as Trace
+from ..schedules import Trace as Trace
 from ._program import compile_program as compile_program
-from ._program import table_trace as table_trace
+from ..schedules import table_trace as table_trace
 from ._scan import CheckpointedStep as CheckpointedStep
 from ._scan import checkpointed as checkpointed
 from ._scan import checkpointed_fori_loop as checkpointed_fori_loop

@@ -48,7 +48,7 @@ import numpy as np
 from ..schedules import Schedule, simulate
 from ..schedules.actions import ActionKind
 
-__all__ = ["Program", "compile_program", "table_trace", "Trace"]
+__all__ = ["Program", "compile_program"]
 
 #: Instruction columns (int32): the slot to load into the state in hand (-1:
 #: none), the advance range [A, B) (A == B: none), the slot to save the state
@@ -397,79 +397,3 @@ def _reverse_from_buffer(code, bounds, slots, n):
         new_bounds[k + 1] = new_bounds[k] + len(part)
     code = np.ascontiguousarray(np.concatenate(out), np.int32).reshape(-1, N_FIELDS)
     return code, new_bounds, rev_row, slots + (1 if used_scratch else 0)
-
-
-# ---------------------------------------------------------------------------
-# Traces: what an interpreter did, comparable across interpreters.
-
-
-@dataclasses.dataclass(frozen=True)
-class Trace:
-    """The observable behaviour of one run of a schedule.
-
-    Every interpreter of a schedule (``simulate``, the Python executor, the
-    JAX backward pass) must produce the same trace for the same table.
-
-    **Attributes:**
-
-    - `forward_steps`: the step index ``i`` of every forward evaluation
-      ``u_i -> u_{i+1}`` outside adjoint steps, in the order they ran.
-    - `reverse_steps`: the adjoint steps in the order they ran.
-    - `reads`, `writes`: Loads / Saves per storage level.
-    - `reverse_states`: optional; for each adjoint step, the index ``j`` of
-      the state ``u_j`` the interpreter actually had in hand (observed by
-      running a solver whose state is its own step counter).  The rules
-      require ``reverse_states == reverse_steps``.
-    """
-
-    forward_steps: np.ndarray
-    reverse_steps: np.ndarray
-    reads: tuple[int, ...]
-    writes: tuple[int, ...]
-    reverse_states: np.ndarray | None = None
-
-    @property
-    def forward_count(self) -> int:
-        return int(len(self.forward_steps))
-
-    def assert_equal(self, other: "Trace") -> None:
-        """Raise ``AssertionError`` naming the first difference from `other`."""
-        for name in ("forward_steps", "reverse_steps", "reverse_states"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if mine is None or theirs is None:
-                continue
-            mine, theirs = np.asarray(mine), np.asarray(theirs)
-            if len(mine) != len(theirs) or np.any(mine != theirs):
-                diff = next(
-                    (i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y),
-                    min(len(mine), len(theirs)),
-                )
-                raise AssertionError(
-                    f"traces differ in {name} at position {diff}: "
-                    f"{mine[diff:diff + 5].tolist()} vs {theirs[diff:diff + 5].tolist()} "
-                    f"(lengths {len(mine)} and {len(theirs)})"
-                )
-        if tuple(self.reads) != tuple(other.reads) or tuple(self.writes) != tuple(other.writes):
-            raise AssertionError(
-                f"traces differ in reads/writes: {self.reads}/{self.writes} vs "
-                f"{other.reads}/{other.writes}"
-            )
-
-
-def table_trace(schedule: Schedule) -> Trace:
-    """The trace the rules of :mod:`~vlcc_adjoint.schedules.actions` prescribe.
-
-    Expands every ``Advance(a, b)`` into steps ``a .. b - 1`` and lists the
-    ``Reverse`` steps in table order; reads and writes per level come from
-    :func:`simulate`, which also validates the table.
-    """
-    stats = simulate(schedule)
-    t = schedule.table
-    adv = t[t["kind"] == ActionKind.ADVANCE]
-    lengths = (adv["b"] - adv["a"]).astype(np.int64)
-    starts = np.repeat(adv["a"].astype(np.int64), lengths)
-    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    forward_steps = starts + offsets
-    reverse_steps = t["a"][t["kind"] == ActionKind.REVERSE].astype(np.int64)
-    return Trace(forward_steps, reverse_steps, stats.reads, stats.writes,
-                 reverse_states=reverse_steps.copy())

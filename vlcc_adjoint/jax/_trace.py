@@ -18,7 +18,8 @@ import numpy as np
 from ..schedules import Schedule
 from ._host import HostSession
 from ._interpret import Interpreter
-from ._program import Trace, compile_program
+from ..schedules import Trace
+from ._program import compile_program
 
 __all__ = ["jax_trace"]
 

@@ -21,6 +21,8 @@ from ._schedule import Schedule as Schedule
 from ._simulate import InvalidScheduleError as InvalidScheduleError
 from ._simulate import ScheduleStats as ScheduleStats
 from ._simulate import simulate as simulate
+from ._trace import Trace as Trace
+from ._trace import table_trace as table_trace
 from .actions import ACTION_DTYPE as ACTION_DTYPE
 from .actions import Action as Action
 from .actions import ActionKind as ActionKind
