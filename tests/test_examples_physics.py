@@ -274,11 +274,6 @@ def test_burgers_rejects_an_unstable_step_count():
 
 
 def test_checkpointed_examples_through_run_adjoint():
-    pytest.importorskip("vlcc_adjoint.execute")
-    try:  # the executor's default store; skip while the storage layer is being written
-        from vlcc_adjoint.storage import MemoryTier, TieredStore  # noqa: F401
-    except ImportError:
-        pytest.skip("vlcc_adjoint.storage memory tiers not available yet")
     p = _seismic_problem(nt=80)
     reference = p.reference_gradient()
     np.testing.assert_allclose(p.gradient_with(Revolve(80, 5)), reference, rtol=1e-12, atol=0)

@@ -24,13 +24,9 @@ def _agreement(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max()) / scale if scale > 0 else float(np.abs(a - b).max())
 
 
-def _checkpointed(problem, schedule, out) -> tuple[np.ndarray | None, float]:
+def _checkpointed(problem, schedule, out, store=None) -> tuple[np.ndarray, float]:
     t0 = time.perf_counter()
-    try:
-        grad = problem.gradient_with(schedule)
-    except ImportError as error:  # the executor or its store is not installed
-        out(f"  checkpointed run skipped: {error}")
-        return None, 0.0
+    grad = problem.gradient_with(schedule, store=store)
     seconds = time.perf_counter() - t0
     run = problem.last_run
     out(f"  {schedule!r}: {run.forward_steps} forward + {schedule.n_steps} adjoint steps "
@@ -42,13 +38,22 @@ def _checkpointed(problem, schedule, out) -> tuple[np.ndarray | None, float]:
 def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 30,
                  png: str | None = "seismic_gradient.png", reference: bool = True,
                  out: Callable[[str], None] = print) -> dict:
-    """FWI gradient of a 2-D acoustic problem, checkpointed and by reference.
+    """FWI gradient of a 2-D acoustic problem under three schedules, checked.
+
+    The gradient is computed with Revolve (`snapshots` slots in memory),
+    with Multistage over memory (half the slots) and a temporary zarr disk
+    tier, and with StoreAll; the three must agree to rounding (they run the
+    same arithmetic), and with the store-everything referee when `reference`
+    is true.  A Taylor test checks the gradient itself.
 
     **Returns:** a dict with the objective, the gradient norm, the timings,
-    the forward/adjoint speeds in Mpoints/s and the checkpointed-vs-reference
-    agreement (max abs difference / max abs reference).
+    the forward/adjoint speeds in Mpoints/s, the agreements (max abs
+    difference / max abs value) and the Taylor remainder rates.
     """
-    from ..schedules import Revolve
+    import tempfile
+
+    from ..schedules import Level, Multistage, Revolve, StoreAll, io_plan
+    from ..storage import MemoryTier, TieredStore, ZarrTier
 
     problem = SeismicProblem(nx=nx, nz=nz, nt=nt)
     out(repr(problem))
@@ -60,25 +65,41 @@ def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 
     out(f"  J(v_background) = {value:.6e}   forward sweep {t_forward:.2f} s "
         f"({points / t_forward / 1e6:.0f} Mpoints/s)")
     result = {"objective": value, "forward_seconds": t_forward,
-              "forward_mpoints_s": points / t_forward / 1e6}
+              "forward_mpoints_s": points / t_forward / 1e6, "agreement": {}}
 
-    schedule = Revolve(nt, snapshots)
-    grad, seconds = _checkpointed(problem, schedule, out)
-    if grad is not None:
-        run = problem.last_run
-        result.update(checkpointed_seconds=seconds,
-                      adjoint_mpoints_s=points / run.adjoint_seconds / 1e6)
-        out(f"  adjoint steps {points / run.adjoint_seconds / 1e6:.0f} Mpoints/s; "
-            f"{snapshots} snapshots of {2 * nx * nz * 8 / 2**20:.2f} MiB instead of {nt + 1}")
-    if reference or grad is None:
+    memory = max(2, snapshots // 2)
+    multistage = Multistage(nt, [Level(memory), Level(snapshots, 8.0, 5.0)])
+    gradients = {}
+    with tempfile.TemporaryDirectory(prefix="vlcc-seismic-") as disk:
+        runs = [
+            (Revolve(nt, snapshots), None),
+            (multistage, TieredStore([MemoryTier(), ZarrTier(disk)], plan=io_plan(multistage))),
+            (StoreAll(nt), None),
+        ]
+        for schedule, store in runs:
+            grad, seconds = _checkpointed(problem, schedule, out, store)
+            gradients[type(schedule).__name__] = grad.copy()
+            result[f"{type(schedule).__name__}_seconds"] = seconds
+    run = problem.last_run
+    result["adjoint_mpoints_s"] = points / run.adjoint_seconds / 1e6
+    out(f"  adjoint steps {result['adjoint_mpoints_s']:.0f} Mpoints/s")
+    grad = gradients["Revolve"]
+    for name, other in gradients.items():
+        if name != "Revolve":
+            result["agreement"][name] = _agreement(other, grad)
+            out(f"  {name} vs Revolve: max |diff| / max |g| = {result['agreement'][name]:.1e}")
+    if reference:
         t0 = time.perf_counter()
         ref = problem.reference_gradient()
         result["reference_seconds"] = time.perf_counter() - t0
-        out(f"  reference (store all {nt + 1} states): {result['reference_seconds']:.2f} s")
-        if grad is not None:
-            result["agreement"] = _agreement(grad, ref)
-            out(f"  checkpointed vs reference: max |diff| / max |ref| = {result['agreement']:.1e}")
-        grad = ref
+        result["agreement"]["reference"] = _agreement(grad, ref)
+        out(f"  reference (store all {nt + 1} states in a list): "
+            f"{result['reference_seconds']:.2f} s, max |diff| / max |g| = "
+            f"{result['agreement']['reference']:.1e}")
+    rates0, rates1 = _taylor_rates(problem, grad, problem.v_background)
+    result["taylor_rates_first"], result["taylor_rates_second"] = rates0, rates1
+    out(f"  Taylor test: remainder rates {', '.join(f'{r:.2f}' for r in rates0)} (expect 1), "
+        f"{', '.join(f'{r:.2f}' for r in rates1)} (expect 2)")
     result["gradient_norm"] = float(np.linalg.norm(grad))
     out(f"  |dJ/dv| = {result['gradient_norm']:.6e}")
     if png:
@@ -125,35 +146,65 @@ def _plot_seismic(problem: SeismicProblem, grad: np.ndarray, path: str) -> None:
 def burgers_demo(n_cells: int = 1024, t_final: float = 0.5, nu: float = 0.01, snapshots: int = 30,
                  sensors: int = 0, png: str | None = "burgers_gradient.png",
                  reference: bool = True, out: Callable[[str], None] = print) -> dict:
-    """Initial-condition gradient of 1-D viscous Burgers, checkpointed and by reference.
+    """Initial-condition gradient of 1-D viscous Burgers under three schedules.
 
+    Revolve, Multistage over memory and a temporary zarr disk tier, and
+    StoreAll must agree to rounding, and with the store-everything referee
+    when `reference` is true; a Taylor test checks the gradient itself.
     `sensors` > 0 adds that many equally spaced sensors read at every step.
     """
-    from ..schedules import Revolve
+    import tempfile
+
+    from ..schedules import Level, Multistage, Revolve, StoreAll, io_plan
+    from ..storage import MemoryTier, TieredStore, ZarrTier
 
     sensor_idx = None if sensors <= 0 else np.linspace(0, n_cells, sensors, endpoint=False).astype(int)
     problem = BurgersProblem(n_cells=n_cells, t_final=t_final, nu=nu, sensors=sensor_idx)
     out(repr(problem))
-    points = n_cells * problem.n_steps
+    n = problem.n_steps
+    points = n_cells * n
     t0 = time.perf_counter()
     value = problem.objective()
     t_forward = time.perf_counter() - t0
     out(f"  J(u0_guess) = {value:.6e}   forward sweep {t_forward:.2f} s "
         f"({points / t_forward / 1e6:.0f} Mpoints/s)")
-    result = {"objective": value, "forward_seconds": t_forward}
-    grad, seconds = _checkpointed(problem, Revolve(problem.n_steps, snapshots), out)
-    if grad is not None:
-        result["checkpointed_seconds"] = seconds
-    if reference or grad is None:
+    result = {"objective": value, "forward_seconds": t_forward, "agreement": {}}
+    multistage = Multistage(n, [Level(max(2, snapshots // 2)), Level(snapshots, 8.0, 5.0)])
+    gradients = {}
+    with tempfile.TemporaryDirectory(prefix="vlcc-burgers-") as disk:
+        runs = [
+            (Revolve(n, snapshots), None),
+            (multistage, TieredStore([MemoryTier(), ZarrTier(disk)], plan=io_plan(multistage))),
+            (StoreAll(n), None),
+        ]
+        for schedule, store in runs:
+            grad, seconds = _checkpointed(problem, schedule, out, store)
+            gradients[type(schedule).__name__] = grad.copy()
+            result[f"{type(schedule).__name__}_seconds"] = seconds
+    grad = gradients["Revolve"]
+    for name, other in gradients.items():
+        if name != "Revolve":
+            result["agreement"][name] = _agreement(other, grad)
+            out(f"  {name} vs Revolve: max |diff| / max |g| = {result['agreement'][name]:.1e}")
+    if reference:
         t0 = time.perf_counter()
         ref = problem.reference_gradient()
         result["reference_seconds"] = time.perf_counter() - t0
-        out(f"  reference (store all {problem.n_steps + 1} states): "
-            f"{result['reference_seconds']:.2f} s")
-        if grad is not None:
-            result["agreement"] = _agreement(grad, ref)
-            out(f"  checkpointed vs reference: max |diff| / max |ref| = {result['agreement']:.1e}")
-        grad = ref
+        result["agreement"]["reference"] = _agreement(grad, ref)
+        out(f"  reference (store all {n + 1} states): {result['reference_seconds']:.2f} s, "
+            f"max |diff| / max |g| = {result['agreement']['reference']:.1e}")
+    # Taylor test in the direction of a smooth perturbation of u0.
+    du = 0.1 * np.cos(2 * np.pi * problem.x) * np.exp(-((problem.x - 0.4) / 0.2) ** 2)
+    j0, slope = problem.objective(), float(grad @ du)
+    r0, r1 = [], []
+    for k in range(4):
+        jh = problem.objective(problem.u0_guess + 0.5**k * du)
+        r0.append(abs(jh - j0))
+        r1.append(abs(jh - j0 - 0.5**k * slope))
+    rate = lambda r: [float(np.log2(r[i] / r[i + 1])) for i in range(len(r) - 1)]  # noqa: E731
+    result["taylor_rates_first"], result["taylor_rates_second"] = rate(r0), rate(r1)
+    out(f"  Taylor test: remainder rates {', '.join(f'{x:.2f}' for x in rate(r0))} (expect 1), "
+        f"{', '.join(f'{x:.2f}' for x in rate(r1))} (expect 2)")
     result["gradient_norm"] = float(np.linalg.norm(grad))
     out(f"  |dJ/du0| = {result['gradient_norm']:.6e}")
     if png:
