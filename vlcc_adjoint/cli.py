@@ -1,4 +1,5 @@
-"""The ``vlcc`` command line: ``vlcc plan`` and ``vlcc demo``."""
+"""The ``vlcc`` command line: ``vlcc plan``, ``vlcc demo``, and the lineage commands
+``vlcc log | show | diff | gc | inspect | export | import`` (:mod:`vlcc_adjoint.lineage`)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,13 @@ def _demo(args) -> int:
     return 0 if result["passed"] else 1
 
 
+def _add_lineage(sub) -> dict:
+    """The lineage subcommands (``vlcc log PATH`` ...); see ``vlcc_adjoint._lineage._cli``."""
+    from ._lineage._cli import add_commands
+
+    return add_commands(sub)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="vlcc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,7 +100,10 @@ def main(argv=None) -> int:
     demo.add_argument("--disk-states", type=int, default=41, help="disk budget, in states")
     demo.add_argument("--png", default="vlcc_demo_gradient.png",
                       help="where to draw the gradient ('' for no figure)")
+    lineage = _add_lineage(sub)
     args = parser.parse_args(argv)
+    if args.command in lineage:
+        return lineage[args.command](args)
     try:
         if args.command == "plan":
             return _plan(args)
