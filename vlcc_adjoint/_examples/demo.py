@@ -35,6 +35,83 @@ def _checkpointed(problem, schedule, out, store=None) -> tuple[np.ndarray, float
     return grad, seconds
 
 
+def _taylor(objective, m: np.ndarray, dm: np.ndarray, grad: np.ndarray,
+            steps: int = 3) -> tuple[list[float], list[float]]:
+    """Convergence rates of the Taylor remainders of `objective` at `m`.
+
+    With ``r0(h) = |J(m + h dm) - J(m)|`` and ``r1(h) = |J(m + h dm) - J(m)
+    - h <g, dm>|`` for ``h = 1, 1/2, 1/4, ...``, halving ``h`` halves ``r0``
+    (rate 1) and quarters ``r1`` (rate 2) exactly when ``g`` is the gradient.
+    """
+    j0 = objective(m)
+    slope = float(np.sum(grad * dm))
+    r0, r1 = [], []
+    for k in range(steps + 1):
+        h = 0.5**k
+        jh = objective(m + h * dm)
+        r0.append(abs(jh - j0))
+        r1.append(abs(jh - j0 - h * slope))
+    objective(m)  # leave the problem at m
+    rate = lambda r: [float(np.log2(r[i] / r[i + 1])) for i in range(len(r) - 1)]  # noqa: E731
+    return rate(r0), rate(r1)
+
+
+def _check_gradient(problem, snapshots: int, reference: bool, dm: np.ndarray, m: np.ndarray,
+                    out: Callable[[str], None]) -> tuple[np.ndarray, dict]:
+    """The gradient under Revolve, Multistage over memory + a temporary zarr
+    disk tier, and StoreAll; their agreement with each other and with the
+    store-everything referee; the Taylor rates in the direction `dm`."""
+    import tempfile
+
+    from ..schedules import Level, Multistage, Revolve, StoreAll, io_plan
+    from ..storage import MemoryTier, TieredStore, ZarrTier
+
+    n = problem.n_steps
+    multistage = Multistage(n, [Level(max(2, snapshots // 2)), Level(snapshots, 8.0, 5.0)])
+    result = {"agreement": {}}
+    gradients = {}
+    with tempfile.TemporaryDirectory(prefix="vlcc-example-") as disk:
+        runs = [
+            (Revolve(n, snapshots), None),
+            (multistage, TieredStore([MemoryTier(), ZarrTier(disk)], plan=io_plan(multistage))),
+            (StoreAll(n), None),
+        ]
+        for schedule, store in runs:
+            grad, seconds = _checkpointed(problem, schedule, out, store)
+            gradients[type(schedule).__name__] = grad.copy()
+            result[f"{type(schedule).__name__}_seconds"] = seconds
+    result["adjoint_seconds"] = problem.last_run.adjoint_seconds
+    grad = gradients["Revolve"]
+    for name, other in gradients.items():
+        if name != "Revolve":
+            result["agreement"][name] = _agreement(other, grad)
+            out(f"  {name} vs Revolve: max |diff| / max |g| = {result['agreement'][name]:.1e}")
+    if reference:
+        t0 = time.perf_counter()
+        ref = problem.reference_gradient()
+        result["reference_seconds"] = time.perf_counter() - t0
+        result["agreement"]["reference"] = _agreement(grad, ref)
+        out(f"  reference (store all {n + 1} states in a list): {result['reference_seconds']:.2f}"
+            f" s, max |diff| / max |g| = {result['agreement']['reference']:.1e}")
+    rates0, rates1 = _taylor(problem.objective, m, dm, grad)
+    result["taylor_rates_first"], result["taylor_rates_second"] = rates0, rates1
+    out(f"  Taylor test: remainder rates {', '.join(f'{r:.2f}' for r in rates0)} (expect 1), "
+        f"{', '.join(f'{r:.2f}' for r in rates1)} (expect 2)")
+    result["gradient_norm"] = float(np.linalg.norm(grad))
+    return grad, result
+
+
+def _smooth_bump(problem: SeismicProblem) -> np.ndarray:
+    """A smooth velocity perturbation inside the sponge-free interior."""
+    b = problem.nbl
+    z, x = np.mgrid[0:problem.nz, 0:problem.nx]
+    cz, cx = problem.nz * 0.6, problem.nx * 0.5
+    dv = np.exp(-(((z - cz) / (problem.nz / 8)) ** 2 + ((x - cx) / (problem.nx / 8)) ** 2))
+    dv[:b] = dv[-b:] = 0.0
+    dv[:, :b] = dv[:, -b:] = 0.0
+    return dv * 0.05 * float(problem.v_background.max())
+
+
 def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 30,
                  png: str | None = "seismic_gradient.png", reference: bool = True,
                  out: Callable[[str], None] = print) -> dict:
@@ -50,11 +127,6 @@ def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 
     the forward/adjoint speeds in Mpoints/s, the agreements (max abs
     difference / max abs value) and the Taylor remainder rates.
     """
-    import tempfile
-
-    from ..schedules import Level, Multistage, Revolve, StoreAll, io_plan
-    from ..storage import MemoryTier, TieredStore, ZarrTier
-
     problem = SeismicProblem(nx=nx, nz=nz, nt=nt)
     out(repr(problem))
     points = nx * nz * nt
@@ -64,43 +136,12 @@ def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 
     t_forward = time.perf_counter() - t0
     out(f"  J(v_background) = {value:.6e}   forward sweep {t_forward:.2f} s "
         f"({points / t_forward / 1e6:.0f} Mpoints/s)")
-    result = {"objective": value, "forward_seconds": t_forward,
-              "forward_mpoints_s": points / t_forward / 1e6, "agreement": {}}
-
-    memory = max(2, snapshots // 2)
-    multistage = Multistage(nt, [Level(memory), Level(snapshots, 8.0, 5.0)])
-    gradients = {}
-    with tempfile.TemporaryDirectory(prefix="vlcc-seismic-") as disk:
-        runs = [
-            (Revolve(nt, snapshots), None),
-            (multistage, TieredStore([MemoryTier(), ZarrTier(disk)], plan=io_plan(multistage))),
-            (StoreAll(nt), None),
-        ]
-        for schedule, store in runs:
-            grad, seconds = _checkpointed(problem, schedule, out, store)
-            gradients[type(schedule).__name__] = grad.copy()
-            result[f"{type(schedule).__name__}_seconds"] = seconds
-    run = problem.last_run
-    result["adjoint_mpoints_s"] = points / run.adjoint_seconds / 1e6
+    grad, result = _check_gradient(problem, snapshots, reference, _smooth_bump(problem),
+                                   problem.v_background, out)
+    result.update(objective=value, forward_seconds=t_forward,
+                  forward_mpoints_s=points / t_forward / 1e6,
+                  adjoint_mpoints_s=points / result["adjoint_seconds"] / 1e6)
     out(f"  adjoint steps {result['adjoint_mpoints_s']:.0f} Mpoints/s")
-    grad = gradients["Revolve"]
-    for name, other in gradients.items():
-        if name != "Revolve":
-            result["agreement"][name] = _agreement(other, grad)
-            out(f"  {name} vs Revolve: max |diff| / max |g| = {result['agreement'][name]:.1e}")
-    if reference:
-        t0 = time.perf_counter()
-        ref = problem.reference_gradient()
-        result["reference_seconds"] = time.perf_counter() - t0
-        result["agreement"]["reference"] = _agreement(grad, ref)
-        out(f"  reference (store all {nt + 1} states in a list): "
-            f"{result['reference_seconds']:.2f} s, max |diff| / max |g| = "
-            f"{result['agreement']['reference']:.1e}")
-    rates0, rates1 = _taylor_rates(problem, grad, problem.v_background)
-    result["taylor_rates_first"], result["taylor_rates_second"] = rates0, rates1
-    out(f"  Taylor test: remainder rates {', '.join(f'{r:.2f}' for r in rates0)} (expect 1), "
-        f"{', '.join(f'{r:.2f}' for r in rates1)} (expect 2)")
-    result["gradient_norm"] = float(np.linalg.norm(grad))
     out(f"  |dJ/dv| = {result['gradient_norm']:.6e}")
     if png:
         _plot_seismic(problem, grad, png)
@@ -153,59 +194,18 @@ def burgers_demo(n_cells: int = 1024, t_final: float = 0.5, nu: float = 0.01, sn
     when `reference` is true; a Taylor test checks the gradient itself.
     `sensors` > 0 adds that many equally spaced sensors read at every step.
     """
-    import tempfile
-
-    from ..schedules import Level, Multistage, Revolve, StoreAll, io_plan
-    from ..storage import MemoryTier, TieredStore, ZarrTier
-
     sensor_idx = None if sensors <= 0 else np.linspace(0, n_cells, sensors, endpoint=False).astype(int)
     problem = BurgersProblem(n_cells=n_cells, t_final=t_final, nu=nu, sensors=sensor_idx)
     out(repr(problem))
-    n = problem.n_steps
-    points = n_cells * n
+    points = n_cells * problem.n_steps
     t0 = time.perf_counter()
     value = problem.objective()
     t_forward = time.perf_counter() - t0
     out(f"  J(u0_guess) = {value:.6e}   forward sweep {t_forward:.2f} s "
         f"({points / t_forward / 1e6:.0f} Mpoints/s)")
-    result = {"objective": value, "forward_seconds": t_forward, "agreement": {}}
-    multistage = Multistage(n, [Level(max(2, snapshots // 2)), Level(snapshots, 8.0, 5.0)])
-    gradients = {}
-    with tempfile.TemporaryDirectory(prefix="vlcc-burgers-") as disk:
-        runs = [
-            (Revolve(n, snapshots), None),
-            (multistage, TieredStore([MemoryTier(), ZarrTier(disk)], plan=io_plan(multistage))),
-            (StoreAll(n), None),
-        ]
-        for schedule, store in runs:
-            grad, seconds = _checkpointed(problem, schedule, out, store)
-            gradients[type(schedule).__name__] = grad.copy()
-            result[f"{type(schedule).__name__}_seconds"] = seconds
-    grad = gradients["Revolve"]
-    for name, other in gradients.items():
-        if name != "Revolve":
-            result["agreement"][name] = _agreement(other, grad)
-            out(f"  {name} vs Revolve: max |diff| / max |g| = {result['agreement'][name]:.1e}")
-    if reference:
-        t0 = time.perf_counter()
-        ref = problem.reference_gradient()
-        result["reference_seconds"] = time.perf_counter() - t0
-        result["agreement"]["reference"] = _agreement(grad, ref)
-        out(f"  reference (store all {n + 1} states): {result['reference_seconds']:.2f} s, "
-            f"max |diff| / max |g| = {result['agreement']['reference']:.1e}")
-    # Taylor test in the direction of a smooth perturbation of u0.
     du = 0.1 * np.cos(2 * np.pi * problem.x) * np.exp(-((problem.x - 0.4) / 0.2) ** 2)
-    j0, slope = problem.objective(), float(grad @ du)
-    r0, r1 = [], []
-    for k in range(4):
-        jh = problem.objective(problem.u0_guess + 0.5**k * du)
-        r0.append(abs(jh - j0))
-        r1.append(abs(jh - j0 - 0.5**k * slope))
-    rate = lambda r: [float(np.log2(r[i] / r[i + 1])) for i in range(len(r) - 1)]  # noqa: E731
-    result["taylor_rates_first"], result["taylor_rates_second"] = rate(r0), rate(r1)
-    out(f"  Taylor test: remainder rates {', '.join(f'{x:.2f}' for x in rate(r0))} (expect 1), "
-        f"{', '.join(f'{x:.2f}' for x in rate(r1))} (expect 2)")
-    result["gradient_norm"] = float(np.linalg.norm(grad))
+    grad, result = _check_gradient(problem, snapshots, reference, du, problem.u0_guess, out)
+    result.update(objective=value, forward_seconds=t_forward)
     out(f"  |dJ/du0| = {result['gradient_norm']:.6e}")
     if png:
         _plot_burgers(problem, grad, png)
@@ -234,35 +234,6 @@ def _plot_burgers(problem: BurgersProblem, grad: np.ndarray, path: str) -> None:
     fig.suptitle(f"viscous Burgers, {problem.n_cells} cells, {problem.n_steps} steps, nu={problem.nu}")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _taylor_rates(problem: SeismicProblem, grad: np.ndarray, v: np.ndarray,
-                  steps: int = 3) -> tuple[list[float], list[float]]:
-    """Convergence rates of the Taylor remainders of ``J`` at `v`.
-
-    With ``r0(h) = |J(v + h dv) - J(v)|`` and ``r1(h) = |J(v + h dv) - J(v)
-    - h <g, dv>|``, halving ``h`` halves ``r0`` (rate 1) and quarters ``r1``
-    (rate 2) exactly when ``g`` is the gradient.  ``dv`` is a smooth
-    perturbation inside the sponge-free interior.
-    """
-    b = problem.nbl
-    z, x = np.mgrid[0:problem.nz, 0:problem.nx]
-    cz, cx = problem.nz * 0.6, problem.nx * 0.5
-    dv = np.exp(-(((z - cz) / (problem.nz / 8)) ** 2 + ((x - cx) / (problem.nx / 8)) ** 2))
-    dv[:b] = dv[-b:] = 0.0
-    dv[:, :b] = dv[:, -b:] = 0.0
-    dv *= 0.05 * float(v.max())
-    j0 = problem.objective(v)
-    slope = float(np.sum(grad * dv))
-    r0, r1 = [], []
-    for k in range(steps + 1):
-        h = 0.5**k
-        jh = problem.objective(v + h * dv)
-        r0.append(abs(jh - j0))
-        r1.append(abs(jh - j0 - h * slope))
-    problem.set_model(v)
-    rate = lambda r: [float(np.log2(r[i] / r[i + 1])) for i in range(len(r) - 1)]  # noqa: E731
-    return rate(r0), rate(r1)
 
 
 def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int = 10,
@@ -333,7 +304,7 @@ def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int =
     agreement = _agreement(grad, grad_revolve)
     out(f"\ncheck 1: same gradient as {reference!r} in memory: "
         f"max |diff| / max |g| = {agreement:.1e}")
-    rates0, rates1 = _taylor_rates(problem, grad, problem.v_background)
+    rates0, rates1 = _taylor(problem.objective, problem.v_background, _smooth_bump(problem), grad)
     out("check 2: Taylor test, J(v + h dv) for h = 1, 1/2, 1/4, 1/8:")
     out(f"  first-order remainder rates  {', '.join(f'{r:.2f}' for r in rates0)}  (expect 1)")
     out(f"  second-order remainder rates {', '.join(f'{r:.2f}' for r in rates1)}  (expect 2)")
