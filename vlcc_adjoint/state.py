@@ -89,6 +89,7 @@ __all__ = [
     "dtype_from_json",
     "dtype_to_json",
     "flatten",
+    "is_registered",
     "leaf_digest",
     "register",
     "unflatten",
@@ -158,6 +159,12 @@ def register(cls: type, flatten_fn: Callable | None = None,
         raise TypeError("register needs both flatten_fn and unflatten_fn (or neither, "
                         "for dataclasses and named tuples)")
     _add(cls, _Provider(name or _type_name(cls), flatten_fn, unflatten_fn, user=True))
+
+
+def is_registered(cls: type) -> bool:
+    """Whether a provider for exactly `cls` is registered (by :func:`register`,
+    or by flattening a dataclass or named tuple of that type)."""
+    return cls in _BY_TYPE
 
 
 def _add(cls: type, provider: _Provider) -> _Provider:

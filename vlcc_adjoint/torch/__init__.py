@@ -1,0 +1,44 @@
+"""PyTorch (and DeepSpeed) integration.
+
+Four pieces, each usable alone::
+
+    import vlcc_adjoint.torch as vt
+
+    # 1. A long chain of steps whose backward pass follows a vlcc schedule.
+    h = vt.checkpoint_sequence(rnn_cell, h0, 2000, inputs=xs)          # Revolve by default
+    p = vt.plan_sequence(2000, memory=40)                              # blocks + Revolve
+    h = vt.checkpoint_sequence(rnn_cell, h0, 2000, inputs=xs, block=p.block,
+                               snapshots=p.snapshots)
+
+    # 2. Saved activations beyond a memory budget go to a tiered store.
+    off = vt.offload_saved_tensors(budget_bytes=1 << 30)
+    with off:
+        loss = model(batch)
+    loss.backward()
+
+    # 3. state_dicts (bfloat16 included) in a TieredStore or a lineage History, no pickle.
+    history.commit(vt.training_state(model, optimizer), meta={"step": step})
+
+    # 4. DeepSpeed: asynchronous, versioned save_checkpoint in one line.
+    vt.VlccCheckpointEngine.attach(model_engine)
+
+Install with ``pip install torch==2.13.0`` (the CPU build; the ``torch``
+extra pins it); DeepSpeed is optional (``DS_BUILD_OPS=0 pip install
+deepspeed``).  Importing this package imports torch and registers the torch
+state providers (:func:`register_providers`); ``import vlcc_adjoint`` does
+not import torch.
+"""
+
+from ._state import numpy_to_tensor as numpy_to_tensor
+from ._state import register_providers as register_providers
+from ._state import restore_training_state as restore_training_state
+from ._state import tensor_to_numpy as tensor_to_numpy
+from ._state import training_state as training_state
+from ._sequence import SequencePlan as SequencePlan
+from ._sequence import checkpoint_sequence as checkpoint_sequence
+from ._sequence import plan_sequence as plan_sequence
+from ._offload import OffloadStats as OffloadStats
+from ._offload import offload_saved_tensors as offload_saved_tensors
+from ._deepspeed import VlccCheckpointEngine as VlccCheckpointEngine
+
+register_providers()

@@ -1,0 +1,572 @@
+"""VlccCheckpointEngine: DeepSpeed's checkpoint engine, writing into a lineage History.
+
+DeepSpeed hands every checkpoint file of ``model_engine.save_checkpoint`` to
+``engine.checkpoint_engine.save(state_dict, path)``.  This engine commits the
+state dict as a version of a :class:`vlcc_adjoint.lineage.History`
+(asynchronously: content-addressed, deduplicated chunks written by a
+background thread) and leaves at ``path`` a small JSON *pointer* naming the
+version, because DeepSpeed looks for the files on disk (``glob``, ``isfile``)
+before it calls ``load``.  Two lines::
+
+    model_engine, optimizer, _, _ = deepspeed.initialize(...)
+    VlccCheckpointEngine.attach(model_engine)          # history in <save_dir>/vlcc-history
+    ...
+    model_engine.save_checkpoint("ckpt")               # unchanged
+    model_engine.load_checkpoint("ckpt")               # unchanged
+
+(``model_engine.checkpoint_engine = VlccCheckpointEngine()`` works too;
+``attach`` also tells the engine which tensors only the optimizer step
+changes, which enables deferred capture, below.)
+
+When the training loop is blocked
+---------------------------------
+
+The engine declares itself *decoupled* (``is_decoupled() == True``).
+DeepSpeed then does not call ``commit`` at the end of ``save_checkpoint``
+but at the next ``model_engine.step()``, right before the optimizer updates
+the weights.  So:
+
+* ``save`` only *captures*: with ``defer=False`` it copies the state's
+  tensors into reused buffers (``History(capture="copy")``), a memory
+  copy; with ``defer=True`` (the default after ``attach``) it copies now
+  only the tensors the next forward pass may change (BatchNorm statistics,
+  anything that is not a parameter or optimizer state) and hands the rest
+  to a capture thread that copies them while the next forward and backward
+  passes run (they read the weights, they do not write them: the snapshot
+  of CheckFreq, Mohan et al., FAST 2021);
+* ``commit(info)``, at the next optimizer step, waits until every capture
+  of the tag is done, so the step may overwrite the weights.  With
+  ``wait_on_commit="captured"`` (the default) that is all: the History's
+  writer thread hashes and writes the chunks behind the training loop;
+  with ``"written"`` the step also waits until the versions are on disk;
+* ``latest`` is written by this engine, once the tag's versions are
+  published on disk (``get_commit_info`` hands DeepSpeed a copy of the
+  commit info with ``save_latest=False``, so DeepSpeed does not write it
+  earlier): after a crash, ``latest`` names a checkpoint that is complete,
+  at worst the one before the last.
+
+The training loop is blocked for the capture in ``save`` (with
+``defer=True`` only the eager small tensors) plus what is left of the
+deferred copies at the next optimizer step.
+
+Loading never unpickles: ``load(path)`` reads the pointer (JSON), opens the
+History and rebuilds the state from its zarr chunks with the torch state
+provider (:mod:`vlcc_adjoint.torch._state`).  A file that is not a pointer
+(a ``torch.save`` file) is refused with a message saying how to read it
+with pickle if it is trusted.
+
+Without DeepSpeed the engine is an asynchronous, versioned ``torch.save``:
+``save(state_dict, path)``, ``commit(...)``, ``load(path)``, ``wait()``,
+``close()``; :meth:`guard` installs the commit-before-update hook on a
+plain ``torch.optim.Optimizer``.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+import torch
+
+from .. import state as _vstate
+from ._state import register_providers
+
+__all__ = ["VlccCheckpointEngine"]
+
+POINTER_FORMAT = "vlcc-deepspeed-pointer/1"
+_POINTER_MAX = 64 << 10  # a pointer is a few hundred bytes; refuse to parse more
+
+
+class _Job:
+    __slots__ = ("state", "path", "tag", "message", "meta", "vid", "done", "error")
+
+    def __init__(self, state, path, tag, message, meta):
+        self.state = state
+        self.path = path
+        self.tag = tag
+        self.message = message
+        self.meta = meta
+        self.vid = None
+        self.done = threading.Event()
+        self.error = None
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class VlccCheckpointEngine:
+    """A DeepSpeed checkpoint engine that commits into a lineage ``History``.
+
+    **Arguments:**
+
+    - `history`: a :class:`vlcc_adjoint.lineage.History`, or the path of one
+      (created if missing); default ``<save_dir>/vlcc-history`` of the first
+      ``save_checkpoint``.
+    - `config_params`: DeepSpeed passes its config to engines; unused.
+    - `model`, `optimizer`: the module and optimizer whose parameters and
+      optimizer state only the optimizer step changes (``attach`` sets them
+      from the DeepSpeed engine); needed for `defer`.
+    - `defer`: capture parameters and optimizer state in the background,
+      during the next forward/backward pass (default: when `model` or
+      `optimizer` is given).
+    - `wait_on_commit`: ``"captured"`` (commit waits until the state is
+      copied; the write continues in the background) or ``"written"``
+      (until the versions are on disk).
+    - `chunk_bytes`, `codec`, `durable`: passed to a ``History`` this engine
+      opens.
+
+    DeepSpeed's interface: ``create``, ``save``, ``load``, ``commit``,
+    ``makedirs``, ``is_data_parallel_writer``, ``is_decoupled``,
+    ``set_commit_info``, ``get_commit_info``, ``cleanup``,
+    ``preserves_storage_sharing``.
+    """
+
+    def __init__(self, history=None, config_params=None, *, model=None, optimizer=None,
+                 defer: bool | None = None, wait_on_commit: str = "captured",
+                 chunk_bytes: int = 1 << 20, codec=None, durable: bool = False):
+        register_providers()
+        if wait_on_commit not in ("written", "captured"):
+            raise ValueError(f"wait_on_commit must be 'written' or 'captured', got "
+                             f"{wait_on_commit!r}")
+        if defer is None:
+            defer = model is not None or optimizer is not None
+        if defer and model is None and optimizer is None:
+            raise ValueError("defer=True needs model= and/or optimizer= (the tensors only the "
+                             "optimizer step changes); use VlccCheckpointEngine.attach("
+                             "model_engine), or defer=False")
+        self.name = "VlccCheckpointEngine"
+        self.model = model
+        self.optimizer = optimizer
+        self.defer = bool(defer)
+        self.wait_on_commit = wait_on_commit
+        self._history_opts = dict(chunk_bytes=chunk_bytes, codec=codec, durable=durable,
+                                  capture="copy")
+        self._history = None
+        self._history_path = None
+        self._own_history = False
+        if history is not None and hasattr(history, "commit"):
+            self._history = history
+            self._history_path = history.path
+        elif history is not None:
+            self._history_path = os.path.abspath(os.fspath(history))
+        self._readers: dict[str, object] = {}
+        self._info = None
+        self._ds_info = None
+        self._lock = threading.Condition()
+        self._jobs: collections.deque = collections.deque()
+        self._pending: list[_Job] = []  # jobs of the tag being saved (for commit)
+        self._thread = None
+        self._publish: collections.deque = collections.deque()  # (info, jobs) to publish
+        self._publisher = None
+        self._published = threading.Condition(self._lock)
+        self._latest_seq = itertools.count()
+        self._latest_done = -1
+        self._closed = False
+        self._error = None
+        self._hooks = []
+        self.timings = collections.Counter()  # seconds: save, commit_wait
+        self._finalizer = weakref.finalize(self, _shutdown, self._lock, self._jobs,
+                                          self._publish)
+        if "deepspeed" in sys.modules:  # a virtual subclass of DeepSpeed's ABC
+            try:
+                from deepspeed.runtime.checkpoint_engine.checkpoint_engine import \
+                    CheckpointEngine
+                CheckpointEngine.register(VlccCheckpointEngine)
+            except Exception:  # pragma: no cover - another DeepSpeed layout
+                pass
+
+    # -- setup -----------------------------------------------------------------------
+
+    @classmethod
+    def attach(cls, model_engine, history=None, **kwargs) -> "VlccCheckpointEngine":
+        """Make a new engine ``model_engine.checkpoint_engine`` (a DeepSpeed engine).
+
+        Passes the engine's module and optimizer (so parameters and optimizer
+        state are captured in the background, see the module docstring) and
+        `history` and `kwargs` to the constructor.  Returns the new engine.
+        """
+        kwargs.setdefault("model", getattr(model_engine, "module", None))
+        opt = getattr(model_engine, "optimizer", None)
+        kwargs.setdefault("optimizer", opt)
+        engine = cls(history, **kwargs)
+        model_engine.checkpoint_engine = engine
+        return engine
+
+    def guard(self, optimizer) -> None:
+        """For plain PyTorch loops: commit pending checkpoints before every
+        ``optimizer.step()`` (a step pre-hook), as DeepSpeed does for a
+        decoupled engine."""
+        if not hasattr(optimizer, "register_step_pre_hook"):
+            raise TypeError(f"{type(optimizer).__name__} has no register_step_pre_hook; call "
+                            "engine.commit() yourself before the optimizer step")
+        self._hooks.append(optimizer.register_step_pre_hook(lambda *a, **k: self._commit_hook()))
+
+    def history(self):
+        """The ``History`` this engine writes to (opened on first use)."""
+        if self._history is None:
+            if self._history_path is None:
+                raise RuntimeError("VlccCheckpointEngine: no history path yet; pass history= or "
+                                   "call create(info) (DeepSpeed does, in save_checkpoint)")
+            from ..lineage import History
+
+            os.makedirs(self._history_path, exist_ok=True)
+            self._history = History(self._history_path, **self._history_opts)
+            self._own_history = True
+        return self._history
+
+    # -- DeepSpeed's interface ----------------------------------------------------------
+
+    def create(self, info) -> None:
+        """A checkpoint (``info.tag`` in ``info.save_dir``) is about to be saved."""
+        self._raise_error()
+        if self._info is not None and self._pending:
+            self.commit(self._info)  # a previous tag was never committed: finish it first
+        self._info = info
+        self._ds_info = None
+        if self._history_path is None:
+            self._history_path = os.path.abspath(os.path.join(info.save_dir, "vlcc-history"))
+
+    def makedirs(self, path, exist_ok=False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict, path: str) -> None:
+        """Capture `state_dict` as a version of the history; leave a pointer at `path`."""
+        t0 = time.perf_counter()
+        self._raise_error()
+        if self._closed:
+            raise RuntimeError("VlccCheckpointEngine is closed")
+        tag = getattr(self._info, "tag", None)
+        path = os.path.abspath(os.fspath(path))
+        if self._history_path is None:
+            self._history_path = os.path.join(os.path.dirname(path), "vlcc-history")
+        history = self.history()
+        name = os.path.basename(path)
+        message = f"{tag}/{name}" if tag is not None else name
+        meta = {"deepspeed_tag": tag, "file": name}
+        if isinstance(state_dict, dict):
+            for key in ("global_steps", "global_samples", "skipped_steps"):
+                if isinstance(state_dict.get(key), int):
+                    meta[key] = state_dict[key]
+        if not self.defer:
+            vid = history.commit(state_dict, message=message, meta=meta)
+            self._write_pointer(path, vid, tag)
+            job = _Job(None, path, tag, message, meta)
+            job.vid = vid
+            job.done.set()
+        else:
+            job = _Job(self._split(state_dict), path, tag, message, meta)
+            with self._lock:
+                self._jobs.append(job)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._capture_loop,
+                                                    name="vlcc-ds-capture", daemon=True)
+                    self._thread.start()
+                self._lock.notify_all()
+        self._pending.append(job)
+        self.timings["save"] += time.perf_counter() - t0
+
+    def load(self, path: str, map_location=None):
+        """The state dict saved at `path` (a pointer written by :meth:`save`).
+
+        `map_location`: a device (or its name) to move tensors to; DeepSpeed's
+        callables (``lambda storage, loc: storage``) and ``None`` leave them on
+        the CPU.
+        """
+        self._raise_error()
+        path = os.path.abspath(os.fspath(path))
+        pointer = self.read_pointer(path)
+        hist_path = os.path.normpath(os.path.join(os.path.dirname(path), pointer["history"]))
+        history = self._reader(hist_path)
+        try:
+            state = history.load(pointer["version"])
+        except KeyError as err:
+            raise FileNotFoundError(
+                f"{path} points to version {pointer['version']} of the history at {hist_path}, "
+                "which is not there: the checkpoint was still being written when the process "
+                "ended (load an earlier tag) or the history was garbage-collected") from err
+        if isinstance(map_location, (str, torch.device)):
+            device = torch.device(map_location)
+            state = _map_tensors(state, lambda t: t.to(device))
+        return state
+
+    def commit(self, info=None) -> bool:
+        """Wait until the pending checkpoints are captured (and, with
+        ``wait_on_commit="written"``, on disk); then ``latest`` is written
+        (when ``info.save_latest``) as soon as they are on disk.  DeepSpeed
+        calls it before the optimizer step."""
+        t0 = time.perf_counter()
+        if info is None or info is self._ds_info:
+            info = self._info
+        jobs, self._pending = self._pending, []
+        for job in jobs:
+            job.done.wait()
+        self._raise_error()
+        if jobs:
+            item = (next(self._latest_seq), info, jobs)
+            if self.wait_on_commit == "written":
+                self._publish_now(*item)
+            else:
+                with self._lock:
+                    self._publish.append(item)
+                    if self._publisher is None:
+                        self._publisher = threading.Thread(target=self._publish_loop,
+                                                           name="vlcc-ds-publish", daemon=True)
+                        self._publisher.start()
+                    self._lock.notify_all()
+        self._info = self._ds_info = None
+        self.timings["commit_wait"] += time.perf_counter() - t0
+        return True
+
+    def is_data_parallel_writer(self, dp_rank) -> bool:
+        return dp_rank == 0
+
+    def is_decoupled(self) -> bool:
+        return True
+
+    def set_commit_info(self, info) -> None:
+        self._info = info
+
+    def get_commit_info(self):
+        """The pending commit, as DeepSpeed reads it before calling ``commit``:
+        a copy with ``save_latest=False`` (this engine writes ``latest`` itself,
+        once the checkpoint is on disk)."""
+        if self._info is None:
+            return None
+        if self._ds_info is None:
+            try:
+                self._ds_info = dataclasses.replace(self._info, save_latest=False)
+            except TypeError:
+                self._ds_info = copy.copy(self._info)
+                self._ds_info.save_latest = False
+        return self._ds_info
+
+    def preserves_storage_sharing(self) -> bool:
+        # False: DeepSpeed then hands over its live tensors instead of cloning
+        # them first (the capture here copies what it needs, once).
+        return False
+
+    def cleanup(self) -> None:
+        """Commit what is pending, finish the writes, close what this engine opened."""
+        self.close()
+
+    # -- beyond DeepSpeed ---------------------------------------------------------------
+
+    def wait(self) -> None:
+        """Block until every checkpoint saved so far is committed, captured and
+        written (and ``latest`` updated)."""
+        if self._pending:
+            self.commit(self._info)
+        with self._lock:
+            jobs = [j for j in self._jobs if j is not None]
+        for job in jobs + self._pending:
+            job.done.wait()
+        self._raise_error()
+        if self._history is not None:
+            self._history.wait()
+        with self._lock:
+            while self._publish and self._publisher is not None and self._error is None:
+                self._published.wait(0.05)
+        self._raise_error()
+
+    def close(self) -> None:
+        """Commit pending checkpoints, wait for the writes, stop the threads,
+        close the histories this engine opened.  Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._pending:
+                self.commit(self._info)
+            self.wait()
+        finally:
+            self._closed = True
+            for h in self._hooks:
+                h.remove()
+            self._finalizer()
+            for th in (self._thread, self._publisher):
+                if th is not None:
+                    th.join()
+            if self._own_history and self._history is not None:
+                self._history.close()
+            for reader in self._readers.values():
+                if reader is not self._history:
+                    reader.close()
+            self._readers.clear()
+
+    @staticmethod
+    def read_pointer(path: str) -> dict:
+        """The pointer JSON at `path`, validated; a clear error for anything else."""
+        with open(path, "rb") as f:
+            raw = f.read(_POINTER_MAX + 1)
+        try:
+            if len(raw) > _POINTER_MAX:
+                raise ValueError("too large")
+            doc = json.loads(raw.decode("utf-8"))
+            if not (isinstance(doc, dict) and doc.get("format") == POINTER_FORMAT
+                    and isinstance(doc.get("history"), str)
+                    and isinstance(doc.get("version"), str)):
+                raise ValueError("not a vlcc pointer")
+        except (ValueError, UnicodeDecodeError):
+            hint = ""
+            if raw[:2] == b"PK" or raw[:1] == b"\x80":
+                hint = (" It looks like a torch.save (pickle) file: if you trust it, read it "
+                        "with torch.load(path, weights_only=True) or DeepSpeed's "
+                        "TorchCheckpointEngine; VlccCheckpointEngine never unpickles.")
+            raise ValueError(f"{path} is not a checkpoint pointer written by "
+                             f"VlccCheckpointEngine (format {POINTER_FORMAT}).{hint}") from None
+        return doc
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _commit_hook(self) -> None:
+        if self._pending:
+            self.commit()
+
+    def _write_pointer(self, path: str, vid: str, tag) -> None:
+        rel = os.path.relpath(self._history_path, os.path.dirname(path))
+        doc = {"format": POINTER_FORMAT, "history": rel, "version": vid, "tag": tag,
+               "note": "a VlccCheckpointEngine checkpoint: the state is version `version` "
+                       "of the vlcc lineage History at `history` (relative to this file)"}
+        _write_atomic(path, json.dumps(doc, indent=1).encode())
+
+    def _reader(self, hist_path: str):
+        if self._history is not None and os.path.abspath(self._history.path) == hist_path:
+            return self._history
+        reader = self._readers.get(hist_path)
+        if reader is None:
+            from ..lineage import History
+
+            reader = History(hist_path, mode="r")
+            self._readers[hist_path] = reader
+        return reader
+
+    def _deferrable(self) -> set[int]:
+        """Data pointers of tensors only the optimizer step changes."""
+        ptrs = set()
+        if self.model is not None:
+            for p in self.model.parameters():
+                ptrs.add(p.data_ptr())
+        opt = self.optimizer
+        while opt is not None:
+            for st in getattr(opt, "state", {}).values():
+                if isinstance(st, dict):
+                    for v in st.values():
+                        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                            ptrs.add(v.data_ptr())
+            inner = getattr(opt, "optimizer", None)
+            opt = inner if inner is not opt else None
+        ptrs.discard(0)
+        return ptrs
+
+    def _split(self, state_dict):
+        """The state with every tensor the next forward pass might change
+        copied now, the others (parameters, optimizer state) still live."""
+        leaves, spec = _vstate.flatten(state_dict)
+        live = self._deferrable()
+        mixed = []
+        for leaf in leaves:
+            ptr = leaf.__array_interface__["data"][0] if leaf.size else 0
+            mixed.append(leaf if ptr in live else np.array(leaf, copy=True))
+        return spec, mixed
+
+    def _capture_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._lock.wait(0.1)
+                job = self._jobs[0]
+            if job is None:
+                return
+            try:
+                spec, leaves = job.state
+                state = _vstate.unflatten(spec, leaves)
+                job.vid = self.history().commit(state, message=job.message, meta=job.meta)
+                self._write_pointer(job.path, job.vid, job.tag)
+            except BaseException as err:  # raised by the next call of the engine
+                job.error = err
+                with self._lock:
+                    self._error = err
+            finally:
+                job.state = None
+                with self._lock:
+                    self._jobs.popleft()
+                    self._lock.notify_all()
+                job.done.set()
+
+    def _publish_now(self, seq, info, jobs) -> None:
+        """Wait until `jobs` are on disk; then write ``latest`` (unless a newer
+        tag already did)."""
+        if self._history is not None:
+            self._history.wait()
+        if info is not None and getattr(info, "save_latest", False) and _is_rank0():
+            with self._lock:
+                if seq < self._latest_done:
+                    return
+                self._latest_done = seq
+            _write_atomic(os.path.join(info.save_dir, "latest"), str(info.tag).encode())
+
+    def _publish_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._publish:
+                    self._lock.wait(0.1)
+                item = self._publish[0]
+            if item is None:
+                return
+            try:
+                self._publish_now(*item)
+            except BaseException as err:  # raised by the next call of the engine
+                with self._lock:
+                    self._error = err
+            finally:
+                with self._lock:
+                    self._publish.popleft()
+                    self._published.notify_all()
+
+    def _raise_error(self) -> None:
+        with self._lock:
+            err, self._error = self._error, None
+        if err is not None:
+            raise RuntimeError(f"VlccCheckpointEngine: a checkpoint capture failed: {err!r}; "
+                               "that checkpoint was not stored") from err
+
+
+def _shutdown(lock, jobs, publish):
+    with lock:
+        jobs.append(None)  # wakes and ends the capture and publish threads (if any)
+        publish.append(None)
+        lock.notify_all()
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, collections.OrderedDict):
+        out = collections.OrderedDict((k, _map_tensors(v, fn)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata
+        return out
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_tensors(v, fn) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def _is_rank0() -> bool:
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

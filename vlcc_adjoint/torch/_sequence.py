@@ -1,0 +1,754 @@
+"""checkpoint_sequence: the gradient of a long chain of steps, under a vlcc schedule.
+
+``u_{i+1} = step(u_i)`` for ``i = 0 .. n-1`` (an RNN over time, a neural
+ODE, a stack of identical residual blocks) is, for autograd, a chain of ``n``
+tapes: plain backpropagation keeps all of them (memory ``O(n)``);
+``torch.utils.checkpoint.checkpoint_sequential`` keeps ``s`` segment inputs
+and re-tapes one segment at a time (memory ``s + n/s`` tapes, recomputation
+``n - n/s``, and no way below ``~2 sqrt(n)`` tapes).  Here the chain is one
+``torch.autograd.Function`` whose backward pass *interprets a vlcc schedule
+table*, with the semantics of :mod:`vlcc_adjoint.schedules.actions`:
+
+=====================  ====================================================
+action                 what it does here
+=====================  ====================================================
+``Advance(a, b)``      run blocks ``a .. b-1`` under ``no_grad``
+``Save(i, 0)``         keep a clone of the state's tensors in a slot
+``Save(i, k >= 1)``    ``store.save(i, tensors, k - 1)`` (numpy, via the
+                       torch state provider)
+``Load(i, k)``         the slot, or ``store.load(i, k - 1)`` moved back to
+                       the state's device
+``Delete``, ``Move``   free the slot / the store record; move between them
+``Reverse(i)``         re-run block ``i`` with grad enabled from a detached,
+                       ``requires_grad`` copy of ``u_i`` and call
+                       ``torch.autograd.grad`` with the incoming cotangent
+                       w.r.t. ``(u_i, inputs, *params)``; parameter
+                       gradients are accumulated
+=====================  ====================================================
+
+The forward pass of the Function runs the table up to its first
+``Reverse`` (the forward sweep), then runs the last block *with* grad and
+keeps that tape for ``Reverse(n - 1)``: a step is never evaluated twice in a
+row for nothing, and (one step per block) the number of step evaluations is
+exactly ``forward_count + n`` (``forward_count`` from
+:func:`vlcc_adjoint.schedules.simulate`; plain autograd evaluates ``n``):
+the ``forward_count`` ones without grad, the ``n`` taped ones once each.
+
+Blocks, and how this compares with ``checkpoint_sequential``.  Storing
+states, not tapes, a one-step-per-block schedule re-tapes every step in the
+backward pass, so it evaluates at least ``n - 1`` steps more than plain
+autograd, where ``checkpoint_sequential`` with ``s`` segments evaluates
+``n - n/s`` more (it re-tapes a whole segment at once) at the price of
+``n/s`` tapes of memory.  A schedule step may therefore be a *block* of
+``block`` consecutive steps, taped together by ``Reverse``; every schedule
+then works over ``ceil(n / block)`` blocks.  ``StoreAll`` over blocks is
+``checkpoint_sequential`` with ``n / block`` segments, ``Revolve`` over
+blocks its recursive refinement, which keeps working far below
+``checkpoint_sequential``'s floor of ``~2 sqrt(n)`` states;
+:func:`plan_sequence` picks ``(block, snapshots)`` for a memory budget.  At
+equal memory the number of recomputed steps is then about the same as the
+best ``checkpoint_sequential`` (both near the bound ``n - memory / tape``:
+every step not taped in the forward pass is taped again); what differs is
+their cost: ours run under ``no_grad``, ``use_reentrant=False`` builds the
+graph and routes every saved tensor through Python hooks in the forward
+pass (``benchmarks/bench_torch.py``: 2.6-4.3x less extra CPU time than
+``use_reentrant=False``, within +-20% of ``use_reentrant=True``).
+
+Storage levels follow :mod:`vlcc_adjoint.jax`: level 0 is a list of tensor
+slots on the state's device; level ``k >= 1`` is ``store.tiers[k - 1]`` of a
+:class:`~vlcc_adjoint.storage.TieredStore` built *without* ``plan=`` (an
+``io_plan`` of the whole schedule would describe level 0 too, which never
+reaches the store).  Default: one unbounded ``MemoryTier`` per level >= 1.
+
+Gradients of what ``step`` closes over.  Autograd routes gradients only to
+the inputs of a Function, so the tensors ``step`` uses besides its argument
+are passed as explicit inputs: the parameters of ``step`` when it is an
+``nn.Module`` (or a bound method of one, or a ``functools.partial`` / closure
+over modules and tensors), plus whatever ``params=`` lists.  They then
+receive their gradients under ``loss.backward()`` and
+``torch.autograd.grad(loss, ...)`` alike, as with
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.  A leaf
+tensor that requires grad, reached by ``step`` and not listed, would get no
+gradient: the first ``Reverse`` walks the tape and raises a ``ValueError``
+naming its shape.  (Tensors computed *outside* ``step`` from listed
+parameters, e.g. ``w = 2 * layer.weight``, propagate correctly.)
+
+Randomness.  With ``preserve_rng_state=True`` (the default, as in
+``torch.utils.checkpoint``) the CPU generator state (and the CUDA one of
+every device the state lives on) is recorded with every snapshot and at
+the end of every ``Advance`` (a 5 KB copy, not per step), restored before
+each recomputation, and the backward pass runs under
+``torch.random.fork_rng``: dropout masks are reproduced exactly and the
+caller's generator ends where a plain forward pass leaves it.  Other
+sources of nondeterminism (non-deterministic kernels, Python-side
+randomness, state kept by ``step`` between calls) are not replayed: steps
+must be functions of their inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, simulate
+from ._state import register_providers
+
+__all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
+
+_ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
+_DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
+
+# Records (step, store level) a run left in a user's store: the next run on
+# that store deletes them first (a forward whose backward never ran).
+_HELD: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
+
+_WALK_LIMIT = 100_000  # autograd nodes visited when checking for unlisted leaves
+
+
+@functools.lru_cache(maxsize=32)
+def _default_schedule(n: int, snapshots: int) -> Schedule:
+    return Revolve(n, snapshots)
+
+
+def _resolve_schedule(schedule, snapshots, n_blocks: int) -> Schedule:
+    if schedule is None:
+        if snapshots is None:
+            snapshots = max(1, math.isqrt(n_blocks - 1) + 1) if n_blocks > 1 else 1
+        if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
+            raise ValueError(f"snapshots must be an int >= 1, got {snapshots!r}")
+        return _default_schedule(n_blocks, min(snapshots, n_blocks))
+    if snapshots is not None:
+        raise ValueError("give either schedule= or snapshots= (Revolve's slots), not both")
+    if isinstance(schedule, Online) and schedule.n_steps is None:
+        raise ValueError("checkpoint_sequence knows its number of steps: use Revolve, "
+                         "Multistage, StoreAll, Periodic or Online(snapshots, steps=...)")
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, "
+                        f"Multistage, ...), got {type(schedule).__name__}")
+    if schedule.n_steps != n_blocks:
+        raise ValueError(f"the schedule is for {schedule.n_steps} steps, but the chain has "
+                         f"{n_blocks} (steps / block, rounded up); build it with "
+                         f"{type(schedule).__name__}({n_blocks}, ...)")
+    return schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class SequencePlan:
+    """A (block, snapshots) choice for :func:`checkpoint_sequence` (see :func:`plan_sequence`).
+
+    **Attributes:** `block` and `snapshots` (pass them as ``block=`` and
+    ``snapshots=``), `recomputed` (step evaluations beyond plain autograd's
+    ``n``: untaped forward steps, Revolve's forward count times the block),
+    `memory` (snapshots + one block's tape, in states).
+    """
+
+    block: int
+    snapshots: int
+    recomputed: int
+    memory: float
+
+
+def plan_sequence(steps: int, memory: float, tape: float = 1.0) -> SequencePlan:
+    """The block size and Revolve snapshots that recompute least within `memory`.
+
+    A chain of ``n`` steps under ``Revolve(ceil(n / k), c)`` over blocks of
+    ``k`` steps keeps ``c`` snapshots (``u_0`` included) and the tape of one
+    block, ``k * tape`` states; it evaluates ``k * t(ceil(n / k), c)`` steps
+    without grad besides the ``n`` taped ones (``t`` is Griewank's binomial
+    forward count).  This minimises that over ``k`` (``k = n / s`` with
+    ``c = s`` is ``checkpoint_sequential`` with ``s`` segments, so the plan
+    never recomputes more than the best ``checkpoint_sequential`` that fits).
+
+    **Arguments:**
+
+    - `steps`: ``n``.
+    - `memory`: the budget, in states (bytes of the state = 1): snapshots
+      plus one block's tape.  Allow ~2 more for the state in hand and the
+      cotangent.
+    - `tape`: the bytes autograd saves for one step, in states (an RNN cell
+      saves about one state: its ``tanh`` output; an MLP block more).
+
+    **Returns:** a :class:`SequencePlan`; ``ValueError`` if not even one
+    snapshot and a one-step tape fit.
+    """
+    n = int(steps)
+    if n < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    if not tape > 0:
+        raise ValueError(f"tape must be > 0, got {tape!r}")
+    best = None
+    k = 1
+    while k <= n and 1 + k * tape <= memory:
+        m = -(-n // k)
+        c = min(int(memory - k * tape), m)
+        evals = k * binomial_forward_count(m, c) if m > 1 else 0
+        cand = (evals, c + k * tape, k, c)
+        if best is None or cand < best:
+            best = cand
+        k += 1
+    if best is None:
+        raise ValueError(f"memory={memory} states cannot hold a snapshot and a one-step tape "
+                         f"of {tape} states")
+    evals, mem, k, c = best
+    return SequencePlan(block=k, snapshots=c, recomputed=evals, memory=mem)
+
+
+# -- the state and what step closes over -------------------------------------------------
+
+
+def _split_state(x):
+    """``(leaves, rebuild)`` for a tensor or a tuple/list of tensors."""
+    if isinstance(x, torch.Tensor):
+        return [x], None
+    if isinstance(x, (tuple, list)) and x and all(isinstance(t, torch.Tensor) for t in x):
+        kind = type(x)
+        if kind not in (tuple, list):  # named tuples: rebuild by position
+            return list(x), lambda leaves: kind(*leaves)
+        return list(x), kind
+    raise TypeError(f"checkpoint_sequence: the state must be a tensor or a tuple/list of "
+                    f"tensors (e.g. an LSTM's (h, c)), got {type(x).__name__}")
+
+
+def _tensors_in(obj, out: list, depth: int = 0) -> None:
+    """Tensors that require grad reachable from `obj`: a tensor, a module, a short
+    container of them, or a function / bound method / ``functools.partial`` whose
+    closure, owner or arguments hold them (a few levels deep)."""
+    if depth > 3:
+        return
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad:
+            out.append(obj)
+    elif isinstance(obj, torch.nn.Module):
+        out.extend(p for p in obj.parameters() if p.requires_grad)
+    elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+        for item in obj:
+            _tensors_in(item, out, depth + 1)
+    elif isinstance(obj, dict) and len(obj) <= 64:
+        for item in obj.values():
+            _tensors_in(item, out, depth + 1)
+    elif isinstance(obj, functools.partial):
+        _tensors_in(obj.func, out, depth + 1)
+        _tensors_in(obj.args, out, depth + 1)
+        _tensors_in(obj.keywords, out, depth + 1)
+    elif isinstance(obj, types.MethodType):
+        _tensors_in(obj.__self__, out, depth + 1)
+        _tensors_in(obj.__func__, out, depth + 1)
+    elif isinstance(obj, types.FunctionType):
+        for cell in obj.__closure__ or ():
+            try:
+                _tensors_in(cell.cell_contents, out, depth + 1)
+            except ValueError:  # an empty cell
+                pass
+        # Module-level functions name their model as a global.
+        glob = obj.__globals__
+        for name in obj.__code__.co_names:
+            value = glob.get(name)
+            if isinstance(value, (torch.Tensor, torch.nn.Module, types.FunctionType,
+                                  functools.partial)):
+                _tensors_in(value, out, depth + 1)
+    elif callable(obj) and isinstance(getattr(obj, "__dict__", None), dict) \
+            and not isinstance(obj, type):
+        # A callable object (a wrapper around a module): its attributes.
+        for value in list(obj.__dict__.values())[:64]:
+            if isinstance(value, (torch.Tensor, torch.nn.Module, types.FunctionType,
+                                  types.MethodType, functools.partial, list, tuple, dict)):
+                _tensors_in(value, out, depth + 1)
+
+
+def _collect_params(step, params) -> list[torch.Tensor]:
+    """The tensors step uses besides its argument, deduplicated, in a stable order."""
+    found: list[torch.Tensor] = []
+    _tensors_in(step, found)
+    if params is not None:
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        for i, p in enumerate(params):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"params[{i}] is a {type(p).__name__}; params= lists tensors "
+                                "(use list(module.parameters()) for a module)")
+        found.extend(p for p in params if p.requires_grad)
+    seen, out = set(), []
+    for p in found:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+# -- random number generators ------------------------------------------------------------
+
+
+def _rng_devices(tensors) -> list[int]:
+    return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+
+
+def _get_rng(devices):
+    cuda = [torch.cuda.get_rng_state(d) for d in devices]
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng(state, devices):
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    for d, s in zip(devices, cuda):
+        torch.cuda.set_rng_state(s, d)
+
+
+# -- the interpreter ---------------------------------------------------------------------
+
+
+class _Run:
+    """One forward/backward of a chain: the machine of
+    :mod:`~vlcc_adjoint.schedules.actions` over torch tensors."""
+
+    def __init__(self, step, n, block, schedule, store, own_store, inputs, rebuild,
+                 n_leaves, params, preserve_rng):
+        self.step = step
+        self.n = n
+        self.block = block
+        self.m = schedule.n_steps  # blocks
+        self.schedule = schedule
+        self.table = schedule.table
+        self.store = store
+        self.own_store = own_store
+        self.inputs = inputs  # per-step inputs (leading dim n), or None
+        self.rebuild = rebuild
+        self.n_leaves = n_leaves
+        self.params = params
+        self.preserve = preserve_rng
+        self.devices: list[int] = []
+        self.slots: dict[int, tuple] = {}  # level 0: step -> (tensors, versions)
+        self.rngs: dict[tuple[int, int], object] = {}
+        self.held: set = set()  # (step, store level) this run has in the store
+        self.cur = None  # the state in hand (list of tensors)
+        self.cur_step = -1
+        self.rng = None  # generator state belonging to the state in hand
+        self.tape = None  # (block, inputs, outputs) of the last block, taped in forward
+        self.final = None
+        self.final_rng = None
+        self.signature = None
+        self.calls = 0  # step evaluations (for tests and statistics)
+        self.checked = False
+        self.used = False
+        self.index = -1
+        self.lam = None
+        self.grad_inputs = None
+        self.grad_params = None
+
+    # -- one step, one block ---------------------------------------------------------
+
+    def _call(self, i: int, leaves: list, x_i=None):
+        u = leaves[0] if self.rebuild is None else self.rebuild(leaves)
+        if self.inputs is None:
+            out = self.step(u)
+        else:
+            out = self.step(self.inputs[i] if x_i is None else x_i, u)
+        self.calls += 1
+        if self.rebuild is None:
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"checkpoint_sequence: step {i} returned a "
+                                f"{type(out).__name__}; it must return the next state, a "
+                                "tensor like its input")
+            out = [out]
+        else:
+            if not isinstance(out, (tuple, list)) or len(out) != self.n_leaves:
+                raise TypeError(f"checkpoint_sequence: step {i} returned {type(out).__name__}; "
+                                f"it must return the next state, {self.n_leaves} tensors like "
+                                "its input")
+            out = list(out)
+        sig = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else None for t in out]
+        if sig != self.signature:
+            raise ValueError(f"checkpoint_sequence: step {i} returned a state of shapes/dtypes "
+                             f"{sig}, its input was {self.signature}; a step must map the state "
+                             "to a state of the same shapes and dtypes")
+        return out
+
+    def _advance(self, a: int, b: int):
+        """Blocks a .. b-1 under no_grad, from the state in hand."""
+        if self.preserve:
+            _set_rng(self.rng, self.devices)
+        leaves = self.cur
+        with torch.no_grad():
+            for i in range(a * self.block, min(b * self.block, self.n)):
+                leaves = self._call(i, leaves)
+        self.cur, self.cur_step = leaves, b
+        if self.preserve:
+            self.rng = _get_rng(self.devices)
+        if b == self.m and self.final is None:  # the sweep reached u_n (Online)
+            self.final = [t.detach() for t in leaves]
+            self.final_rng = self.rng
+
+    def _tape(self, j: int):
+        """Block j with grad, from detached copies of the state in hand:
+        ``(state inputs, per-step inputs of the block or None, outputs)``."""
+        if self.preserve:
+            _set_rng(self.rng, self.devices)
+        start, stop = j * self.block, min((j + 1) * self.block, self.n)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.is_floating_point() or t.is_complex())
+                      for t in self.cur]
+            xs = None
+            if self.inputs is not None and self.inputs.requires_grad:
+                xs = self.inputs[start:stop].detach().requires_grad_(True)
+            out = leaves
+            for i in range(start, stop):
+                out = self._call(i, out, None if xs is None else xs[i - start])
+        return leaves, xs, out
+
+    # -- storage -----------------------------------------------------------------------
+
+    def _save(self, i: int, level: int):
+        if self.cur_step != i:  # pragma: no cover - simulate() validated the table
+            raise RuntimeError(f"Save({i}, {level}) without u_{i} in hand")
+        if level == 0:
+            snap = [t.detach().clone() for t in self.cur]
+            self.slots[i] = (snap, [t._version for t in snap])
+        else:
+            self.store.save(i, [t.detach() for t in self.cur], level - 1)
+            self.held.add((i, level - 1))
+        self.rngs[(i, level)] = self.rng
+
+    def _load(self, i: int, level: int):
+        if level == 0:
+            snap, versions = self.slots[i]
+            if [t._version for t in snap] != versions:
+                raise RuntimeError(
+                    f"checkpoint_sequence: the snapshot of step {i * self.block} was modified in "
+                    "place; `step` must return a new state and leave its argument unchanged")
+            self.cur = snap
+        else:
+            loaded = self.store.load(i, level - 1)
+            self.cur = [t.to(d.device, non_blocking=True) for t, d in zip(loaded, self.like)]
+        self.cur_step = i
+        self.rng = self.rngs[(i, level)]
+
+    def _delete(self, i: int, level: int):
+        if level == 0:
+            del self.slots[i]
+        else:
+            self.store.delete(i, level - 1)
+            self.held.discard((i, level - 1))
+        del self.rngs[(i, level)]
+
+    def _move(self, i: int, src: int, dst: int):
+        if src >= 1 and dst >= 1:
+            self.store.move(i, src - 1, dst - 1)
+            self.held.discard((i, src - 1))
+            self.held.add((i, dst - 1))
+        elif src == 0:
+            snap, _ = self.slots.pop(i)
+            self.store.save(i, snap, dst - 1)
+            self.held.add((i, dst - 1))
+        else:
+            loaded = self.store.load(i, src - 1)
+            snap = [t.to(d.device) for t, d in zip(loaded, self.like)]
+            self.slots[i] = (snap, [t._version for t in snap])
+            self.store.delete(i, src - 1)
+            self.held.discard((i, src - 1))
+        self.rngs[(i, dst)] = self.rngs.pop((i, src))
+
+    # -- the passes --------------------------------------------------------------------
+
+    def _rows(self, start: int, stop: int):
+        t = self.table[start:stop]
+        return zip(range(start, stop), t["kind"].tolist(), t["a"].tolist(), t["b"].tolist(),
+                   t["level"].tolist(), t["dst"].tolist())
+
+    def _dispatch(self, kind, a, b, level, dst):
+        if kind == _ADVANCE:
+            self._advance(a, b)
+        elif kind == _SAVE:
+            self._save(a, level)
+        elif kind == _LOAD:
+            self._load(a, level)
+        elif kind == _DELETE:
+            self._delete(a, level)
+        elif kind == _MOVE:
+            self._move(a, level, dst)
+        elif kind == _REVERSE:
+            self._reverse(a)
+        else:  # pragma: no cover
+            raise ValueError(f"unknown action kind {kind} in the schedule table")
+
+    def forward(self, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.like = [t.detach() for t in leaves]
+        self.signature = [(t.shape, t.dtype) for t in leaves]
+        self.devices = _rng_devices(leaves)
+        if self.store is not None:
+            stale = _HELD.setdefault(self.store, set())
+            for step, level in sorted(stale):  # left by a run whose backward never ran
+                self.store.delete(step, level)
+            stale.clear()
+            self.held = stale
+        kinds = self.table["kind"]
+        rev = (kinds == _REVERSE).nonzero()[0]
+        self.split = int(rev[0]) if len(rev) else len(self.table)
+        self.cur, self.cur_step = [t.detach() for t in leaves], 0
+        if self.preserve:
+            self.rng = _get_rng(self.devices)
+        for self.index, kind, a, b, level, dst in self._rows(0, self.split):
+            self._dispatch(kind, a, b, level, dst)
+        if self.final is None:
+            # Holding u_{m-1} (Reverse(m-1) comes first): tape the last block
+            # now, the output is its result and Reverse(m-1) reuses the tape.
+            if self.cur_step != self.m - 1:  # pragma: no cover - simulate() validated
+                raise RuntimeError("the schedule's forward sweep does not end at the last step")
+            xin, xs, out = self._tape(self.m - 1)
+            self.tape = (self.m - 1, xin, xs, out)
+            self.final = [t.detach() for t in out]
+            self.final_rng = _get_rng(self.devices) if self.preserve else None
+        if self.preserve:  # the caller's generator ends where a plain loop leaves it
+            _set_rng(self.final_rng, self.devices)
+        return self.final
+
+    def backward(self, grads):
+        if self.used:
+            raise RuntimeError(
+                "checkpoint_sequence: its backward pass runs once per forward pass (the "
+                "schedule consumes its snapshots); run the forward pass again, or keep the "
+                "tapes with plain autograd if you need retain_graph=True")
+        self.used = True
+        self.lam = [None if g is None else g for g in grads]
+        self.grad_params = [None] * len(self.params)
+        if self.inputs is not None and self.inputs.requires_grad:
+            self.grad_inputs = torch.zeros_like(self.inputs)
+        with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
+            for self.index, kind, a, b, level, dst in self._rows(self.split, len(self.table)):
+                self._dispatch(kind, a, b, level, dst)
+        return self.lam, self.grad_inputs, self.grad_params
+
+    def _reverse(self, j: int):
+        if self.tape is not None and self.tape[0] == j:
+            _, xin, xs, out = self.tape
+            self.tape = None
+        else:
+            if self.cur_step != j:  # pragma: no cover - simulate() validated the table
+                raise RuntimeError(f"Reverse({j}) without u_{j} in hand")
+            xin, xs, out = self._tape(j)
+        self.cur, self.cur_step = None, -1
+        outs, cots = [], []
+        for o, g in zip(out, self.lam):
+            if g is not None and o.requires_grad:
+                outs.append(o)
+                cots.append(g)
+        if not self.checked:
+            self._check_closure(out, xin, xs)
+        wrt = [t for t in xin if t.requires_grad]
+        extra = [xs] if xs is not None else []
+        if not outs:  # the cotangent is zero from here back
+            self.lam = [None] * len(xin)
+            return
+        got = torch.autograd.grad(outs, wrt + extra + self.params, cots, allow_unused=True,
+                                  retain_graph=True)
+        it = iter(got[:len(wrt)])
+        self.lam = [next(it) if t.requires_grad else None for t in xin]
+        k = len(wrt)
+        if xs is not None:
+            g = got[k]
+            k += 1
+            if g is not None:
+                start = j * self.block
+                self.grad_inputs[start:start + g.shape[0]] += g
+        for p, g in enumerate(got[k:]):
+            if g is not None:
+                acc = self.grad_params[p]
+                self.grad_params[p] = g if acc is None else acc.add_(g)
+
+    def _check_closure(self, out, xin, xs):
+        """Raise if the tape reaches a leaf that requires grad and is not an input."""
+        self.checked = True
+        ours = {id(t) for t in xin} | {id(p) for p in self.params}
+        if xs is not None:
+            ours.add(id(xs))
+        stops = {p.grad_fn for p in self.params if p.grad_fn is not None}
+        stack = [o.grad_fn for o in out if o.grad_fn is not None]
+        seen = set()
+        while stack and len(seen) < _WALK_LIMIT:
+            node = stack.pop()
+            if node in seen or node in stops:
+                continue
+            seen.add(node)
+            var = getattr(node, "variable", None)
+            if var is not None and id(var) not in ours:
+                raise ValueError(
+                    f"checkpoint_sequence: `step` uses a tensor of shape {tuple(var.shape)} "
+                    f"and dtype {var.dtype} that requires grad but is not an input of the "
+                    "checkpointed sequence, so it would get no gradient; pass it with "
+                    "params=[...] (module parameters are found automatically when step is "
+                    "the module, a bound method of it, or a closure/partial over it)")
+            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+
+    def finish(self):
+        """Delete what this run left in the store; close the store if it is ours."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            for step, level in sorted(self.held):
+                store.delete(step, level)
+            self.held.clear()
+        finally:
+            if self.own_store:
+                store.close()
+
+
+class _Sequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, *tensors):
+        out = run.forward(tensors[:run.n_leaves])
+        ctx.run = run
+        ctx.n_leaves = run.n_leaves
+        ctx.n_inputs = 0 if run.inputs is None else 1
+        for t in out:
+            if not (t.is_floating_point() or t.is_complex()):
+                ctx.mark_non_differentiable(t)
+        return tuple(out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        run = ctx.run
+        if run is None:
+            raise RuntimeError(
+                "checkpoint_sequence: its backward pass runs once per forward pass (the "
+                "schedule consumes its snapshots); run the forward pass again, or keep the "
+                "tapes with plain autograd if you need retain_graph=True")
+        try:
+            lam, grad_inputs, grad_params = run.backward(grads)
+        finally:
+            ctx.run = None
+            run.finish()
+        head = list(lam) + ([grad_inputs] if ctx.n_inputs else [])
+        return (None, *head, *grad_params)
+
+
+def checkpoint_sequence(
+    step: Callable,
+    x,
+    steps: int,
+    *,
+    schedule: Schedule | None = None,
+    snapshots: int | None = None,
+    store=None,
+    block: int = 1,
+    inputs: torch.Tensor | None = None,
+    params: Sequence[torch.Tensor] | None = None,
+    preserve_rng_state: bool = True,
+):
+    """Apply `step` `steps` times, with a backward pass that follows a vlcc schedule.
+
+    ``u = x; for i in range(steps): u = step(u)`` (or ``u = step(inputs[i], u)``
+    with `inputs`, the calling convention of ``nn.RNNCell``/``GRUCell``/
+    ``LSTMCell``); returns ``u``.  The forward pass keeps only the
+    schedule's snapshots; the backward pass recomputes what it needs (see
+    the module docstring for the action-by-action semantics).
+
+    **Arguments:**
+
+    - `step`: an ``nn.Module`` or any callable mapping a state to a state of
+      the same shapes and dtypes.  It must be deterministic given its inputs
+      and the random generator state (dropout is fine, see
+      `preserve_rng_state`).
+    - `x`: the initial state: a tensor, or a tuple/list of tensors (an LSTM's
+      ``(h, c)``).
+    - `steps`: the number of steps ``n >= 1``.
+    - `schedule`: a :class:`~vlcc_adjoint.schedules.Schedule` for
+      ``ceil(steps / block)`` steps (``Revolve``, ``Multistage``, ``StoreAll``,
+      ...).  Default: ``Revolve(ceil(steps / block), snapshots)``.
+    - `snapshots`: the default Revolve's slots (default ``ceil(sqrt(n))``).
+    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` (without ``plan=``)
+      whose tier ``k - 1`` holds the schedule's level ``k >= 1``; default:
+      unbounded memory tiers.  Level 0 is always tensors on the state's
+      device.  A user's store is left open.
+    - `block`: steps per schedule step (taped together in one ``Reverse``);
+      ``StoreAll(ceil(n / block))`` with ``block = n / s`` is
+      ``checkpoint_sequential`` with ``s`` segments.
+    - `inputs`: optional per-step inputs, a tensor whose first dimension is
+      `steps`; ``step(inputs[i], u)`` is called.  It receives gradients.
+    - `params`: tensors `step` uses besides its arguments, to receive
+      gradients.  A module's parameters (when `step` is a module, a bound
+      method of one, or a closure / ``functools.partial`` over modules and
+      tensors) are found automatically.
+    - `preserve_rng_state`: replay the random generators during
+      recomputation (see the module docstring).
+
+    **Returns:** the final state ``u_n``, with the structure of `x`.
+
+    With grad disabled, or when nothing requires grad, this is the plain loop.
+    """
+    register_providers()
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an int >= 1, got {block!r}")
+    leaves, rebuild = _split_state(x)
+    if inputs is not None:
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < steps:
+            raise ValueError(f"inputs must be a tensor whose first dimension has at least "
+                             f"steps={steps} entries, got "
+                             f"{getattr(inputs, 'shape', type(inputs).__name__)}")
+    n_blocks = -(-steps // block)
+    schedule = _resolve_schedule(schedule, snapshots, n_blocks)
+    plist = _collect_params(step, params)
+    needs_grad = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in leaves) or bool(plist)
+        or (inputs is not None and inputs.requires_grad))
+    if not needs_grad:
+        u = x
+        for i in range(steps):
+            u = step(u) if inputs is None else step(inputs[i], u)
+        return u
+    stats = simulate(schedule)
+    levels = len(stats.peak_slots)
+    own_store = False
+    if levels > 1 and any(stats.peak_slots[1:]):
+        if store is None:
+            from ..storage import MemoryTier, TieredStore
+
+            store = TieredStore([MemoryTier() for _ in range(levels - 1)])
+            own_store = True
+        else:
+            _check_store(store, levels)
+    elif store is not None:
+        _check_store(store, 1)
+    run = _Run(step, steps, block, schedule, store if (own_store or levels > 1) else None,
+               own_store, inputs, rebuild, len(leaves), plist, preserve_rng_state)
+    tensors = [*leaves, *([inputs] if inputs is not None else []), *plist]
+    try:
+        out = _Sequence.apply(run, *tensors)
+    except BaseException:
+        run.finish()
+        raise
+    if own_store:
+        weakref.finalize(run, _close_quietly, store)
+    out = list(out)
+    return out[0] if rebuild is None else rebuild(out)
+
+
+def _close_quietly(store):
+    try:
+        store.close()
+    except Exception:  # pragma: no cover - at garbage collection, nobody to tell
+        pass
+
+
+def _check_store(store, levels: int):
+    tiers = getattr(store, "tiers", None)
+    if tiers is None or not all(hasattr(store, m) for m in ("save", "load", "delete", "move")):
+        raise TypeError(f"checkpoint_sequence: store must be a vlcc_adjoint.storage.TieredStore, "
+                        f"got {type(store).__name__}")
+    if len(tiers) < levels - 1:
+        raise ValueError(f"checkpoint_sequence: the schedule uses levels 1..{levels - 1} below "
+                         f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
+                         f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
+                         "tiers)")
+    if getattr(store, "_plan", None) is not None:
+        raise ValueError("checkpoint_sequence: build the TieredStore without plan=; its levels "
+                         "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
+                         "an io_plan of the whole schedule does not describe")
