@@ -338,6 +338,7 @@ def run_adjoint(
     stop: Callable[[Any, int], bool] | None = None,
     max_steps: int | None = None,
     check: bool = True,
+    comm=None,
 ) -> AdjointResult:
     """Run the forward sweep and the adjoint of a time loop under `schedule`.
 
@@ -363,6 +364,8 @@ def run_adjoint(
       ``RuntimeError`` (default: no limit).
     - `check`: verify that every step returns a state (and adjoint) of the
       initial structure, shapes and dtypes.
+    - `comm`: an mpi4py communicator: run SPMD on every rank of it, each on
+      its own partition (:func:`vlcc_adjoint.mpi.run_adjoint`).
 
     **Returns:** an :class:`AdjointResult`; ``result.adjoint`` is
     ``lambda_0``.
@@ -371,6 +374,11 @@ def run_adjoint(
     the wrong shape or dtype; any exception of the solver or the store,
     unchanged, with a note naming the step and the schedule action.
     """
+    if comm is not None:  # MPI sits above this layer: imported only when asked for
+        from .mpi import run_adjoint as run_spmd
+
+        return run_spmd(solver, schedule, u0, adj_final, store, progress, comm=comm, stop=stop,
+                        max_steps=max_steps, check=check)
     online = isinstance(schedule, Online) and schedule.n_steps is None
     if online:
         if stop is None:

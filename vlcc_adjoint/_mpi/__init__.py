@@ -1,0 +1,1 @@
+"""The implementation of :mod:`vlcc_adjoint.mpi` (see that module)."""

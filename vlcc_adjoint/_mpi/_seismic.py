@@ -1,0 +1,404 @@
+"""The seismic example decomposed in slabs: forward and exact adjoint on MPI.
+
+:class:`DistributedSeismic` is :class:`vlcc_adjoint._examples.seismic.SeismicProblem`
+(2-D acoustic wave, leapfrog, 4th-order Laplacian, damping sponge, Ricker
+source, a line of receivers) with the grid's rows (axis ``z``) split over
+the ranks.  The physics, models, time step and source come from a
+``SeismicProblem`` built with the same arguments on every rank, so the MPI
+gradient can be compared with the serial one number for number.
+
+Layout.  A rank holds rows ``[z0, z1)`` of every field, padded with
+``R = 2`` halo rows above and below (the stencil's radius):
+``(z1 - z0 + 4, nx)`` arrays whose interior rows are contiguous, so halo
+messages need no packing.  Halo rows at the top and bottom of the global
+grid stay zero: the serial code's ``u = 0`` outside the grid.
+
+Forward step (same arithmetic as the serial kernel, so bit-identical):
+start the halo exchange of ``u^k``; update the rows that need no halo;
+wait; update the two rows at each end; inject the source on the rank that
+owns it.
+
+Adjoint step (the transpose, in the order of ``_wave_adjoint``; see the
+serial module for the formulas ``alpha = -(1-e) a beta'``,
+``beta = alpha' + 2 a beta' + L(a c beta')``, ``dJ/dc += a beta' L(B)``):
+
+* ``L(a c beta')`` is a *transposed* stencil.  Each rank applies the
+  stencil to its own ``w = a c beta'`` (zero outside its block) on every
+  padded row, halo rows included: what lands in a halo row is the
+  contribution of this rank's ``w`` to the neighbour's points.
+  :meth:`~vlcc_adjoint.mpi.HaloExchange.accumulate` (the transpose of the
+  halo copy) adds those rows into the neighbour's boundary rows.  Only
+  the summation order at the two rows next to a block boundary differs
+  from the serial kernel: the gradient agrees to rounding.
+* ``L(B)`` (the imaging condition) is a forward stencil on the state:
+  an ordinary halo exchange of ``B = u_i``.
+* Rows that need neither message are updated while both are in flight.
+
+The velocity gradient stays distributed (:attr:`DistributedSeismic.gradient`
+is a :class:`~vlcc_adjoint.mpi.DistributedArray`) or is gathered
+(:meth:`DistributedSeismic.gather_gradient`).  Receivers and the source
+live on the ranks that own their rows; observed data is simulated by a
+distributed forward sweep in the true model (each rank records its own
+receivers), so no rank ever holds a global field during a run.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .._examples.seismic import _C0, _C1, _C2, _R, _S, SeismicProblem, WaveState, _fill_row
+from ._decomp import Decomposition, DistributedArray
+from ._halo import HaloExchange
+
+__all__ = ["DistributedSeismic"]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _forward_rows(prev, curr, cv, a_tab, b_tab, row_id, ring, j0, j1):
+    """Rows ``j0 .. j1-1`` (interior numbering) of one leapfrog step, in place
+    in ``prev``; ``curr`` is padded by R rows (halos filled)."""
+    nx = curr.shape[1]
+    for p in range(j0, j0 + 2 * _R):  # padded rows j0-R+R .. j0+R-1+R
+        _fill_row(ring, p % _S, curr, p)
+    for j in range(j0, j1):
+        p = j + _R
+        _fill_row(ring, (p + _R) % _S, curr, p + _R)
+        rm2 = ring[(p - 2) % _S]
+        rm1 = ring[(p - 1) % _S]
+        r0 = ring[p % _S]
+        rp1 = ring[(p + 1) % _S]
+        rp2 = ring[(p + 2) % _S]
+        pj = prev[p]
+        cvj = cv[j]
+        aj = a_tab[row_id[j]]
+        bj = b_tab[row_id[j]]
+        for i in range(nx):
+            k = i + _R
+            lap = (_C0 * r0[k]
+                   + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
+                   + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
+            pj[i] = aj[i] * (2.0 * r0[k] + cvj[i] * lap) - bj[i] * pj[i]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _weight(w, beta, cv, a_tab, row_id):
+    """``w = a c beta`` on the interior rows of the padded ``w`` (halos zero)."""
+    nl = cv.shape[0]
+    nx = cv.shape[1]
+    for j in range(nl):
+        p = j + _R
+        ar = a_tab[row_id[j]]
+        for i in range(nx):
+            w[p, i] = ar[i] * cv[j, i] * beta[p, i]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _stencil(out, field, ring, p0, p1):
+    """``out[p] = L(field)[p]`` for padded rows ``p0 .. p1-1``; rows outside
+    ``field`` are zero."""
+    nx = field.shape[1]
+    for p in range(p0 - _R, p0 + _R):
+        _fill_row(ring, (p + _S) % _S, field, p)
+    for p in range(p0, p1):
+        _fill_row(ring, (p + _R) % _S, field, p + _R)
+        rm2 = ring[(p - 2 + _S) % _S]
+        rm1 = ring[(p - 1 + _S) % _S]
+        r0 = ring[p % _S]
+        rp1 = ring[(p + 1) % _S]
+        rp2 = ring[(p + 2) % _S]
+        o = out[p]
+        for i in range(nx):
+            k = i + _R
+            o[i] = (_C0 * r0[k]
+                    + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
+                    + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _adjoint_rows(alpha, beta, curr, lapw, a_tab, b_tab, row_id, bring, gacc, j0, j1):
+    """Rows ``j0 .. j1-1`` of the adjoint update, given ``lapw = L(a c beta')``
+    (complete on those rows) and ``curr`` = B with its halos filled."""
+    nx = curr.shape[1]
+    for p in range(j0, j0 + 2 * _R):
+        _fill_row(bring, p % _S, curr, p)
+    for j in range(j0, j1):
+        p = j + _R
+        _fill_row(bring, (p + _R) % _S, curr, p + _R)
+        bm2 = bring[(p - 2) % _S]
+        bm1 = bring[(p - 1) % _S]
+        b0 = bring[p % _S]
+        bp1 = bring[(p + 1) % _S]
+        bp2 = bring[(p + 2) % _S]
+        aj = alpha[p]
+        bj = beta[p]
+        lw = lapw[p]
+        gj = gacc[j]
+        ar = a_tab[row_id[j]]
+        br = b_tab[row_id[j]]
+        for i in range(nx):
+            k = i + _R
+            lapb = (_C0 * b0[k]
+                    + _C1 * (b0[k - 1] + b0[k + 1] + bm1[k] + bp1[k])
+                    + _C2 * (b0[k - 2] + b0[k + 2] + bm2[k] + bp2[k]))
+            bt = bj[i]
+            abt = ar[i] * bt
+            aj[i] = aj[i] + 2.0 * abt + lw[i]
+            bj[i] = -br[i] * bt
+            gj[i] += abt * lapb
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _record_local(curr, rec_p, rec_x, out, k):
+    for r in range(rec_p.size):
+        out[k, r] = curr[rec_p[r], rec_x[r]]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _misfit_local(curr, rec_p, rec_x, dobs, k):
+    s = 0.0
+    for r in range(rec_p.size):
+        d = curr[rec_p[r], rec_x[r]] - dobs[k, r]
+        s += d * d
+    return 0.5 * s
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _inject_local(adj_curr, curr, rec_p, rec_x, dobs, k, scale):
+    for r in range(rec_p.size):
+        adj_curr[rec_p[r], rec_x[r]] += scale * (curr[rec_p[r], rec_x[r]] - dobs[k, r])
+
+
+class DistributedSeismic:
+    """:class:`~vlcc_adjoint._examples.seismic.SeismicProblem` on slabs of rows, one per rank.
+
+    A solver for ``vlcc_adjoint.mpi.run_adjoint`` (and
+    ``run_adjoint(..., comm=comm)``): states are this rank's
+    :class:`~vlcc_adjoint._examples.seismic.WaveState` with halo-padded
+    arrays; ``on_save`` stores the interior blocks as
+    :class:`~vlcc_adjoint.mpi.DistributedArray` (so checkpoints know their
+    place in the global grid), ``on_load`` copies them back.
+
+    **Arguments:**
+
+    - `comm`: the mpi4py communicator (construction is collective).
+    - `decomposition`: how rows are split (a :class:`Decomposition` of
+      ``(nz, nx)`` with one rank along ``x``); default
+      ``Decomposition.split((nz, nx), (size, 1))``, Devito's rule.  Every
+      block needs at least 2 rows.
+    - `**problem`: the arguments of ``SeismicProblem`` (``nx``, ``nz``,
+      ``nt``, ``dx``, ``f0``, ``courant``, ``nbl``, models, ``src``,
+      ``receivers``).
+    """
+
+    restore_in_place = True
+
+    def __init__(self, comm, decomposition: Decomposition | None = None, **problem):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        p = SeismicProblem(**problem)
+        self.problem = p
+        self.nx, self.nz, self.nt, self.dt = p.nx, p.nz, p.nt, p.dt
+        self.n_steps = p.nt
+        if decomposition is None:
+            decomposition = Decomposition.split((p.nz, p.nx), (self.size, 1))
+        if decomposition.global_shape != (p.nz, p.nx) or decomposition.dims != (self.size, 1):
+            raise ValueError(f"the decomposition must split the rows of the ({p.nz}, {p.nx}) grid "
+                             f"over {self.size} ranks (dims ({self.size}, 1)), got {decomposition!r}")
+        self.decomposition = decomposition
+        (self.z0, self.z1), _ = decomposition.block(self.rank)
+        self.nl = self.z1 - self.z0
+        self.halo = HaloExchange(comm, decomposition, (_R, 0))
+        rows = slice(self.z0, self.z1)
+        self._row_id = np.ascontiguousarray(p._row_id[rows])
+        self._a_tab, self._b_tab = p._a_tab, p._b_tab
+        self._src_values = p._src_values
+        self._own_src = self.z0 <= p.src_z < self.z1
+        self._src_p = p.src_z - self.z0 + _R
+        mine = (p.rec_z >= self.z0) & (p.rec_z < self.z1)
+        self.receivers = np.flatnonzero(mine)  # indices into the global receiver list
+        self._rec_p = np.ascontiguousarray(p.rec_z[mine] - self.z0 + _R, dtype=np.int64)
+        self._rec_x = np.ascontiguousarray(p.rec_x[mine], dtype=np.int64)
+        ring = (_S, p.nx + 2 * _R)
+        self._fring = np.zeros(ring)
+        self._wring = np.zeros(ring)
+        self._bring = np.zeros(ring)
+        self._w = self.halo.empty()
+        self._lapw = self.halo.empty()
+        self._gacc = np.zeros((self.nl, p.nx))
+        self._d_obs = None
+        self.last_run = None
+        self.set_model(p.v_background)
+
+    # ------------------------------------------------------------- models
+    def set_model(self, v: np.ndarray) -> None:
+        """Make the global model `v` (``(nz, nx)``, replicated) current; zero the gradient."""
+        self.problem.set_model(v)
+        self._v = np.ascontiguousarray(self.problem.v[self.z0:self.z1])
+        self._cvcur = np.ascontiguousarray(self.problem._cvcur[self.z0:self.z1])
+        self.reset_gradient()
+
+    def reset_gradient(self) -> None:
+        self._gacc[...] = 0.0
+
+    @property
+    def d_obs(self) -> np.ndarray:
+        """This rank's receivers' observed traces, ``(nt + 1, n_local_receivers)``."""
+        if self._d_obs is None:
+            cv = np.ascontiguousarray(self.problem._cv(self.problem.v_true)[self.z0:self.z1])
+            self._d_obs = self._sweep(cv)
+        return self._d_obs
+
+    # --------------------------------------------------------- the protocol
+    def initial_state(self) -> WaveState:
+        return WaveState(self.halo.empty(), self.halo.empty())
+
+    def copy(self, state: WaveState) -> WaveState:
+        return WaveState(state.prev.copy(), state.curr.copy())
+
+    def _step(self, state: WaveState, cv, src_value) -> None:
+        nl = self.nl
+        pending = self.halo.start(state.curr)
+        inner = nl > 2 * _R
+        if inner:
+            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                          self._fring, _R, nl - _R)
+        pending.wait()
+        if inner:
+            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                          self._fring, 0, _R)
+            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                          self._fring, nl - _R, nl)
+        else:
+            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                          self._fring, 0, nl)
+        if self._own_src:
+            j = self.problem.src_z - self.z0
+            sx = self.problem.src_x
+            state.prev[self._src_p, sx] += self._a_tab[self._row_id[j], sx] * src_value
+        state.prev, state.curr = state.curr, state.prev
+
+    def forward(self, state: WaveState, step: int) -> WaveState:
+        """Forward step `step` on this rank's slab (in place; exchanges halos)."""
+        self._step(state, self._cvcur, self._src_values[step])
+        return state
+
+    def forward_many(self, state: WaveState, start: int, stop: int) -> WaveState:
+        for step in range(start, stop):
+            self._step(state, self._cvcur, self._src_values[step])
+        return state
+
+    def adjoint(self, state: WaveState, adj: WaveState, step: int) -> WaveState:
+        """Adjoint step `step`: the transpose of :meth:`forward`, plus the
+        imaging condition and this rank's receiver residuals."""
+        nl = self.nl
+        B = state.curr
+        alpha, beta = adj.prev, adj.curr
+        pending_b = self.halo.start(B)  # L(B) needs B's halo rows
+        _weight(self._w, beta, self._cvcur, self._a_tab, self._row_id)
+        _stencil(self._lapw, self._w, self._wring, 0, nl + 2 * _R)
+        pending_w = self.halo.start_accumulate(self._lapw)  # the transposed halo copy
+        inner = nl > 2 * _R
+        if inner:
+            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
+                          self._bring, self._gacc, _R, nl - _R)
+        pending_b.wait()
+        pending_w.wait()
+        if inner:
+            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
+                          self._bring, self._gacc, 0, _R)
+            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
+                          self._bring, self._gacc, nl - _R, nl)
+        else:
+            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
+                          self._bring, self._gacc, 0, nl)
+        adj.prev, adj.curr = beta, alpha
+        _inject_local(adj.curr, B, self._rec_p, self._rec_x, self.d_obs, step, self.dt)
+        return adj
+
+    def final_adjoint(self, state: WaveState) -> WaveState:
+        """``lambda_n = dJ/du_n`` on this rank's slab."""
+        adj = WaveState(self.halo.empty(), self.halo.empty())
+        _inject_local(adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt, self.dt)
+        return adj
+
+    def on_save(self, state: WaveState, step: int) -> dict:
+        """The interior blocks, placed in the global grid."""
+        d, r = self.decomposition, self.rank
+        return {"prev": DistributedArray(state.prev[_R:_R + self.nl], d, r),
+                "curr": DistributedArray(state.curr[_R:_R + self.nl], d, r)}
+
+    def on_load(self, stored: dict, step: int, out: WaveState | None) -> WaveState:
+        if out is None:
+            out = self.initial_state()
+        out.prev[_R:_R + self.nl] = stored["prev"].local
+        out.curr[_R:_R + self.nl] = stored["curr"].local
+        return out
+
+    # ----------------------------------------------------------- gradients
+    @property
+    def gradient(self) -> DistributedArray:
+        """This rank's block of ``dJ/dv``."""
+        return DistributedArray(self._gacc * (2.0 * self._cvcur / self._v), self.decomposition,
+                                self.rank)
+
+    def gather_gradient(self, root: int = 0) -> np.ndarray | None:
+        """The global ``dJ/dv`` on rank `root` (``None`` elsewhere).  Collective."""
+        return self.gradient.gather(self.comm, root)
+
+    def _sweep(self, cv, dobs=None):
+        """A forward run in model `cv` (local rows): this rank's traces, or
+        (with `dobs`) the global misfit ``J`` (an allreduce)."""
+        state = self.initial_state()
+        traces = np.zeros((self.nt + 1, self._rec_p.size)) if dobs is None else None
+        total = 0.0
+        for k in range(self.nt + 1):
+            if k > 0:
+                self._step(state, cv, self._src_values[k - 1])
+            if dobs is None:
+                _record_local(state.curr, self._rec_p, self._rec_x, traces, k)
+            else:
+                total += _misfit_local(state.curr, self._rec_p, self._rec_x, dobs, k)
+        if dobs is None:
+            return traces
+        return self.comm.allreduce(total) * self.dt
+
+    def objective(self) -> float:
+        """``J`` at the current model (collective; the same value on every rank)."""
+        return self._sweep(self._cvcur, self.d_obs)
+
+    def gradient_with(self, schedule, store=None, progress: bool = False, **run_options):
+        """``dJ/dv`` (this rank's :class:`DistributedArray` block) through
+        ``vlcc_adjoint.mpi.run_adjoint`` under `schedule`; the run's result is
+        kept in :attr:`last_run`."""
+        from ._run import run_adjoint
+
+        self.reset_gradient()
+        self.d_obs  # noqa: B018 - simulate the observed data before the run, on every rank
+        self.last_run = run_adjoint(self, schedule, self.initial_state(), self.final_adjoint,
+                                    store=store, progress=progress, comm=self.comm, **run_options)
+        return self.gradient
+
+    def __repr__(self) -> str:
+        return (f"DistributedSeismic(rank={self.rank}/{self.size}, rows={self.z0}:{self.z1}, "
+                f"nz={self.nz}, nx={self.nx}, nt={self.nt})")
+
+
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) the kernels once, without MPI."""
+    prev = np.zeros((8, 6))
+    curr = np.zeros((8, 6))
+    cv = np.zeros((4, 6))
+    tab = np.ones((1, 6))
+    rid = np.zeros(4, np.int64)
+    ring = np.zeros((_S, 6 + 2 * _R))
+    _forward_rows(prev, curr, cv, tab, tab, rid, ring, 0, 4)
+    _weight(prev, curr, cv, tab, rid)
+    _stencil(prev, curr, ring, 0, 8)
+    _adjoint_rows(prev, curr, curr, prev, tab, tab, rid, ring, cv, 0, 4)
+    idx = np.zeros(1, np.int64) + 2
+    out = np.zeros((1, 1))
+    _record_local(curr, idx, idx, out, 0)
+    _misfit_local(curr, idx, idx, out, 0)
+    _inject_local(prev, curr, idx, idx, out, 0, 1.0)

@@ -1,0 +1,790 @@
+"""One zarr v3 hierarchy shared by all ranks: each rank writes its own chunks.
+
+:class:`SharedZarrTier` is the per-rank persistent level of a distributed
+run.  Every rank holds one; they all write into the same directory (a
+parallel file system in production), and the result is one ordinary zarr
+v3 hierarchy in which every distributed leaf is **one global array**::
+
+    path/zarr.json                      root group   {"vlcc_adjoint": {"kind": "vlcc-distributed-hierarchy"}}
+    path/<name>/zarr.json               a committed record (written by rank 0 at commit):
+                                        {"vlcc_adjoint": {"kind": "vlcc-distributed-record",
+                                         "key", "step", "nranks", "spec", "leaves": [...]}}
+    path/<name>/<i>/zarr.json           leaf i: global shape, regular chunk grid (rank 0)
+    path/<name>/<i>/c.<j>.<k>           a chunk, written by the one rank whose block holds it
+    path/<name>/xxh3/<i>/zarr.json      uint64 array, one xxh3-64 per chunk of leaf i (rank 0,
+    path/<name>/xxh3/<i>/c.0.0            at commit): what readers of other blocks verify
+    path/.vlcc-pending/<name>/...       records being written, deleted or not yet committed
+
+``<name>`` is the engine's record key plus a token of the run that wrote it
+(``u40-L1-3.5f0c2a``), so runs never collide.  Leaves that are not
+:class:`~vlcc_adjoint.mpi.DistributedArray` blocks are *replicated*: every
+rank must hold the same value (checked at commit), rank 0 writes it as one
+chunk, and each rank keeps its own copy in memory for its own reads (so
+replicated leaves should be small: scalars, time, a step counter).
+
+Rules that make concurrent writers safe
+---------------------------------------
+
+* **No two ranks write the same object.**  The chunk grid of a leaf is
+  aligned to the decomposition the record is written in (its chunk length
+  divides every interior block boundary, :mod:`._decomp`), so every chunk
+  lies inside one rank's block and only that rank writes it.  Sharding is
+  not used: with zarr 3.1, two processes writing inner chunks of one shard
+  each rewrite the whole shard and one of them silently loses its data.
+* **Only rank 0 writes metadata**: the leaf arrays' ``zarr.json`` while it
+  writes its own part, the record's ``zarr.json`` and checksum arrays at
+  commit.  Other ranks only ``mkdir -p`` the directories they write into.
+* **Collective commit.**  Ranks write on their engine's worker threads,
+  with no MPI there.  A record becomes visible only through
+  :meth:`SharedZarrTier.commit`, collective, called by the store from the
+  caller's thread after every rank flushed its writes: an agreement
+  (reduction of status flags: a failure on any rank is the same
+  :class:`~._comm.AgreedError` on all), a consistency check (a hash of
+  every rank's record names, global specs and replicated-leaf checksums,
+  compared by a min/max reduction), a gather of the chunk checksums to
+  rank 0, which writes them and the record's ``zarr.json`` and renames
+  the record from ``.vlcc-pending/`` into place (one atomic rename per
+  record), and a second agreement so that every rank knows the outcome.
+  A crash at any point leaves committed records intact and the rest under
+  ``.vlcc-pending/``, which the next open removes.
+* **Deletes of committed records are deferred** to the next commit (the
+  engine deletes on a worker thread, where ranks cannot coordinate): rank 0
+  un-commits the record (rename into ``.vlcc-pending/``), then every rank
+  unlinks its own chunks.  Until then the record's bytes stay on disk but
+  no longer count in ``used_bytes``.  A rank deletes its chunks of an
+  uncommitted record at once; the directories, which several ranks share,
+  are swept by rank 0 at the next commit, when no rank is writing.
+
+Readers: :func:`read_checkpoint` restores a committed record on any number
+of ranks ``Q`` (each reads the chunks that overlap its block, verifying
+their checksums), or serially; plain ``zarr.open_group(path)`` sees each
+leaf as the global array.  Neither needs MPI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import xxhash
+
+from ..state import byte_view, dtype_from_json, dtype_to_json, unflatten
+from ..storage import CorruptCheckpointError, Record, StorageError, Tier
+from ..storage._checksum import (check_capacity, check_record, corrupt, encode_spec, full,
+                                 leaf_checksum, step_of)
+from ..storage._zarr import _array_meta, _fsync_dir, _remedy, _write_file, _zarr_type
+from ._decomp import Decomposition, distributed_nodes
+
+__all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
+
+FORMAT = 1
+HIERARCHY = "vlcc-distributed-hierarchy"
+RECORD = "vlcc-distributed-record"
+PENDING = ".vlcc-pending"
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _chunk_name(idx) -> str:
+    return "c" + "".join(f".{int(i)}" for i in idx)
+
+
+def _leaf_meta(dtype: np.dtype, shape, chunk_shape) -> bytes:
+    """A global leaf array's ``zarr.json``: ZarrTier's, with a chunk grid."""
+    if _zarr_type(dtype) is None:
+        raise TypeError(
+            f"a DistributedArray of dtype {dtype} cannot be stored as a zarr v3 array; use a "
+            "numeric or bool dtype (zarr v3 core types) for distributed leaves")
+    meta = json.loads(_array_meta(dtype, tuple(shape))[0])
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [int(c) for c in chunk_shape]
+    return json.dumps(meta, separators=(",", ":")).encode()
+
+
+def _xxh(data) -> int:
+    view = memoryview(data).cast("B")
+    return xxhash.xxh3_64_intdigest(view)
+
+
+def _global_spec(spec: dict, dist: dict) -> dict:
+    """The spec with every distributed leaf's shape made global and its
+    DistributedArray node stripped of the rank."""
+    out = json.loads(json.dumps(spec))
+    for node in distributed_nodes(out["tree"]):
+        aux = node["aux"]
+        node["aux"] = {"decomposition": aux["decomposition"]}
+    for i, d in dist.items():
+        out["leaves"][i]["shape"] = list(d.global_shape)
+    return out
+
+
+def _local_spec(global_spec: dict, targets: dict, rank: int) -> dict:
+    """A reader's spec: distributed leaves get its decomposition and block."""
+    out = json.loads(json.dumps(global_spec))
+    for node in distributed_nodes(out["tree"]):
+        i = node["items"][0]["leaf"]
+        d = targets[i]
+        node["aux"] = {"decomposition": d.to_json(), "rank": rank}
+        out["leaves"][i]["shape"] = list(d.local_shape(rank))
+    return out
+
+
+def _spec_distribution(spec: dict) -> dict[int, tuple[Decomposition, int]]:
+    out = {}
+    for node in distributed_nodes(spec["tree"]):
+        i = node["items"][0]["leaf"]
+        out[i] = (Decomposition.from_json(node["aux"]["decomposition"]), node["aux"]["rank"])
+    return out
+
+
+class _Leaf:
+    __slots__ = ("dtype", "shape", "decomp", "chunk_shape", "chunks", "replica", "checksum", "meta")
+
+    def __init__(self, dtype, shape, decomp=None, chunk_shape=None):
+        self.dtype = dtype
+        self.shape = tuple(shape)  # the global shape (= local for a replicated leaf)
+        self.decomp = decomp  # None: replicated
+        self.chunk_shape = chunk_shape
+        self.chunks: list[tuple[tuple[int, ...], int]] = []  # (chunk index, xxh3) this rank wrote
+        self.replica = None  # a replicated leaf's array
+        self.checksum = None
+        self.meta = None  # replicated leaf: (zarr.json, chunk name)
+
+
+class _Part:
+    """This rank's part of one record."""
+
+    __slots__ = ("key", "name", "spec", "global_json", "leaves", "checksums", "nbytes", "committed",
+                 "fingerprint")
+
+    def __init__(self, key, name, spec, global_json, leaves, checksums, nbytes):
+        self.key = key
+        self.name = name
+        self.spec = spec
+        self.global_json = global_json
+        self.leaves = leaves
+        self.checksums = checksums
+        self.nbytes = nbytes
+        self.committed = False
+
+
+class SharedZarrTier(Tier):
+    """A rank's view of one zarr v3 hierarchy shared by all ranks.
+
+    **Arguments:**
+
+    - `path`: the hierarchy's directory, the same on every rank (a shared
+      file system across nodes).  Created if missing; committed records of
+      earlier runs stay, uncommitted leftovers are removed.
+    - `comm`: the mpi4py communicator of the run.  Opening is collective
+      (rank 0 creates the hierarchy, then everyone proceeds).
+    - `capacity_bytes`: the most bytes this rank may write (its chunks, and
+      for rank 0 the metadata); ``None``: unbounded.
+    - `durable`: fsync every chunk and directory before a record counts as
+      written (a committed record then survives a power cut).
+    - `timeout`: seconds the opening handshake may wait for the other ranks.
+    - `name`: the tier's name in messages.
+
+    Use it as a level of a :class:`~vlcc_adjoint.mpi.DistributedStore`,
+    which redistributes states to a chunk-aligned layout and commits
+    collectively.  ``put``/``get``/``delete`` are rank-local and run on the
+    engine's worker threads.
+    """
+
+    def __init__(self, path, comm, capacity_bytes: int | None = None, *, durable: bool = False,
+                 timeout: float | None = 600.0, name: str | None = None):
+        from ._comm import Guard
+
+        self.path = os.path.abspath(os.fspath(path))
+        self.capacity_bytes = check_capacity(capacity_bytes)
+        self.durable = bool(durable)
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.name = name or f"shared-zarr:{self.path}"
+        self._pending = os.path.join(self.path, PENDING)
+        self._lock = threading.Lock()
+        self._index: dict[str, _Part] = {}
+        self._used = 0
+        self._doomed: list[_Part] = []  # committed, then deleted: removed at the next commit
+        self._writing = 0  # puts in flight
+        self.doomed_bytes = 0
+        guard = Guard(comm, timeout)
+        try:
+            error, token = None, None
+            if self.rank == 0:
+                try:
+                    self._create()
+                    token = secrets.token_hex(3)
+                except Exception as exc:  # reported to every rank below
+                    error = exc
+            guard.agree(error, f"opening the shared zarr hierarchy {self.path}")
+            self.run = guard.bcast_text(token, 0, "opening the shared zarr hierarchy")
+        finally:
+            guard.close()
+
+    def _create(self) -> None:
+        root = os.path.join(self.path, "zarr.json")
+        os.makedirs(self.path, exist_ok=True)
+        if os.path.exists(root):
+            with open(root, "rb") as f:
+                doc = json.loads(f.read())
+            attrs = (doc.get("attributes") or {}).get("vlcc_adjoint") if isinstance(doc, dict) else None
+            if not (isinstance(attrs, dict) and attrs.get("kind") == HIERARCHY):
+                raise StorageError(f"{self.path} is a zarr hierarchy but not a distributed "
+                                   "vlcc_adjoint one; give SharedZarrTier a new or empty directory")
+        else:
+            if any(True for _ in os.scandir(self.path)):
+                raise StorageError(f"{self.path} exists, is not empty and is not a zarr v3 group; "
+                                   "give SharedZarrTier a new or empty directory")
+            self._write_json(root, {"zarr_format": 3, "node_type": "group", "attributes": {
+                "vlcc_adjoint": {
+                    "format": FORMAT, "kind": HIERARCHY,
+                    "layout": "one group per committed checkpoint record; leaf i of record K is "
+                              "the global array K/i, each chunk written by the rank owning it; "
+                              "K/xxh3/i holds the chunks' xxh3-64 checksums",
+                }}})
+        shutil.rmtree(self._pending, ignore_errors=True)  # an interrupted run's leftovers
+        os.mkdir(self._pending)
+        self._write_json(os.path.join(self._pending, "zarr.json"), {
+            "zarr_format": 3, "node_type": "group",
+            "attributes": {"vlcc_adjoint": "records being written or deleted; never read these"}})
+        if self.durable:
+            _fsync_dir(self.path)
+
+    def _write_json(self, path: str, obj) -> None:
+        tmp = path + ".tmp"
+        _write_file(tmp, json.dumps(obj, separators=(",", ":")).encode(), self.durable,
+                    truncate=True)
+        os.replace(tmp, path)
+
+    # -- the Tier protocol ----------------------------------------------------------
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def _dir(self, part: _Part) -> str:
+        if part.committed:
+            return os.path.join(self.path, part.name)
+        return os.path.join(self._pending, part.name)
+
+    def put(self, key: str, record: Record) -> None:
+        """Write this rank's part of `record` (its chunks; rank 0 also the
+        metadata and the replicated leaves) under ``.vlcc-pending/``.
+
+        The record is visible to readers after the next :meth:`commit`.
+        """
+        check_record(key, record)
+        spec = record.spec
+        spec_json = encode_spec(key, spec)
+        dist = _spec_distribution(spec)
+        leaves, need = [], 0
+        for i, leaf in enumerate(record.leaves):
+            if i in dist:
+                d, r = dist[i]
+                if r != self.rank or d.nranks != self.size:
+                    raise ValueError(
+                        f"leaf {i} of record {key!r} is rank {r}'s block of a {d.nranks}-rank "
+                        f"decomposition, but this tier is rank {self.rank} of {self.size}; save "
+                        "each rank's own DistributedArray, decomposed over the tier's communicator")
+                if _zarr_type(leaf.dtype) is None:
+                    raise TypeError(
+                        f"leaf {i} of record {key!r} is a DistributedArray of dtype {leaf.dtype}, "
+                        "which is not a zarr v3 core type; use a numeric or bool dtype for "
+                        "distributed leaves")
+                info = _Leaf(leaf.dtype, d.global_shape, d, d.chunk_shape)
+                n_chunks = sum(1 for _ in d.chunks_of(self.rank, info.chunk_shape))
+                need += n_chunks * int(np.prod(info.chunk_shape)) * leaf.dtype.itemsize
+                if self.rank == 0:
+                    info.meta = _leaf_meta(leaf.dtype, d.global_shape, info.chunk_shape)
+                    need += len(info.meta)
+            else:
+                info = _Leaf(leaf.dtype, leaf.shape)
+                info.replica = leaf
+                info.checksum = record.checksums[i]
+                if self.rank == 0:
+                    info.meta = _array_meta(leaf.dtype, leaf.shape)
+                    need += leaf.nbytes + len(info.meta[0])
+            leaves.append(info)
+        global_json = json.dumps(_global_spec(spec, {i: d for i, (d, _) in dist.items()}),
+                                 sort_keys=True, separators=(",", ":"))
+        name = f"{key}.{self.run}"
+        part = _Part(key, name, spec, global_json, leaves, record.checksums, need)
+        with self._lock:
+            if key in self._index:
+                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+            if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
+                raise full(key, self.name, need, self._used, self.capacity_bytes)
+            self._used += need
+            self._index[key] = part  # reserved; get() is only called after put returns
+            self._writing += 1
+        try:
+            self._write_part(part, record)
+        except BaseException as err:
+            self._remove_files(part)
+            with self._lock:
+                self._index.pop(key, None)
+                self._used -= need
+                self._writing -= 1
+            if isinstance(err, OSError):
+                raise StorageError(
+                    f"rank {self.rank} could not write its part of record {key!r} to "
+                    f"{self.name!r}: {err}; nothing was stored ({_remedy(err)})") from err
+            raise
+        with self._lock:
+            self._writing -= 1
+
+    def _write_part(self, part: _Part, record: Record) -> None:
+        base = os.path.join(self._pending, part.name)
+        durable = self.durable
+        for i, (info, leaf) in enumerate(zip(part.leaves, record.leaves)):
+            leaf_dir = os.path.join(base, str(i))
+            if info.decomp is not None:
+                chunks = list(info.decomp.chunks_of(self.rank, info.chunk_shape))
+                if not chunks and self.rank != 0:
+                    continue
+                os.makedirs(leaf_dir, exist_ok=True)
+                if info.meta is not None:
+                    _write_file(os.path.join(leaf_dir, "zarr.json"), info.meta, durable, True)
+                origin = info.decomp.offsets(self.rank)
+                c = info.chunk_shape
+                for idx in chunks:
+                    lo = [k * ck for k, ck in zip(idx, c)]
+                    hi = [min(l + ck, n) for l, ck, n in zip(lo, c, info.shape)]
+                    part_view = leaf[tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))]
+                    if tuple(b - a for a, b in zip(lo, hi)) != tuple(c):
+                        # An edge chunk: zarr stores every chunk at the full chunk
+                        # shape, the part outside the array holding the fill value.
+                        padded = np.zeros(c, leaf.dtype)
+                        padded[tuple(slice(0, b - a) for a, b in zip(lo, hi))] = part_view
+                        part_view = padded
+                    data = np.ascontiguousarray(part_view)
+                    _write_file(os.path.join(leaf_dir, _chunk_name(idx)), byte_view(data),
+                                durable, True)
+                    info.chunks.append((idx, int(leaf_checksum(data), 16)))
+                if durable:
+                    _fsync_dir(leaf_dir)
+            elif self.rank == 0:
+                os.makedirs(leaf_dir, exist_ok=True)
+                meta, chunk = info.meta
+                _write_file(os.path.join(leaf_dir, "zarr.json"), meta, durable, True)
+                if chunk is not None:
+                    _write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable, True)
+                if durable:
+                    _fsync_dir(leaf_dir)
+
+    def _remove_files(self, part: _Part, base: str | None = None) -> None:
+        """Unlink this rank's files of `part` (directories are rank 0's, at commit)."""
+        base = base or self._dir(part)
+        for i, info in enumerate(part.leaves):
+            leaf_dir = os.path.join(base, str(i))
+            names = [_chunk_name(idx) for idx, _ in info.chunks]
+            if self.rank == 0:
+                names.append("zarr.json")
+                if info.meta is not None and info.decomp is None and info.meta[1] is not None:
+                    names.append(info.meta[1])
+            for n in names:
+                try:
+                    os.unlink(os.path.join(leaf_dir, n))
+                except FileNotFoundError:
+                    pass
+
+    def get(self, key: str) -> Record:
+        """This rank's part of `key`, read back and verified chunk by chunk."""
+        with self._lock:
+            part = self._index.get(key)
+            if part is None:
+                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            base = self._dir(part)
+        step = step_of(part.spec)
+        leaves = []
+        for i, info in enumerate(part.leaves):
+            if info.decomp is None:
+                view = info.replica.view()
+                view.flags.writeable = False
+                leaves.append(view)
+                continue
+            out = np.empty(info.decomp.local_shape(self.rank), info.dtype)
+            origin = info.decomp.offsets(self.rank)
+            for idx, want in info.chunks:
+                data = _read_chunk(os.path.join(base, str(i), _chunk_name(idx)), info.dtype,
+                                   info.chunk_shape, key, self.name, step, i)
+                if _xxh(byte_view(data)) != want:
+                    raise corrupt(f"chunk {_chunk_name(idx)} of leaf {i} failed its checksum",
+                                  key, self.name, step)
+                _place(out, origin, data, idx, info.chunk_shape, info.shape)
+            leaves.append(out)
+        return Record(part.spec, tuple(leaves), part.checksums)
+
+    def delete(self, key: str) -> None:
+        """Remove this rank's part of `key` (a committed record: at the next commit)."""
+        with self._lock:
+            part = self._index.pop(key, None)
+            if part is None:
+                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            self._used -= part.nbytes
+            if part.committed:
+                self._doomed.append(part)
+                self.doomed_bytes += part.nbytes
+                return
+        self._remove_files(part)  # its directories: rank 0's sweep at the next commit
+
+    def keys(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._index))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def committed(self) -> list[str]:
+        """Names (directories) of the committed records this rank holds."""
+        with self._lock:
+            return sorted(p.name for p in self._index.values() if p.committed)
+
+    # -- the collective commit --------------------------------------------------------
+
+    def commit(self, guard, final: bool = False) -> list[str]:
+        """Publish every record all ranks have written.  Collective.
+
+        Call on every rank after the ranks' writes are flushed (the store's
+        ``wait``).  Raises the same :class:`~._comm.AgreedError` on every
+        rank when any rank failed or the ranks' records differ.
+
+        **Arguments:** `guard`, the run's :class:`~._comm.Guard`; `final`, also
+        remove the directories of deleted records (one more agreement).
+
+        **Returns:** the names of the records committed now.
+        """
+        error, batch, doomed, mine, fp = None, [], [], np.zeros(0, np.uint64), 0
+        try:
+            with self._lock:
+                if self._writing:
+                    raise StorageError(f"{self._writing} writes to {self.path} are still in "
+                                       "flight; flush them (the store's wait) before a commit")
+                batch = sorted((p for p in self._index.values() if not p.committed),
+                               key=lambda p: p.name)
+                doomed, self._doomed = sorted(self._doomed, key=lambda p: p.name), []
+                self.doomed_bytes = 0
+            h = xxhash.xxh3_64()
+            sums = []
+            for part in batch:
+                h.update(part.name.encode() + b"\0" + part.global_json.encode() + b"\0")
+                for info in part.leaves:
+                    if info.decomp is None:
+                        h.update(info.checksum.encode())
+                    else:
+                        sums.extend(s for _, s in info.chunks)
+            for part in doomed:
+                h.update(b"delete:" + part.name.encode() + b"\0")
+            fp = h.intdigest()
+            mine = np.array(sums, np.uint64)
+        except Exception as exc:
+            error = exc
+        what = f"committing {len(batch)} checkpoint records to {self.path}"
+        guard.agree(error, what)
+        v = np.array([fp & 0xFFFFFFFF, fp >> 32, len(batch), len(doomed)], np.int64)
+        lo = guard.allreduce(v, "min", what)
+        hi = guard.allreduce(v, "max", what)
+        if not np.array_equal(lo, hi):
+            from ._comm import AgreedError
+
+            raise AgreedError(
+                f"the ranks hold different checkpoint records to commit to {self.path} (names, "
+                "decompositions or replicated leaves differ); every rank must save the same "
+                "steps in the same order, and leaves that are not DistributedArray blocks must "
+                "be equal on all ranks (wrap rank-local arrays in DistributedArray)")
+        gathered = guard.gatherv(mine, 0, what)
+        error = None
+        if self.rank == 0:
+            try:
+                self._publish(batch, doomed, gathered)
+            except Exception as exc:
+                error = exc
+        guard.agree(error, f"publishing checkpoint records in {self.path}")
+        with self._lock:
+            for part in batch:
+                part.committed = True
+        for part in doomed:  # every rank removes its own chunks of un-committed records
+            self._remove_files(part, os.path.join(self._pending, "trash-" + part.name))
+        if final:
+            guard.barrier(f"removing deleted records from {self.path}")
+            if self.rank == 0:
+                self._sweep(keep=())
+        return [p.name for p in batch]
+
+    def _sweep(self, keep) -> None:
+        """Rank 0, inside a commit (every rank's writes and deletes done):
+        remove every directory under ``.vlcc-pending`` but the records in
+        `keep`: deleted records (their chunks already unlinked by their
+        writers), records whose write the engine cancelled on rank 0 while
+        another rank had written its part, un-committed records of the last
+        commit."""
+        keep = set(keep)
+        for entry in os.scandir(self._pending):
+            if entry.is_dir(follow_symlinks=False) and entry.name not in keep:
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    def _publish(self, batch, doomed, gathered) -> None:
+        """Rank 0: checksum arrays and record metadata, then the renames."""
+        self._sweep(keep={p.name for p in batch})
+        offsets = [0] * self.size
+        for part in batch:
+            base = os.path.join(self._pending, part.name)
+            spec = json.loads(part.global_json)
+            leaves_doc = []
+            for i, info in enumerate(part.leaves):
+                if info.decomp is None:
+                    meta, chunk = info.meta
+                    leaves_doc.append({"dtype": dtype_to_json(info.dtype), "shape": list(info.shape),
+                                       "distributed": False, "chunk": chunk,
+                                       "checksum": info.checksum})
+                    continue
+                d, c = info.decomp, info.chunk_shape
+                grid_shape = tuple(-(-n // ck) for n, ck in zip(info.shape, c))
+                grid = np.zeros(grid_shape, np.uint64)
+                for r in range(self.size):
+                    for idx in d.chunks_of(r, c):
+                        grid[idx] = gathered[r][offsets[r]]
+                        offsets[r] += 1
+                sums_dir = os.path.join(base, "xxh3", str(i))
+                os.makedirs(sums_dir, exist_ok=True)
+                meta, chunk = _array_meta(grid.dtype, grid.shape)
+                _write_file(os.path.join(sums_dir, "zarr.json"), meta, self.durable, True)
+                if chunk is not None:
+                    _write_file(os.path.join(sums_dir, chunk), byte_view(grid), self.durable, True)
+                leaves_doc.append({"dtype": dtype_to_json(info.dtype), "shape": list(info.shape),
+                                   "distributed": True, "decomposition": d.to_json(),
+                                   "chunk_shape": list(c), "checksums": f"xxh3/{i}"})
+            if any(info.decomp is not None for info in part.leaves):
+                self._write_json(os.path.join(base, "xxh3", "zarr.json"),
+                                 {"zarr_format": 3, "node_type": "group", "attributes": {}})
+            doc = {"format": FORMAT, "kind": RECORD, "key": part.key, "step": step_of(part.spec),
+                   "nranks": self.size, "spec": spec, "leaves": leaves_doc}
+            self._write_json(os.path.join(base, "zarr.json"), {
+                "zarr_format": 3, "node_type": "group", "attributes": {"vlcc_adjoint": doc}})
+            os.rename(base, os.path.join(self.path, part.name))
+        for part in doomed:
+            os.rename(os.path.join(self.path, part.name),
+                      os.path.join(self._pending, "trash-" + part.name))
+        if self.durable:
+            _fsync_dir(self.path)
+
+    def close(self) -> None:
+        """Nothing to release (records stay; uncommitted ones are removed by
+        the next open)."""
+
+    def __repr__(self) -> str:
+        cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
+        return (f"SharedZarrTier({self.path!r}, rank={self.rank}/{self.size}, "
+                f"records={len(self._index)}, used={self._used} B, capacity={cap})")
+
+
+# ---------------------------------------------------------------------------
+# reading (any number of ranks, or serial; no MPI needed)
+# ---------------------------------------------------------------------------
+
+
+def _read_chunk(path, dtype, chunk_shape, key, tier, step, leaf) -> np.ndarray:
+    nbytes = int(np.prod(chunk_shape)) * dtype.itemsize
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    except FileNotFoundError:
+        raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is missing",
+                      key, tier, step) from None
+    except OSError as err:
+        raise StorageError(f"could not read record {key!r} from {tier!r}: {err}") from err
+    try:
+        size = os.fstat(fd).st_size
+        if size != nbytes:
+            raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} has {size} "
+                          f"bytes, expected {nbytes}", key, tier, step)
+        out = np.empty(chunk_shape, dtype)
+        view = byte_view(out)
+        done = 0
+        while done < size:
+            n = os.readv(fd, [view[done:]])
+            if n == 0:
+                raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is "
+                              "truncated", key, tier, step)
+            done += n
+    except OSError as err:
+        raise StorageError(f"could not read record {key!r} from {tier!r}: {err}") from err
+    finally:
+        os.close(fd)
+    return out
+
+
+def _place(out, origin, chunk, idx, chunk_shape, global_shape) -> None:
+    """Copy the part of `chunk` (grid index `idx`) inside `out`'s block."""
+    src, dst = [], []
+    for k, c, o, n, m in zip(idx, chunk_shape, origin, out.shape, global_shape):
+        lo = max(k * c, o)
+        hi = min((k + 1) * c, o + n, m)
+        if hi <= lo:
+            return
+        src.append(slice(lo - k * c, hi - k * c))
+        dst.append(slice(lo - o, hi - o))
+    out[tuple(dst)] = chunk[tuple(src)]
+
+
+def _load_json(path: str):
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def list_checkpoints(path) -> list[dict]:
+    """The committed records of a distributed hierarchy, oldest first.
+
+    **Returns:** one dict per record: ``name`` (the directory), ``key``,
+    ``step``, ``nranks`` (how many ranks wrote it) and ``leaves`` (dtype,
+    global shape, whether distributed).  Needs no MPI.
+    """
+    path = os.path.abspath(os.fspath(path))
+    out = []
+    for entry in os.scandir(path):
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            doc = _load_json(os.path.join(entry.path, "zarr.json"))["attributes"]["vlcc_adjoint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(doc, dict) or doc.get("kind") != RECORD:
+            continue
+        out.append({"name": entry.name, "key": doc.get("key"), "step": doc.get("step"),
+                    "nranks": doc.get("nranks"), "mtime": entry.stat().st_mtime,
+                    "leaves": [{k: leaf.get(k) for k in ("dtype", "shape", "distributed")}
+                               for leaf in doc.get("leaves", [])]})
+    out.sort(key=lambda r: (r["mtime"], r["name"]))
+    return out
+
+
+def read_checkpoint(path, name: str | None = None, *, step: int | None = None, comm=None,
+                    rank: int | None = None,
+                    decomposition: Decomposition | Callable | None = None):
+    """Restore a committed record on this rank: any number of ranks, or serially.
+
+    Each rank reads only the chunks that overlap its block, verifies their
+    checksums, and assembles its block.  Collective in nothing: ranks read
+    independently (no MPI is needed, `comm` only supplies rank and size).
+
+    **Arguments:**
+
+    - `path`: the hierarchy (written by a :class:`SharedZarrTier`).
+    - `name`: the record's directory (:func:`list_checkpoints`); or `step`:
+      the most recent committed record of that step.
+    - `comm`: the reader's communicator (rank and size); ``None``: serial,
+      each distributed leaf is read whole (one block).
+    - `rank`: this reader's rank (default ``comm.Get_rank()`` or 0).
+    - `decomposition`: the reader's :class:`Decomposition`, for leaves of
+      its global shape; or a callable ``global_shape -> Decomposition``;
+      default: slabs along axis 0 over ``comm.Get_size()`` ranks
+      (:meth:`Decomposition.split`), or one block when serial.
+
+    **Returns:** the state, with every distributed leaf as a
+    :class:`~vlcc_adjoint.mpi.DistributedArray` of the reader's
+    decomposition.
+
+    Raises ``KeyError`` when no record matches, and
+    :class:`~vlcc_adjoint.storage.CorruptCheckpointError` for a missing or
+    damaged chunk.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if name is None:
+        if step is None:
+            raise ValueError("pass the record's name (see list_checkpoints) or its step")
+        found = [r for r in list_checkpoints(path) if r["step"] == step]
+        if not found:
+            raise KeyError(f"no committed record of step {step} in {path}; list them with "
+                           "vlcc_adjoint.mpi.list_checkpoints")
+        name = found[-1]["name"]
+    record_dir = os.path.join(path, name)
+    try:
+        doc = _load_json(os.path.join(record_dir, "zarr.json"))["attributes"]["vlcc_adjoint"]
+    except FileNotFoundError:
+        raise KeyError(f"no committed record {name!r} in {path}") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpointError(f"the metadata of record {name!r} in {path} is unreadable "
+                                     f"({err})", key=name, tier=path) from None
+    if not isinstance(doc, dict) or doc.get("kind") != RECORD or doc.get("format") != FORMAT:
+        raise CorruptCheckpointError(f"{record_dir} is not a distributed vlcc_adjoint record",
+                                     key=name, tier=path)
+    size = 1 if comm is None else comm.Get_size()
+    if rank is None:
+        rank = 0 if comm is None else comm.Get_rank()
+    spec = doc["spec"]
+    step_no = doc.get("step")
+    targets: dict[int, Decomposition] = {}
+    leaves = []
+    for i, info in enumerate(doc["leaves"]):
+        dtype = dtype_from_json(info["dtype"])
+        shape = tuple(int(s) for s in info["shape"])
+        if not info.get("distributed"):
+            meta = _load_json(os.path.join(record_dir, str(i), "zarr.json"))
+            chunk_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
+            if info.get("chunk") is None:
+                leaves.append(np.empty(shape, dtype))
+                continue
+            raw_dtype = dtype if _zarr_type(dtype) else np.dtype(np.uint8)
+            data = _read_chunk(os.path.join(record_dir, str(i), info["chunk"]), raw_dtype,
+                               chunk_shape, name, path, step_no, i)
+            arr = data.reshape(-1).view(dtype).reshape(shape)
+            if leaf_checksum(arr) != info["checksum"]:
+                raise corrupt(f"replicated leaf {i} failed its checksum", name, path, step_no)
+            leaves.append(arr)
+            continue
+        target = _target(decomposition, shape, size)
+        if target.nranks != size:
+            raise ValueError(f"the reader's decomposition of leaf {i} has {target.nranks} ranks, "
+                             f"but {size} ranks read; decompose over the reader's ranks")
+        targets[i] = target
+        chunk_shape = tuple(int(c) for c in info["chunk_shape"])
+        grid = _read_sums(record_dir, info, shape, chunk_shape, name, path, step_no, i)
+        out = np.empty(target.local_shape(rank), dtype)
+        box = target.block(rank)
+        origin = target.offsets(rank)
+        ranges = [range(lo // c, -(-hi // c)) if hi > lo else range(0)
+                  for (lo, hi), c in zip(box, chunk_shape)]
+        for idx in np.ndindex(*(len(r) for r in ranges)):
+            idx = tuple(r[k] for r, k in zip(ranges, idx))
+            data = _read_chunk(os.path.join(record_dir, str(i), _chunk_name(idx)), dtype,
+                               chunk_shape, name, path, step_no, i)
+            if _xxh(byte_view(data)) != int(grid[idx]):
+                raise corrupt(f"chunk {_chunk_name(idx)} of leaf {i} failed its checksum", name,
+                              path, step_no)
+            _place(out, origin, data, idx, chunk_shape, shape)
+        leaves.append(out)
+    return unflatten(_local_spec(spec, targets, rank), leaves)
+
+
+def _target(decomposition, shape, size) -> Decomposition:
+    if decomposition is None:
+        return Decomposition.split(shape, size) if size > 1 else \
+            Decomposition(shape, tuple((0, n) for n in shape))
+    if isinstance(decomposition, Decomposition):
+        if decomposition.global_shape != tuple(shape):
+            raise ValueError(f"the reader's decomposition is of shape "
+                             f"{decomposition.global_shape}, the stored leaf {tuple(shape)}; pass "
+                             "a callable global_shape -> Decomposition for states of several shapes")
+        return decomposition
+    if callable(decomposition):
+        return decomposition(tuple(shape))
+    raise TypeError(f"decomposition must be a Decomposition, a callable or None, got "
+                    f"{type(decomposition).__name__}")
+
+
+def _read_sums(record_dir, info, shape, chunk_shape, key, tier, step, leaf) -> np.ndarray:
+    grid_shape = tuple(-(-n // c) for n, c in zip(shape, chunk_shape))
+    if 0 in grid_shape:
+        return np.zeros(grid_shape, np.uint64)
+    sums_dir = os.path.join(record_dir, info["checksums"])
+    meta = _load_json(os.path.join(sums_dir, "zarr.json"))
+    if tuple(meta.get("shape", ())) != grid_shape:
+        raise corrupt(f"the checksum array of leaf {leaf} has the wrong shape", key, tier, step)
+    return _read_chunk(os.path.join(sums_dir, "c" + ".0" * len(grid_shape)), np.dtype("<u8"),
+                       grid_shape, key, tier, step, leaf)
