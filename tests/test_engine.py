@@ -604,3 +604,159 @@ def test_stats_report_traffic_compression_and_time():
     assert "level 1" in str(stats)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.saves = 0
+
+
+# -- memory levels run in the caller ----------------------------------------------
+
+
+def test_memory_level_saves_loads_and_deletes_run_in_the_caller_without_workers():
+    tier = MemoryTier()
+    with TieredStore([tier], workers=2) as store:
+        s = state(3)
+        store.save(3, s)
+        # Complete when save returns: no background write, no thread started.
+        assert list(tier.keys()) and store.stats().tiers[0].puts == 1
+        s["u"][...] = 5.0  # the record is the store's own
+        assert same(store.load(3), state(3))
+        out = state(3)
+        out["u"][...] = out["aux"][0][...] = 0.0
+        assert store.load(3, out=out) is out and same(out, state(3))
+        store.delete(3)
+        assert list(tier.keys()) == [] and tier.used_bytes == 0
+        assert store._threads == [] and store._outstanding == 0
+
+
+def test_load_copy_false_returns_read_only_views_that_outlive_later_saves(tmp_path):
+    big = {"u": np.random.default_rng(0).standard_normal((400, 300)), "i": 4}
+    tiers = [MemoryTier(), ZarrTier(tmp_path / "z")]
+    with TieredStore(tiers) as store:
+        for level in (0, 1):
+            store.save(1, big, level)
+            views = store.load(1, level, copy=False)
+            assert views["i"] == 4 and np.array_equal(views["u"], big["u"])
+            assert not views["u"].flags.writeable
+            with pytest.raises(ValueError):
+                views["u"][0, 0] = 1.0
+            if level == 0:  # a memory record: no copy at all
+                (key,) = tiers[0].keys()
+                assert np.shares_memory(views["u"], tiers[0].get(key).leaves[0])
+            with pytest.raises(ValueError, match="copy=False"):
+                store.load(1, level, out={"u": np.zeros((400, 300)), "i": 4}, copy=False)
+            # The store never reuses a buffer a view still references.
+            store.delete(1, level)
+            for j in range(3):
+                store.save(10 + j, {"u": np.full((400, 300), float(j)), "i": 0}, level)
+            store.wait()
+            assert np.array_equal(views["u"], big["u"])
+            for j in range(3):
+                store.delete(10 + j, level)
+            store.wait()
+
+
+def test_every_kind_of_load_detects_a_corrupt_memory_record_and_names_the_step():
+    tier = MemoryTier()
+    schedule = StoreAll(4, level=0)
+    with TieredStore([tier], plan=io_plan(schedule)) as store:
+        big = {"u": np.random.default_rng(1).standard_normal((300, 300))}  # the kernel's path
+        for action in schedule:
+            if isinstance(action, Save):
+                store.save(action.step, big if action.step == 2 else state(action.step), 0)
+            if isinstance(action, Load) and action.step == 2:
+                break
+            if isinstance(action, Load):
+                store.load(action.step, 0)
+            if isinstance(action, Delete):
+                store.delete(action.step, 0)
+        key = next(k for k in tier.keys() if k.startswith("u2-"))
+        tier.get(key).leaves[0].base[123, 45] += 1e-9
+        for kwargs in ({}, {"copy": False}, {"out": {"u": np.zeros((300, 300))}}):
+            with pytest.raises(CorruptCheckpointError, match="step 2") as info:
+                store.load(2, 0, **kwargs)
+            assert info.value.step == 2  # and the plan stays at this Load, for the next try
+
+
+@pytest.mark.parametrize("second", ["memory", "compressed", "slow"])
+def test_large_and_odd_leaves_round_trip_through_the_fused_capture(second):
+    """Leaves on every path of the capture kernel (streamed, plain, odd
+    lengths, misaligned data, below the kernel's size), saved to a memory
+    level and to a background level; the stored checksums are xxh3-64 of
+    the bytes."""
+    import xxhash
+
+    rng = np.random.default_rng(7)
+    raw = rng.standard_normal(200_001).astype(np.float32)
+    s = {"big": rng.standard_normal((2048, 300)),  # 4.9 MB: streamed
+         "mid": rng.standard_normal(20_000),  # 160 KB: the kernel, cached stores
+         "small": rng.standard_normal(5000),  # 40 KB: np.copyto and xxhash
+         "odd": rng.standard_normal(30_001).astype(np.float32),  # not whole 8-byte words
+         "shifted": raw[1:],  # 4-byte aligned
+         "tiny": np.arange(3)}
+    want = {k: np.array(v, copy=True) for k, v in s.items()}
+    second_tier = {"memory": MemoryTier, "compressed": CompressedMemoryTier,
+                   "slow": lambda: SlowTier(latency=0.001)}[second]()
+    tiers = [MemoryTier(), second_tier]
+    with TieredStore(tiers) as store:
+        for level in (0, 1):
+            store.save(level, s, level)
+            for v in s.values():
+                v += 1  # the caller moves on at once
+            store.wait()
+            key = next(iter(tiers[level].keys()))
+            rec = tiers[level].get(key)
+            assert rec.checksums == tuple(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x))
+                                          for x in rec.leaves)
+            for got in (store.load(level, level), store.load(level, level, copy=False)):
+                assert all(np.array_equal(got[k], want[k]) for k in want)
+            out = {k: np.zeros_like(v) for k, v in want.items()}
+            out["shifted"] = np.zeros(200_000, np.float32)
+            got = store.load(level, level, out=out)
+            assert got is out and all(np.array_equal(out[k], want[k]) for k in want)
+            for k, v in s.items():
+                np.copyto(v, want[k])
+
+
+def test_a_failing_put_on_a_level_kept_by_reference_raises_in_save_naming_the_step():
+    class Fragile(SlowTier):
+        retains_references = True
+
+    with TieredStore([Fragile(fail_put={3})], workers=1) as store:
+        store.save(2, state(2))
+        with pytest.raises(StorageError, match=r"saving step 3 to level 0.*No space") as info:
+            store.save(3, state(3))
+        assert isinstance(info.value.__cause__, OSError)
+        with pytest.raises(StorageError, match="step 3 on level 0 is lost"):
+            store.load(3)
+        assert same(store.load(2), state(2))
+        assert store._threads == []  # written in the caller
+
+
+def test_the_executor_hands_on_load_read_only_views_of_the_record():
+    """run_adjoint's on_load path loads with copy=False: the solver gets the
+    record itself, read-only, and copies it into its own buffers."""
+    from vlcc_adjoint.execute import run_adjoint
+
+    class Solver:
+        def __init__(self):
+            self.live = np.zeros(50_000)
+            self.seen = []
+
+        def forward(self, u, i):
+            u *= 1.001
+            u += 1.0
+            return u
+
+        def adjoint(self, u, lam, i):
+            return lam * 1.001 + u.sum() * 1e-9
+
+        def on_load(self, stored, step, out):
+            self.seen.append(stored.flags.writeable)
+            np.copyto(self.live, stored)
+            return self.live
+
+    solver = Solver()
+    plain = run_adjoint(type("Plain", (), {"forward": Solver.forward,
+                                           "adjoint": Solver.adjoint})(),
+                        Revolve(30, 4), np.zeros(50_000), np.ones(50_000))
+    result = run_adjoint(solver, Revolve(30, 4), solver.live, np.ones(50_000))
+    assert solver.seen and not any(solver.seen)
+    np.testing.assert_allclose(result.adjoint, plain.adjoint, rtol=1e-12)

@@ -363,6 +363,119 @@ def test_lossy_codec_returns_the_bounded_approximation_with_consistent_checksums
     np.testing.assert_array_equal(disk.get("a").leaves[0], rec.leaves[0])
 
 
+# -- checksums ------------------------------------------------------------------------
+
+
+def _kernel_sizes():
+    """Byte lengths around every boundary of XXH3's long-input path and of the
+    kernel's thresholds: stripes (64), blocks (1024), KERNEL_MIN_BYTES,
+    STREAM_MIN_BYTES, and lengths that are not whole 8-byte words."""
+    from vlcc_adjoint.storage._checksum import KERNEL_MIN_BYTES, STREAM_MIN_BYTES
+
+    sizes = set(range(232, 1100, 8)) | {241, 243, 1023, 1025, 2047, 2049, 4096 + 4}
+    for edge in (1024, 2048, 16 * 1024, KERNEL_MIN_BYTES, STREAM_MIN_BYTES, 1 << 20):
+        sizes |= {edge - 64, edge - 8, edge, edge + 8, edge + 64, edge + 1000 * 8}
+    return sorted(sizes)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_copy_checksum_is_xxh3_64_of_the_copied_bytes_for_every_length_class(stream):
+    """The fused copy-and-hash kernel is xxh3-64 bit for bit (the stored
+    format is unchanged) and copies exactly, for any length and alignment
+    (below KERNEL_MIN_BYTES, np.copyto and xxhash do the same)."""
+    import xxhash
+
+    from vlcc_adjoint.storage._checksum import _build, copy_checksum, leaf_checksum
+
+    kernels = _build()
+    assert kernels, "the LLVM kernel did not build on this host"
+    copy_kernel, hash_kernel = kernels[2 if stream else 0], kernels[1]
+    rng = np.random.default_rng(5)
+    for n in _kernel_sizes():
+        raw = rng.integers(0, 256, n + 16, dtype=np.uint8)
+        for offset in (0, 4, 8):  # any alignment
+            src = raw[offset:offset + n]
+            want = xxhash.xxh3_64_hexdigest(src)
+            for dst in (np.full(n, 7, np.uint8), np.full(n + 1, 7, np.uint8)[1:]):
+                assert copy_checksum(src, dst, stream=stream) == want, (n, offset)
+                np.testing.assert_array_equal(dst, src)
+                if n > 240:  # the kernel itself, below the size the store hands it
+                    dst[...] = 7
+                    assert f"{copy_kernel(src, dst, n):016x}" == want, (n, offset)
+                    np.testing.assert_array_equal(dst, src)
+            assert leaf_checksum(src) == want
+            if n > 240:
+                assert f"{hash_kernel(src, src, n):016x}" == want
+    # Other dtypes and shapes: only the bytes count.
+    x = rng.standard_normal((300, 301)).astype(np.float32)  # an odd number of float32
+    y = np.empty_like(x)
+    assert copy_checksum(x, y, stream=stream) == xxhash.xxh3_64_hexdigest(x)
+    np.testing.assert_array_equal(x, y)
+
+
+def test_copy_checksum_falls_back_to_copyto_and_xxhash_without_the_kernel(monkeypatch):
+    import xxhash
+
+    from vlcc_adjoint.storage import _checksum
+
+    monkeypatch.setattr(_checksum, "_KERNELS", ())
+    x = np.random.default_rng(1).standard_normal(100_000)
+    y = np.empty_like(x)
+    assert _checksum.copy_checksum(x, y, stream=True) == xxhash.xxh3_64_hexdigest(x)
+    assert _checksum.leaf_checksum(x) == xxhash.xxh3_64_hexdigest(x)
+    np.testing.assert_array_equal(x, y)
+
+
+def test_checksum_detects_every_single_bit_flip_swapped_blocks_and_truncation():
+    """The damage a store meets, on a leaf the kernel hashes: any one flipped
+    bit (every bit of the first and last stripes and blocks, and a sample of
+    the rest), two 64-byte stripes or two 1024-byte blocks swapped, a lost
+    tail, a zeroed page."""
+    from vlcc_adjoint.storage._checksum import KERNEL_MIN_BYTES, leaf_checksum
+
+    rng = np.random.default_rng(11)
+    n = KERNEL_MIN_BYTES + 3 * 1024 + 8 * 13  # a partial last block
+    data = rng.integers(0, 256, n, dtype=np.uint8)
+    good = leaf_checksum(data)
+    bits = list(range(0, 8 * 1100)) + list(range(8 * (n - 1100), 8 * n))
+    bits += rng.integers(0, 8 * n, 3000).tolist()
+    for bit in bits:
+        data[bit // 8] ^= np.uint8(1 << (bit % 8))
+        assert leaf_checksum(data) != good, f"flip of bit {bit} went unnoticed"
+        data[bit // 8] ^= np.uint8(1 << (bit % 8))
+    assert leaf_checksum(data) == good
+
+    def swapped(a, i, j, size):
+        out = a.copy()
+        out[i:i + size], out[j:j + size] = a[j:j + size], a[i:i + size]
+        return out
+
+    assert leaf_checksum(swapped(data, 0, 64, 64)) != good
+    assert leaf_checksum(swapped(data, 1024, 5 * 1024, 1024)) != good
+    assert leaf_checksum(swapped(data, n - 128, n - 64, 64)) != good  # the last stripe
+    assert leaf_checksum(data[:-8].copy()) != good
+    assert leaf_checksum(data[:-1024].copy()) != good
+    zeroed = data.copy()
+    zeroed[4096:8192] = 0
+    assert leaf_checksum(zeroed) != good
+
+
+def test_memory_tier_adopted_records_read_back_with_a_fresh_spec():
+    """The engine's fast put (MemoryTier._adopt) keeps the spec it is given;
+    ``get`` still returns a fresh, equal dict and verified leaves."""
+    tier = MemoryTier()
+    rec = record_of({"u": np.arange(50.0)}, step=3)
+    tier._adopt("a", rec)
+    got = tier.get("a")
+    assert got.spec == rec.spec and got.spec is not rec.spec and got.checksums == rec.checksums
+    got.spec["step"] = 99
+    assert tier.get("a").spec["step"] == 3
+    np.testing.assert_array_equal(got.leaves[0], np.arange(50.0))
+    with pytest.raises(KeyError, match="already"):
+        tier._adopt("a", rec)
+    assert tier.used_bytes == 400
+
+
 # -- corruption -------------------------------------------------------------------
 
 

@@ -219,7 +219,10 @@ class _Run:
         out = self.u if self.u is not None else self.spare
         t0 = time.perf_counter()
         if self.on_load is not None:
-            stored = self.store.load(i, level=level)
+            # on_load copies what was stored into the solver's own buffers
+            # (the Devito adapter): read-only views of the record spare a copy.
+            # They stay valid until the record's Delete, a later action.
+            stored = self.store.load(i, level=level, copy=False)
             self.t_store += time.perf_counter() - t0
             self.u = self.on_load(stored, i, out)
         else:

@@ -58,7 +58,9 @@ class Solver(Protocol):
       (strip halos, drop derived fields).  Default: identity.
     - `on_load(stored, step, out) -> state`: rebuild the solver's state
       from what ``on_save`` kept; ``out`` is the state object in hand, or
-      ``None``.  Default: ``stored``.
+      ``None``.  ``stored`` holds read-only views of the stored record:
+      copy what you keep (into ``out``'s buffers, typically).  Default:
+      ``stored``.
     - `restore_in_place: bool`: if true, restored states are copied into
       the arrays of the state in hand instead of fresh ones (the solver owns
       its buffers and advances them in place).  Default ``False``.

@@ -9,19 +9,48 @@ The executor maps every schedule action to one call: ``Save(i, k)`` ->
 (:func:`vlcc_adjoint.state.flatten`) and every leaf the caller could still
 change is copied into a buffer from a :class:`~._pool.BufferPool` (copying
 into reused memory runs at memory bandwidth; fresh pages cost a page fault
-each).  Leaves that cannot change are kept by reference: read-only arrays
+each).  The copy computes the leaf's xxh3-64 checksum in the same pass
+(:func:`~._checksum.copy_checksum`: one read of the caller's array, the GIL
+released, streaming stores for large leaves, so the capture neither reads
+the old contents of its buffer nor evicts the caller's working set from the
+caches).  Leaves that cannot change are kept by reference: read-only arrays
 whose whole base chain is read-only and ends in no buffer or in an
-immutable one (``bytes``, a JAX array's host buffer).  ``save`` returns as
-soon as the copies are made; checksums (:func:`make_record`), optional
-deduplication, compression and the tier ``put`` run on worker threads.
+immutable one (``bytes``, a JAX array's host buffer).
 
-**Staging.**  A capture waiting for its background write is *staged*: it
-counts against ``staging_bytes``, and a ``load`` of it is served from the
-staged copy (which never changes, so a read can never see half a write).
-When staging is full, ``save`` waits for the workers (a *stall*).  After the
-``put``, a capture for a tier that keeps records by reference (a
-:class:`~vlcc_adjoint.storage.MemoryTier`) stays with the tier; otherwise
-its buffers go to the read cache (below) or back to the pool.
+**Memory levels run in the caller.**  A tier that keeps records by
+reference (a :class:`~vlcc_adjoint.storage.MemoryTier`, or any tier with
+``retains_references = True``) does no I/O: its ``put`` adopts the
+capture's buffers.  So a ``save`` to it finishes the record in the caller
+(capture with checksum, ``put``) and returns with the record complete; its
+``delete`` gives the buffers back to the pool at once, for the next
+``save``; and a ``load`` from a ``MemoryTier`` reads the arrays the tier
+keeps, verifying each leaf's checksum in the same pass that copies it into
+``out`` (or into a fresh array), so a restore reads the record once.
+Handing these to a worker thread, as earlier versions did, bought nothing
+and cost a thread hand-off per call plus the worker's hashing and
+bookkeeping competing with the caller for the GIL: on the 300 x 300
+seismic gradient (1.44 MB states, ~0.2 ms a forward step) that was more
+time than the copies themselves.  Worker threads are started only for the
+slower levels (compressed, zarr), with the first background job.
+``load(copy=False)`` returns read-only views of the record, verified, for
+a caller that copies anyway (the executor's ``on_load`` path).
+``benchmarks/bench_store_calls.py`` measures each call against a bare
+``np.copyto`` of the same bytes (cold data, shared 2-core VM, load ~3,
+median of 5 interleaved rounds): for a 1.44 MB state ``save`` takes 0.85x
+the copy with the record complete (before: 0.98x, plus 0.76x more on a
+worker), ``load(out=)`` 0.84x (before: 1.44x); for 16 MiB 0.94x and
+1.20x (before: 1.55x and 1.80x).  In the seismic run the store calls took
+0.94 s (before: 1.99 s; the copies alone, in a store that does nothing
+else, 0.57 s) and the whole run 3.1 s (before: 4.6 s).
+
+**Staging.**  A capture for a slower level waits for its background write
+*staged*: it counts against ``staging_bytes``, and a ``load`` of it is
+served from the staged copy (which never changes, so a read can never see
+half a write).  When staging is full, ``save`` waits for the workers (a
+*stall*).  ``save`` returns as soon as the copies (and their checksums)
+are made; optional deduplication, compression and the tier ``put`` run on
+worker threads; leaves kept by reference are hashed there.  After the
+``put`` its buffers go to the read cache (below) or back to the pool.
 
 **Plan.**  With ``plan`` (:func:`vlcc_adjoint.schedules.io_plan`), the store
 knows the schedule's whole future I/O.  It rebuilds the sequence of I/O
@@ -52,7 +81,9 @@ after the capture: it saves memory, and costs the caller nothing.
 ``dedup="eager"`` hashes in ``save`` before copying and skips the copy of a
 leaf seen before: it also saves the capture of unchanged leaves (a
 velocity model, frozen weights), at the price of hashing every leaf in the
-caller (xxh3 runs at about twice the speed of a copy).  Leaves that are
+caller (xxh3 runs at about twice the speed of a copy).  On a memory level
+(written in the caller) ``dedup=True`` hashes in the caller too, after the
+capture.  Leaves that are
 immutable are never copied in the first place, whatever the setting.
 
 **Capacity.**  Every tier enforces ``used_bytes <= capacity_bytes`` itself
@@ -69,8 +100,11 @@ failure.
 **Failures.**  A worker never dies with an exception: a failed background
 write is recorded, and the next call into the store (``wait`` and ``close``
 included) raises :class:`StorageError` naming the step, the level and the
-cause (chained).  A corrupt record raises
-:class:`CorruptCheckpointError` naming its step.  ``close`` flushes pending
+cause (chained).  A failed ``put`` on a memory level (written in the
+caller) raises in that ``save``.  A corrupt record raises
+:class:`CorruptCheckpointError` naming its step (a restore from a memory
+level verifies while it copies: ``out`` may then hold part of the corrupt
+record).  ``close`` flushes pending
 writes, stops and joins the workers, and with a ``timeout`` never waits
 longer.
 
@@ -103,12 +137,12 @@ import numpy as np
 from ..state import dtype_from_json as _spec_dtype
 from ..state import flatten, leaf_digest, unflatten
 from ._belady import NEVER, ForesightCache
+from ._checksum import copy_checksum, corrupt, leaf_checksum
 from ._dedup import LeafTable
 from ._memory import MemoryTier
 from ._pool import _SOLE, BufferPool
 from ._stats import StoreStats, TierStats
-from ._tier import (CorruptCheckpointError, Record, StorageError, Tier, TierFullError,
-                    make_record)
+from ._tier import CorruptCheckpointError, Record, StorageError, Tier, TierFullError
 
 __all__ = ["PlanMismatchError", "TieredStore"]
 
@@ -151,6 +185,12 @@ def _immutable(arr: np.ndarray) -> bool:
     return False
 
 
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def _leaf_nodes(tree, out=None) -> dict:
     """``{leaf index: spec node}`` of a state spec tree."""
     if out is None:
@@ -188,8 +228,9 @@ class _Entry:
     """One stored record: a state on one level, from its save to its delete."""
 
     __slots__ = ("step", "level", "tier", "key", "seq", "spec", "nbytes", "leaves", "owned",
-                 "digests", "staged_bytes", "state", "cancel", "done", "error", "slot",
-                 "record", "read_q", "move_src", "delete_after", "reserved", "reserved_tier")
+                 "digests", "checksums", "staged_bytes", "state", "cancel", "done", "error",
+                 "slot", "record", "read_q", "move_src", "delete_after", "reserved",
+                 "reserved_tier")
 
     def __init__(self, step, level, tier, seq, spec, nbytes, record):
         self.step = step
@@ -202,10 +243,11 @@ class _Entry:
         self.leaves = None  # staged copy (before the put), or arrays a tier keeps by reference
         self.owned = None  # per leaf: a buffer of ours (may be reused once free)
         self.digests = None  # per leaf: dedup digest held in the LeafTable, or None
+        self.checksums = None  # per leaf: xxh3-64 of `leaves` (None: not computed yet)
         self.staged_bytes = 0
         self.state = _QUEUED
         self.cancel = False  # deleted while its put runs: the worker deletes it after
-        self.done = threading.Event()
+        self.done = None  # set when its background write ends (made by _submit)
         self.error = None
         self.slot = None
         self.record = record  # row of the plan's records, -1 without a plan
@@ -287,8 +329,10 @@ class TieredStore:
     - `staging_bytes`: the most bytes of captures waiting for their
       background write; ``save`` waits when it is full.  A single capture
       larger than this is accepted when nothing else is staged.
-    - `workers`: background threads; ``0`` runs every write and read in the
-      caller (a synchronous store, for baselines and debugging).  Default:
+    - `workers`: background threads for the slower levels (memory levels
+      always run in the caller; the threads start with the first
+      background job); ``0`` runs every write and read in the caller (a
+      synchronous store, for baselines and debugging).  Default:
       one core fewer than the machine has, between 1 and 4 (the solver
       keeps a core: on 2 cores one worker hides more I/O than two, see
       ``benchmarks/bench_overlap.py``).
@@ -338,6 +382,13 @@ class TieredStore:
         self._close_tiers = close_tiers
         self._retains = [isinstance(t, MemoryTier) or bool(getattr(t, "retains_references", False))
                          for t in tiers]
+        # Levels written in the caller (see "Memory levels" above): tiers that
+        # keep records by reference, whose put is bookkeeping, not I/O.
+        self._inline = list(self._retains)
+        # ... and read in the caller straight from the arrays the tier keeps
+        # (a MemoryTier whose get is the stock one: it returns those arrays).
+        self._direct = [isinstance(t, MemoryTier) and type(t).get is MemoryTier.get
+                        for t in tiers]
         if prefetch_levels is None:
             prefetch_levels = range(1, self._nlv)
         self._prefetch_levels = frozenset(int(k) for k in prefetch_levels)
@@ -358,6 +409,17 @@ class TieredStore:
                 raise ValueError(f"the plan uses {len(plan.levels)} levels but the store has "
                                  f"{self._nlv} tiers; pass one tier per schedule level")
             self._ops = tuple(a.tolist() for a in _plan_ops(plan))
+            # Per record: the position of its first read among its level's
+            # reads (-1: never read), looked up once per save, not searched.
+            first = plan.records["first_read"]
+            q = np.full(len(first), -1, np.int64)
+            for lv in plan.levels:
+                mine = (plan.records["level"] == lv.level) & (first >= 0)
+                q[mine] = np.searchsorted(lv.index, first[mine], side="left")
+            self._first_q = q.tolist()
+            # Each level's reads as Python lists (indexed once per load).
+            self._reads = [(lv.index.tolist(), lv.next_read_of_record.tolist())
+                           for lv in plan.levels]
 
         # Book-keeping, all under self._lock.
         self._lock = threading.Lock()
@@ -389,11 +451,7 @@ class TieredStore:
                        referenced=0, issued=0, hits=0, late=0, misses=0, wasted=0,
                        staged_hits=0, dedup_hits=0, dedup_saved=0)
         self._t = dict(capture=0.0, stall=0.0, flush=0.0, io=0.0)
-        self._threads = []
-        for k in range(self._workers_n):
-            th = threading.Thread(target=self._worker, name=f"vlcc-store-{k}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        self._threads = []  # started with the first background job (_submit)
 
     # ------------------------------------------------------------------ API
 
@@ -407,10 +465,15 @@ class TieredStore:
           caller may modify it as soon as ``save`` returns.
         - `level`: the storage level (an index into ``tiers``).
 
+        On a memory level the record is complete when ``save`` returns
+        (captured, checksummed and put, in the caller); on a slower level
+        the write continues in the background.
+
         Raises :class:`StorageError` if the record does not fit (with
-        ``policy="raise"``), if the step is already stored on the level, or
-        to report an earlier background failure; :class:`PlanMismatchError`
-        if the plan expected another action.
+        ``policy="raise"``), if the step is already stored on the level, if
+        a memory level's ``put`` fails, or to report an earlier background
+        failure; :class:`PlanMismatchError` if the plan expected another
+        action.
         """
         with self._api:
             self._enter()
@@ -422,28 +485,40 @@ class TieredStore:
             spec["step"] = step
             mark = (self._cursor, self._now)
             record = self._follow(_SAVE, step, level)
-            nbytes = sum(leaf.nbytes for leaf in leaves)
             # Which leaves to copy: not the immutable ones, nor temporaries
             # flatten made (a C-ordered copy of a non-contiguous array, which
             # nobody else references).
             plan_copy = []
+            nbytes = copy_bytes = 0
             for i in range(len(leaves)):
+                n = leaves[i].nbytes
+                nbytes += n
                 if sys.getrefcount(leaves[i]) <= _SOLE and leaves[i].base is None \
                         and leaves[i].flags.writeable:
                     plan_copy.append(0)  # take
-                elif _immutable(leaves[i]):
+                    copy_bytes += n
+                elif not leaves[i].flags.writeable and _immutable(leaves[i]):
                     plan_copy.append(1)  # reference
                 else:
                     plan_copy.append(2)  # copy
-            copy_bytes = sum(leaf.nbytes for leaf, c in zip(leaves, plan_copy) if c != 1)
+                    copy_bytes += n
             try:
-                self._wait_staging(copy_bytes)
+                if not self._inline[level]:  # memory levels stage nothing
+                    self._wait_staging(copy_bytes)
                 tier, reserved = self._place(step, level, nbytes)
+                if not self._inline[tier] and self._inline[level]:  # spilled to a slow level
+                    try:
+                        self._wait_staging(copy_bytes)
+                    except BaseException:
+                        with self._lock:
+                            self._reserved[tier] -= reserved
+                        raise
             except BaseException:
                 self._rewind(mark)
                 raise
+            inline = self._inline[tier]
             t0 = time.perf_counter()
-            owned, digests, out = [], [], []
+            owned, digests, out, sums = [], [], [], []
             copied = referenced = 0
             for leaf, how in zip(leaves, plan_copy):
                 digest = None
@@ -457,26 +532,37 @@ class TieredStore:
                         out.append(shared)
                         owned.append(self._dedup_owned.get(digest, False))
                         digests.append(digest)
+                        sums.append(leaf_checksum(shared) if inline else None)
                         continue
                 if how == 2:
+                    # The capture copy computes the record's checksum in the
+                    # same pass (one read of the caller's array); a large
+                    # leaf is written with streaming stores (nobody reads a
+                    # checkpoint soon: it need not displace the caller's
+                    # data from the caches).
                     buf = self._pool.take(leaf.dtype, leaf.shape)
-                    np.copyto(buf, leaf, casting="no")
+                    checksum = copy_checksum(leaf, buf, stream=True)
                     leaf, buf = buf, None  # no stray reference: it would block reuse
                     copied += leaf.nbytes
-                elif how == 1:
-                    referenced += leaf.nbytes
                 else:
-                    copied += leaf.nbytes
+                    # Kept as they are: hashed now for a memory level, by the
+                    # worker otherwise.
+                    checksum = leaf_checksum(leaf) if inline else None
+                    if how == 1:
+                        referenced += leaf.nbytes
+                    else:
+                        copied += leaf.nbytes
                 if digest is not None:
                     leaf = self._table.put(digest, leaf)
                     self._dedup_owned[digest] = how != 1
                 out.append(leaf)
                 owned.append(how != 1)
                 digests.append(digest)
+                sums.append(checksum)
             leaf = shared = leaves = None
             t1 = time.perf_counter()
             entry = _Entry(step, level, tier, next(self._seq), spec, nbytes, record)
-            entry.leaves, entry.owned = out, owned
+            entry.leaves, entry.owned, entry.checksums = out, owned, sums
             entry.digests = digests if self.dedup == "eager" else None
             entry.reserved, entry.reserved_tier = reserved, tier
             with self._lock:
@@ -484,15 +570,20 @@ class TieredStore:
                 self._n["saves"] += 1
                 self._n["captured"] += copied
                 self._n["referenced"] += referenced
-                entry.staged_bytes = copied
-                self._staging_used += copied
-                self._peak_staging = max(self._peak_staging, self._staging_used)
                 self._register(entry)
-                self._submit("write", entry, self._priority(entry))
+                if inline:
+                    self._tier_jobs[tier] += 1
+                else:
+                    entry.staged_bytes = copied
+                    self._staging_used += copied
+                    self._peak_staging = max(self._peak_staging, self._staging_used)
+                    self._submit("write", entry, self._priority(entry))
                 self._pump()
+            if inline:
+                self._write_inline(entry)
             self._after_inline()
 
-    def load(self, step: int, level: int | None = None, out=None):
+    def load(self, step: int, level: int | None = None, out=None, copy: bool = True):
         """The stored ``u_step``.
 
         **Arguments:**
@@ -504,9 +595,22 @@ class TieredStore:
           overwritten in place (restoring into a solver's live buffers) and
           it is returned (a rebuilt state holding its arrays if it has
           values that cannot change in place, e.g. numpy scalars).
+        - `copy`: ``False`` returns the state around *read-only views* of
+          the stored arrays, verified but not copied: for a caller that
+          copies what it needs at once (the executor's ``on_load`` path,
+          which copies into the solver's own buffers).  The views are valid
+          until the record is deleted (in practice the store never reuses a
+          buffer that a view still references, but holding views keeps
+          that memory from being reused: copy, then drop them).  Cannot be
+          combined with `out`.
 
-        **Returns:** the state.  Without `out` its arrays are the caller's
-        own: modifying them never changes the stored record.
+        **Returns:** the state.  Without `out` and with ``copy=True`` its
+        arrays are the caller's own: modifying them never changes the
+        stored record.
+
+        A record on a memory level is verified while it is copied out (one
+        pass over it); if it turns out corrupt, the arrays of `out` may
+        already hold part of it.
 
         Raises :class:`StorageError` if the step is not stored there or its
         write failed, :class:`CorruptCheckpointError` if the record fails its
@@ -519,9 +623,19 @@ class TieredStore:
                 level = self._default_level(step, _LOAD)
             level = self._check_level(level)
             entry = self._lookup(step, level)
+            if not copy and out is not None:
+                raise ValueError("load(copy=False) returns read-only views of the stored record; "
+                                 "it cannot restore into out= as well (pass one or the other)")
             targets = None if out is None else self._targets(out, entry.spec)
             mark = (self._cursor, self._now)
             self._follow(_LOAD, step, level)
+            if entry.state == _STORED and entry.slot is None and self._direct[entry.tier] \
+                    and entry.leaves is not None and entry.checksums is not None:
+                try:
+                    return self._load_direct(entry, out, targets, copy)
+                except BaseException:
+                    self._rewind(mark)
+                    raise
             arrays = None
             try:
                 arrays, source, slot = self._acquire(entry)
@@ -546,8 +660,11 @@ class TieredStore:
                         free = nxt == NEVER or not self._admit(
                             entry, arrays, [True] * len(arrays), None, nxt, prefetched=False)
                     self._pump()
-                if targets is not None:
-                    state = self._into(out, entry.spec, arrays, *targets)
+                if targets is not None or not copy:
+                    if targets is not None:
+                        state = self._into(out, entry.spec, arrays, *targets)
+                    else:
+                        state = unflatten(entry.spec, [_readonly(a) for a in arrays])
                     if free:  # the read buffers go to the pool (if nobody holds them)
                         owned = slot.owned if slot is not None else [True] * len(arrays)
                         self._release(arrays, owned, slot.digests if slot is not None else None)
@@ -587,8 +704,22 @@ class TieredStore:
             with self._lock:
                 self._n["deletes"] += 1
                 self._unregister(entry)
-                self._retire(entry)
+                # A stored record on a memory level is deleted here and now:
+                # its buffers go back to the pool for the next save.
+                now = entry.state == _STORED and self._inline[entry.tier]
+                if now:
+                    self._drop_slot(entry)
+                else:
+                    self._retire(entry)
                 self._pump()
+            if now:
+                try:
+                    self._run_delete(entry, notify=False)
+                except Exception as exc:
+                    with self._lock:
+                        self._failures.append(("delete", entry.step, entry.level,
+                                               self.tiers[entry.tier], exc))
+                    self._raise_failures()
             self._after_inline()
 
     def move(self, step: int, src: int, dst: int) -> None:
@@ -625,6 +756,7 @@ class TieredStore:
                     # Still staged: the new record takes over the staged copy,
                     # the old write is cancelled.
                     new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
+                    new.checksums = old.checksums
                     new.staged_bytes, old.staged_bytes = old.staged_bytes, 0
                     old.leaves = old.owned = old.digests = None
                     self._retire(old)
@@ -807,16 +939,22 @@ class TieredStore:
             raise StorageError("this TieredStore is closed; create a new one")
 
     def _enter(self):
-        self._check_open()
-        self._raise_failures()
+        if self._closed:
+            raise StorageError("this TieredStore is closed; create a new one")
+        if self._failures:  # (read without the lock: a failure recorded meanwhile waits a call)
+            self._raise_failures()
 
     @staticmethod
     def _check_step(step) -> int:
+        if type(step) is int and step >= 0:
+            return step
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         return int(step)
 
     def _check_level(self, level) -> int:
+        if type(level) is int and 0 <= level < self._nlv:
+            return level
         if isinstance(level, bool) or not isinstance(level, (int, np.integer)) \
                 or not 0 <= level < self._nlv:
             raise ValueError(f"level must be an int in 0..{self._nlv - 1} (an index into the "
@@ -856,15 +994,16 @@ class TieredStore:
             return -1
         index, kinds, steps, levels, dsts, recs = self._ops
         c = self._cursor
-        call = _describe(kind, step, level, dst)
         if c >= len(index):
+            call = _describe(kind, step, level, dst)
             raise PlanMismatchError(
                 f"{call} is past the end of the plan (all {len(index)} of its I/O actions are "
                 "done); construct the store with the io_plan of the schedule being run, or "
                 "with plan=None"
             )
-        if (kinds[c], steps[c], levels[c]) != (kind, step, level) or \
+        if kinds[c] != kind or steps[c] != step or levels[c] != level or \
                 (kind == _MOVE and dsts[c] != dst):
+            call = _describe(kind, step, level, dst)
             raise PlanMismatchError(
                 f"{call} does not follow the plan: it expected action {index[c]}, "
                 f"{_describe(kinds[c], steps[c], levels[c], dsts[c])}. Call the store in "
@@ -885,15 +1024,13 @@ class TieredStore:
     def _next_use(self, entry) -> int:
         if entry.read_q < 0:
             return NEVER
-        return int(self._plan.levels[entry.level].index[entry.read_q])
+        return self._reads[entry.level][0][entry.read_q]
 
     def _register(self, entry):
         self._index[(entry.step, entry.level)] = entry
         if entry.record >= 0:
             self._by_record[entry.record] = entry
-            first = int(self._plan.records[entry.record]["first_read"])
-            if first >= 0:
-                entry.read_q = self._plan.levels[entry.level].position(first)
+            entry.read_q = self._first_q[entry.record]
 
     def _unregister(self, entry):
         self._index.pop((entry.step, entry.level), None)
@@ -904,12 +1041,12 @@ class TieredStore:
         """After a read of `entry` at the current action: its next use."""
         if entry.record < 0 or entry.read_q < 0:
             return NEVER
-        lv = self._plan.levels[entry.level]
+        index, next_read = self._reads[entry.level]
         q = entry.read_q
-        if int(lv.index[q]) != self._now:  # resynchronise (defensive)
-            q = lv.position(self._now)
-        entry.read_q = int(lv.next_read_of_record[q]) if q < len(lv) else -1
-        return self._next_use(entry)
+        if index[q] != self._now:  # resynchronise (defensive)
+            q = self._plan.levels[entry.level].position(self._now)
+        entry.read_q = next_read[q] if q < len(index) else -1
+        return NEVER if entry.read_q < 0 else index[entry.read_q]
 
     def _raise_failures(self):
         with self._lock:
@@ -924,8 +1061,12 @@ class TieredStore:
                 msg = f"closing tier {tname!r} (level {level}) failed: {exc!r}"
             else:
                 msg = f"close() gave up: {exc}"
+        elif what == "save":
+            msg = (f"saving step {step} to level {level} (tier {tname!r}) failed: "
+                   f"{type(exc).__name__}: {exc}. The record of step {step} on level {level} "
+                   "is lost; recompute the state or restart from an earlier checkpoint")
         elif what == "delete":
-            msg = (f"the background delete of step {step} from level {level} (tier {tname!r}) "
+            msg = (f"deleting step {step} from level {level} (tier {tname!r}) "
                    f"failed: {type(exc).__name__}: {exc}. The tier may still hold the record "
                    "and its bytes; check the tier's path and permissions")
         else:
@@ -1072,6 +1213,8 @@ class TieredStore:
         self._outstanding += 1
         if kind != "read":
             self._tier_jobs[entry.tier] += 1
+        if kind == "write" and entry.done is None:
+            entry.done = threading.Event()
         if kind == "delete":
             priority = -1
         if self._workers_n == 0:
@@ -1087,6 +1230,13 @@ class TieredStore:
             self._job_done(kind, entry)
             return
         heapq.heappush(self._heap, (priority, next(self._seq), kind, slot, entry))
+        if not self._threads:
+            # Workers start with the first background job: a store whose
+            # levels are all in memory never starts a thread.
+            for k in range(self._workers_n):
+                th = threading.Thread(target=self._worker, name=f"vlcc-store-{k}", daemon=True)
+                th.start()
+                self._threads.append(th)
         self._work.notify()
 
     def _job_done(self, kind, entry):
@@ -1128,7 +1278,42 @@ class TieredStore:
             with self._lock:
                 self._failures.append((kind, entry.step, entry.level, self.tiers[entry.tier], exc))
 
-    def _run_write(self, entry):
+    def _write_inline(self, entry):
+        """Put a fresh capture into a memory level, in the caller.
+
+        A tier that keeps records by reference does no I/O in ``put`` (the
+        capture's buffers become the record), so handing it to a worker
+        would only add a thread switch and GIL traffic to every ``save``.
+        The checksums were computed by the capture copy.  Failures are
+        raised here, naming the step."""
+        try:
+            if self.dedup is True:
+                self._pool.recycle(self._dedup(entry, entry.leaves))
+            self._put(entry, Record(entry.spec, tuple(entry.leaves), tuple(entry.checksums)),
+                      adopt=True)
+        except BaseException as exc:
+            with self._lock:
+                entry.state = _FAILED
+                entry.error = exc
+                self._tier_jobs[entry.tier] -= 1
+                release = self._finish_write(entry)
+                self._failures.append(("save", entry.step, entry.level,
+                                       self.tiers[entry.tier], exc))
+            self._release(*release)
+            self._raise_failures()
+            raise  # pragma: no cover - _raise_failures raised
+        with self._lock:
+            entry.state = _STORED
+            c = self._tc[entry.tier]
+            c.puts += 1
+            c.bytes_in += entry.nbytes
+            c.records += 1
+            c.raw_bytes += entry.nbytes
+            self._tier_jobs[entry.tier] -= 1  # entry.tier: where it ended up (a spill moves it)
+            release = self._finish_write(entry, stored=True, notify=False)
+        self._release(*release)
+
+    def _run_write(self, entry, what="write"):
         with self._lock:
             if entry.state == _CANCELLED:
                 release = self._finish_write(entry)
@@ -1140,11 +1325,13 @@ class TieredStore:
                 # Taken in the same critical section as the state change: a
                 # Move may hand the staged copy on the moment we are WRITING.
                 leaves = None if entry.leaves is None else list(entry.leaves)
+                sums = entry.checksums
                 src = entry.move_src
         if release is not None:
             self._release(*release)
             self._delete_after(after)
-            entry.done.set()
+            if entry.done is not None:
+                entry.done.set()
             return
         try:
             checksums = None
@@ -1162,11 +1349,18 @@ class TieredStore:
                         leaves = list(entry.leaves)
                 self._pool.recycle(give)  # unless a reader or a Move still holds them
             if checksums is None:
-                record = make_record(entry.spec, leaves)
-            else:  # a Move: the source's verified checksums still hold
-                record = Record(entry.spec, tuple(leaves), tuple(checksums))
+                # Most were computed by the capture copy (a shared dedup leaf
+                # has the same bytes, hence the same checksum); the leaves
+                # kept by reference are hashed here, with the GIL released.
+                if sums is None:
+                    sums = [None] * len(leaves)
+                checksums = [c if c is not None else leaf_checksum(leaf)
+                             for leaf, c in zip(leaves, sums)]
+            # A Move's leaves read from its source keep the checksums verified there.
+            record = Record(entry.spec, tuple(leaves), tuple(checksums))
             del leaves
             self._put(entry, record)
+            checksums = record.checksums
             del record
         except BaseException as exc:
             with self._lock:
@@ -1175,14 +1369,16 @@ class TieredStore:
                 release = self._finish_write(entry)
                 after = entry.delete_after
                 entry.delete_after = None
-                self._failures.append(("write", entry.step, entry.level,
+                self._failures.append((what, entry.step, entry.level,
                                        self.tiers[entry.tier], exc))
             self._release(*release)
             self._delete_after(after)
-            entry.done.set()
+            if entry.done is not None:
+                entry.done.set()
             return
         with self._lock:
             entry.state = _STORED
+            entry.checksums = checksums  # for loads straight from a memory tier
             c = self._tc[entry.tier]
             c.puts += 1
             c.bytes_in += entry.nbytes
@@ -1196,7 +1392,8 @@ class TieredStore:
         self._delete_after(after)
         if cancel:
             self._run_delete(entry)
-        entry.done.set()
+        if entry.done is not None:
+            entry.done.set()
 
     def _delete_after(self, old):
         """After a Move's write: delete the source's tier copy."""
@@ -1209,14 +1406,17 @@ class TieredStore:
                 self._tier_jobs[old.tier] -= 1
                 self._changed.notify_all()
 
-    def _finish_write(self, entry, stored=False):
-        """Lock held: end of a write job.  Returns what to release."""
+    def _finish_write(self, entry, stored=False, notify=True):
+        """Lock held: end of a write job.  Returns what to release.  (An
+        inline write need not `notify`: nobody can be waiting for it, the
+        caller holds the API lock.)"""
         self._staging_used -= entry.staged_bytes
         entry.staged_bytes = 0
         if entry.reserved_tier >= 0:
             self._reserved[entry.reserved_tier] -= entry.reserved
             entry.reserved, entry.reserved_tier = 0, -1
-        self._changed.notify_all()
+        if notify:
+            self._changed.notify_all()
         if stored and not entry.cancel and entry.leaves is not None:
             if self._retains[entry.tier]:
                 return (None, None, None)  # the tier holds them: kept until the delete
@@ -1232,11 +1432,17 @@ class TieredStore:
         entry.leaves = entry.owned = entry.digests = None
         return (leaves, owned, digests)
 
-    def _put(self, entry, record):
+    def _put(self, entry, record, adopt=False):
+        """Put `record` into `entry`'s tier (spilling on with policy="spill").
+        `adopt`: the record is a fresh capture of ours, which a MemoryTier
+        may take without re-checking it (MemoryTier._adopt)."""
         while True:
             tier = self.tiers[entry.tier]
             try:
-                tier.put(entry.key, record)
+                if adopt and self._direct[entry.tier]:
+                    tier._adopt(entry.key, record)
+                else:
+                    tier.put(entry.key, record)
                 return
             except TierFullError as exc:
                 nxt = entry.tier + 1
@@ -1309,7 +1515,7 @@ class TieredStore:
             self._release(*release)
         del arrays
 
-    def _run_delete(self, entry):
+    def _run_delete(self, entry, notify=True):
         tier = self.tiers[entry.tier]
         try:
             tier.delete(entry.key)
@@ -1323,7 +1529,8 @@ class TieredStore:
             entry.state = _GONE
             leaves, owned, digests = entry.leaves, entry.owned, entry.digests
             entry.leaves = entry.owned = entry.digests = None
-            self._changed.notify_all()
+            if notify:
+                self._changed.notify_all()
         self._release(leaves, owned, digests)
 
     def _dedup(self, entry, leaves) -> list:
@@ -1529,6 +1736,60 @@ class TieredStore:
                 with self._lock:
                     self._t["stall"] += waited
 
+    def _load_direct(self, entry, out, targets, copy):
+        """A load from a memory level, in the caller, from the arrays the
+        tier keeps (they are the ones the engine handed to its ``put``):
+        each leaf is verified against its checksum in the same pass that
+        copies it out, so a restore reads the record once."""
+        tier = self.tiers[entry.tier]
+        if entry.key not in tier:
+            raise StorageError(
+                f"the record of step {entry.step} is missing from level {entry.tier} "
+                f"({getattr(tier, 'name', type(tier).__name__)}, key {entry.key!r}): it was "
+                "removed behind the store's back; recompute the state")
+        with self._lock:
+            leaves, sums = list(entry.leaves), entry.checksums
+        spec = entry.spec
+        if targets is not None:
+            dsts, out_spec, jax = targets
+            for i, src in enumerate(leaves):
+                if jax[i]:  # JAX arrays are immutable: rebuilt from a copy
+                    dsts[i] = np.empty(src.shape, src.dtype)
+                self._verify(entry, i, src, copy_checksum(src, dsts[i]), sums[i])
+            if any(jax) or out_spec["tree"] != spec["tree"]:
+                out = unflatten(spec, dsts)
+            state = out
+        elif copy:
+            arrays = []
+            for i, src in enumerate(leaves):
+                dst = np.empty(src.shape, src.dtype)
+                self._verify(entry, i, src, copy_checksum(src, dst), sums[i])
+                arrays.append(dst)
+            state = unflatten(spec, arrays)
+        else:
+            for i, src in enumerate(leaves):
+                self._verify(entry, i, src, leaf_checksum(src), sums[i])
+            state = unflatten(spec, [_readonly(a) for a in leaves])
+        with self._lock:
+            self._n["loads"] += 1
+            if entry.tier in self._prefetch_levels:  # a memory level asked to be prefetched
+                self._n["misses"] += 1
+            self._advance_read(entry)
+            c = self._tc[entry.tier]
+            c.gets += 1
+            c.bytes_out += entry.nbytes
+            self._pump()
+        return state
+
+    def _verify(self, entry, i, leaf, got, want):
+        if got != want:
+            tier = self.tiers[entry.tier]
+            name = getattr(tier, "name", None)
+            exc = corrupt(f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
+                          f"the record says {want}", entry.key, name, entry.step)
+            raise CorruptCheckpointError(f"step {entry.step} on level {entry.level}: {exc}",
+                                         key=entry.key, tier=name, step=entry.step)
+
     @staticmethod
     def _own(arrays: list) -> list:
         """Arrays the caller may own: those nobody else references are
@@ -1548,27 +1809,34 @@ class TieredStore:
         """Check that `out` can take the stored state of `spec` in place:
         ``(its arrays, its spec, which leaves are JAX arrays)``."""
         targets, out_spec = flatten(out)
-        again, _ = flatten(out)
         want = spec["leaves"]
         if len(targets) != len(want):
             raise ValueError(f"out= has {len(targets)} arrays, the stored state of step "
                              f"{spec.get('step')} has {len(want)}; pass a state of the same "
                              "structure, or load without out=")
-        nodes = _leaf_nodes(out_spec["tree"])
+        same = out_spec["leaves"] == want  # same dtypes (byte order included) and shapes
+        # JAX leaves (only possible once JAX is imported) are rebuilt, not written.
+        nodes = _leaf_nodes(out_spec["tree"]) if "jax" in sys.modules else {}
         jax = []
-        for i, (dst, w) in enumerate(zip(targets, want)):
-            dtype = _spec_dtype(w["dtype"])
-            if list(dst.shape) != w["shape"] or dst.dtype != dtype or dst.dtype.str != dtype.str:
-                raise ValueError(
-                    f"out= array {i} is {dst.dtype.str}{list(dst.shape)}, the stored one is "
-                    f"{w['dtype']}{w['shape']}; pass a state of the same shapes and dtypes, "
-                    "or load without out="
-                )
+        for i in range(len(targets)):
+            dst = targets[i]
+            if not same:
+                w = want[i]
+                dtype = _spec_dtype(w["dtype"])
+                if list(dst.shape) != w["shape"] or dst.dtype != dtype \
+                        or dst.dtype.str != dtype.str:
+                    raise ValueError(
+                        f"out= array {i} is {dst.dtype.str}{list(dst.shape)}, the stored one "
+                        f"is {w['dtype']}{w['shape']}; pass a state of the same shapes and "
+                        "dtypes, or load without out="
+                    )
             is_jax = bool(nodes.get(i, {}).get("jax"))
             jax.append(is_jax)
             if is_jax:
                 continue  # JAX arrays are immutable: rebuilt
-            if dst is not again[i]:
+            # A leaf only `targets` references is a C-ordered copy flatten
+            # made of a non-contiguous array: writing it would restore nothing.
+            if sys.getrefcount(targets[i]) <= _SOLE + 1:
                 raise ValueError(f"out= array {i} is not C-contiguous, so it cannot be restored "
                                  "in place; pass C-contiguous arrays, or load without out=")
             if not dst.flags.writeable:

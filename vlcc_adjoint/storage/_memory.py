@@ -11,9 +11,11 @@ leaves) work.  What it does do:
   records (a deduplicated leaf from :class:`~vlcc_adjoint.storage.LeafTable`,
   handed to several ``put`` calls) is counted once and kept until its last
   record is deleted;
-* verify every leaf's checksum on ``get`` (6-10 GB/s), so a buffer that was
-  modified after it was saved (a stray in-place update, a reused pool
-  buffer) is reported as :class:`CorruptCheckpointError`, not returned.
+* verify every leaf's checksum on ``get``, so a buffer that was modified
+  after it was saved (a stray in-place update, a reused pool buffer) is
+  reported as :class:`CorruptCheckpointError`, not returned.  (The
+  :class:`~vlcc_adjoint.storage.TieredStore` reads its own records without
+  ``get``: it verifies each leaf in the same pass that copies it out.)
 
 ``get`` returns read-only views of the stored arrays: restoring a state
 twice (Revolve reloads the same checkpoint) must find it unchanged, so
@@ -55,7 +57,8 @@ class MemoryTier(Tier):
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.name = name
         self._lock = threading.Lock()
-        self._records: dict[str, tuple[str, tuple[np.ndarray, ...], tuple[str, ...]]] = {}
+        # key -> (spec as JSON text, or the engine's dict; leaves; checksums)
+        self._records: dict[str, tuple[str | dict, tuple[np.ndarray, ...], tuple[str, ...]]] = {}
         self._objects: dict[int, list] = {}  # id(array) -> [array, number of holders]
         self._used = 0
 
@@ -70,8 +73,19 @@ class MemoryTier(Tier):
         key is taken, ``ValueError`` if the spec is not pure JSON.
         """
         check_record(key, record)
-        spec_json = encode_spec(key, record.spec)
-        leaves = tuple(record.leaves)
+        self._insert(key, encode_spec(key, record.spec), tuple(record.leaves),
+                     tuple(record.checksums))
+
+    def _adopt(self, key: str, record: Record) -> None:
+        """``put`` for a :class:`~vlcc_adjoint.storage.TieredStore`'s own
+        captures, which are valid by construction (C-contiguous leaves,
+        checksums from the capture copy, a spec from ``flatten`` that the
+        engine never changes again): the checks and the JSON encoding are
+        skipped, and the spec is encoded on its first ``get`` instead (the
+        engine reads these records without ``get``)."""
+        self._insert(key, record.spec, record.leaves, record.checksums)
+
+    def _insert(self, key, spec, leaves, checksums) -> None:
         with self._lock:
             if key in self._records:
                 raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
@@ -89,7 +103,7 @@ class MemoryTier(Tier):
                 else:
                     entry[1] += 1
             self._used += need
-            self._records[key] = (spec_json, leaves, tuple(record.checksums))
+            self._records[key] = (spec, leaves, checksums)
 
     def get(self, key: str) -> Record:
         """The record under `key`, checksums verified; leaves are read-only views."""
@@ -97,8 +111,8 @@ class MemoryTier(Tier):
             entry = self._records.get(key)
         if entry is None:
             raise KeyError(f"no record {key!r} in tier {self.name!r}")
-        spec_json, leaves, checksums = entry
-        spec = json.loads(spec_json)
+        spec, leaves, checksums = entry
+        spec = json.loads(spec if type(spec) is str else encode_spec(key, spec))  # a fresh dict
         verify_leaves(leaves, checksums, key, self.name, step_of(spec))
         return Record(spec, tuple(_readonly(leaf) for leaf in leaves), checksums)
 

@@ -67,7 +67,7 @@ class BufferPool:
 
     def take(self, dtype, shape) -> np.ndarray:
         """A C-contiguous, writeable array of `dtype` and `shape` (contents undefined)."""
-        key = (np.dtype(dtype).str, tuple(shape))
+        key = (np.dtype(dtype), tuple(shape))  # equal dtypes: the same layout
         with self._lock:
             free = self._free.get(key)
             if free:
@@ -104,7 +104,7 @@ class BufferPool:
                     or not arr.flags.writeable or not arr.flags.c_contiguous):
                 self.refused += 1
                 continue
-            key = (arr.dtype.str, arr.shape)
+            key = (arr.dtype, arr.shape)
             with self._lock:
                 if self.free_bytes + arr.nbytes > self.max_free_bytes:
                     self.refused += 1

@@ -67,7 +67,8 @@ class StoreStats:
       stored on a slower level than asked for (``policy="spill"``).
     - `captured_bytes`: bytes copied into store-owned buffers by ``save``;
       `referenced_bytes`: bytes of immutable leaves kept by reference;
-      `capture_seconds`: time of those copies.
+      `capture_seconds`: time of those copies (each computes the leaf's
+      checksum in the same pass).
     - `stall_seconds`, `flush_seconds`, `io_seconds`, `hidden_io_seconds`.
     - `prefetch_issued`: reads started ahead of time; `prefetch_hits`: loads
       served from the read cache (prefetched, or kept there after their

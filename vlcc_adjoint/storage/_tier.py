@@ -138,7 +138,11 @@ class Tier(abc.ABC):
     """A storage level: a keyed store of :class:`Record` with a hard capacity.
 
     Subclasses set :attr:`name` and implement the five abstract methods;
-    ``capacity_bytes`` is ``None`` for unbounded.
+    ``capacity_bytes`` is ``None`` for unbounded.  A tier whose ``put``
+    keeps the leaf arrays by reference (no I/O, like
+    :class:`~vlcc_adjoint.storage.MemoryTier`) sets ``retains_references =
+    True``: a :class:`~vlcc_adjoint.storage.TieredStore` then writes to it
+    in the caller instead of on a worker thread.
     """
 
     name: str = "tier"
