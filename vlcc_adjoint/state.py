@@ -278,6 +278,20 @@ def dtype_to_json(dtype: np.dtype) -> str | dict:
     Raises ``TypeError`` for dtypes that hold Python objects.
     """
     dtype = np.dtype(dtype)
+    known = _DTYPE_JSON.get(dtype)
+    if known is not None:  # every leaf of every save asks: answer the common ones at once
+        return known
+    text = _dtype_to_json(dtype)
+    if isinstance(text, str):
+        _DTYPE_JSON[dtype] = text
+    return text
+
+
+#: dtype -> its JSON string, filled as dtypes are met.
+_DTYPE_JSON: dict[np.dtype, str] = {}
+
+
+def _dtype_to_json(dtype: np.dtype) -> str | dict:
     if dtype.hasobject:
         raise TypeError(
             f"dtype {dtype} holds Python objects, which cannot be checkpointed without pickle; "
