@@ -52,3 +52,20 @@ def test_demo_checks_its_gradient_and_draws_it(tmp_path, capsys, monkeypatch):
     assert "gradient check PASSED" in out
     assert "Multistage" in out and "zarr" in out
     assert (tmp_path / "vlcc_demo_gradient.png").stat().st_size > 10_000
+
+
+def test_bench_runs_the_chosen_benchmarks_and_indexes_their_results(tmp_path):
+    import json
+
+    rc = main(["bench", "--quick", "--only", "multistage", "--out", str(tmp_path)])
+    assert rc == 0
+    index = json.loads((tmp_path / "run_all.json").read_text())
+    result = json.loads((tmp_path / "bench_multistage.json").read_text())
+    assert [run["name"] for run in index["runs"]] == ["multistage"]
+    assert index["runs"][0]["status"] == 0
+    assert {row["n"] for row in result["rows"]} == {1000, 10000}
+    assert all(row["new"]["optimal_time"] > 0 for row in result["rows"])
+
+
+def test_bench_rejects_an_unknown_benchmark():
+    assert main(["bench", "--only", "nonesuch"]) != 0

@@ -83,6 +83,18 @@ def _add_lineage(sub) -> dict:
     return add_commands(sub)
 
 
+def _bench(args, rest) -> int:
+    import pathlib
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_all.py"
+    if not script.exists():
+        print("vlcc: error: vlcc bench runs the benchmarks of a source checkout; clone the "
+              "repository and install it with pip install -e '.[test,bench]'", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script), *rest])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="vlcc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,8 +112,14 @@ def main(argv=None) -> int:
     demo.add_argument("--disk-states", type=int, default=41, help="disk budget, in states")
     demo.add_argument("--png", default="vlcc_demo_gradient.png",
                       help="where to draw the gradient ('' for no figure)")
+    sub.add_parser("bench", add_help=False,
+                   help="run every benchmark (benchmarks/run_all.py; --quick, --full, --only)")
     lineage = _add_lineage(sub)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return _bench(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in lineage:
         return lineage[args.command](args)
     try:

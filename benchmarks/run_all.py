@@ -1,0 +1,130 @@
+"""Run every benchmark of the project, one after the other, and index the results.
+
+Reproduce::
+
+    pip install -e ".[test,bench]"
+    python benchmarks/run_all.py --quick        # every benchmark at its quick size
+    python benchmarks/run_all.py --full         # the sizes the paper quotes
+    python benchmarks/run_all.py --quick --only codecs tiers
+    vlcc bench --quick                          # the same, from a source checkout
+
+Each benchmark runs in a fresh Python process (``benchmarks/bench_<name>.py
+--quick|(full) --out DIR``), compares our code with its peer tool side by
+side in that one run, and writes ``DIR/bench_<name>.json`` (and a PNG where
+it draws one).  This script adds ``DIR/run_all.json``: the machine, the
+versions of every compared package, the load average before and after each
+benchmark, its wall time, exit status and the files it wrote.  Benchmarks
+run one at a time because the machines are small and shared; a failing
+benchmark is reported and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: name -> extra arguments at (quick, full) size.  Order: foundations first.
+BENCHMARKS = {
+    "schedules": (["--quick"], []),
+    "multistage": (["--n", "1000", "10000", "--repeats", "1", "--only-new"], []),
+    "codecs": (["--quick"], []),
+    "tiers": (["--quick"], []),
+    "store_calls": (["--quick"], []),
+    "overlap": (["--quick"], []),
+    "seismic": (["--quick"], []),
+    "devito": (["--quick"], []),
+    "jax": (["--quick"], []),
+    "mpi": (["--quick"], []),
+    "lineage": (["--quick"], []),
+    "torch": (["--quick"], []),
+}
+
+PACKAGES = ["vlcc-adjoint", "numpy", "numba", "zarr", "blosc2", "xxhash", "networkx", "jax",
+            "jaxlib", "equinox", "devito", "pyrevolve", "checkpoint-schedules", "zfpy", "pysz",
+            "torch", "deepspeed", "mpi4py", "mpich"]
+
+
+def machine() -> dict:
+    """Where the numbers were measured."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "packages": versions,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def run_one(name: str, args: list[str], out: Path, timeout: float) -> dict:
+    """Run ``bench_<name>.py`` in a fresh interpreter; what it did and wrote."""
+    script = HERE / f"bench_{name}.py"
+    before = {p.name: p.stat().st_mtime for p in out.glob("*") if p.is_file()}
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    try:
+        proc = subprocess.run([sys.executable, str(script), *args, "--out", str(out)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        status, tail = proc.returncode, (proc.stdout[-3000:] + proc.stderr[-2000:])
+    except subprocess.TimeoutExpired as error:
+        status, tail = "timeout", str(error)[-2000:]
+    wall = time.perf_counter() - t0
+    written = sorted(p.name for p in out.glob("*") if p.is_file()
+                     and before.get(p.name) != p.stat().st_mtime)
+    return {"name": name, "args": args, "status": status, "wall_seconds": wall,
+            "load_before": load_before, "load_after": os.getloadavg(), "written": written,
+            "output_tail": tail}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="every benchmark's quick size")
+    size.add_argument("--full", action="store_true", help="the full sizes (hours)")
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), default=None)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds before one benchmark is stopped")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = args.only or list(BENCHMARKS)
+    index = {"command": " ".join(["python benchmarks/run_all.py", *(argv or sys.argv[1:])]),
+             "quick": not args.full, "machine": machine(), "runs": []}
+    failed = 0
+    for name in names:
+        quick, full = BENCHMARKS[name]
+        print(f"== bench_{name} ...", flush=True)
+        record = run_one(name, full if args.full else quick, args.out, args.timeout)
+        index["runs"].append(record)
+        ok = record["status"] == 0
+        failed += not ok
+        print(f"   {'ok' if ok else 'FAILED (' + str(record['status']) + ')'} in "
+              f"{record['wall_seconds']:.0f} s, load {record['load_before'][0]:.1f} -> "
+              f"{record['load_after'][0]:.1f}; wrote {', '.join(record['written']) or 'nothing'}",
+              flush=True)
+        if not ok:
+            print(record["output_tail"], flush=True)
+    index["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    (args.out / "run_all.json").write_text(json.dumps(index, indent=1))
+    print(f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran cleanly")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
