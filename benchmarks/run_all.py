@@ -16,6 +16,12 @@ versions of every compared package, the load average before and after each
 benchmark, its wall time, exit status and the files it wrote.  Benchmarks
 run one at a time because the machines are small and shared; a failing
 benchmark is reported and the others still run.
+
+The benchmarks that write only JSON get their figure from
+``benchmarks/figures.py`` right after they ran cleanly; the run's record in
+``run_all.json`` says so under ``"figure"`` (``{"status": 0, "path": ...}``).
+A figure that cannot be drawn is recorded there with its error
+(``"status": "failed"``) and counts as a failed run.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from figures import FIGURES, draw  # noqa: E402  (benchmarks/figures.py)
 
 #: name -> extra arguments at (quick, full) size.  Order: foundations first.
 BENCHMARKS = {
@@ -92,6 +101,24 @@ def run_one(name: str, args: list[str], out: Path, timeout: float) -> dict:
             "output_tail": tail}
 
 
+def draw_figure(record: dict, out: Path) -> bool:
+    """Draw the figure of a benchmark that ran cleanly and writes no PNG itself.
+
+    Adds ``record["figure"]``; returns False if drawing failed (the error is
+    in the record, not swallowed)."""
+    name = record["name"]
+    if name not in FIGURES or record["status"] != 0:
+        return True
+    try:
+        path = draw(name, out)
+    except Exception as error:  # any failure to draw is reported like a failed run
+        record["figure"] = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+        return False
+    record["figure"] = {"status": 0, "path": path.name}
+    record["written"] = sorted(set(record["written"]) | {path.name})
+    return True
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
@@ -112,14 +139,19 @@ def main(argv=None) -> int:
         print(f"== bench_{name} ...", flush=True)
         record = run_one(name, full if args.full else quick, args.out, args.timeout)
         index["runs"].append(record)
-        ok = record["status"] == 0
+        drawn = draw_figure(record, args.out)
+        ok = record["status"] == 0 and drawn
         failed += not ok
-        print(f"   {'ok' if ok else 'FAILED (' + str(record['status']) + ')'} in "
+        status = ("ok" if ok else f"FAILED ({record['status']})" if record["status"] != 0
+                  else "FAILED (figure)")
+        print(f"   {status} in "
               f"{record['wall_seconds']:.0f} s, load {record['load_before'][0]:.1f} -> "
               f"{record['load_after'][0]:.1f}; wrote {', '.join(record['written']) or 'nothing'}",
               flush=True)
-        if not ok:
+        if record["status"] != 0:
             print(record["output_tail"], flush=True)
+        if not drawn:
+            print(f"   figure: {record['figure']['error']}", flush=True)
     index["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (args.out / "run_all.json").write_text(json.dumps(index, indent=1))
     print(f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran cleanly")
