@@ -164,68 +164,67 @@ def disk_bytes(path: str) -> int:
 # -- methods: each stores `versions` states in `path`, returns its measurements ----------
 
 
-def run_lineage(path, base, versions, seed, fraction, gap, **kw):
+def _timed_versions(base, versions, seed, fraction, gap, save, load, flush=None):
+    """The loop every method runs: ``save(k, state)`` for each version (the
+    time the training loop is blocked), then a mutation and `gap` seconds of
+    computation; then `flush` (background work) and ``load()`` of the last
+    version.  Returns ``(blocked, total, restore, loaded)``."""
     state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in base.items()}
     rng = np.random.default_rng(seed)
     blocked = []
-    with History(path, **kw) as h:
-        t0 = time.perf_counter()
-        for _ in range(versions):
-            t = time.perf_counter()
-            h.commit(state, meta={"step": state["step"]})
-            blocked.append(time.perf_counter() - t)
-            mutate(state, rng, fraction)
-            compute(gap)
-        h.wait()
-        total = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for k in range(versions):
         t = time.perf_counter()
-        last = h.load("main")
-        restore = time.perf_counter() - t
+        save(k, state)
+        blocked.append(time.perf_counter() - t)
+        mutate(state, rng, fraction)
+        compute(gap)
+    if flush is not None:
+        flush()
+    total = time.perf_counter() - t0
+    t = time.perf_counter()
+    loaded = load()
+    restore = time.perf_counter() - t
+    return blocked, total, restore, loaded
+
+
+def run_lineage(path, base, versions, seed, fraction, gap, **kw):
+    with History(path, **kw) as h:
+        blocked, total, restore, last = _timed_versions(
+            base, versions, seed, fraction, gap,
+            save=lambda k, state: h.commit(state, meta={"step": state["step"]}),
+            load=lambda: h.load("main"), flush=h.wait)
     assert last["step"] == versions - 1
     return blocked, total, restore
 
 
 def run_npsave(path, base, versions, seed, fraction, gap):
     os.makedirs(path)
-    state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in base.items()}
-    rng = np.random.default_rng(seed)
-    blocked = []
-    t0 = time.perf_counter()
-    for k in range(versions):
-        t = time.perf_counter()
-        for name in ("field", "params"):
+    names = ("field", "params")
+
+    def save(k, state):
+        for name in names:
             np.save(os.path.join(path, f"v{k}-{name}.npy"), state[name])
-        blocked.append(time.perf_counter() - t)
-        mutate(state, rng, fraction)
-        compute(gap)
-    total = time.perf_counter() - t0
-    t = time.perf_counter()
-    for name in ("field", "params"):
-        np.load(os.path.join(path, f"v{versions - 1}-{name}.npy"))
-    restore = time.perf_counter() - t
-    return blocked, total, restore
+
+    def load():
+        return [np.load(os.path.join(path, f"v{versions - 1}-{name}.npy")) for name in names]
+
+    return _timed_versions(base, versions, seed, fraction, gap, save, load)[:3]
 
 
 def run_torchsave(path, base, versions, seed, fraction, gap):
     import torch
 
     os.makedirs(path)
-    state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in base.items()}
-    rng = np.random.default_rng(seed)
-    blocked = []
-    t0 = time.perf_counter()
-    for k in range(versions):
-        t = time.perf_counter()
+
+    def save(k, state):
         torch.save({name: torch.from_numpy(state[name]) for name in ("field", "params")},
                    os.path.join(path, f"v{k}.pt"))
-        blocked.append(time.perf_counter() - t)
-        mutate(state, rng, fraction)
-        compute(gap)
-    total = time.perf_counter() - t0
-    t = time.perf_counter()
-    torch.load(os.path.join(path, f"v{versions - 1}.pt"), weights_only=True)
-    restore = time.perf_counter() - t
-    return blocked, total, restore
+
+    def load():
+        return torch.load(os.path.join(path, f"v{versions - 1}.pt"), weights_only=True)
+
+    return _timed_versions(base, versions, seed, fraction, gap, save, load)[:3]
 
 
 def methods() -> dict:

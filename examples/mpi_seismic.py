@@ -6,12 +6,13 @@
 
 The 2-D acoustic problem of ``examples/seismic_fwi.py`` with its rows split
 over the ranks as Devito splits them (``numpy.array_split``: blocks may
-differ by a row).  Each rank advances its slab, exchanging two halo rows
-with its neighbours by non-blocking ``Isend``/``Irecv`` while it updates the
-rows that need none; the adjoint step runs the transposed stencil and
-*adds* what lands in its halo into the neighbours' rows (the transpose of
-the halo copy: ``HaloExchange.accumulate``).  ``vlcc_adjoint/_mpi/_seismic.py``
-explains both.
+differ by a row).  Each rank advances its slab with the serial kernels,
+exchanging two halo rows with its neighbours by non-blocking
+``Isend``/``Irecv`` while it updates the rows that need none; the adjoint
+step exchanges the halos of ``a c beta'`` too (the Laplacian is symmetric,
+so its transpose is a stencil like the forward one), and the gradient is
+the serial one bit for bit.  ``vlcc_adjoint/_mpi/_seismic.py`` explains
+both.
 
 The schedule is a two-level ``Multistage``: a few snapshots in each rank's
 memory, more on a zarr hierarchy shared by all ranks (``--dir``), written

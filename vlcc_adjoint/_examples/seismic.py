@@ -112,13 +112,23 @@ def ricker(t: np.ndarray, f0: float, t0: float) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
+# One kernel per direction serves this module and the MPI slabs of
+# ``vlcc_adjoint._mpi._seismic``: it updates grid rows ``j0 .. j1-1``, and
+# grid row ``j`` is row ``j + pad`` of the fields (``pad`` halo rows above
+# the block: 0 here, ``R`` for a slab) and row ``j`` of ``cv`` / ``row_id`` /
+# ``gacc``.  Field rows outside the arrays read as zero (the ``u = 0``
+# exterior), so an unpadded grid needs no halo.  The helpers below are
+# inlined into the kernels at numba's IR level; the compiled inner loops are
+# the ones written out by hand (measured: same speed).
+
+
 @numba.njit(inline="always")
-def _fill_row(ring, slot, field, row):
-    # Copy field[row] into ring[slot, R:R+nx]; rows outside the grid are zero.
-    nz, nx = field.shape
-    dst = ring[slot]
-    if row >= 0 and row < nz:
-        src = field[row]
+def _fill_row(ring, field, q):
+    # ring[q mod S, R:R+nx] = field[q]; rows outside the field are zero.
+    nx = field.shape[1]
+    dst = ring[(q + _S) % _S]
+    if q >= 0 and q < field.shape[0]:
+        src = field[q]
         for i in range(nx):
             dst[_R + i] = src[i]
     else:
@@ -127,14 +137,15 @@ def _fill_row(ring, slot, field, row):
 
 
 @numba.njit(inline="always")
-def _fill_row_weighted(ring, slot, field, cv, a_tab, row_id, row):
-    # ring[slot] = a * c * field[row], the field the transposed stencil acts on.
-    nz, nx = field.shape
-    dst = ring[slot]
-    if row >= 0 and row < nz:
-        src = field[row]
-        cvr = cv[row]
-        ar = a_tab[row_id[row]]
+def _fill_row_weighted(ring, beta, cv, a_tab, row_id, j, pad):
+    # ring[(j + pad) mod S, R:R+nx] = a c beta on grid row j, the field the
+    # transposed stencil acts on; zero outside the grid rows of cv.
+    nx = beta.shape[1]
+    dst = ring[(j + pad + _S) % _S]
+    if j >= 0 and j < cv.shape[0]:
+        src = beta[j + pad]
+        cvr = cv[j]
+        ar = a_tab[row_id[j]]
         for i in range(nx):
             dst[_R + i] = ar[i] * cvr[i] * src[i]
     else:
@@ -142,35 +153,57 @@ def _fill_row_weighted(ring, slot, field, cv, a_tab, row_id, row):
             dst[_R + i] = 0.0
 
 
+@numba.njit(inline="always")
+def _rows(ring, q):
+    # The ring rows of field rows q-2 .. q+2.
+    return (ring[(q - 2 + _S) % _S], ring[(q - 1 + _S) % _S], ring[(q + _S) % _S],
+            ring[(q + 1) % _S], ring[(q + 2) % _S])
+
+
+@numba.njit(inline="always")
+def _lap(rows, k):
+    # L (times dx^2) at column k - R of the centre row of `rows` (from _rows).
+    rm2, rm1, r0, rp1, rp2 = rows
+    return (_C0 * r0[k]
+            + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
+            + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
+
+
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def _wave_forward(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_val):
-    """One leapfrog step in place: ``prev <- u^{k+1}`` (``curr`` is ``u^k``).
+def _forward_rows(prev, curr, cv, a_tab, b_tab, row_id, ring, j0, j1, pad):
+    """Grid rows ``j0 .. j1-1`` of one leapfrog step, in place in ``prev``
+    (``curr`` is ``u^k``, with its halo rows filled if ``pad > 0``).
 
     ``a_tab[row_id[j]]`` / ``b_tab[row_id[j]]`` are ``a`` / ``(1 - e) a`` on
     row ``j`` (:func:`damping_tables`).  `ring` is a ``(2R+1, nx+2R)``
-    scratch, zero in its padding columns.  `src_val` is ``dt^2 f`` at the
-    source point for this step.
+    scratch, zero in its padding columns.  Only ``prev`` is written, so row
+    ranges may be done in any order.
     """
-    nz, nx = curr.shape
-    for row in range(-_R, _R):
-        _fill_row(ring, (row + _S) % _S, curr, row)
-    for j in range(nz):
-        _fill_row(ring, (j + _R) % _S, curr, j + _R)
-        rm2 = ring[(j - 2 + _S) % _S]
-        rm1 = ring[(j - 1 + _S) % _S]
-        r0 = ring[j % _S]
-        rp1 = ring[(j + 1) % _S]
-        rp2 = ring[(j + 2) % _S]
-        pj = prev[j]
+    nx = curr.shape[1]
+    for q in range(j0 + pad - _R, j0 + pad + _R):
+        _fill_row(ring, curr, q)
+    for j in range(j0, j1):
+        q = j + pad
+        _fill_row(ring, curr, q + _R)
+        rows = _rows(ring, q)
+        r0 = rows[2]
+        pj = prev[q]
         cvj = cv[j]
         aj = a_tab[row_id[j]]
         bj = b_tab[row_id[j]]
         for i in range(nx):
             k = i + _R
-            lap = (_C0 * r0[k]
-                   + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
-                   + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
-            pj[i] = aj[i] * (2.0 * r0[k] + cvj[i] * lap) - bj[i] * pj[i]
+            pj[i] = aj[i] * (2.0 * r0[k] + cvj[i] * _lap(rows, k)) - bj[i] * pj[i]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _wave_forward(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_val):
+    """One leapfrog step in place: ``prev <- u^{k+1}`` (``curr`` is ``u^k``).
+
+    The arguments are those of :func:`_forward_rows`; `src_val` is
+    ``dt^2 f`` at the source point for this step.
+    """
+    _forward_rows(prev, curr, cv, a_tab, b_tab, row_id, ring, 0, curr.shape[0], 0)
     prev[src_z, src_x] += a_tab[row_id[src_z], src_x] * src_val
 
 
@@ -189,51 +222,60 @@ def _wave_forward_many(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x,
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def _wave_adjoint(alpha, beta, curr, cv, a_tab, b_tab, row_id, wring, bring, gacc):
-    """The transpose of :func:`_wave_forward` in place, plus the imaging condition.
+def _adjoint_rows(alpha, beta, curr, w, cv, a_tab, b_tab, row_id, wring, bring, gacc, j0, j1,
+                  pad):
+    """Grid rows ``j0 .. j1-1`` of the transpose of :func:`_forward_rows` in
+    place, plus the imaging condition.
 
     On entry ``(alpha, beta)`` is the adjoint of ``(A', B')``; on return
-    `alpha` holds the adjoint of ``B`` and `beta` that of ``A`` (the caller
-    swaps them).  `curr` is ``B`` (``u^k`` of the state of this step);
-    ``gacc += a beta' L(B)`` is the gradient w.r.t. ``c = (v dt/dx)^2``.
+    `alpha` holds the adjoint of ``B`` and `beta` that of ``A`` on those
+    rows (the caller swaps them).  `curr` is ``B`` (``u^k`` of the state of
+    this step, halos filled if ``pad > 0``); ``gacc += a beta' L(B)`` is the
+    gradient w.r.t. ``c = (v dt/dx)^2``.  `w` is ``a c beta'`` laid out like
+    the fields (an MPI slab: its halo rows hold the neighbours' values), or
+    ``None`` to form it from `beta` as the rows stream through the ring:
+    that needs one in-order sweep over all rows (rows of `beta` are
+    overwritten right behind the ring).  With `w` given, row ranges may be
+    done in any order.  ``L`` is symmetric, so the
+    transposed stencil ``L(a c beta')`` is the stencil itself.
     """
-    nz, nx = curr.shape
-    for row in range(-_R, _R):
-        _fill_row_weighted(wring, (row + _S) % _S, beta, cv, a_tab, row_id, row)
-        _fill_row(bring, (row + _S) % _S, curr, row)
-    for j in range(nz):
-        # Row j+R of a*c*beta' enters the ring before row j of beta is
-        # overwritten below; rows > j of beta are still untouched.
-        _fill_row_weighted(wring, (j + _R) % _S, beta, cv, a_tab, row_id, j + _R)
-        _fill_row(bring, (j + _R) % _S, curr, j + _R)
-        wm2 = wring[(j - 2 + _S) % _S]
-        wm1 = wring[(j - 1 + _S) % _S]
-        w0 = wring[j % _S]
-        wp1 = wring[(j + 1) % _S]
-        wp2 = wring[(j + 2) % _S]
-        bm2 = bring[(j - 2 + _S) % _S]
-        bm1 = bring[(j - 1 + _S) % _S]
-        b0 = bring[j % _S]
-        bp1 = bring[(j + 1) % _S]
-        bp2 = bring[(j + 2) % _S]
-        aj = alpha[j]
-        bj = beta[j]
+    nx = curr.shape[1]
+    for q in range(j0 + pad - _R, j0 + pad + _R):
+        if w is None:
+            _fill_row_weighted(wring, beta, cv, a_tab, row_id, q - pad, pad)
+        else:
+            _fill_row(wring, w, q)
+        _fill_row(bring, curr, q)
+    for j in range(j0, j1):
+        q = j + pad
+        # Row q+R of a*c*beta' enters the ring before row q of beta is
+        # overwritten below; rows > q of beta are still untouched.
+        if w is None:
+            _fill_row_weighted(wring, beta, cv, a_tab, row_id, j + _R, pad)
+        else:
+            _fill_row(wring, w, q + _R)
+        _fill_row(bring, curr, q + _R)
+        wrows = _rows(wring, q)
+        brows = _rows(bring, q)
+        aj = alpha[q]
+        bj = beta[q]
         gj = gacc[j]
         ar = a_tab[row_id[j]]
         br = b_tab[row_id[j]]
         for i in range(nx):
             k = i + _R
-            lapw = (_C0 * w0[k]
-                    + _C1 * (w0[k - 1] + w0[k + 1] + wm1[k] + wp1[k])
-                    + _C2 * (w0[k - 2] + w0[k + 2] + wm2[k] + wp2[k]))
-            lapb = (_C0 * b0[k]
-                    + _C1 * (b0[k - 1] + b0[k + 1] + bm1[k] + bp1[k])
-                    + _C2 * (b0[k - 2] + b0[k + 2] + bm2[k] + bp2[k]))
             bt = bj[i]
             abt = ar[i] * bt
-            aj[i] = aj[i] + 2.0 * abt + lapw
+            aj[i] = aj[i] + 2.0 * abt + _lap(wrows, k)
             bj[i] = -br[i] * bt
-            gj[i] += abt * lapb
+            gj[i] += abt * _lap(brows, k)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def _wave_adjoint(alpha, beta, curr, cv, a_tab, b_tab, row_id, wring, bring, gacc):
+    """The transpose of :func:`_wave_forward` in place (see :func:`_adjoint_rows`)."""
+    _adjoint_rows(alpha, beta, curr, None, cv, a_tab, b_tab, row_id, wring, bring, gacc, 0,
+                  curr.shape[0], 0)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)

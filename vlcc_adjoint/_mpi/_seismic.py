@@ -13,26 +13,27 @@ Layout.  A rank holds rows ``[z0, z1)`` of every field, padded with
 messages need no packing.  Halo rows at the top and bottom of the global
 grid stay zero: the serial code's ``u = 0`` outside the grid.
 
-Forward step (same arithmetic as the serial kernel, so bit-identical):
-start the halo exchange of ``u^k``; update the rows that need no halo;
-wait; update the two rows at each end; inject the source on the rank that
-owns it.
+The kernels are the serial module's, called on row ranges of the padded
+block (``pad = R``), so every row sees the serial arithmetic and the
+gradient is the serial one bit for bit.
 
-Adjoint step (the transpose, in the order of ``_wave_adjoint``; see the
-serial module for the formulas ``alpha = -(1-e) a beta'``,
-``beta = alpha' + 2 a beta' + L(a c beta')``, ``dJ/dc += a beta' L(B)``):
+Forward step: start the halo exchange of ``u^k``; update the rows that need
+no halo; wait; update the two rows at each end; inject the source on the
+rank that owns it.
 
-* ``L(a c beta')`` is a *transposed* stencil.  Each rank applies the
-  stencil to its own ``w = a c beta'`` (zero outside its block) on every
-  padded row, halo rows included: what lands in a halo row is the
-  contribution of this rank's ``w`` to the neighbour's points.
-  :meth:`~vlcc_adjoint.mpi.HaloExchange.accumulate` (the transpose of the
-  halo copy) adds those rows into the neighbour's boundary rows.  Only
-  the summation order at the two rows next to a block boundary differs
-  from the serial kernel: the gradient agrees to rounding.
-* ``L(B)`` (the imaging condition) is a forward stencil on the state:
-  an ordinary halo exchange of ``B = u_i``.
-* Rows that need neither message are updated while both are in flight.
+Adjoint step (see the serial module for the formulas
+``alpha = -(1-e) a beta'``, ``beta = alpha' + 2 a beta' + L(a c beta')``,
+``dJ/dc += a beta' L(B)``): the transposed stencil ``L(a c beta')`` is the
+stencil itself (``L`` is symmetric, the zero exterior included), so a rank
+needs its neighbours' boundary rows of ``w = a c beta'``, exactly as the
+forward step needs theirs of ``u``.  Each rank forms ``w`` on its block
+and exchanges its halos together with those of ``B = u_i`` (for the
+imaging condition ``L(B)``); rows that need neither halo are updated while
+the messages travel.  (The other way to write it, applying the stencil to
+the local ``w`` on every padded row and adding what lands in the halos into
+the neighbours' rows with :meth:`~vlcc_adjoint.mpi.HaloExchange.accumulate`,
+costs a second pass over the block and sums the boundary rows in another
+order.)
 
 The velocity gradient stays distributed (:attr:`DistributedSeismic.gradient`
 is a :class:`~vlcc_adjoint.mpi.DistributedArray`) or is gathered
@@ -47,7 +48,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .._examples.seismic import _C0, _C1, _C2, _R, _S, SeismicProblem, WaveState, _fill_row
+from .._examples.seismic import (_R, _S, SeismicProblem, WaveState, _adjoint_rows, _forward_rows,
+                                _half_misfit, _inject_residual, _record)
 from ._decomp import Decomposition, DistributedArray
 from ._halo import HaloExchange
 
@@ -55,35 +57,9 @@ __all__ = ["DistributedSeismic"]
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def _forward_rows(prev, curr, cv, a_tab, b_tab, row_id, ring, j0, j1):
-    """Rows ``j0 .. j1-1`` (interior numbering) of one leapfrog step, in place
-    in ``prev``; ``curr`` is padded by R rows (halos filled)."""
-    nx = curr.shape[1]
-    for p in range(j0, j0 + 2 * _R):  # padded rows j0-R+R .. j0+R-1+R
-        _fill_row(ring, p % _S, curr, p)
-    for j in range(j0, j1):
-        p = j + _R
-        _fill_row(ring, (p + _R) % _S, curr, p + _R)
-        rm2 = ring[(p - 2) % _S]
-        rm1 = ring[(p - 1) % _S]
-        r0 = ring[p % _S]
-        rp1 = ring[(p + 1) % _S]
-        rp2 = ring[(p + 2) % _S]
-        pj = prev[p]
-        cvj = cv[j]
-        aj = a_tab[row_id[j]]
-        bj = b_tab[row_id[j]]
-        for i in range(nx):
-            k = i + _R
-            lap = (_C0 * r0[k]
-                   + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
-                   + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
-            pj[i] = aj[i] * (2.0 * r0[k] + cvj[i] * lap) - bj[i] * pj[i]
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
 def _weight(w, beta, cv, a_tab, row_id):
-    """``w = a c beta`` on the interior rows of the padded ``w`` (halos zero)."""
+    """``w = a c beta`` on the interior rows of the padded ``w`` (its halos
+    are left to the exchange)."""
     nl = cv.shape[0]
     nx = cv.shape[1]
     for j in range(nl):
@@ -91,82 +67,6 @@ def _weight(w, beta, cv, a_tab, row_id):
         ar = a_tab[row_id[j]]
         for i in range(nx):
             w[p, i] = ar[i] * cv[j, i] * beta[p, i]
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _stencil(out, field, ring, p0, p1):
-    """``out[p] = L(field)[p]`` for padded rows ``p0 .. p1-1``; rows outside
-    ``field`` are zero."""
-    nx = field.shape[1]
-    for p in range(p0 - _R, p0 + _R):
-        _fill_row(ring, (p + _S) % _S, field, p)
-    for p in range(p0, p1):
-        _fill_row(ring, (p + _R) % _S, field, p + _R)
-        rm2 = ring[(p - 2 + _S) % _S]
-        rm1 = ring[(p - 1 + _S) % _S]
-        r0 = ring[p % _S]
-        rp1 = ring[(p + 1) % _S]
-        rp2 = ring[(p + 2) % _S]
-        o = out[p]
-        for i in range(nx):
-            k = i + _R
-            o[i] = (_C0 * r0[k]
-                    + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
-                    + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _adjoint_rows(alpha, beta, curr, lapw, a_tab, b_tab, row_id, bring, gacc, j0, j1):
-    """Rows ``j0 .. j1-1`` of the adjoint update, given ``lapw = L(a c beta')``
-    (complete on those rows) and ``curr`` = B with its halos filled."""
-    nx = curr.shape[1]
-    for p in range(j0, j0 + 2 * _R):
-        _fill_row(bring, p % _S, curr, p)
-    for j in range(j0, j1):
-        p = j + _R
-        _fill_row(bring, (p + _R) % _S, curr, p + _R)
-        bm2 = bring[(p - 2) % _S]
-        bm1 = bring[(p - 1) % _S]
-        b0 = bring[p % _S]
-        bp1 = bring[(p + 1) % _S]
-        bp2 = bring[(p + 2) % _S]
-        aj = alpha[p]
-        bj = beta[p]
-        lw = lapw[p]
-        gj = gacc[j]
-        ar = a_tab[row_id[j]]
-        br = b_tab[row_id[j]]
-        for i in range(nx):
-            k = i + _R
-            lapb = (_C0 * b0[k]
-                    + _C1 * (b0[k - 1] + b0[k + 1] + bm1[k] + bp1[k])
-                    + _C2 * (b0[k - 2] + b0[k + 2] + bm2[k] + bp2[k]))
-            bt = bj[i]
-            abt = ar[i] * bt
-            aj[i] = aj[i] + 2.0 * abt + lw[i]
-            bj[i] = -br[i] * bt
-            gj[i] += abt * lapb
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _record_local(curr, rec_p, rec_x, out, k):
-    for r in range(rec_p.size):
-        out[k, r] = curr[rec_p[r], rec_x[r]]
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _misfit_local(curr, rec_p, rec_x, dobs, k):
-    s = 0.0
-    for r in range(rec_p.size):
-        d = curr[rec_p[r], rec_x[r]] - dobs[k, r]
-        s += d * d
-    return 0.5 * s
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _inject_local(adj_curr, curr, rec_p, rec_x, dobs, k, scale):
-    for r in range(rec_p.size):
-        adj_curr[rec_p[r], rec_x[r]] += scale * (curr[rec_p[r], rec_x[r]] - dobs[k, r])
 
 
 class DistributedSeismic:
@@ -210,6 +110,12 @@ class DistributedSeismic:
         (self.z0, self.z1), _ = decomposition.block(self.rank)
         self.nl = self.z1 - self.z0
         self.halo = HaloExchange(comm, decomposition, (_R, 0))
+        # Rows that need no halo (updated while the messages travel), and the
+        # R rows at each end (after); a block of at most 2R rows is all edge.
+        if self.nl > 2 * _R:
+            self._inner, self._edges = (_R, self.nl - _R), ((0, _R), (self.nl - _R, self.nl))
+        else:
+            self._inner, self._edges = (0, 0), ((0, self.nl),)
         rows = slice(self.z0, self.z1)
         self._row_id = np.ascontiguousarray(p._row_id[rows])
         self._a_tab, self._b_tab = p._a_tab, p._b_tab
@@ -225,7 +131,6 @@ class DistributedSeismic:
         self._wring = np.zeros(ring)
         self._bring = np.zeros(ring)
         self._w = self.halo.empty()
-        self._lapw = self.halo.empty()
         self._gacc = np.zeros((self.nl, p.nx))
         self._d_obs = None
         self.last_run = None
@@ -258,21 +163,13 @@ class DistributedSeismic:
         return WaveState(state.prev.copy(), state.curr.copy())
 
     def _step(self, state: WaveState, cv, src_value) -> None:
-        nl = self.nl
         pending = self.halo.start(state.curr)
-        inner = nl > 2 * _R
-        if inner:
-            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                          self._fring, _R, nl - _R)
+        _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                      self._fring, *self._inner, _R)
         pending.wait()
-        if inner:
+        for j0, j1 in self._edges:
             _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                          self._fring, 0, _R)
-            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                          self._fring, nl - _R, nl)
-        else:
-            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                          self._fring, 0, nl)
+                          self._fring, j0, j1, _R)
         if self._own_src:
             j = self.problem.src_z - self.z0
             sx = self.problem.src_x
@@ -292,35 +189,30 @@ class DistributedSeismic:
     def adjoint(self, state: WaveState, adj: WaveState, step: int) -> WaveState:
         """Adjoint step `step`: the transpose of :meth:`forward`, plus the
         imaging condition and this rank's receiver residuals."""
-        nl = self.nl
         B = state.curr
         alpha, beta = adj.prev, adj.curr
-        pending_b = self.halo.start(B)  # L(B) needs B's halo rows
         _weight(self._w, beta, self._cvcur, self._a_tab, self._row_id)
-        _stencil(self._lapw, self._w, self._wring, 0, nl + 2 * _R)
-        pending_w = self.halo.start_accumulate(self._lapw)  # the transposed halo copy
-        inner = nl > 2 * _R
-        if inner:
-            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
-                          self._bring, self._gacc, _R, nl - _R)
+        # Two exchanges in flight on one communicator, with the same tags:
+        # MPI matches messages in the order they are posted, B's first on
+        # every rank.
+        pending_b = self.halo.start(B)
+        pending_w = self.halo.start(self._w)
+        _adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
+                      self._row_id, self._wring, self._bring, self._gacc, *self._inner, _R)
         pending_b.wait()
         pending_w.wait()
-        if inner:
-            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
-                          self._bring, self._gacc, 0, _R)
-            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
-                          self._bring, self._gacc, nl - _R, nl)
-        else:
-            _adjoint_rows(alpha, beta, B, self._lapw, self._a_tab, self._b_tab, self._row_id,
-                          self._bring, self._gacc, 0, nl)
+        for j0, j1 in self._edges:
+            _adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
+                          self._row_id, self._wring, self._bring, self._gacc, j0, j1, _R)
         adj.prev, adj.curr = beta, alpha
-        _inject_local(adj.curr, B, self._rec_p, self._rec_x, self.d_obs, step, self.dt)
+        _inject_residual(adj.curr, B, self._rec_p, self._rec_x, self.d_obs, step, self.dt)
         return adj
 
     def final_adjoint(self, state: WaveState) -> WaveState:
         """``lambda_n = dJ/du_n`` on this rank's slab."""
         adj = WaveState(self.halo.empty(), self.halo.empty())
-        _inject_local(adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt, self.dt)
+        _inject_residual(adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt,
+                         self.dt)
         return adj
 
     def on_save(self, state: WaveState, step: int) -> dict:
@@ -357,9 +249,9 @@ class DistributedSeismic:
             if k > 0:
                 self._step(state, cv, self._src_values[k - 1])
             if dobs is None:
-                _record_local(state.curr, self._rec_p, self._rec_x, traces, k)
+                _record(state.curr, self._rec_p, self._rec_x, traces, k)
             else:
-                total += _misfit_local(state.curr, self._rec_p, self._rec_x, dobs, k)
+                total += _half_misfit(state.curr, self._rec_p, self._rec_x, dobs, k)
         if dobs is None:
             return traces
         return self.comm.allreduce(total) * self.dt
@@ -393,12 +285,11 @@ def compile_kernels() -> None:
     tab = np.ones((1, 6))
     rid = np.zeros(4, np.int64)
     ring = np.zeros((_S, 6 + 2 * _R))
-    _forward_rows(prev, curr, cv, tab, tab, rid, ring, 0, 4)
+    _forward_rows(prev, curr, cv, tab, tab, rid, ring, 0, 4, _R)
     _weight(prev, curr, cv, tab, rid)
-    _stencil(prev, curr, ring, 0, 8)
-    _adjoint_rows(prev, curr, curr, prev, tab, tab, rid, ring, cv, 0, 4)
+    _adjoint_rows(prev, curr, curr, prev, cv, tab, tab, rid, ring, ring, cv, 0, 4, _R)
     idx = np.zeros(1, np.int64) + 2
     out = np.zeros((1, 1))
-    _record_local(curr, idx, idx, out, 0)
-    _misfit_local(curr, idx, idx, out, 0)
-    _inject_local(prev, curr, idx, idx, out, 0, 1.0)
+    _record(curr, idx, idx, out, 0)
+    _half_misfit(curr, idx, idx, out, 0)
+    _inject_residual(prev, curr, idx, idx, out, 0, 1.0)

@@ -112,7 +112,7 @@ import numpy as np
 from ._bitpack import finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
 from ._codec import (ERROR_BOUNDED_ID, Codec, Scratch, check_numeric, from_bytes,
                      little_endian_host, need, output, read_header, readonly, write_header)
-from ._exceptions import pack_exceptions, patch_exceptions
+from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
 from ._lossless import Lossless
 
 __all__ = ["ErrorBounded"]
@@ -389,7 +389,7 @@ class ErrorBounded(Codec):
         """
         array = check_numeric(array)
         header = write_header(self.codec_id, self.version, array.dtype, array.shape)
-        if array.dtype not in (np.float32, np.float64) or array.dtype.byteorder == ">":
+        if not compresses(array.dtype):
             return self._encode_lossless(header, array)
         little_endian_host()
         x = readonly(array).reshape(-1)
@@ -417,10 +417,7 @@ class ErrorBounded(Codec):
             exc = sc.get("exc", np.int64, n_exc)
             nwords, n_exc = _encode(x, nz, ny, nx, self.step, self.abs_error, safe, widths,
                                     words, tmp, pbuf, rbuf, d1, d2, exc)
-        exc_part = b""
-        if n_exc:
-            idx = exc[:n_exc]
-            exc_part = pack_exceptions(self._lossless, idx, x[idx])
+        exc_part = pack_exceptions(self._lossless, exc[:n_exc], x)
         flags = 0
         if widths.max() < 16:  # the usual case: two widths per byte
             flags |= _NIBBLES
@@ -461,15 +458,10 @@ class ErrorBounded(Codec):
          nbytes_exc) = _PARAMS.unpack_from(view, offset)
         offset += _PARAMS.size
         if mode == _MODE_LOSSLESS:
-            need(view, offset + nbytes_exc, "the lossless payload")
-            inner = Lossless._decoder().decode(view[offset:offset + nbytes_exc], out=out)
-            if inner.dtype != dtype or inner.shape != shape:
-                raise ValueError(
-                    "corrupt ErrorBounded blob: the inner array does not match the header")
-            return inner
+            return decode_fallback(view, offset, nbytes_exc, out, dtype, shape, "ErrorBounded")
         if mode != _MODE_LORENZO:
             raise ValueError(f"corrupt ErrorBounded blob: unknown mode {mode}")
-        if dtype not in (np.float32, np.float64) or dtype.byteorder == ">":
+        if not compresses(dtype):
             raise ValueError(f"corrupt ErrorBounded blob: a lossy payload for dtype {dtype}")
         if not (math.isfinite(step) and step > 0):
             raise ValueError(f"corrupt ErrorBounded blob: quantisation step {step}")

@@ -61,7 +61,7 @@ import numpy as np
 from ._bitpack import bits_float, finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
 from ._codec import (FIXED_RATE_ID, Codec, Scratch, check_numeric, from_bytes,
                      little_endian_host, need, output, read_header, readonly, write_header)
-from ._exceptions import pack_exceptions, patch_exceptions
+from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
 from ._lossless import Lossless
 
 __all__ = ["FixedRate"]
@@ -289,7 +289,7 @@ class FixedRate(Codec):
         """
         array = check_numeric(array)
         header = write_header(self.codec_id, self.version, array.dtype, array.shape)
-        if array.dtype not in (np.float32, np.float64) or array.dtype.byteorder == ">":
+        if not compresses(array.dtype):
             inner = self._lossless.encode(array)
             return b"".join((header, _PARAMS.pack(_MODE_LOSSLESS, self.bits, 0, 0, 0, len(inner)),
                              inner))
@@ -315,10 +315,7 @@ class FixedRate(Codec):
             exc = sc.get("exc", np.int64, n_exc)
             nwords, n_exc = _encode(x, self.bits, kmin, big, exps, words, tmp, codes, exc,
                                          _NO_WIDTHS, bmax, bpar)
-        exc_part = b""
-        if n_exc:
-            idx = exc[:n_exc]
-            exc_part = pack_exceptions(self._lossless, idx, x[idx])
+        exc_part = pack_exceptions(self._lossless, exc[:n_exc], x)
         pad = -(len(header) + _PARAMS.size + 2 * nblocks) % 8
         params = _PARAMS.pack(_MODE_BFP, self.bits, 0, 0, n_exc, len(exc_part))
         return b"".join((header, params, exps.data, b"\0" * pad,
@@ -341,15 +338,10 @@ class FixedRate(Codec):
         mode, bits, _, _, n_exc, nbytes_exc = _PARAMS.unpack_from(view, offset)
         offset += _PARAMS.size
         if mode == _MODE_LOSSLESS:
-            need(view, offset + nbytes_exc, "the lossless payload")
-            inner = Lossless._decoder().decode(view[offset:offset + nbytes_exc], out=out)
-            if inner.dtype != dtype or inner.shape != shape:
-                raise ValueError(
-                    "corrupt FixedRate blob: the inner array does not match the header")
-            return inner
+            return decode_fallback(view, offset, nbytes_exc, out, dtype, shape, "FixedRate")
         if mode != _MODE_BFP or not 2 <= bits <= 64:
             raise ValueError(f"corrupt FixedRate blob: mode {mode}, bits {bits}")
-        if dtype not in (np.float32, np.float64) or dtype.byteorder == ">":
+        if not compresses(dtype):
             raise ValueError(f"corrupt FixedRate blob: a lossy payload for dtype {dtype}")
         n = math.prod(shape)
         nblocks = -(-n // _BLOCK)
