@@ -760,3 +760,74 @@ def test_the_executor_hands_on_load_read_only_views_of_the_record():
     result = run_adjoint(solver, Revolve(30, 4), solver.live, np.ones(50_000))
     assert solver.seen and not any(solver.seen)
     np.testing.assert_allclose(result.adjoint, plain.adjoint, rtol=1e-12)
+
+
+# -- states of a recurring structure (the store's Layout fast path) ---------------------
+
+
+@dataclasses.dataclass
+class _Wave:
+    prev: np.ndarray
+    curr: np.ndarray
+
+
+def test_states_of_changing_structure_round_trip_through_one_store():
+    from vlcc_adjoint.state import flatten
+
+    rng = np.random.default_rng(3)
+    states = [_Wave(rng.standard_normal(5), rng.standard_normal(5)) for _ in range(3)]
+    states += [_Wave(rng.standard_normal(6), rng.standard_normal(5)),  # another shape
+               _Wave(rng.standard_normal(5).astype(np.float32), rng.standard_normal(5)),
+               (rng.standard_normal(5), rng.standard_normal(5)),  # another container
+               {"u": rng.standard_normal(2), "t": 0.5},  # no layout
+               _Wave(rng.standard_normal(5), rng.standard_normal(5))]
+    with TieredStore([MemoryTier()], workers=0) as store:
+        for i, s in enumerate(states):
+            store.save(i, s)
+        for i, s in enumerate(states):
+            got = store.load(i)
+            assert type(got) is type(s)
+            for a, b in zip(flatten(got)[0], flatten(s)[0]):
+                assert a.dtype == b.dtype and np.array_equal(a, b)
+        out = _Wave(np.zeros(5), np.zeros(5))
+        assert store.load(7, out=out) is out and np.array_equal(out.curr, states[7].curr)
+        assert store.load(0, out=out) is out and np.array_equal(out.prev, states[0].prev)
+
+
+def test_load_into_out_refuses_mismatched_arrays_on_every_path():
+    s = _Wave(np.arange(5.0), np.arange(5.0) + 1)
+    with TieredStore([MemoryTier()], workers=0) as store:
+        store.save(0, s)
+        store.save(1, s)  # the second save of a structure takes the fast path
+        for step in (0, 1):
+            with pytest.raises(ValueError, match="out= array 1 is <f8\\[4\\]"):
+                store.load(step, out=_Wave(np.zeros(5), np.zeros(4)))
+            with pytest.raises(ValueError, match="out= has 1 arrays"):
+                store.load(step, out=np.zeros(5))
+            ro = np.zeros(5)
+            ro.flags.writeable = False
+            with pytest.raises(ValueError, match="out= array 0 is read-only"):
+                store.load(step, out=_Wave(ro, np.zeros(5)))
+            with pytest.raises(ValueError, match="out= array 0 is not C-contiguous"):
+                store.load(step, out=_Wave(np.zeros(10)[::2], np.zeros(5)))
+            out = _Wave(np.zeros(5), np.zeros(5))
+            assert store.load(step, out=out) is out and np.array_equal(out.curr, s.curr)
+
+
+def test_pooled_buffers_never_make_the_store_hold_more_than_its_levels_allow(tmp_path):
+    # make_store's budget: memory capacity + staging + read cache.  Free
+    # buffers are pooled only within that total.
+    s = _Wave(np.ones(1000), np.ones(1000))
+    nbytes = 16000
+    mem = MemoryTier(capacity_bytes=2 * nbytes)
+    store = TieredStore([mem], workers=0, staging_bytes=0, prefetch_bytes=0, pool_bytes=10**9)
+    with store:
+        for i in range(6):
+            store.save(i, s)
+            store.save(100 + i, s)
+            assert mem.used_bytes + store._pool.free_bytes <= 2 * nbytes
+            store.delete(i)
+            assert mem.used_bytes + store._pool.free_bytes <= 2 * nbytes
+            store.delete(100 + i)
+            assert mem.used_bytes + store._pool.free_bytes <= 2 * nbytes
+        assert store.stats().pool_reused >= 16  # and reused while they fit

@@ -1,11 +1,13 @@
 """The executor: run_adjoint, the solver protocol, the budget planner."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from vlcc_adjoint import timestep
 from vlcc_adjoint.budget import plan
-from vlcc_adjoint.execute import StateMismatchError, run_adjoint
+from vlcc_adjoint.execute import StateMismatchError, _matcher, _signature, run_adjoint
 from vlcc_adjoint.schedules import Level, Multistage, Online, Periodic, Revolve, StoreAll
 from vlcc_adjoint.storage import MemoryTier, TieredStore, ZarrTier
 
@@ -223,6 +225,42 @@ def test_a_step_returning_the_wrong_dtype_is_named():
     bad.adjoint(step.adjoint)
     with pytest.raises(StateMismatchError, match="forward step 2.*float32|forward step 2.*<f4"):
         run_adjoint(bad, Revolve(10, 3), u0, lambda u: u)
+
+
+@dataclasses.dataclass
+class _Pair:
+    a: np.ndarray
+    b: np.ndarray
+
+
+def test_the_signature_matcher_answers_what_comparing_signatures_answers():
+    z = np.zeros
+    states = [z(3), z(4), z(3, np.float32), z(3).astype(">f8"), z((3, 1)), [z(3)], (z(3),),
+              {"u": z(3)}, {"v": z(3)}, {"u": z(3), "v": z(3)}, _Pair(z(3), z(3)),
+              _Pair(z(3), z(4)), _Pair(z(3), [z(3)]), (z(3), {"w": _Pair(z(2), z(2))}),
+              (z(3), {"w": _Pair(z(2), z(1))}), object(), 1.5, None, {1: z(3)}, {1.0: z(3)}]
+    for a in states:
+        match = _matcher(_signature(a))
+        for b in states:
+            assert match(b) == (_signature(a) == _signature(b)), (a, b)
+        assert match(a) and match(a)  # the dtype seen is remembered, and still checked
+
+
+def test_a_dataclass_state_changing_a_field_mid_run_is_named():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((4, 4)) * 0.3
+
+    class Solver:
+        def forward(self, u, i):
+            b = A @ u.b
+            return _Pair(u.a, b[:-1] if i == 7 else b)
+
+        def adjoint(self, u, lam, i):
+            return _Pair(lam.a, A.T @ lam.b)
+
+    u0 = _Pair(np.zeros(2), np.ones(4))
+    with pytest.raises(StateMismatchError, match=r"forward step 7 .*state\['b'\].*shape \(3,\)"):
+        run_adjoint(Solver(), Revolve(12, 3), u0, lambda u: u)
 
 
 def test_bad_arguments_are_refused_clearly():

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlcc_adjoint.state import (UnknownStateTypeError, dtype_from_json, dtype_to_json, flatten,
-                                leaf_digest, register, unflatten)
+from vlcc_adjoint.state import (Layout, UnknownStateTypeError, dtype_from_json, dtype_to_json,
+                                flatten, leaf_digest, register, unflatten)
 from vlcc_adjoint.storage import LeafTable
 
 
@@ -136,6 +136,50 @@ def test_flatten_then_unflatten_rebuilds_every_kind_exactly(kind):
     state = STATES[kind]
     assert_same_state(state, round_trip(state, via_json=False))
     assert_same_state(state, round_trip(state, via_json=True))
+
+
+@pytest.mark.parametrize("kind", list(STATES))
+def test_a_layout_reflattens_a_state_exactly_as_flatten_does(kind):
+    state = STATES[kind]
+    layout = Layout.of(state)
+    leaves, spec = flatten(state)
+    if layout is None:  # scalars, non-str keys, copies of non-contiguous arrays: not modelled
+        return
+    got = layout.leaves(state)
+    assert got is not None and len(got) == len(leaves)
+    assert all(a is b for a, b in zip(got, leaves))  # the state's own arrays, like flatten's
+    assert layout.spec() == spec and json.loads(json.dumps(layout.spec())) == spec
+
+
+@dataclasses.dataclass
+class _Wave:
+    prev: np.ndarray
+    curr: np.ndarray
+
+
+def test_a_layout_takes_only_states_of_its_structure_dtypes_and_shapes():
+    def wave(n=4, dtype=np.float64):
+        return _Wave(np.zeros(n, dtype), np.ones(n, dtype))
+
+    modelled = [np.zeros(3), wave(), (np.zeros(2), [np.ones(3)]), {"u": np.zeros(2), "v": wave()},
+                Point(np.zeros(1), np.ones(2))]
+    for state in modelled:
+        assert Layout.of(state) is not None, state
+    layout = Layout.of(wave())
+    assert layout.leaves(wave()) is not None and layout.nbytes == 64
+    for other in (wave(5), wave(dtype=np.float32), _Wave(np.zeros(8)[::2], np.ones(4)),
+                  (np.zeros(4), np.ones(4)), Point(np.zeros(4), np.ones(4)),
+                  _Wave(np.zeros(4), [1.0, 2.0, 3.0, 4.0]), np.zeros(4)):
+        assert layout.leaves(other) is None, other
+    layout = Layout.of({"u": np.zeros(2), "v": np.zeros(2)})
+    assert layout.leaves({"v": np.zeros(2), "u": np.zeros(2)}) is None  # key order is structure
+    assert layout.leaves({"u": np.zeros(2), "v": np.zeros(2), "w": np.zeros(2)}) is None
+    assert layout.leaves({"u": np.zeros(2)}) is None
+    layout = Layout.of([np.zeros(2)])
+    assert layout.leaves((np.zeros(2),)) is None and layout.leaves([np.zeros(2)] * 2) is None
+    # Values that are not arrays are part of the spec: such states have no layout.
+    assert Layout.of({"u": np.zeros(2), "t": 0.5}) is None
+    assert Layout.of(Params(c=np.zeros(2), rho=2.5)) is None
 
 
 @pytest.mark.parametrize("kind", list(STATES))

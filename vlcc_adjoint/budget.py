@@ -85,11 +85,13 @@ class BudgetPlan:
             if path is None:
                 path = tempfile.mkdtemp(prefix="vlcc-disk-")
             tiers.append(ZarrTier(path, capacity_bytes=self.disk_bytes))
-            # The memory budget also pays for one state being written behind
-            # the computation and one being read ahead of it.
+            # The memory budget also pays for two states being written behind
+            # the computation and one being read ahead of it.  Free capture
+            # buffers are kept for reuse only within the store's total of
+            # memory capacity + staging + read cache (TieredStore bounds its
+            # pool by it), so reusing them does not break the budget.
             store_options.setdefault("staging_bytes", 2 * self.state_bytes)
             store_options.setdefault("prefetch_bytes", self.state_bytes)
-            store_options.setdefault("pool_bytes", 0)
         return TieredStore(tiers, plan=io_plan(self.schedule), **store_options)
 
     def __str__(self) -> str:
@@ -122,18 +124,65 @@ def _time_steps(solver, u0, steps: int) -> float:
     return float(np.median(times))
 
 
-def _time_copy(nbytes: int) -> float:
-    """Seconds to copy `nbytes` into a reused buffer: the price of a memory
-    save (the store's capture) or restore (the copy into the solver's arrays)."""
-    src = np.ones(max(nbytes // 8, 1))
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # touch the pages once: the store reuses its buffers
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+#: Bytes of records the memory calibration cycles through (at most the
+#: memory budget's slots): enough that they are not all in the core's caches.
+CALIBRATION_BYTES = 64 << 20
+
+
+def _time_memory(u0, state_bytes: int, slots: int, solver=None) -> float:
+    """Seconds one memory save or restore costs, measured through the store.
+
+    A bare ``np.copyto`` of one state into one buffer, timed five times,
+    measures a copy whose source and destination are both in the core's
+    caches after the first round: on a shared 2-core machine, a
+    1 MiB state copied in 40-45 us, while the same saves and restores in a
+    run (each leaf copied with its checksum, into or out of a record that
+    was written long ago, plus the store's bookkeeping) took 110-130 us per
+    state, so ``plan`` predicted the memory level at a third of its cost.
+    Here the store itself is timed, built as :meth:`BudgetPlan.make_store`
+    builds its memory level: ``save`` of a state like `u0` into `k`
+    records, ``load`` of each back (into the state in place if the solver
+    restores in place, as :func:`~vlcc_adjoint.run_adjoint` then does), and
+    ``delete``, cycling through ``k = min(slots, CALIBRATION_BYTES //
+    state_bytes)`` records (at least 2), as many as the run may keep (the
+    budget pays for them), so the copies meet memory as cold as in the run.
+    Three rounds; the first also allocates the buffers, the median is kept.
+
+    **Returns:** the mean of one ``save`` (with its ``delete``) and one
+    ``load``, the price of one memory write or read in the cost model.
+    """
+    from .execute import _copy_state
+    from .storage import MemoryTier, TieredStore
+
+    if u0 is not None:
+        state = _copy_state(u0)
+        nbytes = _state_bytes(state)
+    else:
+        state = np.ones(max(state_bytes // 8, 1))
+        nbytes = state.nbytes
+    k = max(2, min(slots, 256, CALIBRATION_BYTES // max(nbytes, 1)))
+    in_place = bool(getattr(solver, "restore_in_place", False)) and u0 is not None
+    store = TieredStore([MemoryTier(capacity_bytes=k * nbytes)], workers=0)
+    rounds = []
+    try:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for j in range(k):
+                store.save(j, state)
+            t1 = time.perf_counter()
+            for j in range(k):
+                if in_place:
+                    store.load(j, out=state)
+                else:
+                    state = store.load(j)
+            t2 = time.perf_counter()
+            for j in range(k):
+                store.delete(j)
+            t3 = time.perf_counter()
+            rounds.append(((t1 - t0) + (t3 - t2) + (t2 - t1)) / (2 * k))
+    finally:
+        store.close()
+    return float(np.median(rounds))
 
 
 def _time_disk(nbytes: int, path=None) -> tuple[float, float]:
@@ -193,9 +242,12 @@ def plan(
       missing disk costs are measured on a temporary zarr tier in
       `disk_path` (default: the system's temporary directory).
     - `copy_seconds`: the cost of one memory save or restore (a copy of
-      the state); default: measured.  For a cheap step (a stencil on a
-      large grid) a copy costs about as much as a step, so memory traffic
-      is part of the cost model too.
+      the state, with its checksum); default: measured through a
+      :class:`~vlcc_adjoint.storage.TieredStore` built like
+      :meth:`BudgetPlan.make_store`'s memory level, on as many records as
+      the run may keep.  For a cheap step (a stencil on a large grid) a
+      copy costs about as much as a step, so memory traffic is part of the
+      cost model too.
     - `adjoint_cost`: an adjoint step's time in forward steps.
 
     **Returns:** a :class:`BudgetPlan`; ``.schedule`` to run,
@@ -239,13 +291,13 @@ def plan(
     write_seconds = float(write_seconds or 0.0)
     read_seconds = float(read_seconds or 0.0)
     if copy_seconds is None:
-        copy_seconds = _time_copy(state_bytes)
+        copy_seconds = _time_memory(u0, state_bytes, m, solver=solver)
     copy_seconds = float(copy_seconds)
 
     notes = [
         f"a state is {state_bytes:,} bytes: memory holds {m} checkpoints"
         + (f" (+ {reserve} I/O buffers), disk {d}" if d else ""),
-        f"one forward step takes {step_seconds:.3g} s, a copy of the state in memory "
+        f"one forward step takes {step_seconds:.3g} s, a memory save or restore of the state "
         f"{copy_seconds:.3g} s ({copy_seconds / step_seconds:.2f} steps)"
         + (f"; one disk write {write_seconds:.3g} s, one read {read_seconds:.3g} s "
            f"({write_seconds / step_seconds:.2f} and {read_seconds / step_seconds:.2f} steps)"

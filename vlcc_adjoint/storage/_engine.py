@@ -126,6 +126,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from bisect import bisect_left
 import os
 import sys
 import threading
@@ -135,7 +136,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..state import dtype_from_json as _spec_dtype
-from ..state import flatten, leaf_digest, unflatten
+from ..state import Layout, flatten, leaf_digest, unflatten
 from ._belady import NEVER, ForesightCache
 from ._checksum import copy_checksum, corrupt, leaf_checksum
 from ._dedup import LeafTable
@@ -420,6 +421,8 @@ class TieredStore:
             # Each level's reads as Python lists (indexed once per load).
             self._reads = [(lv.index.tolist(), lv.next_read_of_record.tolist())
                            for lv in plan.levels]
+            # ... and the record each read reads (the prefetcher's lookahead).
+            self._read_records = [lv.record.tolist() for lv in plan.levels]
 
         # Book-keeping, all under self._lock.
         self._lock = threading.Lock()
@@ -431,6 +434,15 @@ class TieredStore:
         self._slots: dict[int, _Entry] = {}  # entry.seq -> entry with a cache slot
         self._cache = ForesightCache(int(prefetch_bytes))
         self._pool = BufferPool(self._staging_limit if pool_bytes is None else int(pool_bytes))
+        # The most bytes of buffers the store may hold at once: its memory
+        # levels' capacities, the staging and the read cache.  The pool keeps
+        # a free buffer only within it, so reusing buffers (a capture into
+        # memory that is already mapped costs half what one into fresh pages
+        # does) never makes the store hold more than a memory budget sized
+        # for those three allows (BudgetPlan.make_store).  None: unbounded.
+        caps = [t.capacity_bytes for t, r in zip(tiers, self._retains) if r]
+        self._hold_limit = None if any(c is None for c in caps) else \
+            sum(caps) + self._staging_limit + int(prefetch_bytes)
         self._table = LeafTable() if dedup else None
         self._dedup_owned: dict[str, bool] = {}
         self._seq = itertools.count()
@@ -452,6 +464,10 @@ class TieredStore:
                        staged_hits=0, dedup_hits=0, dedup_saved=0)
         self._t = dict(capture=0.0, stall=0.0, flush=0.0, io=0.0)
         self._threads = []  # started with the first background job (_submit)
+        # The structure of the states saved last (see state.Layout): a save or
+        # a load into `out` of a state of that structure skips flatten.
+        self._layout: Layout | None = None
+        self._no_layout: type | None = None  # a state type that has none
 
     # ------------------------------------------------------------------ API
 
@@ -481,7 +497,7 @@ class TieredStore:
             if (step, level) in self._index:
                 raise StorageError(f"step {step} is already stored on level {level}; delete it "
                                    "first (schedules Save a step once per level)")
-            leaves, spec = flatten(state)
+            leaves, spec = self._flatten(state)
             spec["step"] = step
             mark = (self._cursor, self._now)
             record = self._follow(_SAVE, step, level)
@@ -933,6 +949,25 @@ class TieredStore:
         return f"TieredStore([{names}], {plan}, workers={self._workers_n})"
 
     # ------------------------------------------------------------- helpers
+
+    def _flatten(self, state):
+        """``flatten(state)``, without re-deriving the spec of a state whose
+        structure, dtypes and shapes are those of the last one saved (a time
+        loop saves one structure over and over).  The spec's ``tree`` and
+        ``leaves`` are then shared with the earlier records: read-only."""
+        layout = self._layout
+        if layout is not None:
+            leaves = layout.leaves(state)
+            if leaves is not None:
+                return leaves, layout.spec()
+        leaves, spec = flatten(state)
+        if type(state) is not self._no_layout:
+            layout = Layout.of(state, leaves, spec)
+            if layout is None:
+                self._no_layout = type(state)
+            else:
+                self._layout = layout
+        return leaves, spec
 
     def _check_open(self):
         if self._closed:
@@ -1581,6 +1616,11 @@ class TieredStore:
             if mine:
                 give.append(arr)
         arr = None
+        if give and self._hold_limit is not None:
+            held = self._staging_used + self._cache.used_bytes + self._pool.free_bytes + sum(
+                t.used_bytes for t, r in zip(self.tiers, self._retains) if r)
+            while give and held + sum(a.nbytes for a in give) > self._hold_limit:
+                give.pop()  # freed, not pooled
         self._pool.recycle(give)
 
     # -- cache ------------------------------------------------------------------
@@ -1629,23 +1669,35 @@ class TieredStore:
 
     def _upcoming(self):
         """Lock held: ``(entry, action index)`` of the next reads of records
-        on prefetch levels, soonest first, each record once."""
-        plan = self._plan
-        reads = []
-        for lv in plan.levels:
-            if len(lv) == 0:
+        on prefetch levels, soonest first, each record once.
+
+        Lazy, and it reads the plan's lists only from the clock on: ``_pump``
+        runs on every store call and usually stops at the first or second
+        read (the cache is full, or the reads in flight are enough).  Only
+        the prefetch levels' reads are looked at, plus the levels records
+        may have spilled from onto a prefetch level."""
+        now = self._now + 1
+        look = self._lookahead
+        streams = []
+        for k in range(len(self._reads)):
+            if k not in self._prefetch_levels and not (
+                    self._n["spills"] and any(j > k for j in self._prefetch_levels)):
                 continue
-            p = lv.position(self._now + 1)
-            q = min(len(lv), p + self._lookahead)
-            reads.extend(zip(lv.index[p:q].tolist(), lv.record[p:q].tolist()))
-        reads.sort()
+            index = self._reads[k][0]
+            p = bisect_left(index, now)
+            if p < len(index):
+                streams.append(zip(index[p:p + look], self._read_records[k][p:p + look]))
+        if not streams:
+            return
+        reads = streams[0] if len(streams) == 1 else heapq.merge(*streams)
         seen = set()
-        for t, r in reads[: self._lookahead]:
+        by_record, prefetch = self._by_record, self._prefetch_levels
+        for t, r in itertools.islice(reads, look):
             if r in seen:
                 continue
             seen.add(r)
-            entry = self._by_record.get(r)
-            if entry is not None and entry.tier in self._prefetch_levels:
+            entry = by_record.get(r)
+            if entry is not None and entry.tier in prefetch:
                 yield entry, t
 
     def _pump(self):
@@ -1756,7 +1808,8 @@ class TieredStore:
                 if jax[i]:  # JAX arrays are immutable: rebuilt from a copy
                     dsts[i] = np.empty(src.shape, src.dtype)
                 self._verify(entry, i, src, copy_checksum(src, dsts[i]), sums[i])
-            if any(jax) or out_spec["tree"] != spec["tree"]:
+            if any(jax) or (out_spec["tree"] is not spec["tree"]
+                            and out_spec["tree"] != spec["tree"]):
                 out = unflatten(spec, dsts)
             state = out
         elif copy:
@@ -1804,10 +1857,22 @@ class TieredStore:
                 out.append(np.array(arr, copy=True))
         return out
 
-    @staticmethod
-    def _targets(out, spec):
+    def _targets(self, out, spec):
         """Check that `out` can take the stored state of `spec` in place:
         ``(its arrays, its spec, which leaves are JAX arrays)``."""
+        layout = self._layout
+        if layout is not None and (spec["tree"] is layout.tree or spec["tree"] == layout.tree) \
+                and (spec["leaves"] is layout.leaf_specs or spec["leaves"] == layout.leaf_specs):
+            # The record has the structure of the states saved last; so has
+            # `out` if the layout takes it: its leaves are then its own
+            # C-contiguous numpy arrays, of the record's dtypes and shapes.
+            targets = layout.leaves(out)
+            if targets is not None:
+                for i, dst in enumerate(targets):
+                    if not dst.flags.writeable:
+                        raise ValueError(f"out= array {i} is read-only; pass writeable arrays, "
+                                         "or load without out=")
+                return targets, layout.spec(), [False] * len(targets)
         targets, out_spec = flatten(out)
         want = spec["leaves"]
         if len(targets) != len(want):
@@ -1852,6 +1917,6 @@ class TieredStore:
                 targets[i] = np.array(src, copy=True)
             else:
                 np.copyto(dst, src, casting="no")
-        if not any(jax) and out_spec["tree"] == spec["tree"]:
+        if not any(jax) and (out_spec["tree"] is spec["tree"] or out_spec["tree"] == spec["tree"]):
             return out
         return unflatten(spec, targets)

@@ -97,22 +97,27 @@ class BufferPool:
 
         **Returns:** the number of arrays taken back.
         """
-        taken = 0
+        keep = []
         while arrays:
             arr = arrays.pop()
             if (sys.getrefcount(arr) > _SOLE or arr.base is not None
                     or not arr.flags.writeable or not arr.flags.c_contiguous):
                 self.refused += 1
                 continue
-            key = (arr.dtype, arr.shape)
-            with self._lock:
-                if self.free_bytes + arr.nbytes > self.max_free_bytes:
-                    self.refused += 1
-                    continue
-                self._free.setdefault(key, []).append(arr)
-                self.free_bytes += arr.nbytes
-                self.recycled += 1
-                taken += 1
+            keep.append(arr)
+        arr = None
+        taken = 0
+        if keep:
+            with self._lock:  # once per call, not per array
+                for arr in keep:
+                    if self.free_bytes + arr.nbytes > self.max_free_bytes:
+                        self.refused += 1
+                        continue
+                    self._free.setdefault((arr.dtype, arr.shape), []).append(arr)
+                    self.free_bytes += arr.nbytes
+                    self.recycled += 1
+                    taken += 1
+            keep.clear()
         return taken
 
     def clear(self) -> None:
