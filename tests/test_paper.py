@@ -1,4 +1,5 @@
-"""The paper quotes only what the benchmarks measured.
+"""The paper (and the README's Performance section) quote only what the
+benchmarks measured.
 
 * every figure ``paper/paper.md`` links exists, is a PNG written by
   ``benchmarks/``, and its caption names the command that made it;
@@ -113,6 +114,17 @@ def test_every_number_in_the_paper_is_in_a_results_file(paper, measured):
         f"numbers quoted in paper/paper.md that no benchmarks/results/*.json contains: "
         f"{missing}; rerun the benchmark that measures them (python benchmarks/run_all.py) "
         "or correct the text")
+
+
+def test_every_number_in_the_readme_performance_section_is_in_a_results_file(measured):
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"^## Performance\n(.*?)(?=^## |\Z)", readme, flags=re.S | re.M)
+    assert match, "README.md has no '## Performance' section"
+    missing = sorted({quoted for value, decimals, unit, quoted in _quoted_numbers(match[1])
+                      if not _was_measured(value, decimals, unit, measured)})
+    assert not missing, (
+        f"numbers in README.md's Performance section that no results file contains: {missing}")
+    assert "paper/paper.md" in match[1], "the Performance section should link the paper"
 
 
 def test_the_number_check_can_fail(measured):
