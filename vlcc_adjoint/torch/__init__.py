@@ -22,8 +22,9 @@ Four pieces, each usable alone::
     # 4. DeepSpeed: asynchronous, versioned save_checkpoint in one line.
     vt.VlccCheckpointEngine.attach(model_engine)
 
-Install with ``pip install torch==2.13.0`` (the CPU build; the ``torch``
-extra pins it); DeepSpeed is optional (``DS_BUILD_OPS=0 pip install
+Install with ``pip install torch==2.13.0`` (the ``torch`` extra pins it;
+for the CPU build add ``--index-url https://download.pytorch.org/whl/cpu``
+where no CPU wheel is at hand); DeepSpeed is optional (``DS_BUILD_OPS=0 pip install
 deepspeed``).  Importing this package imports torch and registers the torch
 state providers (:func:`register_providers`); ``import vlcc_adjoint`` does
 not import torch.
