@@ -208,6 +208,17 @@ def _grow(a, size):
 # --------------------------------------------------------------------------
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scan(F, l, h, g, fwd, lo, hi, best, best_m):
+    """``min(best, f(m))`` over the interior ``lo < m < hi``, and its ``m``."""
+    for m in range(lo + 1, hi):
+        v = fwd * m + F[g, l - m] + F[h, m]
+        if v < best:
+            best = v
+            best_m = m
+    return best, best_m
+
+
 @numba.njit(cache=True, nogil=True)
 def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, best_m, lo0, hi0, qh, work,
             fwork):
@@ -248,11 +259,7 @@ def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
         flo = fwork[top, 0]
         fhi = fwork[top, 1]
         if hi - lo <= _SCAN:
-            for m in range(lo + 1, hi):
-                v = fwd * m + F[g, l - m] + F[h, m]
-                if v < best:
-                    best = v
-                    best_m = m
+            best, best_m = _scan(F, l, h, g, fwd, lo, hi, best, best_m)
             continue
         if ((hi - 1) >> _BLOCK) - (lo >> _BLOCK) <= _NEAR:
             # the slopes over the interval, from their block extremes
@@ -285,11 +292,7 @@ def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
             continue
         if hi - lo <= _SCAN_FAILED:
             # bounds fail on short intervals mostly where f is flat: scan
-            for m in range(lo + 1, hi):
-                v = fwd * m + F[g, l - m] + F[h, m]
-                if v < best:
-                    best = v
-                    best_m = m
+            best, best_m = _scan(F, l, h, g, fwd, lo, hi, best, best_m)
             continue
         mid = (lo + hi) >> 1
         fm = fwd * mid + F[g, l - mid] + F[h, mid]
