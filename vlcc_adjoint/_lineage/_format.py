@@ -63,6 +63,7 @@ from collections.abc import Iterator
 import numpy as np
 import xxhash
 
+from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all  # noqa: F401 (fsync_dir: used as F.fsync_dir)
 from ..state import dtype_from_json, dtype_to_json
 from ..storage._zarr import _zarr_type
 
@@ -81,7 +82,6 @@ SCRATCH = "scratch"
 MAX_NDIM = 32
 _HASH = re.compile(r"[0-9a-f]{32}")
 VERSION_ID = re.compile(r"[0-9a-f]{12}")
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def token() -> str:
@@ -429,62 +429,38 @@ def parse_manifest(vid: str, attrs) -> Manifest:
 
 def write_file(path: str, data, durable: bool) -> None:
     """Create `path` (exclusively) with `data`; fsync when `durable`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            n = os.write(fd, view[:1 << 30])
-            view = view[n:]
+        write_all(fd, data)
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_file(path: str, limit: int) -> bytearray:
     """The bytes of `path`, refusing files over `limit` bytes before reading them."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         if size > limit:
             raise ValueError(f"{size} bytes, at most {limit} expected")
-        return _read_exact(fd, size)
+        buf = bytearray(size)
+        if not read_exactly(fd, memoryview(buf)):
+            raise ValueError("truncated while reading")
+        return buf
     finally:
         os.close(fd)
 
 
 def read_into(path: str, out: memoryview) -> None:
     """Fill `out` with the bytes of `path`, which must have exactly ``len(out)`` bytes."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         if size != len(out):
             raise ValueError(f"{size} bytes, expected {len(out)}")
-        done = 0
-        while done < size:
-            n = os.readv(fd, [out[done:]])
-            if n == 0:
-                raise ValueError("truncated while reading")
-            done += n
+        if not read_exactly(fd, out):
+            raise ValueError("truncated while reading")
     finally:
         os.close(fd)
-
-
-def _read_exact(fd: int, size: int) -> bytearray:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    done = 0
-    while done < size:
-        n = os.readv(fd, [view[done:]])
-        if n == 0:
-            raise ValueError("truncated while reading")
-        done += n
-    return buf

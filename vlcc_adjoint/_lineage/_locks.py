@@ -33,12 +33,12 @@ import fcntl
 import os
 import threading
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+from .._files import O_CLOEXEC
 
 
 def _open(path: str, readonly: bool) -> int | None:
     try:
-        return os.open(path, (os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT) | _O_CLOEXEC,
+        return os.open(path, (os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT) | O_CLOEXEC,
                        0o644)
     except OSError:
         if readonly:  # a repository on read-only media: nothing can change it, no lock needed

@@ -77,7 +77,8 @@ from ..state import byte_view, dtype_from_json, dtype_to_json, unflatten
 from ..storage import CorruptCheckpointError, Record, StorageError, Tier
 from ..storage._checksum import (check_capacity, check_record, corrupt, encode_spec, full,
                                  leaf_checksum, step_of)
-from ..storage._zarr import _array_meta, _fsync_dir, _remedy, _write_file, _zarr_type
+from .._files import O_CLOEXEC, fsync_dir, read_exactly
+from ..storage._zarr import _array_meta, _remedy, _write_file, _zarr_type
 from ._decomp import Decomposition, distributed_nodes
 
 __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
@@ -86,7 +87,6 @@ FORMAT = 1
 HIERARCHY = "vlcc-distributed-hierarchy"
 RECORD = "vlcc-distributed-record"
 PENDING = ".vlcc-pending"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def _chunk_name(idx) -> str:
@@ -252,7 +252,7 @@ class SharedZarrTier(Tier):
             "zarr_format": 3, "node_type": "group",
             "attributes": {"vlcc_adjoint": "records being written or deleted; never read these"}})
         if self.durable:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
     def _write_json(self, path: str, obj) -> None:
         tmp = path + ".tmp"
@@ -366,7 +366,7 @@ class SharedZarrTier(Tier):
                                 durable, True)
                     info.chunks.append((idx, int(leaf_checksum(data), 16)))
                 if durable:
-                    _fsync_dir(leaf_dir)
+                    fsync_dir(leaf_dir)
             elif self.rank == 0:
                 os.makedirs(leaf_dir, exist_ok=True)
                 meta, chunk = info.meta
@@ -374,7 +374,7 @@ class SharedZarrTier(Tier):
                 if chunk is not None:
                     _write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable, True)
                 if durable:
-                    _fsync_dir(leaf_dir)
+                    fsync_dir(leaf_dir)
 
     def _remove_files(self, part: _Part, base: str | None = None) -> None:
         """Unlink this rank's files of `part` (directories are rank 0's, at commit)."""
@@ -573,7 +573,7 @@ class SharedZarrTier(Tier):
             os.rename(os.path.join(self.path, part.name),
                       os.path.join(self._pending, "trash-" + part.name))
         if self.durable:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
     def close(self) -> None:
         """Nothing to release (records stay; uncommitted ones are removed by
@@ -593,7 +593,7 @@ class SharedZarrTier(Tier):
 def _read_chunk(path, dtype, chunk_shape, key, tier, step, leaf) -> np.ndarray:
     nbytes = int(np.prod(chunk_shape)) * dtype.itemsize
     try:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     except FileNotFoundError:
         raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is missing",
                       key, tier, step) from None
@@ -605,14 +605,9 @@ def _read_chunk(path, dtype, chunk_shape, key, tier, step, leaf) -> np.ndarray:
             raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} has {size} "
                           f"bytes, expected {nbytes}", key, tier, step)
         out = np.empty(chunk_shape, dtype)
-        view = byte_view(out)
-        done = 0
-        while done < size:
-            n = os.readv(fd, [view[done:]])
-            if n == 0:
-                raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is "
-                              "truncated", key, tier, step)
-            done += n
+        if not read_exactly(fd, byte_view(out)):
+            raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is "
+                          "truncated", key, tier, step)
     except OSError as err:
         raise StorageError(f"could not read record {key!r} from {tier!r}: {err}") from err
     finally:

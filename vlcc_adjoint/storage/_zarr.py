@@ -112,6 +112,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all
 from ..state import byte_view, dtype_from_json, dtype_to_json
 from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, step_of,
                         verify_leaves)
@@ -131,7 +132,6 @@ _ZARR_TYPES = {
     ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
     ("c", 8): "complex64", ("c", 16): "complex128",
 }
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def _zarr_type(dtype: np.dtype) -> str | None:
@@ -221,33 +221,18 @@ class _Stored:
         self.layout = layout
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-    while view:
-        n = os.write(fd, view[:1 << 30])
-        view = view[n:]
-
-
 def _write_file(path: str, data, durable: bool, truncate: bool = False) -> None:
     """Write ``data`` at ``path``, over any existing content.
 
     Without `truncate` the caller knows the file is new or not longer than
     ``data`` (it pads), which saves the truncation's block freeing.
     """
-    flags = os.O_WRONLY | os.O_CREAT | _O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+    flags = os.O_WRONLY | os.O_CREAT | O_CLOEXEC | (os.O_TRUNC if truncate else 0)
     fd = os.open(path, flags, 0o644)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
         if durable:
             os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -510,7 +495,7 @@ class ZarrTier(Tier):
             os.rename(work, final)
             renamed = True
             if self.durable:
-                _fsync_dir(self.path)
+                fsync_dir(self.path)
         except BaseException as err:
             shutil.rmtree(final if renamed else work, ignore_errors=True)
             with self._lock:
@@ -559,12 +544,12 @@ class ZarrTier(Tier):
                 _write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), durable,
                             truncate=old_size > leaf.nbytes)
             if durable:
-                _fsync_dir(leaf_dir)
+                fsync_dir(leaf_dir)
             new_leaves.append((chunk, leaf.nbytes, meta))
         _write_file(work + "/zarr.json", group, durable,
                     truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
         if durable:
-            _fsync_dir(work)
+            fsync_dir(work)
         return _Layout(new_leaves, len(group))
 
     def get(self, key: str) -> Record:
@@ -594,7 +579,7 @@ class ZarrTier(Tier):
                 leaves.append(np.empty(shape, dtype))
                 continue
             try:
-                fd = os.open(f"{record_dir}/{i}/{chunk}", os.O_RDONLY | _O_CLOEXEC)
+                fd = os.open(f"{record_dir}/{i}/{chunk}", os.O_RDONLY | O_CLOEXEC)
             except FileNotFoundError:
                 if key not in self._index:
                     raise KeyError(f"record {key!r} was deleted while being read") from None
@@ -610,14 +595,9 @@ class ZarrTier(Tier):
                     raise corrupt(f"the chunk file of leaf {i} has {size} bytes, expected "
                                   f"{nbytes}", key, self.name, step)
                 out = np.empty(shape, dtype)
-                view = byte_view(out)
-                done = 0
-                while done < size:
-                    n = os.readv(fd, [view[done:]])
-                    if n == 0:
-                        raise corrupt(f"the chunk file of leaf {i} is truncated", key,
-                                      self.name, step)
-                    done += n
+                if not read_exactly(fd, byte_view(out)):
+                    raise corrupt(f"the chunk file of leaf {i} is truncated", key,
+                                  self.name, step)
             except OSError as err:
                 raise StorageError(f"could not read record {key!r} from tier {self.name!r}: "
                                    f"{err}") from err

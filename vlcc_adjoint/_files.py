@@ -1,0 +1,49 @@
+"""Whole-buffer reads and writes on raw file descriptors.
+
+Shared by the zarr tier (:mod:`vlcc_adjoint.storage._zarr`), the MPI store
+(:mod:`vlcc_adjoint._mpi._zarr`) and the lineage repository
+(:mod:`vlcc_adjoint._lineage`): they write chunks and metadata with
+``os.write`` and read them with ``os.readv`` straight into their numpy
+buffers, without Python file objects.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["O_CLOEXEC", "fsync_dir", "read_exactly", "write_all"]
+
+#: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
+#: by subprocesses (an MPI launcher, a user's ``subprocess.run``).
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+#: Bytes per ``os.write`` call (Linux writes at most about 2 GiB at once).
+_WRITE_SLICE = 1 << 30
+
+
+def write_all(fd: int, data) -> None:
+    """Write every byte of the bytes-like `data` to `fd`."""
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    while view:
+        n = os.write(fd, view[:_WRITE_SLICE])
+        view = view[n:]
+
+
+def read_exactly(fd: int, view: memoryview) -> bool:
+    """Fill the byte view `view` from `fd`; ``False`` if the file ended first."""
+    done, size = 0, len(view)
+    while done < size:
+        n = os.readv(fd, [view[done:]])
+        if n == 0:
+            return False
+        done += n
+    return True
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory `path`, so that the entries just made in it are durable."""
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
