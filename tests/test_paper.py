@@ -30,10 +30,15 @@ FIGURE = re.compile(r"!\[(?P<caption>(?:[^\[\]]|\[[^\]]*\])*)\]\((?P<path>[^)\s]
 LABELLED = re.compile(r"\b(?:Figure|Fig\.|Table|Section|Eq\.|Equation|issue|Issue)\s+\d+", re.I)
 
 
+def _strip_front_matter(text: str) -> str:
+    if text.startswith("---"):
+        return text.split("\n---", 1)[1]
+    return text
+
+
 def _body(text: str) -> str:
     """The prose of the paper: no front matter, code, math, citations or links."""
-    if text.startswith("---"):
-        text = text.split("\n---", 1)[1]
+    text = _strip_front_matter(text)
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
     text = re.sub(r"\$\$.*?\$\$", " ", text, flags=re.S)
@@ -81,6 +86,12 @@ def _measured_numbers() -> list[float]:
     return found
 
 
+def _unmeasured(text: str, measured: dict) -> list[str]:
+    """The numbers quoted in `text` that no results file contains."""
+    return sorted({quoted for value, decimals, unit, quoted in _quoted_numbers(text)
+                   if not _was_measured(value, decimals, unit, measured)})
+
+
 @pytest.fixture(scope="module")
 def paper() -> str:
     return PAPER.read_text()
@@ -108,8 +119,7 @@ def _was_measured(value: float, decimals: int, unit: str, measured: dict) -> boo
 
 
 def test_every_number_in_the_paper_is_in_a_results_file(paper, measured):
-    missing = sorted({quoted for value, decimals, unit, quoted in _quoted_numbers(paper)
-                      if not _was_measured(value, decimals, unit, measured)})
+    missing = _unmeasured(paper, measured)
     assert not missing, (
         f"numbers quoted in paper/paper.md that no benchmarks/results/*.json contains: "
         f"{missing}; rerun the benchmark that measures them (python benchmarks/run_all.py) "
@@ -120,8 +130,7 @@ def test_every_number_in_the_readme_performance_section_is_in_a_results_file(mea
     readme = (ROOT / "README.md").read_text()
     match = re.search(r"^## Performance\n(.*?)(?=^## |\Z)", readme, flags=re.S | re.M)
     assert match, "README.md has no '## Performance' section"
-    missing = sorted({quoted for value, decimals, unit, quoted in _quoted_numbers(match[1])
-                      if not _was_measured(value, decimals, unit, measured)})
+    missing = _unmeasured(match[1], measured)
     assert not missing, (
         f"numbers in README.md's Performance section that no results file contains: {missing}")
     assert "paper/paper.md" in match[1], "the Performance section should link the paper"
@@ -156,8 +165,3 @@ def test_every_citation_is_in_the_bibliography(paper):
     assert cited, "the paper cites nothing"
     assert not cited - keys, f"cited but not in paper/paper.bib: {sorted(cited - keys)}"
 
-
-def _strip_front_matter(text: str) -> str:
-    if text.startswith("---"):
-        return text.split("\n---", 1)[1]
-    return text

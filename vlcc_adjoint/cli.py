@@ -83,7 +83,7 @@ def _add_lineage(sub) -> dict:
     return add_commands(sub)
 
 
-def _bench(args, rest) -> int:
+def _bench(rest) -> int:
     import pathlib
     import subprocess
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     lineage = _add_lineage(sub)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
-        return _bench(args, rest)
+        return _bench(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in lineage:
