@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["O_CLOEXEC", "fsync_dir", "read_exactly", "write_all"]
+__all__ = ["O_CLOEXEC", "fsync_dir", "read_exactly", "write_all", "write_file"]
 
 #: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
 #: by subprocesses (an MPI launcher, a user's ``subprocess.run``).
@@ -27,6 +27,27 @@ def write_all(fd: int, data) -> None:
     while view:
         n = os.write(fd, view[:_WRITE_SLICE])
         view = view[n:]
+
+
+def write_file(path: str, data, durable: bool, *, truncate: bool = False,
+               exclusive: bool = False) -> None:
+    """Write `data` at `path`; fsync it when `durable`.
+
+    By default the file is created or written over from its start, not
+    truncated: the caller knows it is new or not longer than `data` (the
+    zarr tier pads its metadata), which saves the truncation's block
+    freeing.  `truncate` cuts what is left beyond `data`; `exclusive`
+    refuses an existing file (``FileExistsError``).
+    """
+    flags = (os.O_WRONLY | os.O_CREAT | O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+             | (os.O_EXCL if exclusive else 0))
+    fd = os.open(path, flags, 0o644)
+    try:
+        write_all(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_exactly(fd: int, view: memoryview) -> bool:

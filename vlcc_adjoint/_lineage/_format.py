@@ -63,7 +63,9 @@ from collections.abc import Iterator
 import numpy as np
 import xxhash
 
-from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all  # noqa: F401 (fsync_dir: used as F.fsync_dir)
+from .._files import O_CLOEXEC, read_exactly
+from .._files import fsync_dir  # noqa: F401 (used as F.fsync_dir)
+from .._files import write_file as _write_file
 from ..state import dtype_from_json, dtype_to_json
 from ..storage._zarr import _zarr_type
 
@@ -429,13 +431,7 @@ def parse_manifest(vid: str, attrs) -> Manifest:
 
 def write_file(path: str, data, durable: bool) -> None:
     """Create `path` (exclusively) with `data`; fsync when `durable`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC, 0o644)
-    try:
-        write_all(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_file(path, data, durable, exclusive=True)
 
 
 def read_file(path: str, limit: int) -> bytearray:

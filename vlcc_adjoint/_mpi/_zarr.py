@@ -77,8 +77,8 @@ from ..state import byte_view, dtype_from_json, dtype_to_json, unflatten
 from ..storage import CorruptCheckpointError, Record, StorageError, Tier
 from ..storage._checksum import (check_capacity, check_record, corrupt, encode_spec, full,
                                  leaf_checksum, step_of)
-from .._files import O_CLOEXEC, fsync_dir, read_exactly
-from ..storage._zarr import _array_meta, _remedy, _write_file, _zarr_type
+from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_file
+from ..storage._zarr import _array_meta, _remedy, _zarr_type
 from ._decomp import Decomposition, distributed_nodes
 
 __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
@@ -256,8 +256,8 @@ class SharedZarrTier(Tier):
 
     def _write_json(self, path: str, obj) -> None:
         tmp = path + ".tmp"
-        _write_file(tmp, json.dumps(obj, separators=(",", ":")).encode(), self.durable,
-                    truncate=True)
+        write_file(tmp, json.dumps(obj, separators=(",", ":")).encode(), self.durable,
+                   truncate=True)
         os.replace(tmp, path)
 
     # -- the Tier protocol ----------------------------------------------------------
@@ -348,7 +348,8 @@ class SharedZarrTier(Tier):
                     continue
                 os.makedirs(leaf_dir, exist_ok=True)
                 if info.meta is not None:
-                    _write_file(os.path.join(leaf_dir, "zarr.json"), info.meta, durable, True)
+                    write_file(os.path.join(leaf_dir, "zarr.json"), info.meta, durable,
+                               truncate=True)
                 origin = info.decomp.offsets(self.rank)
                 c = info.chunk_shape
                 for idx in chunks:
@@ -362,17 +363,18 @@ class SharedZarrTier(Tier):
                         padded[tuple(slice(0, b - a) for a, b in zip(lo, hi))] = part_view
                         part_view = padded
                     data = np.ascontiguousarray(part_view)
-                    _write_file(os.path.join(leaf_dir, _chunk_name(idx)), byte_view(data),
-                                durable, True)
+                    write_file(os.path.join(leaf_dir, _chunk_name(idx)), byte_view(data),
+                               durable, truncate=True)
                     info.chunks.append((idx, int(leaf_checksum(data), 16)))
                 if durable:
                     fsync_dir(leaf_dir)
             elif self.rank == 0:
                 os.makedirs(leaf_dir, exist_ok=True)
                 meta, chunk = info.meta
-                _write_file(os.path.join(leaf_dir, "zarr.json"), meta, durable, True)
+                write_file(os.path.join(leaf_dir, "zarr.json"), meta, durable, truncate=True)
                 if chunk is not None:
-                    _write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable, True)
+                    write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable,
+                               truncate=True)
                 if durable:
                     fsync_dir(leaf_dir)
 
@@ -555,9 +557,10 @@ class SharedZarrTier(Tier):
                 sums_dir = os.path.join(base, "xxh3", str(i))
                 os.makedirs(sums_dir, exist_ok=True)
                 meta, chunk = _array_meta(grid.dtype, grid.shape)
-                _write_file(os.path.join(sums_dir, "zarr.json"), meta, self.durable, True)
+                write_file(os.path.join(sums_dir, "zarr.json"), meta, self.durable, truncate=True)
                 if chunk is not None:
-                    _write_file(os.path.join(sums_dir, chunk), byte_view(grid), self.durable, True)
+                    write_file(os.path.join(sums_dir, chunk), byte_view(grid), self.durable,
+                               truncate=True)
                 leaves_doc.append({"dtype": dtype_to_json(info.dtype), "shape": list(info.shape),
                                    "distributed": True, "decomposition": d.to_json(),
                                    "chunk_shape": list(c), "checksums": f"xxh3/{i}"})

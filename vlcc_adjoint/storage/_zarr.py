@@ -112,7 +112,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all
+from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_file
 from ..state import byte_view, dtype_from_json, dtype_to_json
 from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, step_of,
                         verify_leaves)
@@ -219,22 +219,6 @@ class _Stored:
         self.spec_json = spec_json  # None: the record's metadata is unreadable
         self.leaves = leaves  # per leaf (shape, dtype, nbytes, chunk name, checksum)
         self.layout = layout
-
-
-def _write_file(path: str, data, durable: bool, truncate: bool = False) -> None:
-    """Write ``data`` at ``path``, over any existing content.
-
-    Without `truncate` the caller knows the file is new or not longer than
-    ``data`` (it pads), which saves the truncation's block freeing.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | O_CLOEXEC | (os.O_TRUNC if truncate else 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        write_all(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _tree_bytes(path: str) -> int:
@@ -353,7 +337,7 @@ class ZarrTier(Tier):
 
     def _write_json(self, path: str, obj) -> None:
         tmp = path + ".tmp"
-        _write_file(tmp, json.dumps(obj, indent=2).encode(), self.durable)
+        write_file(tmp, json.dumps(obj, indent=2).encode(), self.durable)
         os.replace(tmp, path)
 
     def _load_stored(self, key: str, path: str) -> _Stored | None:
@@ -535,19 +519,19 @@ class ZarrTier(Tier):
                 os.mkdir(leaf_dir)
                 old_chunk, old_size, old_meta = None, 0, b""
             if old_meta != meta:
-                _write_file(leaf_dir + "/zarr.json", meta, durable,
-                            truncate=old_meta is None or len(old_meta) > len(meta))
+                write_file(leaf_dir + "/zarr.json", meta, durable,
+                           truncate=old_meta is None or len(old_meta) > len(meta))
             if old_chunk is not None and old_chunk != chunk:
                 os.unlink(os.path.join(leaf_dir, old_chunk))
                 old_size = 0
             if chunk is not None:
-                _write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), durable,
-                            truncate=old_size > leaf.nbytes)
+                write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), durable,
+                           truncate=old_size > leaf.nbytes)
             if durable:
                 fsync_dir(leaf_dir)
             new_leaves.append((chunk, leaf.nbytes, meta))
-        _write_file(work + "/zarr.json", group, durable,
-                    truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
+        write_file(work + "/zarr.json", group, durable,
+                   truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
         if durable:
             fsync_dir(work)
         return _Layout(new_leaves, len(group))
