@@ -59,16 +59,18 @@ class TierFullError(StorageError):
 class CorruptCheckpointError(StorageError):
     """A stored record failed its integrity check (checksum or structure).
 
-    **Attributes:** `key` (the record), `tier` (the tier's name) and `step`
-    (the checkpointed step, when known).
+    **Attributes:** `key` (the record), `tier` (the tier's name), `step`
+    (the checkpointed step, when known) and `path` (the damaged file, when
+    the damage is in one).
     """
 
     def __init__(self, message: str, *, key: str | None = None, tier: str | None = None,
-                 step: int | None = None):
+                 step: int | None = None, path: str | None = None):
         super().__init__(message)
         self.key = key
         self.tier = tier
         self.step = step
+        self.path = path
 
 
 def check_key(key: str) -> str:

@@ -1,0 +1,340 @@
+"""The on-disk format's ground rules, shared by every persistent store.
+
+The zarr tier (:class:`~vlcc_adjoint.storage.ZarrTier`), the MPI tier
+(``SharedZarrTier``) and the lineage repository (:class:`~vlcc_adjoint.lineage.History`)
+all keep checkpoints as zarr v3 hierarchies that plain ``zarr.open_group``
+reads.  This module is the one place that says how such a hierarchy is read
+and written safely: it opens files, reads and checks metadata, computes the
+digests that make a record's whole description tamper-evident, publishes
+writes atomically and serialises writers.  Each store adds its own layout on
+top, and none of them opens a file any other way.
+
+Threat model
+------------
+
+A store directory may be damaged (a torn write, a flipped bit, a disk that
+returns garbage) or crafted (copied from somebody else, unpacked from an
+archive).  Reading it must never return wrong data silently, never hang,
+never allocate without bound and never touch anything outside the store:
+
+* **Only regular files, never through a link.**  :func:`open_regular` opens
+  with ``O_NOFOLLOW`` (a symbolic link in the last component fails with
+  ``ELOOP``) and ``O_NONBLOCK`` (opening a FIFO does not wait for a writer),
+  then checks ``S_ISREG`` on the open descriptor (no race between check
+  and use) and clears ``O_NONBLOCK``.  Directories are checked with
+  :func:`check_dir` (``lstat``: a directory, not a link to one).
+* **Bounded reads.**  Metadata is read by :func:`read_json`, which refuses a
+  file larger than its limit *before* reading it (a sparse multi-GiB file
+  costs nothing), and data by :func:`read_into`, which requires the file's
+  real size to be the size the (verified) metadata declares.  Sizes that a
+  reader would allocate are checked against :func:`allocation_limit`.
+* **Digests over everything a read depends on.**  :func:`digest` is
+  xxh3-128 of the canonical JSON (sorted keys, no whitespace) of a record's
+  whole description: structure, names, scalars, strings, the leaf-to-name
+  mapping, dtypes, shapes, codec parameters and the per-leaf checksums of
+  the data.  Any change to any value is detected; a change that leaves the
+  parsed JSON equal (whitespace, key order) is harmless, since the data
+  returned is then bit-identical.  xxh3 detects accidents with probability
+  1 - 2^-128; it is not a signature: a writer who can recompute it can
+  forge a record, so a crafted store can return data its crafter chose,
+  but never crash, hang or exhaust the reader (the bounds above).
+* **Errors name the file.**  Damage raises
+  :class:`~vlcc_adjoint.storage.CorruptCheckpointError` whose message and
+  ``path`` attribute name the file; I/O failures raise ``OSError`` subclasses
+  for the caller to report as :class:`~vlcc_adjoint.storage.StorageError`.
+
+Writes are atomic (write into a scratch name, ``rename`` into place: POSIX
+rename replaces a directory entry atomically) and, when durable, fsynced
+file first, then the directory that names it (the order ext4 and XFS
+document for crash consistency; Pillai et al., OSDI 2014).  One process
+writes to a store at a time: :class:`WriterLock` holds an ``flock`` on the
+store's lock file, which the kernel releases when the holder dies, and
+writes the holder's pid and host into it so that a refused writer learns
+who holds it.
+
+**References:** Y. Collet, *xxHash: extremely fast hash algorithm*, XXH3
+specification (2019-2024).  T. S. Pillai et al., *All file systems are not
+created equal: on the complexity of crafting crash-consistent
+applications*, OSDI 2014.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+import time
+
+import numpy as np
+import xxhash
+
+from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
+from ._tier import CorruptCheckpointError, StorageError
+
+__all__ = [
+    "MAX_METADATA_BYTES",
+    "MODES",
+    "StoreLockedError",
+    "WriterLock",
+    "allocation_limit",
+    "canonical_json",
+    "check_allocation",
+    "check_dir",
+    "digest",
+    "fsync_dir",
+    "open_regular",
+    "parse_mode",
+    "publish",
+    "read_into",
+    "read_json",
+    "read_limited",
+    "write_all",
+    "write_file",
+    "zarr_data_type",
+]
+
+#: The largest metadata file any store reads (bytes).  A record's group
+#: ``zarr.json`` holds its spec and one entry per leaf; a lineage graph one
+#: entry per version.  Larger files are refused unread.
+MAX_METADATA_BYTES = 64 << 20
+
+#: zarr's open modes: ``r`` read only; ``r+`` read and write an existing
+#: store; ``a`` read and write, creating it if absent; ``w`` create, or
+#: empty an existing one; ``w-`` create, refusing an existing one.
+MODES = ("r", "r+", "a", "w", "w-")
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class StoreLockedError(StorageError):
+    """Another writer holds the store; the message names it and the remedy."""
+
+
+def parse_mode(mode: str) -> str:
+    """`mode` if it is one of :data:`MODES`, else a ``ValueError`` listing them."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))} (as in zarr), "
+                         f"got {mode!r}")
+    return mode
+
+
+def _corrupt(path: str, problem: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{path}: {problem}", path=path)
+
+
+def check_dir(path: str) -> None:
+    """Check that `path` is a directory and not a symbolic link.
+
+    Raises :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming it
+    otherwise (``FileNotFoundError`` when it does not exist).
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise _corrupt(path, "is a symbolic link where the store has a directory; stores are "
+                       "never read or written through links (replace it with a real directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _corrupt(path, "is not a directory where the store has one")
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+    """A file descriptor of the regular file `path`, opened without following links.
+
+    Opening never blocks (``O_NONBLOCK``: a FIFO in place of a file does not
+    wait for a writer); the descriptor is then checked to be a regular file
+    and returned in blocking mode.  A link or any other kind of file raises
+    :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming `path`;
+    ``FileNotFoundError`` passes through.
+    """
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _corrupt(path, "is a symbolic link; stores never follow links") from None
+        if err.errno == errno.ENXIO:  # a FIFO opened for writing with no reader, a socket
+            raise _corrupt(path, "is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _corrupt(path, "is not a regular file (a FIFO, device, socket or directory "
+                           "in place of a store file)")
+        if _NONBLOCK:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_limited(path: str, limit: int) -> bytes:
+    """The bytes of the regular file `path`, refused unread if it has more than `limit`."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise _corrupt(path, f"has {size} bytes, more than the {limit} a file of its kind "
+                           "may have")
+        buf = bytearray(size)
+        if not read_exactly(fd, memoryview(buf)):
+            raise _corrupt(path, "ended while it was read (truncated)")
+        return bytes(buf)
+    finally:
+        os.close(fd)
+
+
+def read_into(path: str, out) -> None:
+    """Fill the writable buffer `out` with the regular file `path`, which must
+    have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``)."""
+    view = memoryview(out).cast("B")
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size != len(view):
+            raise _corrupt(path, f"has {size} bytes, its metadata says {len(view)}")
+        if not read_exactly(fd, view):
+            raise _corrupt(path, "ended while it was read (truncated)")
+    finally:
+        os.close(fd)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid in checkpoint metadata")
+
+
+def read_json(path: str, limit: int = MAX_METADATA_BYTES):
+    """The JSON document in `path` (at most `limit` bytes, strict JSON).
+
+    Anything that is not a readable, well-formed JSON document (bad UTF-8,
+    syntax, ``NaN``, duplicate keys) raises ``CorruptCheckpointError`` naming
+    `path`.  The caller validates the document's structure.
+    """
+    data = read_limited(path, limit)
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant,
+                          object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise _corrupt(path, f"is not valid JSON metadata ({err})") from None
+
+
+def _unique_keys(pairs):
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key in an object")
+    return out
+
+
+def canonical_json(obj) -> bytes:
+    """The canonical encoding of a JSON value: sorted keys, no whitespace, ASCII.
+
+    Two values encode to the same bytes exactly when they are equal as JSON
+    (``NaN`` and infinities are refused: they are not JSON).
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def digest(description) -> str:
+    """xxh3-128 (32 hexadecimal digits) of ``canonical_json(description)``.
+
+    `description` is everything a read depends on besides the data bytes
+    themselves, *including* the per-leaf checksums of those bytes, so one
+    digest covers the whole record.
+    """
+    return xxhash.xxh3_128_hexdigest(canonical_json(description))
+
+
+def publish(src: str, dst: str, durable: bool) -> None:
+    """Rename `src` to `dst` atomically; when `durable`, fsync the parent after."""
+    os.rename(src, dst)
+    if durable:
+        fsync_dir(os.path.dirname(dst) or ".")
+
+
+def allocation_limit() -> int:
+    """The most bytes a reader allocates on a store's word: the machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no better bound known
+        return 1 << 40
+
+
+def check_allocation(nbytes: int, path: str, what: str = "data") -> int:
+    """`nbytes` if a reader may allocate it for `what` declared in `path`, else
+    ``CorruptCheckpointError`` (a size no real checkpoint on this machine has)."""
+    limit = allocation_limit()
+    if not isinstance(nbytes, int) or nbytes < 0 or nbytes > limit:
+        raise _corrupt(path, f"declares {nbytes!r} bytes of {what}, more than this machine's "
+                       f"{limit} bytes of memory")
+    return nbytes
+
+
+_ZARR_TYPES = {
+    ("b", 1): "bool",
+    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
+    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
+    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
+    ("c", 8): "complex64", ("c", 16): "complex128",
+}
+
+
+def zarr_data_type(dtype: np.dtype) -> str | None:
+    """The zarr v3 core data type of `dtype`, or ``None`` when it has none
+    (structured, datetime, strings, ``bfloat16``: stored as raw bytes)."""
+    if dtype.names is not None or dtype.subdtype is not None:
+        return None
+    if dtype.kind == "V" or dtype.type.__module__.startswith("ml_dtypes"):
+        return None
+    return _ZARR_TYPES.get((dtype.kind, dtype.itemsize))
+
+
+class WriterLock:
+    """The one-writer lock of a store: ``flock`` on `path`, with the holder named in it.
+
+    ``flock`` belongs to an open file description, so two lock objects in
+    one process exclude each other like two processes, and the kernel
+    releases the lock when its holder dies (``kill -9`` included): a lock
+    file left behind by a dead process never blocks anyone.
+    """
+
+    def __init__(self, path: str, store: str):
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | O_CLOEXEC, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise _corrupt(path, "is a symbolic link; stores never follow links") from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _corrupt(path, "is not a regular file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreLockedError(
+                    f"{store} is open for writing by {self._holder(fd)}; close it there first, "
+                    "or open this store with mode='r' to read it") from None
+            os.ftruncate(fd, 0)
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+            write_all(fd, canonical_json(info))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+            return f"process {int(info['pid'])} on host {str(info['host'])[:255]!r}"
+        except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError):
+            return "another process"
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
