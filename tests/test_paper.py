@@ -22,6 +22,10 @@ A source is one of:
     a derived ratio: the first value divided by the second (a ``/`` with a
     space on each side).  The second ``REF`` may be written ``#POINTER``
     alone, meaning the same file as the first.
+``REF in UNIT``
+    a size in bytes quoted in ``KiB``, ``MiB``, ``GiB`` (powers of 1024)
+    or ``kB``, ``MB``, ``GB`` (powers of 1000): ``128<!-- bench_tiers.json
+    #/capture/4/bytes in MiB --> MiB``.
 ``external: DESCRIPTION``
     a number that no results file holds, measured elsewhere; the
     description (at least five words) must say what was measured and how.
@@ -34,7 +38,7 @@ the fraction (0.099).  A ratio (``0.44x``) matches its value as it is.
 
 Numbers that are not measured values need no source: formulas (``$...$``),
 code spans, citations, links, figure / table / section / equation numbers,
-dotted version numbers (``1.0.4``) and the front matter (title, date).  A
+dotted version numbers (``1.0.4``), list markers (``(1)``), ``case N`` and the front matter (title, date).  A
 quoted number with no source fails the test; so does a source whose file or
 key is missing or whose value does not round to the number quoted.
 
@@ -69,7 +73,8 @@ NUMBER = re.compile(
     r"(?:(?P<unit>x\b|×)|\s?(?P<pct>%))?(?![\w^])"
     r"(?:" + _MARK + r"(?P<comment>.))?")
 FIGURE = re.compile(r"!\[(?P<caption>(?:[^\[\]]|\[[^\]]*\])*)\]\((?P<path>[^)\s]+)\)")
-LABELLED = re.compile(r"\b(?:Figure|Fig\.|Table|Section|Eq\.|Equation)\s+\d+", re.I)
+LABELLED = re.compile(r"\b(?:Figure|Fig\.|Table|Section|Eq\.|Equation|case)\s+\d+|\(\d\)")
+UNITS = {"KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "kB": 1e3, "MB": 1e6, "GB": 1e9}
 COMMENT = re.compile(r"<!--(.*?)-->", re.S)
 
 
@@ -181,6 +186,10 @@ def _reference(ref: str, default_file: str | None) -> tuple[str, str]:
 def source_values(source: str) -> list[float]:
     """The values a source offers for a quoted number (several if it points
     at a string that writes several numbers)."""
+    source, _, unit = source.partition(" in ")
+    if unit and unit.strip() not in UNITS:
+        raise SourceError(f"{source!r}: unit {unit.strip()!r} is not one of {sorted(UNITS)}")
+    scale = UNITS[unit.strip()] if unit else 1.0
     refs = re.split(r"\s/\s", source)
     if len(refs) > 2:
         raise SourceError(f"{source!r}: a source is one value or a ratio of two")
@@ -193,11 +202,11 @@ def source_values(source: str) -> list[float]:
     if len(values) == 2:
         if not all(isinstance(v, (int, float)) for v in values) or not values[1]:
             raise SourceError(f"{source!r}: a ratio needs two numbers, the second not zero")
-        return [values[0] / values[1]]
+        return [values[0] / values[1] / scale]
     if isinstance(values[0], str):
         return [float(s.replace(",", "")) for s in
                 re.findall(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?", values[0])]
-    return [float(values[0])]
+    return [float(values[0]) / scale]
 
 
 def _rounds_to(value: float, quote: Quote) -> bool:
@@ -318,6 +327,9 @@ def test_a_ratio_of_two_values_and_a_percentage():
     assert problems(ratio.replace("sync/total_s", "sync/total")), "a wrong second path fails"
     percent = "44%<!-- bench_overlap.json#/forward/hidden_external -->"
     assert problems(percent) == [] and problems(percent.replace("44%", "45%"))
+    size = "128<!-- bench_tiers.json#/capture/4/bytes in MiB --> MiB"
+    assert problems(size) == [] and problems(size.replace("128<", "134<"))
+    assert "not one of" in problems(size.replace("in MiB", "in MeB"))[0]
 
 
 def test_external_and_target_need_a_description():
