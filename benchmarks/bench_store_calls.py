@@ -10,9 +10,9 @@ Reproduce::
     mkdir -p /tmp/vlcc_orig && git archive <commit> vlcc_adjoint | tar -x -C /tmp/vlcc_orig
     python benchmarks/bench_store_calls.py --baseline /tmp/vlcc_orig
 
-Writes ``benchmarks/results/bench_store_calls.json`` (every repeat, every
-median, the machine's load average around every measurement) and
-``bench_store_calls.png``; prints two tables.
+Writes ``DIR/bench_store_calls.json`` (every repeat, every median, the
+machine's load average around every measurement; ``--out DIR``, default
+``$TMPDIR/vlcc-bench-results/``) and ``bench_store_calls.png``; prints two tables.
 
 Every measurement runs in a fresh interpreter.  With ``--baseline DIR``
 (a directory holding another ``vlcc_adjoint`` package) the runs alternate
@@ -268,7 +268,7 @@ def main(argv=None):
     parser.add_argument("--nt", type=int, default=None, help="seismic time steps (2000)")
     parser.add_argument("--slots", type=int, default=10, help="Revolve slots (10)")
     parser.add_argument("--skip-seismic", action="store_true")
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     parser.add_argument("--child", choices=["calls", "seismic", "kernels"],
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
