@@ -332,6 +332,19 @@ def test_a_ratio_of_two_values_and_a_percentage():
     assert "not one of" in problems(size.replace("in MiB", "in MeB"))[0]
 
 
+def test_the_paper_itself_fails_on_a_changed_digit_a_wrong_path_or_a_lost_source(paper):
+    """The same three faults, made in the real paper, one at a time."""
+    quoted = "0.854x<!-- bench_seismic.json#/methods/vlcc plan Multistage"
+    assert quoted in paper and not problems(paper)
+    changed = paper.replace(quoted, quoted.replace("0.854x", "0.864x"), 1)
+    assert [p for p in problems(changed) if "'0.864x'" in p and "holds 0.85" in p]
+    wrong = paper.replace(quoted, quoted.replace("vlcc plan", "vlcc plans"), 1)
+    assert [p for p in problems(wrong) if "'0.854x'" in p and "no key" in p]
+    lost = re.sub(r"(0\.854x)<!--[^>]*-->", r"\1", paper, count=1)
+    assert [p for p in problems(lost) if "'0.854x'" in p and "no source" in p]
+    assert len(problems(changed)) == len(problems(wrong)) == len(problems(lost)) == 1
+
+
 def test_external_and_target_need_a_description():
     assert problems("0.86x<!-- external: an independent run at another size -->") == []
     assert "five words" in problems("0.86x<!-- external: elsewhere -->")[0]
