@@ -181,11 +181,19 @@ def _clock(seconds: float) -> str:
 
 
 def main(argv=None, prog: str | None = None) -> int:
-    """Run the benchmarks the command line asks for; 0 if every one ran cleanly.
+    """Run the benchmarks the command line asks for.
 
     **Arguments:** `argv` and `prog` as for :func:`parse_args`.
+
+    **Returns:** 0 if every benchmark ran cleanly, 1 if one failed, and
+    argparse's status (2 for a usage error, printed; 0 for ``--help``) when
+    the command line ends the run, so a caller such as ``vlcc bench`` can
+    return it without catching ``SystemExit``.
     """
-    args = parse_args(argv, prog)
+    try:
+        args = parse_args(argv, prog)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 2
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.only or list(BENCHMARKS)
     command = prog or "python benchmarks/run_all.py"
