@@ -78,6 +78,7 @@ import numpy as np
 import torch
 
 from .. import state as _vstate
+from ._deepspeed_state import register_deepspeed_providers
 from ._state import register_providers
 
 __all__ = ["VlccCheckpointEngine"]
@@ -138,6 +139,8 @@ class VlccCheckpointEngine:
                  defer: bool | None = None, wait_on_commit: str = "captured",
                  chunk_bytes: int = 1 << 20, codec=None, durable: bool = False):
         register_providers()
+        if "deepspeed" in sys.modules:
+            register_deepspeed_providers(import_modules=True)
         if wait_on_commit not in ("written", "captured"):
             raise ValueError(f"wait_on_commit must be 'written' or 'captured', got "
                              f"{wait_on_commit!r}")
@@ -291,7 +294,14 @@ class VlccCheckpointEngine:
         hist_path = os.path.normpath(os.path.join(os.path.dirname(path), pointer["history"]))
         history = self._reader(hist_path)
         try:
-            state = history.load(pointer["version"])
+            try:
+                state = history.load(pointer["version"])
+            except _vstate.UnknownStateTypeError as err:
+                # A DeepSpeed object (loss scaler, ...) and DeepSpeed not imported
+                # yet: import the allow-listed modules, once, and read again.
+                if "'deepspeed." not in str(err) or not register_deepspeed_providers(True):
+                    raise
+                state = history.load(pointer["version"])
         except KeyError as err:
             raise FileNotFoundError(
                 f"{path} points to version {pointer['version']} of the history at {hist_path}, "
