@@ -73,6 +73,14 @@ gradient: the first ``Reverse`` walks the tape and raises a ``ValueError``
 naming its shape.  (Tensors computed *outside* ``step`` from listed
 parameters, e.g. ``w = 2 * layer.weight``, propagate correctly.)
 
+Higher derivatives.  Under ``create_graph=True`` (``torch.autograd.grad``
+of a gradient, Hessian-vector products) the backward pass re-runs the whole
+chain with grad from the caller's own input tensors and differentiates that
+tape with ``create_graph=True``: the gradient is then a differentiable
+function of the input, the per-step inputs, the parameters and the
+cotangent, exact to rounding, at the memory of plain autograd for that one
+backward pass.
+
 Randomness.  With ``preserve_rng_state=True`` (the default, as in
 ``torch.utils.checkpoint``) the CPU generator state (and the CUDA one of
 every device the state lives on) is recorded with every snapshot and at
@@ -329,6 +337,7 @@ class _Run:
         self.cur = None  # the state in hand (list of tensors)
         self.cur_step = -1
         self.rng = None  # generator state belonging to the state in hand
+        self.rng0 = None  # ... and to u_0 (for create_graph=True)
         self.tape = None  # (block, inputs, outputs) of the last block, taped in forward
         self.final = None
         self.final_rng = None
@@ -491,7 +500,7 @@ class _Run:
         self.split = int(rev[0]) if len(rev) else len(self.table)
         self.cur, self.cur_step = [t.detach() for t in leaves], 0
         if self.preserve:
-            self.rng = _get_rng(self.devices)
+            self.rng = self.rng0 = _get_rng(self.devices)
         for self.index, kind, a, b, level, dst in self._rows(0, self.split):
             self._dispatch(kind, a, b, level, dst)
         if self.final is None:
@@ -522,6 +531,35 @@ class _Run:
             for self.index, kind, a, b, level, dst in self._rows(self.split, len(self.table)):
                 self._dispatch(kind, a, b, level, dst)
         return self.lam, self.grad_inputs, self.grad_params
+
+    def double_backward(self, leaves, grads):
+        """The gradient as a differentiable function of `leaves`, the per-step inputs,
+        the parameters and the cotangent (``create_graph=True``): the whole chain
+        again, with grad, from the forward pass's own input tensors."""
+        if self.used:
+            raise RuntimeError(
+                "checkpoint_sequence: its backward pass runs once per forward pass; run the "
+                "forward pass again")
+        self.used = True
+        with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
+            if self.preserve:
+                _set_rng(self.rng0, self.devices)
+            out = list(leaves)
+            for i in range(self.n):
+                out = self._call(i, out)
+        outs, cots = [], []
+        for o, g in zip(out, grads):
+            if g is not None and o.requires_grad:
+                outs.append(o)
+                cots.append(g)
+        xs = [self.inputs] if self.inputs is not None and self.inputs.requires_grad else []
+        wrt = [t for t in leaves if t.requires_grad] + xs + self.params
+        got = (torch.autograd.grad(outs, wrt, cots, allow_unused=True, create_graph=True)
+               if outs else [None] * len(wrt))
+        it = iter(got)
+        lam = [next(it) if t.requires_grad else None for t in leaves]
+        grad_inputs = next(it) if xs else None
+        return lam, grad_inputs, list(it)
 
     def _reverse(self, j: int):
         if self.tape is not None and self.tape[0] == j:
@@ -602,6 +640,7 @@ class _Sequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, *tensors):
         out = run.forward(tensors[:run.n_leaves])
+        ctx.leaves = tensors[:run.n_leaves]  # for create_graph=True (the caller's tensors)
         ctx.run = run
         ctx.n_leaves = run.n_leaves
         ctx.n_inputs = 0 if run.inputs is None else 1
@@ -611,7 +650,6 @@ class _Sequence(torch.autograd.Function):
         return tuple(out)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         run = ctx.run
         if run is None:
@@ -620,9 +658,12 @@ class _Sequence(torch.autograd.Function):
                 "schedule consumes its snapshots); run the forward pass again, or keep the "
                 "tapes with plain autograd if you need retain_graph=True")
         try:
-            lam, grad_inputs, grad_params = run.backward(grads)
+            if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient
+                lam, grad_inputs, grad_params = run.double_backward(ctx.leaves, grads)
+            else:
+                lam, grad_inputs, grad_params = run.backward(grads)
         finally:
-            ctx.run = None
+            ctx.run = ctx.leaves = None
             run.finish()
         head = list(lam) + ([grad_inputs] if ctx.n_inputs else [])
         return (None, *head, *grad_params)
