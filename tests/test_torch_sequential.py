@@ -354,3 +354,40 @@ def test_checkpoint_sequence_gives_a_differentiable_gradient_under_create_graph(
     h = torch.autograd.grad(sum(t.square().sum() for t in g), wrt)
     for a, b in zip(h, h_plain):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_plain_functions_and_closures_as_layers_and_an_unreachable_tensor_is_reported():
+    torch.manual_seed(0)
+    w = torch.randn(6, 4, requires_grad=True)
+    layers = [nn.Linear(3, 6), torch.tanh, lambda h: h @ w, torch.sigmoid]
+    x = torch.randn(5, 3, requires_grad=True)
+
+    def grads(fn):
+        for t in (x, w, *layers[0].parameters()):
+            t.grad = None
+        fn(x).sum().backward()
+        return [t.grad.clone() for t in (x, w, *layers[0].parameters())]
+
+    def plain(v):
+        for f in layers:
+            v = f(v)
+        return v
+
+    ref = grads(plain)
+    for use_reentrant in MODES:
+        got = grads(lambda v: checkpoint_sequential(layers, 4, v, use_reentrant=use_reentrant,
+                                                    schedule=Revolve(4, 1)))
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+    class Hidden(nn.Module):  # a tensor that requires grad but is not a Parameter
+        def __init__(self):
+            super().__init__()
+            self.w = torch.randn(4, 4, requires_grad=True)
+
+        def forward(self, h):
+            return h @ self.w
+
+    model = nn.Sequential(nn.Linear(4, 4), Hidden(), nn.Tanh())
+    out = checkpoint_sequential(model, 3, torch.randn(2, 4), use_reentrant=False)
+    with pytest.raises(ValueError, match=r"shape \(4, 4\) that requires grad"):
+        out.sum().backward()

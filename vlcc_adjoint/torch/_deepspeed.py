@@ -51,7 +51,13 @@ deferred copies at the next optimizer step.
 
 Loading never unpickles: ``load(path)`` reads the pointer (JSON), opens the
 History and rebuilds the state from its zarr chunks with the torch state
-provider (:mod:`vlcc_adjoint.torch._state`).  A file that is not a pointer
+provider (:mod:`vlcc_adjoint.torch._state`).  The DeepSpeed objects of ZeRO
+stages 0-3 checkpoints (loss scalers, ``fragment_address``,
+``ZeroStageEnum``) are stored as plain data and rebuilt from an allow-list
+(:mod:`vlcc_adjoint.torch._deepspeed_state`); ``tests/test_deepspeed_zero.py``
+checks every stage against DeepSpeed's ``torch.save`` engine: the files'
+contents, the reloaded weights and optimizer state bit for bit, and the
+losses after resuming.  A file that is not a pointer
 (a ``torch.save`` file) is refused with a message saying how to read it
 with pickle if it is trusted.
 
@@ -251,6 +257,8 @@ class VlccCheckpointEngine:
         self._raise_error()
         if self._closed:
             raise RuntimeError("VlccCheckpointEngine is closed")
+        if "deepspeed" in sys.modules:  # DeepSpeed may have been imported after __init__
+            register_deepspeed_providers(import_modules=True)
         tag = getattr(self._info, "tag", None)
         path = os.path.abspath(os.fspath(path))
         if self._history_path is None:

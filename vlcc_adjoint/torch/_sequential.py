@@ -400,6 +400,8 @@ class _Sequential(torch.autograd.Function):
         leaves = tensors[:ctx.n_leaves]
         if torch.is_grad_enabled():  # create_graph=True
             lam, grad_params = run.double_backward(ctx.tree, leaves, grads)
+            run.used = True  # a later backward (retain_graph=True) sweeps again
+            run.finish()
         else:
             lam, grad_params = run.backward(ctx.tree, leaves, grads)
         return (None, None, None, *lam, *grad_params)
