@@ -391,3 +391,25 @@ def test_plain_functions_and_closures_as_layers_and_an_unreachable_tensor_is_rep
     out = checkpoint_sequential(model, 3, torch.randn(2, 4), use_reentrant=False)
     with pytest.raises(ValueError, match=r"shape \(4, 4\) that requires grad"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("use_reentrant", MODES)
+def test_in_place_layers_at_block_boundaries_work_where_torchs_fail(use_reentrant):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 6),
+                          nn.ReLU(inplace=True), nn.Linear(6, 2), nn.ReLU(inplace=True))
+    x = torch.randn(3, 6, requires_grad=True)
+    plain = _grads(model, x, model)
+    with pytest.raises(RuntimeError, match="in-place|inplace"):
+        _grads(model, x, lambda v: torch_cs(model, 6, v, use_reentrant=use_reentrant))
+    for segments, schedule in ((6, None), (6, Revolve(6, 2)), (3, Revolve(3, 1))):
+        _assert_equal(_grads(model, x, lambda v: checkpoint_sequential(
+            model, segments, v, use_reentrant=use_reentrant, schedule=schedule)), plain)
+    # An in-place first layer leaves the caller's input alone.
+    relu_first = nn.Sequential(nn.ReLU(inplace=True), *list(model.children())[:2])
+    h = torch.randn(3, 6) - 0.5
+    h0 = h.clone()
+    out = checkpoint_sequential(relu_first, 3, h, use_reentrant=use_reentrant)
+    assert torch.equal(h, h0)
+    out.sum().backward()
+    assert torch.equal(out, relu_first(h0.clone()))

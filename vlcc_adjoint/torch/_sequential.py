@@ -51,6 +51,10 @@ then re-runs the whole sequence with grad from the saved input, so the
 second-order graph is connected, at the memory of one full tape); with
 ``use_reentrant=True`` that raises torch's error.
 
+In-place layers (``nn.ReLU(inplace=True)``) may start a block: the layers
+run on copies of a kept input (and of the caller's input), so neither is
+changed; torch's variants raise there.
+
 Randomness: with ``preserve_rng_state=True`` (the default) the CPU generator
 (and the CUDA generators of the devices the input lives on) is restored
 before every recomputation, so dropout draws the same masks, and the
@@ -160,7 +164,11 @@ class _Layers:
     def _advance(self, a: int, b: int):
         if self.preserve:
             _set_rng(self.rng, self.devices)
-        state = _unflatten(self.tree, self.cur)
+        # A kept state is copied before layers see it: a first layer that works in
+        # place (ReLU(inplace=True)) must not change what a later Load returns.
+        cur = [t.clone() for t in self.cur] if self.cur_kept else self.cur
+        state = _unflatten(self.tree, cur)
+        self.cur_kept = False
         with torch.no_grad():
             for j in range(a, b):
                 state = self._run_block(j, state)
@@ -177,7 +185,9 @@ class _Layers:
             _set_rng(self.rng, self.devices)
         with torch.enable_grad():
             xin = [t.detach().requires_grad_(_differentiable(t)) for t in self.cur]
-            state = self._run_block(j, _unflatten(self.tree, xin))
+            # Layers see copies (exact, and the identity for the gradient): an in-place
+            # first layer neither modifies a leaf that requires grad nor a kept state.
+            state = self._run_block(j, _unflatten(self.tree, [t.clone() for t in xin]))
         out: list = []
         tree = _flatten(state, out)
         return xin, out, tree
@@ -208,6 +218,7 @@ class _Layers:
             loaded = self.store.load(i, level - 1)
             self.cur = [t.to(d) for t, d in zip(loaded, devices)]
         self.cur_step = i
+        self.cur_kept = True
 
     def _delete(self, i: int, level: int):
         if level == 0:
@@ -264,6 +275,7 @@ class _Layers:
         self.kept: dict[tuple[int, int], tuple] = {}
         self.held: set = set()
         self.tree, self.cur, self.cur_step = tree, [t.detach() for t in leaves], 0
+        self.cur_kept = True  # the caller's input: never modified by a layer here
         self.rng = self.rng0
         kinds = self.table["kind"]
         rev = (kinds == _REVERSE).nonzero()[0]
