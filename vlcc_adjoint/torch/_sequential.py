@@ -70,8 +70,8 @@ from collections.abc import Sequence
 import torch
 
 from ..schedules import ActionKind, Online, Schedule, StoreAll, simulate
-from ._sequence import (_check_store, _close_quietly, _collect_params, _get_rng, _rng_devices,
-                        _set_rng)
+from ._recompute import (check_store, close_quietly, collect_params, get_rng, rng_devices,
+                         set_rng)
 from ._state import register_providers
 
 __all__ = ["checkpoint_sequential"]
@@ -163,7 +163,7 @@ class _Layers:
 
     def _advance(self, a: int, b: int):
         if self.preserve:
-            _set_rng(self.rng, self.devices)
+            set_rng(self.rng, self.devices)
         # A kept state is copied before layers see it: a first layer that works in
         # place (ReLU(inplace=True)) must not change what a later Load returns.
         cur = [t.clone() for t in self.cur] if self.cur_kept else self.cur
@@ -176,13 +176,13 @@ class _Layers:
         self.tree = _flatten(state, self.cur)
         self.cur_step = b
         if self.preserve:
-            self.rng = _get_rng(self.devices)
+            self.rng = get_rng(self.devices)
 
     def _tape(self, j: int):
         """Block j with grad from detached copies of the state in hand:
         ``(input tensors, output tensors, output tree)``."""
         if self.preserve:
-            _set_rng(self.rng, self.devices)
+            set_rng(self.rng, self.devices)
         with torch.enable_grad():
             xin = [t.detach().requires_grad_(_differentiable(t)) for t in self.cur]
             # Layers see copies (exact, and the identity for the gradient): an in-place
@@ -290,8 +290,8 @@ class _Layers:
         return [t.detach() for t in out]
 
     def forward(self, tree, leaves):
-        self.devices = _rng_devices(leaves)
-        self.rng0 = _get_rng(self.devices) if self.preserve else None
+        self.devices = rng_devices(leaves)
+        self.rng0 = get_rng(self.devices) if self.preserve else None
         return self.sweep(tree, leaves)
 
     def backward(self, tree, leaves, grads):
@@ -364,7 +364,7 @@ class _Layers:
             raise RuntimeError(_REENTRANT_GRAPH)
         with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
             if self.preserve:
-                _set_rng(self.rng0, self.devices)
+                set_rng(self.rng0, self.devices)
             state = _unflatten(tree, leaves)
             for j in range(self.m):
                 state = self._run_block(j, state)
@@ -514,7 +514,7 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
     for j in range(segments):
         mine, seen = [], set()
         for f in layers[bounds[j]:bounds[j + 1]]:
-            for p in _collect_params(f, None):
+            for p in collect_params(f, None):
                 if id(p) not in seen:
                     seen.add(id(p))
                     mine.append(p)
@@ -542,9 +542,9 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
             store = TieredStore([MemoryTier() for _ in range(levels - 1)])
             own_store = True
         else:
-            _check_store(store, levels)
+            check_store(store, levels)
     elif store is not None:
-        _check_store(store, 1)
+        check_store(store, 1)
     run = _Layers(layers, bounds, schedule, store if (own_store or levels > 1) else None,
                   own_store, params, block_params, preserve_rng_state, use_reentrant)
     try:
@@ -555,5 +555,5 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
             store.close()
         raise
     if own_store:
-        weakref.finalize(run, _close_quietly, store)
+        weakref.finalize(run, close_quietly, store)
     return _unflatten(run.out_tree, list(out))
