@@ -13,6 +13,7 @@ and ``schedule=`` beyond torch's segments.  Comparisons are bitwise
 
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,7 +21,8 @@ nn = torch.nn
 
 from torch.utils.checkpoint import checkpoint_sequential as torch_cs  # noqa: E402
 
-from vlcc_adjoint.schedules import Multistage, Level, Revolve, simulate  # noqa: E402
+from vlcc_adjoint.schedules import (Level, Multistage, Online, Periodic, Revolve,  # noqa: E402
+                                    StoreAll, Trace, simulate, table_trace)
 from vlcc_adjoint.torch import checkpoint_sequential  # noqa: E402
 
 MODES = [True, False]
@@ -413,3 +415,42 @@ def test_in_place_layers_at_block_boundaries_work_where_torchs_fail(use_reentran
     assert torch.equal(h, h0)
     out.sum().backward()
     assert torch.equal(out, relu_first(h0.clone()))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Revolve(9, 1), lambda: Revolve(12, 3), lambda: StoreAll(7),
+    lambda: Periodic(10, 3), lambda: Online(3, 11),
+    lambda: Multistage(12, [Level(1), Level(2, 1.0, 1.0)]),
+])
+def test_the_schedule_table_is_followed_action_by_action(make):
+    """The trace test of the other interpreters (tests/test_interpreters.py): each
+    layer checks and records the state it was given (its own step counter rides
+    in the state), without grad (forward steps) or with grad (adjoint steps)."""
+    schedule = make()
+    n = schedule.n_steps
+    forward, reverse, states = [], [], []
+
+    def layer(i, w):
+        def f(s):
+            x, step = s
+            (reverse if torch.is_grad_enabled() else forward).append(i)
+            if torch.is_grad_enabled():
+                states.append(int(step))
+            return torch.tanh(x * w), step + 1
+        return f
+
+    torch.manual_seed(0)
+    ws = [torch.randn(3, requires_grad=True) for _ in range(n)]
+    x = torch.randn(2, 3, requires_grad=True)
+    out, steps = checkpoint_sequential([layer(i, ws[i]) for i in range(n)], n,
+                                       (x, torch.tensor(0)), use_reentrant=False,
+                                       schedule=schedule)
+    assert int(steps) == n
+    out.sum().backward()
+    want = table_trace(schedule)
+    Trace(np.array(forward), np.array(reverse), want.reads, want.writes,
+          reverse_states=np.array(states)).assert_equal(want)
+    h = x
+    for w in ws:
+        h = torch.tanh(h * w)
+    assert torch.equal(ws[0].grad, torch.autograd.grad(h.sum(), ws[0])[0])
