@@ -7,6 +7,11 @@ compared with DeepSpeed's default ``torch.save`` engine doing the same:
 the files' contents (every DeepSpeed object in them), the weights and the
 optimizer state after loading (bit for bit), and the losses of the next steps.
 
+Also from DeepSpeed's tests: ``client_state``, a DeepSpeed learning-rate
+scheduler, ``load_module_only=True`` and ``load_optimizer_states=False``
+(not for ZeRO-3, where DeepSpeed reads the files with ``torch.load`` in
+``deepspeed.utils.zero_to_fp32`` instead of through the checkpoint engine).
+
 fp32, a client ``torch.optim.Adam`` (no compiled ops), world size 1 on gloo.
 """
 
@@ -47,11 +52,13 @@ def ds_env():
     os.environ.update(old)
 
 
-def _engine(stage, seed=0):
+def _engine(stage, seed=0, **zero):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    config = {"train_batch_size": 4, "zero_optimization": {"stage": stage}}
+    config = {"train_batch_size": 4, "zero_optimization": {"stage": stage, **zero},
+              "scheduler": {"type": "WarmupLR",
+                            "params": {"warmup_num_steps": 4, "warmup_max_lr": 1e-2}}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return engine
 
@@ -124,18 +131,21 @@ def _assert_same_state(a, b, path="state"):
         assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage, zero", [(0, {}), (1, {}), (2, {}),
+                                         (2, {"round_robin_gradients": True}), (3, {})])
 def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(ds_env, tmp_path,
-                                                                           stage):
+                                                                           stage, zero):
     batches = _batches(5)
-    run = _engine(stage)
+    run = _engine(stage, **zero)
     _train(run, batches[:2])
-    run.save_checkpoint(str(tmp_path / "torch"), tag="t")  # DeepSpeed's default engine
+    client = {"epoch": 3, "note": "warmup", "rng": torch.get_rng_state()}
+    run.save_checkpoint(str(tmp_path / "torch"), tag="t", client_state=client)  # the default
     vlcc = VlccCheckpointEngine.attach(run)
-    run.save_checkpoint(str(tmp_path / "vlcc"), tag="t")
+    run.save_checkpoint(str(tmp_path / "vlcc"), tag="t", client_state=client)
     vlcc.wait()
     saved = _snapshot(run)
     saved_loaded = _loaded(run)
+    run_sched = run.lr_scheduler.state_dict()
     losses = _train(run, batches[2:])  # the reference continuation
     vlcc.close()
 
@@ -151,14 +161,16 @@ def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(ds_env,
     reader.close()
 
     # Fresh engines (other initial weights) load, then train on: bit-equal throughout.
-    resumed = {}
+    resumed, module_only = {}, {}
     for kind in ("torch", "vlcc"):
-        fresh = _engine(stage, seed=1)
+        fresh = _engine(stage, seed=1, **zero)
         if kind == "vlcc":
             fresh.checkpoint_engine = VlccCheckpointEngine()
-        path, _ = fresh.load_checkpoint(str(tmp_path / kind), tag="t")
+        path, got_client = fresh.load_checkpoint(str(tmp_path / kind), tag="t")
         assert path is not None
+        _assert_same_state({k: got_client[k] for k in client}, client, kind)
         _assert_same_state(_loaded(fresh), saved_loaded, kind)
+        assert fresh.lr_scheduler.state_dict() == run_sched
         assert _train(fresh, batches[2:]) == losses, kind
         resumed[kind] = _snapshot(fresh)
         if kind == "vlcc":
@@ -166,6 +178,25 @@ def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(ds_env,
         fresh.destroy()
     for k in resumed["torch"]:
         assert torch.equal(resumed["vlcc"][k], resumed["torch"][k]), k
+
+    # DeepSpeed's load_module_only / load_optimizer_states=False read the same.
+    for kind in ("torch", "vlcc"):
+        fresh = _engine(stage, seed=2, **zero)
+        if kind == "vlcc":
+            fresh.checkpoint_engine = VlccCheckpointEngine()
+        fresh.load_checkpoint(str(tmp_path / kind), tag="t", load_module_only=True)
+        module_only[kind] = _loaded(fresh)[0]
+        if stage < 3:  # ZeRO-3 module-only loading expects models built under zero.Init
+            _assert_same_state(module_only[kind], saved_loaded[0], kind)
+        if stage < 3:
+            # (ZeRO-3 without optimizer states reads the files with torch.load in
+            # deepspeed.utils.zero_to_fp32, not through the checkpoint engine.)
+            fresh.load_checkpoint(str(tmp_path / kind), tag="t", load_optimizer_states=False)
+            _assert_same_state(_loaded(fresh)[0], saved_loaded[0], kind)
+        if kind == "vlcc":
+            fresh.checkpoint_engine.close()
+        fresh.destroy()
+    _assert_same_state(module_only["vlcc"], module_only["torch"])
     run.destroy()
 
 
