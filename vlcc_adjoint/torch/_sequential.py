@@ -82,10 +82,9 @@ _DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(Act
 _WALK_LIMIT = 100_000
 
 _REENTRANT_GRAPH = (
-    "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing an "
-    "`inputs` parameter to .backward(); checkpoint_sequential(use_reentrant=True) supports "
-    "torch.autograd.grad but not create_graph=True (double backward): pass "
-    "use_reentrant=False, which does.")
+    "checkpoint_sequential(use_reentrant=True) cannot differentiate its gradient "
+    "(create_graph=True), as torch.utils.checkpoint is incompatible with .grad() in its "
+    "reentrant variant; pass use_reentrant=False, which supports double backward.")
 
 
 # -- the state between layers: tensors and the structure around them -------------------
