@@ -40,10 +40,10 @@ def _free_port():
 
 @pytest.fixture(scope="module")
 def ds_env():
+    # As in tests/test_deepspeed.py: one process group for the whole session.
     old = dict(os.environ)
-    if not torch.distributed.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                          WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")  # the port serves the first group only
     saved = deepspeed.ops.__compatible_ops__.get("deepspeed_shm_comm")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     yield
