@@ -38,8 +38,6 @@ references it (see :mod:`.._pool`).
 
 from __future__ import annotations
 
-import numpy as np
-
 from ...state import Layout, flatten_traits, immutable_array, leaf_digest
 from .._checksum import copy_checksum, leaf_checksum
 from .._dedup import LeafTable

@@ -8,8 +8,6 @@ import time
 import warnings
 from collections.abc import Sequence
 
-import numpy as np
-
 from .._stats import StoreStats, TierStats
 from .._tier import StorageError, Tier
 from ._cache import ReadCache
