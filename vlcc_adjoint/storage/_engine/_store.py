@@ -129,7 +129,16 @@ class TieredStore:
                 "(e.g. Multistage(steps, levels=[Level(...), ...])), or pass only the tiers the "
                 "schedule uses", UserWarning, stacklevel=3)
 
+    @property
+    def plan(self):
+        """The :class:`~vlcc_adjoint.schedules.IOPlan` the store follows, or ``None``."""
+        return self._clock.plan
+
     # -- the engine's parts, for tests and tools ----------------------------------------
+
+    @property
+    def _plan(self):  # the name earlier versions had; use `plan`
+        return self._clock.plan
 
     @property
     def _threads(self) -> list:
@@ -238,11 +247,9 @@ class TieredStore:
           it is returned (a rebuilt state holding its arrays if it has
           values that cannot change in place, e.g. numpy scalars).
         - `copy`: ``False`` returns the state around *read-only views* of
-          the stored arrays, verified but not copied: for a caller that
-          copies what it needs at once (the executor's ``on_load`` path).
-          The views are valid until the record is deleted (holding them
-          keeps that memory from being reused: copy, then drop them).
-          Cannot be combined with `out`.
+          the stored arrays, verified but not copied, for a caller that
+          copies at once (the executor's ``on_load`` path); valid until the
+          record is deleted.  Cannot be combined with `out`.
 
         **Returns:** the state.  Without `out` and with ``copy=True`` its
         arrays are the caller's own: modifying them never changes the
