@@ -176,6 +176,8 @@ def test_a_one_level_plan_over_three_tiers_warns_naming_the_unused_levels():
         TieredStore(tiers, plan=io_plan(Revolve(10, 3))).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        TieredStore(tiers, plan=io_plan(Revolve(10, 3)), policy="spill").close()  # overflow
+        warnings.simplefilter("error")
         TieredStore(tiers).close()  # no plan: the caller picks the levels
         TieredStore(tiers[:1], plan=io_plan(Revolve(10, 3))).close()
         two = Multistage(10, levels=[Level(2, 0, 0), Level(8, 1, 1)])

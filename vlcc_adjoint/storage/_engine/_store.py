@@ -37,9 +37,8 @@ class TieredStore:
     - `plan`: the schedule's :class:`~vlcc_adjoint.schedules.IOPlan`
       (``io_plan(schedule)``): enables plan checking, prefetching and
       foresight eviction.  ``None``: every call is accepted, nothing is
-      prefetched.  A plan that stores nothing on some of the tiers draws a
-      ``UserWarning`` naming them (a one-level schedule over three tiers
-      uses the first tier only).
+      prefetched.  A plan of fewer levels than tiers draws a ``UserWarning``
+      naming the tiers it never reaches, unless ``policy="spill"``.
     - `prefetch_bytes`: the read cache's budget (never exceeded).
     - `staging_bytes`: the most bytes of captures waiting for their
       background write; ``save`` waits when it is full.  A single capture
@@ -119,15 +118,17 @@ class TieredStore:
         self._capture.held = self._held
 
     def _warn_unused_tiers(self):
-        """A plan of fewer levels than tiers never reaches the slower ones."""
+        """A plan of fewer levels than tiers never reaches the slower ones
+        (unless records spill there)."""
         nlv, reach = self._shared.nlv, self._clock.levels
-        if reach < nlv:
+        if reach < nlv and self.policy != "spill":
             names = ", ".join(f"{k} ({tier_name(self.tiers[k])})" for k in range(reach, nlv))
             warnings.warn(
                 f"the plan has {reach} storage level(s) but the store has {nlv} tiers: tier "
                 f"level(s) {names} will never be used.  Use a schedule with one level per tier "
-                "(e.g. Multistage(steps, levels=[Level(...), ...])), or pass only the tiers the "
-                "schedule uses", UserWarning, stacklevel=3)
+                "(e.g. Multistage(steps, levels=[Level(...), ...])), pass only the tiers the "
+                "schedule uses, or policy='spill' to overflow into them", UserWarning,
+                stacklevel=3)
 
     @property
     def plan(self):
