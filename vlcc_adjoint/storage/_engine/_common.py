@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from .._stats import StoreStats, TierStats
 from .._tier import StorageError
 
 # I/O action kinds, as in vlcc_adjoint.schedules.ActionKind (storage does not
@@ -177,3 +178,34 @@ class Shared:
         c.bytes_in += entry.nbytes
         c.records += 1
         c.raw_bytes += entry.nbytes
+
+
+def snapshot(shared, placement, cache, pool) -> StoreStats:
+    """The store's counters as a :class:`StoreStats` (takes the lock)."""
+    sh, pl = shared, placement
+    with sh.lock:
+        tiers = []
+        for k, (tier, c) in enumerate(zip(sh.tiers, sh.tc)):
+            used = tier.used_bytes
+            tiers.append(TierStats(
+                level=k, name=tier_name(tier),
+                bytes_in=c.bytes_in, bytes_out=c.bytes_out, puts=c.puts, gets=c.gets,
+                deletes=c.deletes, records=c.records, raw_bytes=c.raw_bytes,
+                used_bytes=used, capacity_bytes=tier.capacity_bytes,
+                compression_ratio=(c.raw_bytes / used) if used > 0 and c.raw_bytes else None,
+            ))
+        n, t = sh.n, sh.t
+        return StoreStats(
+            tiers=tuple(tiers), saves=n["saves"], loads=n["loads"], moves=n["moves"],
+            deletes=n["deletes"], spills=n["spills"], captured_bytes=n["captured"],
+            referenced_bytes=n["referenced"], capture_seconds=t["capture"],
+            stall_seconds=t["stall"], flush_seconds=t["flush"], io_seconds=t["io"],
+            prefetch_issued=n["issued"], prefetch_hits=n["hits"], prefetch_late=n["late"],
+            prefetch_misses=n["misses"], prefetch_wasted=n["wasted"],
+            staged_hits=n["staged_hits"], dedup_hits=n["dedup_hits"],
+            dedup_bytes_saved=n["dedup_saved"], staging_bytes=pl.staging_used,
+            cache_bytes=cache.used_bytes, peak_staging_bytes=pl.peak_staging,
+            peak_cache_bytes=cache.peak_bytes, staging_limit=pl.staging_limit,
+            cache_limit=cache.capacity_bytes, pool_reused=pool.reused,
+            pool_allocated=pool.allocated,
+        )

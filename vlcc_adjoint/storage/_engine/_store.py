@@ -8,13 +8,13 @@ import time
 import warnings
 from collections.abc import Sequence
 
-from .._stats import StoreStats, TierStats
+from .._stats import StoreStats
 from .._tier import StorageError, Tier
 from ._cache import ReadCache
 from ._capture import Capture
 from ._clock import PlanClock
-from ._common import (DELETE, LOAD, MOVE, QUEUED, SAVE, STORED, WRITING, Entry, Shared,
-                      check_int, check_level, check_step, tier_name)
+from ._common import (DELETE, LOAD, MOVE, SAVE, STORED, Entry, Shared, check_int, check_level,
+                      check_step, snapshot, tier_name)
 from ._jobs import Jobs
 from ._placement import Placement
 from ._restore import Restore
@@ -364,30 +364,7 @@ class TieredStore:
             with sh.lock:
                 sh.n["moves"] += 1
                 self._unregister(old)
-                if old.state in (QUEUED, WRITING):
-                    # Still staged: the new record takes over the staged copy,
-                    # the old write is cancelled.
-                    new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
-                    new.checksums, new.lent = old.checksums, old.lent
-                    new.staged_bytes, old.staged_bytes = old.staged_bytes, 0
-                    old.leaves = old.owned = old.digests = None
-                    self._writer.retire(old)
-                else:
-                    slot = old.slot
-                    if slot is not None and slot.ready.is_set() and slot.error is None:
-                        # Cached: the new record is written from the cache.
-                        self._cache.drop_slot(old, release=False)
-                        new.leaves, new.owned, new.digests = slot.arrays, slot.owned, slot.digests
-                        new.lent = old.lent
-                        slot.arrays = None
-                        new.staged_bytes = new.nbytes
-                        placement.stage(new.nbytes)
-                    else:
-                        self._cache.drop_slot(old)
-                        new.move_src = old  # the worker reads it from its tier
-                    # The old tier copy goes once the new one is written.
-                    new.delete_after = old
-                    self._jobs.tier_jobs[old.tier] += 1
+                self._writer.hand_over(old, new)
                 self._register(new)
                 self._jobs.submit("write", new, clock.priority(new))
                 self._cache.pump()
@@ -484,34 +461,7 @@ class TieredStore:
 
     def stats(self) -> StoreStats:
         """A snapshot of the store's counters (:class:`StoreStats`)."""
-        sh, pl, cache, pool = self._shared, self._placement, self._cache.belady, \
-            self._capture.pool
-        with sh.lock:
-            tiers = []
-            for k, (tier, c) in enumerate(zip(self.tiers, sh.tc)):
-                used = tier.used_bytes
-                tiers.append(TierStats(
-                    level=k, name=tier_name(tier),
-                    bytes_in=c.bytes_in, bytes_out=c.bytes_out, puts=c.puts, gets=c.gets,
-                    deletes=c.deletes, records=c.records, raw_bytes=c.raw_bytes,
-                    used_bytes=used, capacity_bytes=tier.capacity_bytes,
-                    compression_ratio=(c.raw_bytes / used) if used > 0 and c.raw_bytes else None,
-                ))
-            n, t = sh.n, sh.t
-            return StoreStats(
-                tiers=tuple(tiers), saves=n["saves"], loads=n["loads"], moves=n["moves"],
-                deletes=n["deletes"], spills=n["spills"], captured_bytes=n["captured"],
-                referenced_bytes=n["referenced"], capture_seconds=t["capture"],
-                stall_seconds=t["stall"], flush_seconds=t["flush"], io_seconds=t["io"],
-                prefetch_issued=n["issued"], prefetch_hits=n["hits"], prefetch_late=n["late"],
-                prefetch_misses=n["misses"], prefetch_wasted=n["wasted"],
-                staged_hits=n["staged_hits"], dedup_hits=n["dedup_hits"],
-                dedup_bytes_saved=n["dedup_saved"], staging_bytes=pl.staging_used,
-                cache_bytes=cache.used_bytes, peak_staging_bytes=pl.peak_staging,
-                peak_cache_bytes=cache.peak_bytes, staging_limit=pl.staging_limit,
-                cache_limit=cache.capacity_bytes, pool_reused=pool.reused,
-                pool_allocated=pool.allocated,
-            )
+        return snapshot(self._shared, self._placement, self._cache.belady, self._capture.pool)
 
     def steps(self, level: int) -> list[int]:
         """The steps stored on `level` now, sorted."""

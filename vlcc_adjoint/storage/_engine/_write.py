@@ -283,6 +283,34 @@ class Writer:
         elif entry.state == STORED:
             self.jobs.submit("delete", entry, -1)
 
+    def hand_over(self, old, new) -> None:
+        """Lock held: a Move's new record `new` takes over what `old` has.
+
+        Still staged: the staged copy (the old write is cancelled).  Cached:
+        the cached arrays, written from RAM.  Otherwise the worker reads the
+        old record from its tier.  The old tier copy is deleted once the new
+        one is written."""
+        if old.state in (QUEUED, WRITING):
+            new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
+            new.checksums, new.lent = old.checksums, old.lent
+            new.staged_bytes, old.staged_bytes = old.staged_bytes, 0
+            old.leaves = old.owned = old.digests = None
+            self.retire(old)
+            return
+        slot = old.slot
+        if slot is not None and slot.ready.is_set() and slot.error is None:
+            self.cache.drop_slot(old, release=False)
+            new.leaves, new.owned, new.digests = slot.arrays, slot.owned, slot.digests
+            new.lent = old.lent
+            slot.arrays = None
+            new.staged_bytes = new.nbytes
+            self.placement.stage(new.nbytes)
+        else:
+            self.cache.drop_slot(old)
+            new.move_src = old  # the worker reads it from its tier
+        new.delete_after = old
+        self.jobs.tier_jobs[old.tier] += 1
+
     def settle(self, entry) -> None:
         """Wait for a pending write without a staged copy (a Move in flight),
         then raise if it failed."""
