@@ -31,4 +31,12 @@ from .schedules import simulate as simulate
 from .solver import Solver as Solver
 from .solver import timestep as timestep
 
+from . import state as _state
+
+# JAX arrays and pytrees in states without importing vlcc_adjoint.jax first:
+# the provider (vlcc_adjoint/jax/_state.py) registers itself the first time a
+# state is flattened or unflattened after JAX is imported, or a checkpoint
+# holds a JAX leaf.  Nothing is imported until then.
+_state.register_lazy_provider("jax", tags=("jax",), load="vlcc_adjoint.jax._state:register_provider")
+
 __version__ = "0.1.0"

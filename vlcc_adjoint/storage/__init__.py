@@ -14,6 +14,7 @@ from ._tier import TierFullError as TierFullError
 from ._tier import check_key as check_key
 from ._engine import PlanMismatchError as PlanMismatchError
 from ._engine import TieredStore as TieredStore
+from ._pool import BufferPool as BufferPool
 from ._stats import StoreStats as StoreStats
 from ._stats import TierStats as TierStats
 from ._tier import make_record as make_record
