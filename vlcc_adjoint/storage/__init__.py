@@ -22,5 +22,4 @@ from ._memory import MemoryTier as MemoryTier
 from ._compressed import CompressedMemoryTier as CompressedMemoryTier
 from ._zarr import ZarrTier as ZarrTier
 from ._dedup import LeafTable as LeafTable
-from ._pool import BufferPool as BufferPool
 from . import codecs as codecs
