@@ -32,7 +32,7 @@ import numpy as np
 
 from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
 
-__all__ = ["BudgetPlan", "plan"]
+__all__ = ["BudgetPlan", "plan", "slots_within"]
 
 #: Largest ``n * (m + 1) * (d + 1)`` handed to the exact two-level program.
 MAX_MULTISTAGE_STATES = 3 * 10**7
@@ -96,6 +96,29 @@ class BudgetPlan:
 
     def __str__(self) -> str:
         return self.explain
+
+
+def slots_within(memory_bytes: int, disk_bytes: int, state_bytes: int,
+                 leaves: int = 4) -> tuple[int, int, int]:
+    """The checkpoint slots :func:`plan` finds in a memory and a disk budget.
+
+    A disk record also carries its zarr metadata (:data:`DISK_RECORD_OVERHEAD`
+    bytes a leaf, and one more for the record), and with a disk level three
+    states of the memory budget are the asynchronous store's buffers (two
+    being written behind the computation, one read ahead of it).
+
+    **Arguments:**
+
+    - `memory_bytes`, `disk_bytes`: the budgets.
+    - `state_bytes`: bytes of one state.
+    - `leaves`: arrays in one state.
+
+    **Returns:** ``(m, d, reserve)``: memory checkpoint slots (``< 1``: the
+    budget holds none), disk slots, and the states reserved as buffers.
+    """
+    d = int(disk_bytes // (state_bytes + DISK_RECORD_OVERHEAD * (leaves + 1)))
+    reserve = 3 if d > 0 else 0
+    return int(memory_bytes // state_bytes) - reserve, d, reserve
 
 
 def _leaf_count(u0) -> int:
@@ -262,13 +285,8 @@ def plan(
         state_bytes = _state_bytes(u0)
     if state_bytes < 1:
         raise ValueError(f"state_bytes must be >= 1, got {state_bytes}")
-    # A record on disk also carries its zarr metadata (a few KiB a leaf).
     leaves = _leaf_count(u0) if u0 is not None else 4
-    d = int(disk_bytes // (state_bytes + DISK_RECORD_OVERHEAD * (leaves + 1)))
-    # With a disk level, three states of the memory budget are the buffers
-    # of the asynchronous store: two being written behind, one read ahead.
-    reserve = 3 if d > 0 else 0
-    m = int(memory_bytes // state_bytes) - reserve
+    m, d, reserve = slots_within(memory_bytes, disk_bytes, state_bytes, leaves)
     if m < 1:
         raise ValueError(
             f"memory_bytes={memory_bytes} holds no state of {state_bytes} bytes; a schedule "

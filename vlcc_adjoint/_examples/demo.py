@@ -16,7 +16,11 @@ import numpy as np
 from .burgers import BurgersProblem
 from .seismic import SeismicProblem
 
-__all__ = ["burgers_demo", "seismic_demo", "vlcc_demo"]
+__all__ = ["burgers_demo", "check_demo_budget", "seismic_demo", "vlcc_demo"]
+
+#: The smallest grid side ``vlcc demo`` accepts: the sponge takes at least 8
+#: cells on each side, and the interior must keep at least one.
+MIN_GRID = 17
 
 
 def _agreement(a: np.ndarray, b: np.ndarray) -> float:
@@ -234,6 +238,36 @@ def _plot_burgers(problem: BurgersProblem, grad: np.ndarray, path: str) -> None:
     fig.suptitle(f"viscous Burgers, {problem.n_cells} cells, {problem.n_steps} steps, nu={problem.nu}")
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def check_demo_budget(nx: int, nz: int, memory_states: int, disk_states: int) -> None:
+    """Check ``vlcc demo``'s budget, in states, before any work.
+
+    A state of the demo is two ``nz x nx`` float64 fields.  With a disk
+    level, three of the memory states are the store's I/O buffers (two being
+    written behind the computation, one read ahead), so the memory budget
+    must hold four states; without one, one.
+
+    **Raises:** `ValueError` naming the flag, in states, and the smallest
+    value that works.
+    """
+    from ..budget import slots_within
+
+    if disk_states < 0:
+        raise ValueError(f"--disk-states must be >= 0, got {disk_states}")
+    if memory_states < 0:
+        raise ValueError(f"--memory-states must be >= 0, got {memory_states}")
+    state_bytes = 2 * nx * nz * 8
+    m, d, reserve = slots_within(memory_states * state_bytes, disk_states * state_bytes,
+                                 state_bytes, leaves=2)
+    if m < 1:
+        plural = "" if memory_states == 1 else "s"
+        why = (f"with a disk level, {reserve} of the memory states are I/O buffers (two being "
+               "written behind, one read ahead), and one more must hold a checkpoint"
+               if reserve else "one memory state must hold the checkpoint of u_0")
+        raise ValueError(f"--memory-states {memory_states}: a memory budget of {memory_states} "
+                         f"state{plural} leaves none for checkpoints; {why}: give "
+                         f"--memory-states {1 + reserve} or more")
 
 
 def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int = 10,
