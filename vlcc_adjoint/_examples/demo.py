@@ -317,6 +317,11 @@ def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int =
     from ..execute import run_adjoint
     from ..schedules import Revolve
 
+    check_demo_budget(nx, nz, memory_states, disk_states)
+    if png:
+        from ..plot import check_figure_path
+
+        check_figure_path(png, "png")
     problem = SeismicProblem(nx=nx, nz=nz, nt=nt)
     out(f"vlcc demo: full-waveform-inversion gradient of a 2-D acoustic wave equation")
     out(f"  {problem!r}")
@@ -328,8 +333,10 @@ def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int =
     _ = problem.d_obs  # observed data: one sweep in the true model
     out(f"  observed data: one forward sweep in {time.perf_counter() - t0:.2f} s")
 
+    out(f"\nplanning for {memory_states} states in memory, {disk_states} on disk:")
     budget = plan(nt, memory_bytes=memory_states * state_bytes,
-                  disk_bytes=disk_states * state_bytes, solver=problem, u0=u0)
+                  disk_bytes=disk_states * state_bytes, solver=problem, u0=u0,
+                  adj_final=problem.final_adjoint, verbose=True)
     out(f"\nbudget: {memory_states} states in memory, {disk_states} on disk")
     for line in budget.explain.splitlines():
         out(f"  {line}")
