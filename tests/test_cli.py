@@ -118,6 +118,8 @@ def _vlcc(*argv, timeout=120):
     (["demo", "--disk-states", "-1"], "--disk-states must be >= 0, got -1"),
     (["demo", "--memory-states", "1"], "give --memory-states 4 or more"),
     (["demo", "--memory-states", "0", "--disk-states", "0"], "give --memory-states 1 or more"),
+    (["plan", "revolve", "--steps", "2000000000", "--snapshots", "1"],
+     "out of memory"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(argv, message, tmp_path):
     import time

@@ -151,6 +151,12 @@ def main(argv=None) -> int:
     except (ValueError, OSError, ImportError) as error:
         print(f"vlcc: error: {error}", file=sys.stderr)
         return 2
+    except MemoryError as error:
+        what = "fewer steps or more snapshots" if args.command == "plan" else \
+            "a smaller grid (--nx, --nz) or fewer --steps"
+        print(f"vlcc: error: out of memory ({error or 'allocation failed'}); give {what}",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("vlcc: interrupted", file=sys.stderr)
         return 130
