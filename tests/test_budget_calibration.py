@@ -117,3 +117,11 @@ def test_verbose_plan_says_what_it_calibrates(capsys, tmp_path):
     assert "plan: timing a disk write and read" in out
     assert "plan: timing memory saves and restores" in out
     assert "plan: solving the two-level schedule" in out
+
+
+def test_a_disk_never_costs_less_than_the_memory_level():
+    # A read timed from the page cache while the memory timing met a busy core.
+    p = _plan(step=1e-3, copy=4e-3, write=8e-3, read=1e-3, adjoint=2.0)
+    memory, disk = p.schedule.levels
+    assert memory.write_cost == memory.read_cost == 4.0
+    assert disk.read_cost == 4.0 and disk.write_cost == 8.0

@@ -80,3 +80,11 @@ def test_a_perturbed_demo_gradient_fails(nx, nz, nt):
         check = taylor_check(p.objective, p.v_background, _smooth_bump(p), wrong)
         assert not check.passed
         assert "the gradient is wrong" in " ".join(check.failures)
+
+
+def test_a_linear_objective_passes_only_its_exact_gradient():
+    linear = lambda m: float(np.sum(3.0 * m))  # noqa: E731
+    check = taylor_check(linear, M, DM, np.full_like(M, 3.0))
+    assert check.passed and "rounding level at every h" in check.note
+    check = taylor_check(linear, M, DM, np.full_like(M, 3.003))
+    assert not check.passed and "the gradient is wrong" in check.failures[0]

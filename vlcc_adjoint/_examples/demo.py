@@ -201,10 +201,11 @@ def _plot_seismic(problem: SeismicProblem, grad: np.ndarray, path: str) -> None:
         ax.set_xlabel("x (km)")
         ax.set_ylabel("depth z (km)")
     axes[0].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"2-D acoustic FWI gradient: {width:.2f} x {depth:.2f} km "
-                 f"({problem.nx - 2 * b} x {problem.nz - 2 * b} cells of {problem.dx:g} m; "
-                 f"absorbing layer of {b} cells cropped), {problem.nt} steps of "
-                 f"{problem.dt * 1e3:.2f} ms; u: wavefield in source units", fontsize=10)
+    fig.suptitle(f"2-D acoustic FWI gradient: {width:.2f} x {depth:.2f} km, "
+                 f"{problem.nx - 2 * b} x {problem.nz - 2 * b} cells of {problem.dx:g} m "
+                 f"(absorbing layer of {b} cells cropped), {problem.nt} steps of "
+                 f"{problem.dt * 1e3:.2f} ms\nu: the wavefield, in the units of the source",
+                 fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
