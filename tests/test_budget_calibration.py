@@ -125,3 +125,10 @@ def test_a_disk_never_costs_less_than_the_memory_level():
     memory, disk = p.schedule.levels
     assert memory.write_cost == memory.read_cost == 4.0
     assert disk.read_cost == 4.0 and disk.write_cost == 8.0
+
+
+def test_verbose_may_be_a_callable_that_receives_each_line():
+    lines = []
+    step, u0 = _problem(_Clock())
+    plan(30, memory_bytes=4 * u0.nbytes, solver=step, u0=u0, verbose=lines.append)
+    assert lines and all(line.startswith("plan: timing") for line in lines)

@@ -88,3 +88,26 @@ def test_a_linear_objective_passes_only_its_exact_gradient():
     assert check.passed and "rounding level at every h" in check.note
     check = taylor_check(linear, M, DM, np.full_like(M, 3.003))
     assert not check.passed and "the gradient is wrong" in check.failures[0]
+
+
+def test_vlcc_demo_prints_which_criterion_failed(monkeypatch, capsys, tmp_path):
+    from vlcc_adjoint._examples import demo
+    from vlcc_adjoint.cli import main
+
+    real = demo.taylor_check
+    monkeypatch.setattr(demo, "taylor_check",
+                        lambda J, m, dm, g, **kw: real(J, m, dm, 1.05 * g, **kw))
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--nx", "60", "--nz", "60", "--steps", "150", "--memory-states", "6",
+                 "--disk-states", "0", "--png", ""]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: the second-order remainder shrinks at rate" in out
+    assert "gradient check FAILED" in out
+
+
+def test_vlcc_demo_passes_with_the_true_gradient(capsys):
+    from vlcc_adjoint._examples.demo import vlcc_demo
+
+    result = vlcc_demo(nx=100, nz=80, nt=400, png=None, out=lambda line: None)
+    assert result["passed"], result["taylor_failures"]
+    assert result["agreement"] < 1e-10

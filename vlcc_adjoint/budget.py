@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -310,7 +311,7 @@ def plan(
     adj_final: Any = None,
     disk_path=None,
     calibration_steps: int = 3,
-    verbose: bool = False,
+    verbose: bool | Callable[[str], None] = False,
 ) -> BudgetPlan:
     """Choose a schedule for `steps` steps within memory and disk budgets.
 
@@ -341,7 +342,8 @@ def plan(
       the run.
     - `calibration_steps`: the least steps timed each way; they run for
       :data:`CALIBRATION_SECONDS` of wall time each (at most `steps`).
-    - `verbose`: print what is being calibrated, as it starts.
+    - `verbose`: print what is being calibrated, as it starts (or hand
+      each line to `verbose`, if it is a callable).
 
     Measured costs are rounded to powers of ``2^(1/4)`` forward steps
     (:func:`round_cost`) before the schedule is chosen and its time
@@ -372,7 +374,15 @@ def plan(
             f"needs at least one state in memory (four with a disk level: one to keep, two "
             f"being written, one read ahead): give memory_bytes >= {(1 + reserve) * state_bytes}"
         )
-    say = (lambda text: print(f"plan: {text}", flush=True)) if verbose else (lambda text: None)
+    if callable(verbose):
+        def say(text):
+            verbose(f"plan: {text}")
+    elif verbose:
+        def say(text):
+            print(f"plan: {text}", flush=True)
+    else:
+        def say(text):
+            pass
     measure_adjoint = adjoint_cost is None and adj_final is not None
     if step_seconds is None or measure_adjoint:
         if solver is None or u0 is None:
