@@ -71,6 +71,11 @@ def test_bench_rejects_an_unknown_benchmark():
     assert main(["bench", "--only", "nonesuch"]) != 0
 
 
+def test_bench_help_names_the_command_it_was_given_as(capsys):
+    assert main(["bench", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: vlcc bench ")
+
+
 def test_version_prints_the_package_version(capsys):
     import vlcc_adjoint
 

@@ -99,15 +99,20 @@ def _add_lineage(sub) -> dict:
 
 
 def _bench(rest) -> int:
+    import importlib.util
     import pathlib
-    import subprocess
 
     script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_all.py"
     if not script.exists():
         print("vlcc: error: vlcc bench runs the benchmarks of a source checkout; clone the "
               "repository and install it with pip install -e '.[test,bench]'", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(script), *rest])
+    # benchmarks/run_all.py is a script of the source tree, not a module of
+    # the package: load it from its path and run it here, under this name.
+    spec = importlib.util.spec_from_file_location("vlcc_bench_run_all", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(list(rest), prog="vlcc bench")
 
 
 def _version() -> str:
