@@ -18,7 +18,7 @@ import os
 import tarfile
 import time
 
-from ..storage._tier import StorageError
+from ..storage import StorageError
 from . import _format as F
 
 __all__ = ["export_history", "import_history"]
@@ -33,7 +33,8 @@ def export_history(history, out) -> str:
     lists and the chunks they use are archived (commits published meanwhile
     are not).  See :meth:`History.export`.
     """
-    from ._history import History, graph_file_text
+    from ._history import History
+    from ._repo import graph_file_text
 
     own = not isinstance(history, History)
     h = History(history, mode="r") if own else history
@@ -74,8 +75,24 @@ def import_history(archive, path) -> str:
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise StorageError(f"{path} exists and is not an empty directory; import into a new path")
-    with tarfile.open(os.fspath(archive), "r:*") as tar:
-        members = tar.getmembers()
+    archive = os.fspath(archive)
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except FileNotFoundError:
+        raise StorageError(f"no archive {archive}; give the path of a file made by `vlcc export`"
+                           ) from None
+    except IsADirectoryError:
+        raise StorageError(f"{archive} is a directory, not an archive; give the file made by "
+                           "`vlcc export`") from None
+    except tarfile.TarError as err:
+        raise StorageError(f"{archive} is not a history archive ({err}); make archives with "
+                           "`vlcc export` or History.export") from None
+    with tar:
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, EOFError, OSError) as err:
+            raise StorageError(f"{archive} is not a readable history archive ({err}); make "
+                               "archives with `vlcc export` or History.export") from None
         for m in members:
             top = m.name.split("/", 1)[0]
             if top not in _TOP or not (m.isfile() or m.isdir() or m.islnk()):
