@@ -236,6 +236,11 @@ class CommitPipeline:
                     data[valid:] = 0
                 addr = F.address_of(data, lj.tag)
                 lj.addrs.append(addr)
+                if addr[:2] not in self._chunk_dirs:
+                    try:  # a real directory (never a link), or none yet
+                        self._chunk_dir(addr[:2])
+                    except FileNotFoundError:
+                        pass
                 if addr in seen or self._inflight[addr] or \
                         os.path.lexists(f"{chunks_dir}/{addr[:2]}/{addr[2:]}"):
                     continue
