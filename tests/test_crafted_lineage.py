@@ -282,3 +282,21 @@ def test_loading_imports_and_executes_nothing(repo, tmp_path):
     out = attack(repo, "load", extra_path=str(mods))
     assert out["error"] == "UnknownStateTypeError", out
     assert "evil_lineage_mod" not in out["modules"] and not flag.exists()
+
+
+@pytest.mark.parametrize("which", ["chunk", "version file", "missing chunk"])
+def test_export_refuses_links_and_leaves_no_partial_archive(repo, outside, which):
+    from vlcc_adjoint.lineage import CorruptCheckpointError, export_history
+
+    vid, addr = _chunk_of(repo)
+    path = (repo / "chunks" / addr[:2] / addr[2:] if which != "version file"
+            else repo / "versions" / vid / "0" / "zarr.json")
+    if which == "missing chunk":
+        path.unlink()
+    else:
+        shutil.move(path, outside / "target")
+        path.symlink_to(outside / "target")
+    out = repo.parent / "out.tar"
+    with pytest.raises(CorruptCheckpointError) as err:
+        export_history(repo, out)
+    assert err.value.path == str(path) and not out.exists()

@@ -21,6 +21,7 @@ def _fail(err: BaseException) -> int:
     text = err.args[0] if isinstance(err, KeyError) and err.args else err
     if isinstance(err, OSError) and err.filename is not None:
         text = f"{err.filename}: {err.strerror or err}"
+    text = "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
     print(f"vlcc: error: {text}", file=sys.stderr)
     return 2
 
@@ -28,6 +29,10 @@ def _fail(err: BaseException) -> int:
 def _open(path: str, mode: str = "r"):
     from ._history import History
 
+    if mode != "r" and not os.path.lexists(os.path.join(path, "zarr.json")):
+        # A command never creates a repository where it was told one is.
+        raise StorageError(f"no lineage history at {path}; check the path (`vlcc inspect "
+                           f"{path}` says what is there)")
     return History(path, mode=mode)
 
 

@@ -124,7 +124,7 @@ class CommitPipeline:
     """The commit half of :class:`~vlcc_adjoint.lineage.History` (a mixin: it uses the
     repository's paths, locks, graph and pool; see the module docstring)."""
 
-    # -- commit (the caller's half) ------------------------------------------------------------------------
+    # -- commit (the caller's half) --------------------------------------------------
 
     def commit(self, state, message: str = "", meta: dict | None = None, *,
                branch: str | None = None, merge: Iterable = ()) -> str:

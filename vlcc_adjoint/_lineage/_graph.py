@@ -3,7 +3,7 @@
 The graph lives in ``graph/zarr.json``, the attributes of a zarr group (so
 plain zarr shows it as ``root["graph"].attrs``)::
 
-    {"format": 1, "next_seq": 12, "head": "main",
+    {"format": 2, "next_seq": 12, "head": "main",
      "branches": {"main": "9f0c1d2e3a4b", ...}, "tags": {"good": "...", ...},
      "graph": networkx.node_link_data(G, edges="edges")}
 
@@ -14,8 +14,9 @@ the others are merged versions), ``branch``, ``message``, ``meta``,
 ``created``, ``nbytes`` (the state's bytes), ``new_bytes`` (bytes of the
 chunk files this version added when it was committed), ``digest`` (the
 seal of its manifest, see :mod:`._seal`; ``null`` for versions written in
-format 1); edges run parent -> child.  The file is rebuilt into a ``networkx.DiGraph`` on open and after
-every change by another process; it is validated (ids, parents, refs,
+format 1); edges run parent -> child.  The file is rebuilt into a
+``networkx.DiGraph`` on open and after every change by another process; it
+is validated (ids, parents, refs,
 acyclicity) and never executed.
 """
 

@@ -140,8 +140,8 @@ class Reader:
         step = m.meta.get("step")
         where = f" (file {path})" if path is not None and path not in what else ""
         return CorruptCheckpointError(
-            f"version {m.id} of the history at {self.path} is corrupt: {what}{where}. The stored data "
-            "was damaged or modified after it was committed; check out another version "
+            f"version {m.id} of the history at {self.path} is corrupt: {what}{where}. The "
+            "stored data was damaged or modified after it was committed; check out another version "
             "(`vlcc log` lists them) or restore the repository from a copy",
             key=m.id, tier=f"lineage:{self.path}", step=step if type(step) is int else None,
             path=path)
