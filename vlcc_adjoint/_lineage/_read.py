@@ -148,16 +148,18 @@ class Reader:
 
     def _check_alloc(self, m: F.Manifest, nbytes: int, what: str) -> None:
         """Refuse to allocate `nbytes` for `what` of version `m` beyond :func:`memory_limit`."""
-        if nbytes > SF.allocation_limit():
-            raise self._corrupt(m, f"{what} declares {nbytes} bytes, more than this machine's "
-                                f"{SF.allocation_limit()} bytes of memory",
-                                self._p(F.VERSIONS, m.id, "zarr.json"))
         limit = memory_limit()
-        if nbytes > limit:
-            raise StorageError(
-                f"version {m.id} of the history at {self.path}: {what} needs {nbytes} bytes, "
-                f"more than the {limit} bytes this process may allocate now (free memory and "
-                "the process's resource limits); load it where more memory is available")
+        if nbytes <= limit:
+            return
+        manifest = self._p(F.VERSIONS, m.id, "zarr.json")
+        try:  # more than the machine has: no real checkpoint of this machine declares that
+            SF.check_allocation(nbytes, manifest, what)
+        except CorruptCheckpointError as err:
+            raise self._corrupt(m, str(err), manifest) from None
+        raise StorageError(
+            f"version {m.id} of the history at {self.path}: {what} needs {nbytes} bytes, "
+            f"more than the {limit} bytes this process may allocate now (free memory and "
+            "the process's resource limits); load it where more memory is available")
 
     def _chunk_dir(self, sub: str) -> None:
         if sub not in self._chunk_dirs:
