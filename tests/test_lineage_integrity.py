@@ -262,10 +262,15 @@ def test_format_1_repositories_are_still_read(tmp_path):
     gpath.write_text(json.dumps({"zarr_format": 3, "node_type": "group",
                                  "attributes": {"vlcc_lineage_graph": graph}},
                                 separators=(",", ":")))
-    with History(repo) as h:
+    with History(repo, mode="r") as h:  # a reader changes nothing
         for vid, state in states.items():
             assert_same(h.load(vid), state)
+    assert json.loads((repo / "zarr.json").read_text())["attributes"]["vlcc_lineage"][
+        "format"] == 1
+    with History(repo) as h:  # a writer seals the root as format 2 (older readers refuse it)
         new = h.commit({"x": np.ones(4)}, branch="exp")
+    assert json.loads((repo / "zarr.json").read_text())["attributes"]["vlcc_lineage"][
+        "format"] == 2
     with History(repo, mode="r") as h:
         assert h.load(new)["x"].sum() == 4 and len(h) == 3
         for vid, state in states.items():

@@ -68,6 +68,8 @@ class Repository:
             if self.mode == "a":
                 for d in (F.LOCKS, F.SCRATCH):  # absent after an export of a read-only copy
                     self._ensure_group(d, {F.ROOT_KEY: d})
+                if attrs.get("format") != F.FORMAT:
+                    self._upgrade_root(attrs)
             elif os.path.lexists(self._p(F.LOCKS)):
                 SF.check_dir(self._p(F.LOCKS))
             return
@@ -137,6 +139,20 @@ class Repository:
             raise CorruptCheckpointError(f"{root}: the root is not a history's "
                                          f"(kind {attrs.get('kind')!r:.40})", path=root)
         return attrs
+
+    def _upgrade_root(self, attrs: dict) -> None:
+        """Seal a format 1 root as format 2: this writer adds sealed versions and a sealed
+        graph, which an older reader refuses; the root's format number tells it why."""
+        root = self._p("zarr.json")
+        tmp = self._p(F.SCRATCH, f"root-{F.token()}.json")
+        F.write_file(tmp, F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})},
+                                       indent=2), self.durable)
+        try:
+            SF.publish(tmp, root, self.durable)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
 
     @staticmethod
     def _mkdir(path: str) -> None:

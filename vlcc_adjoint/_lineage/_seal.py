@@ -27,7 +27,9 @@ changed anywhere in a sealed document is therefore either detected
 interprets: the zarr envelope (``zarr_format``, ``node_type``) is checked
 for its exact values, and JSON whitespace or key order never changes the
 parsed value.  Format 1 repositories (written before seals) are still
-read: their documents have ``"format": 1`` and no digest, and a sealed
+read (a writer that opens one seals its root as format 2, since the versions
+and graph it adds are sealed): their documents have ``"format": 1`` and no
+digest, and a sealed
 document cannot pass for one by a single changed byte (the graph's format
 number sits inside the hashed text; a version whose node records a digest
 is only accepted with that digest).
