@@ -92,3 +92,11 @@ def test_a_damaged_repository_is_a_one_line_error_naming_the_file(repo, capsys):
 
 def test_export_into_a_missing_directory(repo, tmp_path, capsys):
     fails(["export", repo, tmp_path / "no" / "such" / "dir" / "out.tar"], capsys, "out.tar")
+
+
+def test_inspect_of_a_history_with_a_damaged_root_names_the_file(repo, capsys):
+    root = os.path.join(repo, "zarr.json")
+    with open(root, "r+b") as f:
+        f.seek(30)
+        f.write(b"#")
+    fails(["inspect", repo], capsys, root)

@@ -158,7 +158,9 @@ def inspect(args) -> int:
     try:
         F.read_group_attrs(os.path.join(path, "zarr.json"), F.ROOT_KEY)
     except (OSError, StorageError):
-        return _inspect_other(path)
+        if not os.path.isdir(os.path.join(path, F.GRAPH)):
+            return _inspect_other(path)
+        # A history whose root is damaged: opening it says what and where.
     with _open(path) as h:
         u = h.usage()
         print(f"lineage history {h.path}")

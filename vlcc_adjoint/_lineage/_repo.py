@@ -144,7 +144,7 @@ class Repository:
         """Seal a format 1 root as format 2: this writer adds sealed versions and a sealed
         graph, which an older reader refuses; the root's format number tells it why."""
         root = self._p("zarr.json")
-        tmp = self._p(F.SCRATCH, f"root-{F.token()}.json")
+        tmp = f"{root}.{F.token()}.tmp"  # beside it: scratch/ is swept by other writers
         F.write_file(tmp, F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})},
                                        indent=2), self.durable)
         try:
