@@ -172,6 +172,11 @@ class Reader:
         rel = F.chunk_relpath(addr)
         path = self._p(rel)
         n = layout.chunk_nbytes
+        bound = n + n // 8 + 4096  # a compressed chunk's most bytes (Blosc1: n + 16 + header)
+        if cfg is not None:
+            self._check_alloc(m, bound + (n if out is None else 0), f"{where}, chunk {j}")
+        elif out is None:
+            self._check_alloc(m, n, f"{where}, chunk {j}")
         try:
             self._chunk_dir(addr[:2])
             if cfg is None:
@@ -179,13 +184,10 @@ class Reader:
                     SF.read_into(path, out)
                     data = out
                 else:
-                    self._check_alloc(m, n, f"{where}, chunk {j}")
                     data = SF.read_limited(path, n)
                     if len(data) != n:
                         raise ValueError(f"{len(data)} bytes, its metadata says {n}")
             else:
-                bound = n + n // 8 + 4096  # Blosc1's worst case is n + 16 (plus its header)
-                self._check_alloc(m, bound + (n if out is None else 0), f"{where}, chunk {j}")
                 data = F.decode_chunk(SF.read_limited(path, bound), cfg, n, out)
         except FileNotFoundError:
             raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is missing", path) from None
@@ -195,8 +197,6 @@ class Reader:
         except ValueError as err:
             raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}", path
                                 ) from None
-        except StorageError:
-            raise
         except OSError as err:
             raise StorageError(f"reading {where}, chunk {j} of version {m.id} from {path} "
                                f"failed: {err}") from err
@@ -208,12 +208,13 @@ class Reader:
 
     def _read_leaf(self, m: F.Manifest, i: int, path: str) -> np.ndarray:
         layout, cfg, addrs = m.leaves[i]
+        where = f"leaf {path} (leaf {i}, {layout.dtype.str}{list(layout.shape)})"
+        self._check_alloc(m, layout.nbytes, where)  # diff reads single leaves
         out = np.empty(layout.shape, layout.dtype)
         if layout.nchunks == 0:
             return out
         flat = byte_view(out)
         n = layout.chunk_nbytes
-        where = f"leaf {path} (leaf {i}, {layout.dtype.str}{list(layout.shape)})"
         for j, ((off, valid, _), addr) in enumerate(zip(layout.spans(), addrs)):
             if valid == n:
                 self._read_chunk(m, where, j, addr, layout, cfg, flat[off:off + n])
