@@ -25,10 +25,25 @@ The final state ``u_n`` is never needed by the schedules themselves
 (``Reverse(n - 1)`` starts from ``u_{n-1}``), but the objective is a
 function of it, so the executor evaluates the last forward step once from a
 copy of ``u_{n-1}`` unless the schedule's sweep already reached ``u_n``.
+
+Integrations sit above this module and it imports none of them.  One that
+runs the same interpreter on every rank of a communicator (SPMD; the MPI
+integration, :mod:`vlcc_adjoint.mpi`, does so when imported) registers its
+runner with :func:`register_spmd`; ``run_adjoint(..., comm=comm)`` hands
+the run to it.
+
+Checks.  With ``check=True`` (the default) the adjoint seed ``adj_final``
+is compared with the state's structure and shapes before the first step,
+and every step's output with the structure, shapes and dtypes of its
+input, as it happens; the work of a check is planned once per structure
+(:func:`_matcher`) and its message written only when it fails.  With
+``check_finite=True`` every state and adjoint is also tested for nan/inf,
+and the first one found is named (:class:`NonFiniteError`).
 """
 
 from __future__ import annotations
 
+import cmath
 import dataclasses
 import math
 import time
@@ -40,17 +55,62 @@ import numpy as np
 from .schedules import ActionKind, Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
 
-__all__ = ["AdjointResult", "StateMismatchError", "run_adjoint"]
+__all__ = ["AdjointResult", "NonFiniteError", "StateMismatchError", "register_spmd",
+           "run_adjoint"]
 
 _CHUNK = 1 << 16  # table rows converted to Python ints at a time
 
 
 class StateMismatchError(ValueError):
     """A solver returned a state whose structure, shapes or dtypes differ
-    from the initial one."""
+    from the initial one, or the adjoint seed does not fit the state."""
 
 
-@dataclasses.dataclass(frozen=True)
+class NonFiniteError(FloatingPointError):
+    """A state or adjoint of a ``run_adjoint(..., check_finite=True)`` run
+    holds nan or inf.
+
+    **Attributes:**
+
+    - `kind`: ``"forward"`` (a state ``u_{step+1}``), ``"adjoint"`` (an
+      adjoint ``lambda_step``), ``"initial"`` (``u_0``) or ``"seed"``
+      (``adj_final``).
+    - `step`: the forward or adjoint step that returned it (``None`` for
+      ``u_0`` and the seed).
+    - `path`: where in the state, e.g. ``"state['p']"``.
+    """
+
+    def __init__(self, message: str, *, kind: str, step: int | None, path: str):
+        super().__init__(message)
+        self.kind = kind
+        self.step = step
+        self.path = path
+
+
+_spmd_runner: Callable[..., Any] | None = None
+
+
+def register_spmd(runner: Callable[..., Any]) -> None:
+    """Install the runner that ``run_adjoint(..., comm=comm)`` hands a run to.
+
+    An integration that runs the interpreter on every rank of a
+    communicator registers itself here when it is imported
+    (:mod:`vlcc_adjoint.mpi` does), so that this module names no layer
+    above it.  The last registration wins.
+
+    **Arguments:**
+
+    - `runner`: called as ``runner(solver, schedule, u0, adj_final, store,
+      progress, comm=comm, stop=..., max_steps=..., check=...,
+      check_finite=...)``; it returns the run's result.
+    """
+    global _spmd_runner
+    if not callable(runner):
+        raise TypeError(f"register_spmd needs a callable runner, got {type(runner).__name__}")
+    _spmd_runner = runner
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class AdjointResult:
     """What :func:`run_adjoint` computed and what it cost.
 
@@ -84,6 +144,73 @@ class AdjointResult:
     @property
     def n_steps(self) -> int:
         return self.schedule_stats.n_steps
+
+    def __repr__(self) -> str:
+        # Summaries, not contents: a state may hold gigabytes.
+        parts = [f"n_steps={self.n_steps}"]
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in ("adjoint", "final_state"):
+                text = _summary(value)
+            elif field.name in ("schedule_stats", "store_stats"):
+                text = f"<{type(value).__name__}>"
+            elif isinstance(value, float):
+                text = f"{value:.4g}"
+            else:
+                text = _summary(value)
+            parts.append(f"{field.name}={text}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+_SUMMARY_ITEMS = 8  # container entries shown before "..."
+
+
+def _array_summary(x: np.ndarray) -> str:
+    """``float64[300, 300] min=.. max=.. mean=..`` (nan/inf counted apart)."""
+    head = f"{x.dtype}[{', '.join(str(d) for d in x.shape)}]"
+    if x.size == 0 or x.dtype.kind not in "biufc":
+        return head
+    if x.dtype.kind == "b":
+        return f"{head} true={int(np.count_nonzero(x))}"
+    values = np.abs(x) if x.dtype.kind == "c" else x
+    notes = []
+    if values.dtype.kind == "f":
+        finite = np.isfinite(values)
+        nan = int(np.count_nonzero(np.isnan(values)))
+        inf = values.size - int(np.count_nonzero(finite)) - nan
+        notes = [f"nan={nan}"] * bool(nan) + [f"inf={inf}"] * bool(inf)
+        if nan or inf:
+            values = values[finite]
+    if values.size:
+        label = "|x| " if x.dtype.kind == "c" else ""
+        notes.insert(0, f"{label}min={values.min():.4g} max={values.max():.4g} "
+                        f"mean={values.mean(dtype=np.float64):.4g}")
+    return " ".join([head] + notes)
+
+
+def _summary(x, depth: int = 0) -> str:
+    """A one-line description of a state: arrays by dtype, shape and
+    statistics, containers entry by entry (a few), scalars by value."""
+    if isinstance(x, np.ndarray):
+        return _array_summary(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # JAX / torch: no device transfer
+        return f"{type(x).__name__} {x.dtype}[{', '.join(str(d) for d in x.shape)}]"
+    if depth > 3:
+        return "..."
+    if isinstance(x, dict):
+        items = [f"{k!r}: {_summary(v, depth + 1)}" for k, v in list(x.items())[:_SUMMARY_ITEMS]]
+        return "{" + ", ".join(items + ["..."] * (len(x) > _SUMMARY_ITEMS)) + "}"
+    if isinstance(x, (list, tuple)):
+        items = [_summary(v, depth + 1) for v in x[:_SUMMARY_ITEMS]]
+        text = ", ".join(items + ["..."] * (len(x) > _SUMMARY_ITEMS))
+        return f"[{text}]" if isinstance(x, list) else f"({text})"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        fields = dataclasses.fields(x)
+        items = [f"{f.name}={_summary(getattr(x, f.name), depth + 1)}"
+                 for f in fields[:_SUMMARY_ITEMS]]
+        return f"{type(x).__name__}({', '.join(items + ['...'] * (len(fields) > _SUMMARY_ITEMS))})"
+    text = repr(x)
+    return text if len(text) <= 60 else f"<{type(x).__name__}>"
 
 
 # ---------------------------------------------------------------------------
@@ -213,20 +340,135 @@ def _copy_state(state):
     return unflatten(spec, [np.array(leaf, copy=True) for leaf in leaves])
 
 
+def _kind_name(kind) -> str:
+    return kind if isinstance(kind, str) else kind.__name__
+
+
+def _seed_mismatch(got, want, path: str) -> str:
+    """How an adjoint seed's signature `got` fails to fit the state's
+    `want` (structure and shapes; dtypes may differ), or ``""``."""
+    gk, wk = got[0], want[0]
+    if wk == "array":
+        if gk == "array":
+            if got[1] == want[1]:
+                return ""
+            return f"{path} has shape {got[1]}, expected {want[1]}"
+        if len(got) == 1 and want[1] == ():  # a Python scalar for a 0-d state
+            return ""
+        return f"{path} is a {_kind_name(gk)}, expected an array of shape {want[1]}"
+    if len(want) == 1:  # a leaf the signature does not look into (a scalar)
+        if len(got) == 1 or (gk == "array" and got[1] == ()):
+            return ""
+        return f"{path} is a {_kind_name(gk)}, expected a {_kind_name(wk)}"
+    if wk == "dict":
+        if gk != "dict":
+            return f"{path} is a {_kind_name(gk)}, expected a dict"
+        have, need = dict(got[1]), dict(want[1])
+        if have.keys() != need.keys():
+            extra = sorted(map(repr, have.keys() - need.keys()))
+            missing = sorted(map(repr, need.keys() - have.keys()))
+            return (f"{path} has keys {', '.join(extra) or '(none extra)'} where the state has "
+                    f"{', '.join(missing) or '(none missing)'}")
+        for key, sub in need.items():
+            text = _seed_mismatch(have[key], sub, f"{path}[{key!r}]")
+            if text:
+                return text
+        return ""
+    if issubclass(wk, (list, tuple)):
+        if not (isinstance(gk, type) and issubclass(gk, (list, tuple)) and len(got) > 1):
+            return f"{path} is a {_kind_name(gk)}, expected a {wk.__name__}"
+        if len(got[1]) != len(want[1]):
+            return f"{path} has {len(got[1])} entries, expected {len(want[1])}"
+        for i, (g, w) in enumerate(zip(got[1], want[1])):
+            text = _seed_mismatch(g, w, f"{path}[{i}]")
+            if text:
+                return text
+        return ""
+    if gk is not wk:  # a dataclass
+        return f"{path} is a {_kind_name(gk)}, expected a {wk.__name__}"
+    for (name, g), (_, w) in zip(got[1], want[1]):
+        text = _seed_mismatch(g, w, f"{path}.{name}")
+        if text:
+            return text
+    return ""
+
+
+def _check_seed(adj, state_signature, path: str) -> None:
+    """A :class:`StateMismatchError` if the adjoint seed does not fit the state."""
+    text = _seed_mismatch(_signature(adj), state_signature, path)
+    if text:
+        raise StateMismatchError(
+            f"the adjoint seed does not fit the state: {text} (as in u_0). adj_final is "
+            "lambda_n = dJ/du_n and has the structure and shapes of the final state u_n: "
+            "build it like the state (e.g. np.zeros_like(u_n) for an array), or pass a "
+            "callable adj_final(u_n) -> lambda_n"
+        )
+
+
+def _first_nonfinite(x, path: str):
+    """``(path, count, size)`` of the first leaf of `x` holding nan or inf, or ``None``."""
+    if isinstance(x, (float, complex)):
+        return None if cmath.isfinite(x) else (path, 1, 1)
+    if isinstance(x, np.ndarray) or (hasattr(x, "shape") and hasattr(x, "dtype")):
+        a = np.asarray(x)
+        if a.dtype.kind not in "fc":
+            return None
+        ok = np.isfinite(a)
+        if ok.all():
+            return None
+        return (path, int(a.size - np.count_nonzero(ok)), int(a.size))
+    if isinstance(x, dict):
+        items = ((f"{path}[{k!r}]", v) for k, v in x.items())
+    elif isinstance(x, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(x))
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = ((f"{path}.{f.name}", getattr(x, f.name)) for f in dataclasses.fields(x))
+    else:
+        return None
+    for sub_path, value in items:
+        found = _first_nonfinite(value, sub_path)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_finite(x, kind: str, step: int | None) -> None:
+    """:class:`NonFiniteError` if `x` (a state or an adjoint) holds nan or inf."""
+    root = "adjoint" if kind in ("adjoint", "seed") else "state"
+    found = _first_nonfinite(x, root)
+    if found is None:
+        return
+    path, count, size = found
+    what = {"forward": f"forward step {step} returned a state u_{step + 1}" if step is not None
+            else "", "adjoint": f"adjoint step {step} returned an adjoint lambda_{step}",
+            "initial": "the initial state u_0", "seed": "the adjoint seed adj_final"}[kind]
+    raise NonFiniteError(
+        f"{what} that is not finite: {path} holds {count} nan/inf value(s) of {size}. This is "
+        "the first non-finite one of the run; check the step's stability (time step, CFL "
+        "condition), its inputs and its divisions",
+        kind=kind, step=step, path=path)
+
+
 # ---------------------------------------------------------------------------
 # the interpreter
 # ---------------------------------------------------------------------------
 
 class _Run:
     """The machine of :mod:`~vlcc_adjoint.schedules.actions`, driving a solver
-    and a store.  One instance per :func:`run_adjoint` call."""
+    and a store.  One instance per :func:`run_adjoint` call.
 
-    def __init__(self, solver, store, n, adj, check, progress_bar):
+    What the run is doing is kept as a template (:attr:`where`) and its
+    arguments (:attr:`at`), formatted only when an error needs the text:
+    formatting a message every step costs more than the step of a small
+    state."""
+
+    def __init__(self, solver, store, n, adj, check, progress_bar, check_finite=False):
         self.solver = solver
         self.store = store
         self.n = n
         self.adj = adj  # lambda_n, or a callable of u_n
         self.check = check
+        self.check_finite = check_finite
         self.bar = progress_bar
         self.u = None  # the state in hand
         self.spare = None  # a consumed state whose buffers a Load may reuse
@@ -236,39 +478,49 @@ class _Run:
         self.matches = self.adj_matches = None  # _matcher of each signature
         self.forward_steps = 0
         self.t_forward = self.t_adjoint = self.t_store = 0.0
-        self.forward_many = getattr(solver, "forward_many", None)
+        # Step by step under check_finite: forward_many would hide which step blew up.
+        self.forward_many = None if check_finite else getattr(solver, "forward_many", None)
         self.on_save = getattr(solver, "on_save", None)
         self.on_load = getattr(solver, "on_load", None)
         self.in_place = bool(getattr(solver, "restore_in_place", False))
         self.copy = getattr(solver, "copy", None) or _copy_state
-        self.where = ""  # what the run is doing, for error notes
+        self.where, self.at = "", ()  # what the run is doing, for error notes
+
+    def where_text(self) -> str:
+        at = self.at if isinstance(self.at, tuple) else (self.at,)
+        return self.where.format(*at)
 
     # -- forward ---------------------------------------------------------
-    def _checked(self, state, what):
-        if self.check and not self.matches(state):
-            sig = _signature(state)
-            if sig != self.signature:
-                raise StateMismatchError(
-                    f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
-                    "(as in u_0). A solver must return states of one structure, shape and "
-                    "dtype; check the step function's output, or convert it (e.g. "
-                    "np.asarray(..., dtype=...))"
-                )
-        return state
+    def _mismatch(self, state, what: str) -> None:
+        sig = _signature(state)
+        if sig != self.signature:
+            raise StateMismatchError(
+                f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
+                "(as in u_0). A solver must return states of one structure, shape and "
+                "dtype; check the step function's output, or convert it (e.g. "
+                "np.asarray(..., dtype=...))"
+            )
 
     def advance(self, a, b):
         u = self.u
+        check = self.check
         t0 = time.perf_counter()
         if self.forward_many is not None:
-            self.where = f"the solver's forward_many({a}, {b})"
+            self.where, self.at = "the solver's forward_many({0}, {1})", (a, b)
             u = self.forward_many(u, a, b)
-            u = self._checked(u, f"forward_many({a}, {b})")
+            if check and not self.matches(u):
+                self._mismatch(u, f"forward_many({a}, {b})")
         else:
             forward = self.solver.forward
+            matches = self.matches
+            self.where = "the solver's forward step {0}"
             for i in range(a, b):
-                self.where = f"the solver's forward step {i}"
+                self.at = i
                 u = forward(u, i)
-                u = self._checked(u, f"forward step {i}")
+                if check and not matches(u):
+                    self._mismatch(u, f"forward step {i}")
+                if self.check_finite:
+                    _check_finite(u, "forward", i)
         self.t_forward += time.perf_counter() - t0
         self.forward_steps += b - a
         self.u = u
@@ -279,14 +531,14 @@ class _Run:
 
     # -- storage ---------------------------------------------------------
     def save(self, i, level):
-        self.where = f"saving u_{i} on level {level}"
+        self.where, self.at = "saving u_{0} on level {1}", (i, level)
         state = self.on_save(self.u, i) if self.on_save is not None else self.u
         t0 = time.perf_counter()
         self.store.save(i, state, level=level)
         self.t_store += time.perf_counter() - t0
 
     def load(self, i, level):
-        self.where = f"loading u_{i} from level {level}"
+        self.where, self.at = "loading u_{0} from level {1}", (i, level)
         out = self.u if self.u is not None else self.spare
         t0 = time.perf_counter()
         if self.on_load is not None:
@@ -303,33 +555,46 @@ class _Run:
         self.spare = None
 
     def delete(self, i, level):
-        self.where = f"deleting u_{i} from level {level}"
+        self.where, self.at = "deleting u_{0} from level {1}", (i, level)
         t0 = time.perf_counter()
         self.store.delete(i, level=level)
         self.t_store += time.perf_counter() - t0
 
     def move(self, i, src, dst):
-        self.where = f"moving u_{i} from level {src} to level {dst}"
+        self.where, self.at = "moving u_{0} from level {1} to level {2}", (i, src, dst)
         t0 = time.perf_counter()
         self.store.move(i, src, dst)
         self.t_store += time.perf_counter() - t0
 
     # -- adjoint ---------------------------------------------------------
+    def _seed(self, i):
+        """Before adjoint step n-1: u_n (computed if the sweep did not reach
+        it) and the seed lambda_n, checked."""
+        if self.final_state is None:
+            self.where, self.at = "the solver's forward step {0} (computing u_n)", i
+            t0 = time.perf_counter()
+            u_n = self.solver.forward(self.copy(self.u), i)
+            self.t_forward += time.perf_counter() - t0
+            self.forward_steps += 1
+            if self.check and not self.matches(u_n):
+                self._mismatch(u_n, f"forward step {i}")
+            if self.check_finite:
+                _check_finite(u_n, "forward", i)
+            self.final_state = u_n
+        if callable(self.adj):
+            self.where, self.at = "adj_final(u_n)", ()
+            self.adj = self.adj(self.copy(self.final_state))
+            if self.check:
+                _check_seed(self.adj, self.signature, "adj_final(u_n)")
+            if self.check_finite:
+                _check_finite(self.adj, "seed", None)
+        self.adj_signature = _signature(self.adj)
+        self.adj_matches = _matcher(self.adj_signature)
+
     def reverse(self, i):
         if i == self.n - 1:
-            if self.final_state is None:
-                self.where = f"the solver's forward step {i} (computing u_n)"
-                t0 = time.perf_counter()
-                u_n = self.solver.forward(self.copy(self.u), i)
-                self.t_forward += time.perf_counter() - t0
-                self.forward_steps += 1
-                self.final_state = self._checked(u_n, f"forward step {i}")
-            if callable(self.adj):
-                self.where = "adj_final(u_n)"
-                self.adj = self.adj(self.copy(self.final_state))
-            self.adj_signature = _signature(self.adj)
-            self.adj_matches = _matcher(self.adj_signature)
-        self.where = f"the solver's adjoint step {i}"
+            self._seed(i)
+        self.where, self.at = "the solver's adjoint step {0}", i
         t0 = time.perf_counter()
         adj = self.solver.adjoint(self.u, self.adj, i)
         self.t_adjoint += time.perf_counter() - t0
@@ -342,6 +607,8 @@ class _Run:
                     "adj_final). An adjoint step must return lambda_i with the structure, "
                     "shapes and dtypes of lambda_{i+1}"
                 )
+        if self.check_finite:
+            _check_finite(adj, "adjoint", i)
         self.adj = adj
         self.spare, self.u = self.u, None
 
@@ -413,6 +680,7 @@ def run_adjoint(
     stop: Callable[[Any, int], bool] | None = None,
     max_steps: int | None = None,
     check: bool = True,
+    check_finite: bool = False,
     comm=None,
 ) -> AdjointResult:
     """Run the forward sweep and the adjoint of a time loop under `schedule`.
@@ -437,23 +705,40 @@ def run_adjoint(
       returns true when the forward loop should end at ``u_i`` (``i >= 1``).
     - `max_steps`: with `stop`, the most steps the loop may run before a
       ``RuntimeError`` (default: no limit).
-    - `check`: verify that every step returns a state (and adjoint) of the
-      initial structure, shapes and dtypes.
-    - `comm`: an mpi4py communicator: run SPMD on every rank of it, each on
-      its own partition (:func:`vlcc_adjoint.mpi.run_adjoint`).
+    - `check`: verify, before the first step, that `adj_final` has the
+      structure and shapes of the state (for a callable, when it returns),
+      and that every step returns a state (and adjoint) of the initial
+      structure, shapes and dtypes.
+    - `check_finite`: test ``u_0``, the seed, and every state and adjoint
+      the run computes for nan/inf, and stop at the first one with a
+      :class:`NonFiniteError` naming its step (forward steps then run one
+      at a time, even for a solver with ``forward_many``).  A debugging aid:
+      each test reads the whole state.
+    - `comm`: a communicator: run SPMD on every rank of it, each on its own
+      partition, through the runner an integration registered with
+      :func:`register_spmd` (:func:`vlcc_adjoint.mpi.run_adjoint`, once
+      ``vlcc_adjoint.mpi`` is imported).
 
     **Returns:** an :class:`AdjointResult`; ``result.adjoint`` is
     ``lambda_0``.
 
     **Raises:** :class:`StateMismatchError` naming the step whose output has
-    the wrong shape or dtype; any exception of the solver or the store,
-    unchanged, with a note naming the step and the schedule action.
+    the wrong shape or dtype, or the part of `adj_final` that does not fit
+    the state; :class:`NonFiniteError` (with `check_finite`); any exception
+    of the solver or the store, unchanged, with a note naming the step and
+    the schedule action.
     """
-    if comm is not None:  # MPI sits above this layer: imported only when asked for
-        from .mpi import run_adjoint as run_spmd
-
-        return run_spmd(solver, schedule, u0, adj_final, store, progress, comm=comm, stop=stop,
-                        max_steps=max_steps, check=check)
+    if comm is not None:
+        if _spmd_runner is None:
+            raise RuntimeError(
+                "run_adjoint(..., comm=...) runs on every rank of the communicator through an "
+                "SPMD integration, and none is loaded: import vlcc_adjoint.mpi first (it "
+                "registers itself; pip install 'vlcc-adjoint[mpi]'), or call "
+                "vlcc_adjoint.mpi.run_adjoint directly"
+            )
+        return _spmd_runner(solver, schedule, u0, adj_final, store, progress, comm=comm,
+                            stop=stop, max_steps=max_steps, check=check,
+                            check_finite=check_finite)
     online = isinstance(schedule, Online) and schedule.n_steps is None
     if online:
         if stop is None:
@@ -479,6 +764,13 @@ def run_adjoint(
             "adjoint(state, adj, step) methods; wrap plain functions with "
             "vlcc_adjoint.timestep"
         )
+    signature = _signature(u0)
+    if check and not callable(adj_final):
+        _check_seed(adj_final, signature, "adj_final")
+    if check_finite:
+        _check_finite(u0, "initial", None)
+        if not callable(adj_final):
+            _check_finite(adj_final, "seed", None)
 
     t_start = time.perf_counter()
     stats = None if online else simulate(schedule)
@@ -493,10 +785,11 @@ def run_adjoint(
             store = _default_store(schedule, stats, u0, solver)
     total = None if online else len(schedule.table)
     bar = _progress(total, progress)
-    run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar)
+    run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar,
+               check_finite)
     run.u = u0
     run.schedule = schedule
-    run.signature = _signature(u0)
+    run.signature = signature
     run.matches = _matcher(run.signature)
     run.index = -1
     try:
@@ -504,13 +797,13 @@ def run_adjoint(
             schedule, stats = _run_online(run, schedule, stop, max_steps)
         else:
             run.run_table(schedule.table)
-        run.where = "flushing the store"
+        run.where, run.at = "flushing the store", ()
         t0 = time.perf_counter()
         store.wait()
         run.t_store += time.perf_counter() - t0
         store_stats = store.stats()
     except BaseException as error:
-        where = f"vlcc_adjoint.run_adjoint: while {run.where}"
+        where = f"vlcc_adjoint.run_adjoint: while {run.where_text()}"
         if run.index >= 0:
             action = run.schedule[run.index]
             where += f" (action {run.index} of the schedule: {action!r})"
@@ -553,7 +846,7 @@ def _run_online(run: _Run, online: Online, stop, max_steps):
     limit = math.inf if max_steps is None else max_steps
     while True:
         if i >= 1:
-            run.where = f"the stop criterion at step {i}"
+            run.where, run.at = "the stop criterion at step {0}", i
             if stop(run.u, i):
                 break
             if i >= limit:
