@@ -17,6 +17,9 @@ same schedule, each timed as a whole:
 
 - ``run_adjoint``: :func:`vlcc_adjoint.run_adjoint` with its default store
   (memory tiers, checksums, the io plan) and structure checks on;
+- ``dict store``: the same ``run_adjoint`` with :class:`DictStore`, a
+  store that only copies into and out of a dict: the executor's own cost
+  without the store's (checksums, plan, pool);
 - ``bare loop``: the floor, a plain Python loop over the schedule's actions
   that makes the *same solver calls* (``forward`` per step, ``adjoint`` per
   ``Reverse``) and keeps snapshots as ``u.copy()`` in a dict;
@@ -24,7 +27,8 @@ same schedule, each timed as a whole:
   ``n`` adjoint calls), no snapshots at all.
 
 Reported: seconds (median over ``--rounds`` rounds) and ``run_adjoint``'s
-time as a multiple of each floor, plus the per-action overhead
+time (with the default store, and with the dict store) as a multiple of
+each floor, plus the per-action overhead
 ``(run_adjoint - bare loop) / actions``.  Every measurement runs in a fresh
 interpreter; with ``--baseline DIR`` (a directory holding another
 ``vlcc_adjoint`` package) the rounds alternate between that version
@@ -60,6 +64,34 @@ class TinySolver:
         return lam * 0.999
 
 
+class DictStore:
+    """The least a store can do: ``save`` keeps a copy, ``load`` returns one."""
+
+    def __init__(self):
+        self.held = {}
+
+    def save(self, step, state, level=0):
+        self.held[step, level] = state.copy()
+
+    def load(self, step, level=0, out=None, copy=True):
+        return self.held[step, level].copy()
+
+    def delete(self, step, level=0):
+        del self.held[step, level]
+
+    def move(self, step, src, dst):
+        self.held[step, dst] = self.held.pop((step, src))
+
+    def wait(self):
+        pass
+
+    def stats(self):
+        return None
+
+    def close(self):
+        pass
+
+
 def child(steps: int, slots: int) -> dict:
     import vlcc_adjoint
     from vlcc_adjoint import run_adjoint
@@ -75,6 +107,10 @@ def child(steps: int, slots: int) -> dict:
     t0 = time.perf_counter()
     result = run_adjoint(solver, schedule, u0, lam_n)
     t_run = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    run_adjoint(solver, schedule, u0, lam_n, store=DictStore())
+    t_dict = time.perf_counter() - t0
 
     # The floor: the same solver calls from a plain loop over the table.
     t0 = time.perf_counter()
@@ -107,7 +143,8 @@ def child(steps: int, slots: int) -> dict:
     for i in range(steps - 1, -1, -1):
         lam = adjoint(u0, lam, i)
     t_calls = time.perf_counter() - t0
-    return {"package": vlcc_adjoint.__file__, "run_adjoint": t_run, "bare_loop": t_bare,
+    return {"package": vlcc_adjoint.__file__, "run_adjoint": t_run, "dict_store": t_dict,
+            "bare_loop": t_bare,
             "calls_only": t_calls, "actions": int(len(table)), "forward_count": n_forward}
 
 
@@ -148,27 +185,30 @@ def main(argv=None):
             r = run_child(v, args.baseline, args)
             runs[v].append(r)
             print(f"round {rnd + 1}/{args.rounds} {v:6s} run_adjoint {r['run_adjoint']:.2f} s, "
-                  f"bare loop {r['bare_loop']:.2f} s, load {r['loadavg_before'][0]:.2f}",
+                  f"dict store {r['dict_store']:.2f} s, bare loop {r['bare_loop']:.2f} s, load {r['loadavg_before'][0]:.2f}",
                   flush=True)
 
     actions = runs[versions[0]][0]["actions"]
     print(f"\nRevolve({args.steps}, {args.slots}): {actions} actions, "
           f"{runs[versions[0]][0]['forward_count']} forward steps; 8-float state; "
           f"median of {args.rounds} rounds (seconds)")
-    head = (f"{'version':8s} {'run_adjoint':>12s} {'bare loop':>10s} {'calls only':>11s} "
-            f"{'x bare':>7s} {'x calls':>8s} {'us/action over bare':>20s}")
+    head = (f"{'version':8s} {'run_adjoint':>12s} {'dict store':>11s} {'bare loop':>10s} "
+            f"{'calls only':>11s} {'x bare':>7s} {'dict x bare':>12s} {'x calls':>8s} "
+            f"{'us/action over bare':>20s}")
     print(head)
     print("-" * len(head))
     summary = {}
     for v in versions:
         med = {k: float(np.median([r[k] for r in runs[v]]))
-               for k in ("run_adjoint", "bare_loop", "calls_only")}
+               for k in ("run_adjoint", "dict_store", "bare_loop", "calls_only")}
         med["x_bare"] = med["run_adjoint"] / med["bare_loop"]
+        med["dict_x_bare"] = med["dict_store"] / med["bare_loop"]
         med["x_calls"] = med["run_adjoint"] / med["calls_only"]
         med["us_per_action_over_bare"] = (med["run_adjoint"] - med["bare_loop"]) / actions * 1e6
         summary[v] = med
-        print(f"{v:8s} {med['run_adjoint']:12.2f} {med['bare_loop']:10.2f} "
-              f"{med['calls_only']:11.2f} {med['x_bare']:7.2f} {med['x_calls']:8.2f} "
+        print(f"{v:8s} {med['run_adjoint']:12.2f} {med['dict_store']:11.2f} "
+              f"{med['bare_loop']:10.2f} {med['calls_only']:11.2f} {med['x_bare']:7.2f} "
+              f"{med['dict_x_bare']:12.2f} {med['x_calls']:8.2f} "
               f"{med['us_per_action_over_bare']:20.2f}")
     if args.baseline:
         ratio = summary["before"]["run_adjoint"] / summary["after"]["run_adjoint"]

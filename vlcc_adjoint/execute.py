@@ -513,13 +513,14 @@ class _Run:
         else:
             forward = self.solver.forward
             matches = self.matches
+            finite = self.check_finite
             self.where = "the solver's forward step {0}"
             for i in range(a, b):
                 self.at = i
                 u = forward(u, i)
                 if check and not matches(u):
                     self._mismatch(u, f"forward step {i}")
-                if self.check_finite:
+                if finite:
                     _check_finite(u, "forward", i)
         self.t_forward += time.perf_counter() - t0
         self.forward_steps += b - a
@@ -613,34 +614,34 @@ class _Run:
         self.spare, self.u = self.u, None
 
     # -- the table ---------------------------------------------------------
+    def handlers(self) -> dict:
+        """``{kind: handler(a, b, level, dst)}``: one dictionary lookup an
+        action, instead of a chain of comparisons."""
+        return {
+            int(ActionKind.ADVANCE): lambda a, b, level, dst: self.advance(a, b),
+            int(ActionKind.SAVE): lambda a, b, level, dst: self.save(a, level),
+            int(ActionKind.LOAD): lambda a, b, level, dst: self.load(a, level),
+            int(ActionKind.DELETE): lambda a, b, level, dst: self.delete(a, level),
+            int(ActionKind.MOVE): lambda a, b, level, dst: self.move(a, level, dst),
+            int(ActionKind.REVERSE): lambda a, b, level, dst: self.reverse(a),
+        }
+
     def run_table(self, table: np.ndarray, offset: int = 0):
         """Execute the rows of ``table`` (``offset``: index of its first row in
         the whole schedule, for messages)."""
+        handlers = self.handlers()
         for start in range(0, len(table), _CHUNK):
             chunk = table[start : start + _CHUNK]
             rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
                        chunk["level"].tolist(), chunk["dst"].tolist())
-            for j, (kind, a, b, level, dst) in enumerate(rows):
-                self.index = offset + start + j
-                self.dispatch(kind, a, b, level, dst)
+            for index, (kind, a, b, level, dst) in enumerate(rows, offset + start):
+                self.index = index
+                handler = handlers.get(kind)
+                if handler is None:
+                    raise ValueError(f"unknown action kind {kind} in the schedule table")
+                handler(a, b, level, dst)
             if self.bar is not None:
                 self.bar.update(len(chunk))
-
-    def dispatch(self, kind, a, b, level, dst):
-        if kind == ActionKind.ADVANCE:
-            self.advance(a, b)
-        elif kind == ActionKind.SAVE:
-            self.save(a, level)
-        elif kind == ActionKind.LOAD:
-            self.load(a, level)
-        elif kind == ActionKind.DELETE:
-            self.delete(a, level)
-        elif kind == ActionKind.MOVE:
-            self.move(a, level, dst)
-        elif kind == ActionKind.REVERSE:
-            self.reverse(a)
-        else:
-            raise ValueError(f"unknown action kind {kind} in the schedule table")
 
 
 def _state_nbytes(state) -> int:
