@@ -56,16 +56,13 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 #: Leaves at least this large are hashed (and copied) by the kernel; below
-#: it the call's fixed cost (~1.5 us) outweighs the pass it saves.
+#: it the call's fixed cost (a microsecond or two) outweighs the pass it saves.
 KERNEL_MIN_BYTES = 128 << 10
 #: ``copy_checksum(stream=True)`` streams leaves at least this large: a
 #: capture that size would push the solver's working set out of a 2 MiB L2
-#: and pay a read for ownership of every destination line.  Measured in
-#: ``run_adjoint`` of the seismic example (Revolve, 32 snapshots, paired
-#: runs in one process): streaming 2 MiB leaves (512^2 grid) cut the store
-#: calls' time by 15% and the gradient's by 5%, 1.1 MiB leaves (384^2) by 8%
-#: and 4%; 720 KB leaves (300^2) captured ~10% slower streamed, so smaller
-#: leaves are written through the caches.
+#: and pay a read for ownership of every destination line.  Smaller leaves
+#: are written through the caches: there the solver's data survives the
+#: copy, and streaming them measured slower in the seismic example's runs.
 STREAM_MIN_BYTES = 1 << 20
 
 
