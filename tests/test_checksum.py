@@ -64,12 +64,6 @@ def test_small_leaves_take_xxhash_with_the_same_digests():
     np.testing.assert_array_equal(x, y)
 
 
-def test_kernels_run_without_the_gil():
-    """Each kernel is a numba nogil function: a worker hashing does not stop the caller."""
-    for kernel in _checksum._build():
-        assert kernel.targetoptions.get("nogil") is True
-
-
 def test_a_big_endian_host_falls_back_to_copyto_and_xxhash_and_says_so(monkeypatch):
     monkeypatch.setattr(_checksum, "_LITTLE", False)
     monkeypatch.setattr(_checksum, "_KERNELS", None)

@@ -38,9 +38,11 @@ destination's old contents first nor evicts the caller's working set.
 
 Calling convention.  llvmlite (numba's LLVM binding) compiles the module
 once per process; each kernel is ``u64 f(u64 src_address, u64 dst_address,
-i64 nbytes)``.  :func:`build` wraps each in a numba ``nogil`` function of
-two C-contiguous arrays, which passes their data pointers (numba's own
-``arr.ctypes.data``) and runs the kernel with the GIL released.
+i64 nbytes)``, called through ctypes, which releases the GIL for the call
+(a worker thread hashing does not stop the caller).  The arrays' data
+pointers come from numba's array model (a small cached function), not
+from numpy's ``arr.ctypes``, whose construction costs more than a kernel
+call on a small leaf.
 
 Reference: Y. Collet, "xxHash: extremely fast non-cryptographic hash
 algorithm", XXH3 (2019-2021), https://github.com/Cyan4973/xxHash
@@ -51,6 +53,7 @@ algorithm", XXH3 (2019-2021), https://github.com/Cyan4973/xxHash
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 import xxhash
@@ -255,18 +258,32 @@ def _compile():
     return engine, {name: engine.get_function_address(name) for name in _NAMES}
 
 
-def _array_kernel(address: int):
-    """``f(src, dst, nbytes)`` on C-contiguous arrays: the kernel at
-    `address`, called from a numba ``nogil`` function with the arrays'
-    data pointers."""
+@functools.cache
+def _pointers():
+    """``data_pointers(src, dst) -> (int, int)``: the arrays' data addresses,
+    read by numba from its array model (compiled once per array type and
+    cached on disk; asking numpy for ``arr.ctypes.data`` costs more than a
+    kernel call on a 128 KiB leaf)."""
     import numba
 
+    @numba.njit(nogil=True, cache=True)
+    def data_pointers(src, dst):
+        return src.ctypes.data, dst.ctypes.data
+
+    return data_pointers
+
+
+def _array_kernel(address: int):
+    """``f(src, dst, nbytes)`` on C-contiguous arrays: the kernel at
+    `address`, called through ctypes (which releases the GIL for the call)
+    with the arrays' data pointers."""
     fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
                           ctypes.c_int64)(address)
+    data_pointers = _pointers()
 
-    @numba.njit(nogil=True)
     def kernel(src, dst, nbytes):
-        return fn(src.ctypes.data, dst.ctypes.data, nbytes)
+        s, d = data_pointers(src, dst)
+        return fn(s, d, nbytes)
 
     return kernel
 
