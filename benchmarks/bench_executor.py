@@ -4,7 +4,7 @@ the solver and the store cost next to nothing.
 Reproduce::
 
     . .venv/bin/activate
-    python benchmarks/bench_executor.py                   # ~30 s
+    python benchmarks/bench_executor.py                   # ~30 s (2 rounds)
     python benchmarks/bench_executor.py --steps 20000     # a smoke run
     # before/after: another version of the package, side by side
     mkdir -p /tmp/vlcc_orig && git archive <commit> vlcc_adjoint | tar -x -C /tmp/vlcc_orig
@@ -167,7 +167,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=100_000, help="time steps n (10^5)")
     parser.add_argument("--slots", type=int, default=10, help="Revolve snapshots c (10)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
     parser.add_argument("--baseline", help="a directory holding another vlcc_adjoint package "
                         "(the 'before' version), run side by side with this tree")
     parser.add_argument("--out", default=None,
