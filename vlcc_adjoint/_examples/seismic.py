@@ -270,6 +270,19 @@ class SeismicProblem:
         self.reset_gradient()
 
     @property
+    def damping(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(a_tab, b_tab, row_id)`` of this grid (:func:`damping_tables`),
+        the coefficient tables every kernel of
+        :mod:`~vlcc_adjoint._examples.wave_kernels` takes."""
+        return self._a_tab, self._b_tab, self._row_id
+
+    @property
+    def source_values(self) -> np.ndarray:
+        """Per step, the source term ``dt^2 f`` at the source point (a
+        forward step adds it times ``a`` there)."""
+        return self._src_values
+
+    @property
     def d_obs(self) -> np.ndarray:
         """Observed data, ``(nt + 1, n_receivers)``: the true model's receiver traces."""
         if self._d_obs is None:

@@ -120,9 +120,9 @@ class DistributedSeismic:
         else:
             self._inner, self._edges = (0, 0), ((0, self.nl),)
         rows = slice(self.z0, self.z1)
-        self._row_id = np.ascontiguousarray(p._row_id[rows])
-        self._a_tab, self._b_tab = p._a_tab, p._b_tab
-        self._src_values = p._src_values
+        self._a_tab, self._b_tab, row_id = p.damping
+        self._row_id = np.ascontiguousarray(row_id[rows])
+        self._src_values = p.source_values
         self._own_src = self.z0 <= p.src_z < self.z1
         self._src_p = p.src_z - self.z0 + _R
         mine = (p.rec_z >= self.z0) & (p.rec_z < self.z1)
