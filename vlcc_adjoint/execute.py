@@ -36,9 +36,10 @@ Checks.  With ``check=True`` (the default) the adjoint seed ``adj_final``
 is compared with the state's shapes and keys before the first step,
 and every step's output with the structure, shapes and dtypes of its
 input, as it happens; the work of a check is planned once per structure
-(:func:`_matcher`) and its message written only when it fails.  With
-``check_finite=True`` every state and adjoint is also tested for nan/inf,
-and the first one found is named (:class:`NonFiniteError`).
+(:func:`vlcc_adjoint._checks.matcher`) and its message written only when
+it fails.  With ``check_finite=True`` every state and adjoint is also
+tested for nan/inf, and the first one found is named
+(:class:`NonFiniteError`).
 """
 
 from __future__ import annotations
