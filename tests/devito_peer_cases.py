@@ -145,7 +145,6 @@ def test_a_reverse_step_at_n_would_fail_the_alignment(alignment_ops):
 
 @pytest.mark.parametrize("shape", [(24, 28), (12, 12, 10)])
 def test_forward_with_breaks_leaves_the_plain_forward_run_in_the_fields(shape):
-    from devito import TimeFunction
     from examples.seismic.acoustic.acoustic_example import acoustic_setup
 
     solver = acoustic_setup(shape=shape, spacing=tuple(15.0 for _ in shape), tn=120.0,
@@ -191,9 +190,7 @@ def _wave(case, dtype=np.float32):
 def _solver_module(case):
     import importlib
 
-    module = SETUPS[case][0].replace(".acoustic", ".acoustic.wavesolver") \
-        if case == "acoustic" else SETUPS[case][0] + ".wavesolver"
-    return importlib.import_module(module)
+    return importlib.import_module(SETUPS[case][0] + ".wavesolver")
 
 
 class _FWI:
@@ -278,7 +275,6 @@ def test_sls_first_order_reverse_step_is_found_to_need_the_forward_step():
     # the two-slot buffer as p[t-1].  Without the forward step the gradient
     # is wrong: the check above can fail.
     fwi = _FWI("sls-1")
-    module = _solver_module("sls-1")
 
     class NoRecompute(Revolver):
         def __init__(self, *args, **kwargs):
@@ -291,7 +287,6 @@ def test_sls_first_order_reverse_step_is_found_to_need_the_forward_step():
             super().__init__(*args, **kwargs)
             Detected.seen.append(self.solver.recompute)
 
-    assert module is not None
     wrong = fwi.gradient(NoRecompute)
     right = fwi.gradient(Detected)
     assert Detected.seen == [True]
