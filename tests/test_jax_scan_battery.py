@@ -199,3 +199,15 @@ def test_differentiating_the_pullback_in_its_cotangent_says_what_to_use():
     # the same with lax.scan works: the check is not spurious for lax.scan's pullback
     _, ref_pullback = jax.vjp(lambda u: lax.scan(f, u, args[2])[0], args[1])
     assert jnp.all(jnp.isfinite(jax.grad(lambda ct: jnp.sum(ref_pullback(ct)[0]))(jnp.ones(3))))
+
+
+def test_forward_mode_around_vmap():
+    make, args = _scalar_problem()
+    inits = jnp.stack([args[1], 2 * args[1]])
+
+    def batched(scan):
+        return lambda u: jnp.sum(jax.vmap(make(scan), in_axes=(None, 0, None))(args[0], u, args[2]))
+
+    tangent = jnp.ones_like(inits)
+    _close(jax.jvp(batched(_ours(snapshots=2)), (inits,), (tangent,)),
+           jax.jvp(batched(lax.scan), (inits,), (tangent,)))

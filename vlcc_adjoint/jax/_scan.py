@@ -186,10 +186,11 @@ def _differentiated(leaves) -> bool:
 
 
 def _forward_mode(leaves) -> bool:
-    """Whether `leaves` are being differentiated in forward mode (``jax.jvp``,
-    ``jax.jacfwd``) by the innermost transformation."""
-    tops = {_tracer_kinds(x)[0] for x in leaves if isinstance(x, jax.core.Tracer)}
-    return "JVPTracer" in tops and "LinearizeTracer" not in tops
+    """Whether `leaves` are differentiated in forward mode only (``jax.jvp``,
+    ``jax.jacfwd``, possibly around ``jax.vmap``), with no reverse mode
+    (``jax.grad`` / ``jax.vjp`` linearize) inside it."""
+    kinds = {k for x in leaves for k in _tracer_kinds(x)}
+    return "JVPTracer" in kinds and "LinearizeTracer" not in kinds
 
 
 def _strip_weak(x):
