@@ -128,12 +128,12 @@ def test_a_reverse_step_at_n_would_fail_the_alignment(alignment_ops):
     nt = 3
     for f in (u, v, prod):
         f.data_with_halo[:] = 0
-    solver = DevitoSolver(CheckpointOperator(fwd, constant=1),
-                          CheckpointOperator(rev, constant=1), [u])
+    wrap_rev = CheckpointOperator(rev, constant=1)
+    solver = DevitoSolver(CheckpointOperator(fwd, constant=1), wrap_rev, [u])
     solver.n_steps = nt
     solver.forward_many(solver.live, 0, nt)
     v.data[nt % 2] = u.data[nt % 2]
-    solver._rev.apply(nt, nt + 1)
+    wrap_rev.apply(nt, nt + 1)  # the extra reverse iteration at step n
     for i in range(nt - 1, -1, -1):
         solver.adjoint(solver.live, None, i)
     assert not np.array_equal(v.data[0], np.zeros_like(v.data[0]))
