@@ -27,8 +27,8 @@ Supported out of the box
   container types through *container providers* (:mod:`._providers`).
   The integrations this package ships register theirs: the accelerator
   array libraries lazily (the package ``__init__`` registers a hook that
-  runs when the library is imported), torch when
-  :mod:`vlcc_adjoint.torch` is imported.
+  runs when the library is imported), the others when their integration
+  module is imported.
 
 Everything else is an :class:`UnknownStateTypeError` naming the object's
 path in the state and the remedy (convert it, or :func:`register` it).

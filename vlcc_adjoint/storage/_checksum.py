@@ -46,10 +46,14 @@ import warnings
 import numpy as np
 import xxhash
 
-from ..state import _SLICE, byte_view
+from ..state import byte_view
 from ._tier import CorruptCheckpointError, Record, TierFullError, check_key
 
 __all__ = ["bytes_checksum", "copy_checksum", "leaf_checksum"]
+
+# xxhash holds the GIL while it hashes: hashing in slices of this many bytes
+# bounds the time other threads (the engine's workers, the solver) wait.
+_SLICE = 8 << 20
 
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 # One encoder, built once: json.dumps with options builds a new one per call.
