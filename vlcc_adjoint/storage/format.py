@@ -64,6 +64,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import stat
 import time
@@ -80,19 +81,30 @@ __all__ = [
     "StoreLockedError",
     "WriterLock",
     "allocation_limit",
+    "array_metadata",
     "canonical_json",
     "check_allocation",
     "check_dir",
+    "check_leaf",
+    "chunk_key",
     "digest",
     "fsync_dir",
+    "group_document",
     "open_regular",
+    "open_group",
     "parse_mode",
     "publish",
     "read_into",
     "read_json",
     "read_limited",
+    "remedy",
+    "remove_tree",
+    "sealed_group",
+    "tree_bytes",
+    "unseal",
     "write_all",
     "write_file",
+    "write_json",
     "zarr_data_type",
 ]
 
@@ -302,6 +314,7 @@ class WriterLock:
 
     def __init__(self, path: str, store: str):
         self.path = path
+        self._fd: int | None = None
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | O_CLOEXEC, 0o644)
         except OSError as err:
@@ -323,7 +336,7 @@ class WriterLock:
         except BaseException:
             os.close(fd)
             raise
-        self._fd: int | None = fd
+        self._fd = fd
 
     @staticmethod
     def _holder(fd: int) -> str:
@@ -335,6 +348,217 @@ class WriterLock:
 
     def release(self) -> None:
         """Release the lock (idempotent)."""
-        if self._fd is not None:
+        if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
             self._fd = None
+
+    def __del__(self):  # a lock object dropped unreleased frees the store with it
+        self.release()
+
+
+# -- zarr v3 metadata ------------------------------------------------------------------
+
+#: The most dimensions a stored array may declare (numpy's own limit is 64).
+MAX_NDIM = 32
+
+
+def chunk_key(index) -> str:
+    """zarr v3 "default" chunk key with separator ``.``: ``c.0.1`` for chunk
+    (0, 1); ``c`` for the one chunk of a 0-d array."""
+    return "c" + "".join(f".{int(i)}" for i in index)
+
+
+def array_metadata(dtype: np.dtype, shape, chunk_shape=None) -> tuple[bytes, str | None]:
+    """A zarr v3 array's ``zarr.json`` for `dtype` and `shape`, and the key of its
+    first chunk (``None`` when the array is empty: it has no chunk).
+
+    Leaves of zarr v3 core data types are stored as themselves, in their own
+    byte order (``bytes`` codec, ``endian`` little or big), uncompressed;
+    other dtypes (:func:`zarr_data_type` is ``None``) as their raw bytes, a
+    ``uint8`` array of shape ``shape + [itemsize]``.  The regular chunk grid
+    has `chunk_shape` (default: the whole array, one chunk).
+    """
+    ztype = zarr_data_type(dtype)
+    shape = tuple(int(s) for s in shape)
+    if ztype is None:  # raw bytes of an exotic dtype
+        ztype, shape, order = "uint8", shape + (dtype.itemsize,), "|"
+    else:
+        order = dtype.byteorder
+        if order == "=":
+            order = "<" if np.little_endian else ">"
+    if dtype.itemsize == 1 or order == "|":
+        codec = {"name": "bytes"}
+    else:
+        codec = {"name": "bytes", "configuration": {"endian": "little" if order == "<" else "big"}}
+    fill = False if ztype == "bool" else [0.0, 0.0] if ztype.startswith("complex") \
+        else 0.0 if ztype.startswith("float") else 0
+    chunks = [max(1, s) for s in shape] if chunk_shape is None else [int(c) for c in chunk_shape]
+    meta = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(shape),
+        "data_type": ztype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
+        "fill_value": fill,
+        "codecs": [codec],
+        "attributes": {},
+        "storage_transformers": [],
+    }
+    chunk = None if 0 in shape else chunk_key([0] * len(shape))
+    return json.dumps(meta, separators=(",", ":")).encode(), chunk
+
+
+def check_leaf(dtype_json, shape, path: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """A stored array's dtype, shape and byte size, validated before anything is
+    allocated from them.
+
+    The dtype comes from an allow-list (:func:`vlcc_adjoint.state.dtype_from_json`:
+    no objects, nothing imported), the shape is at most :data:`MAX_NDIM`
+    non-negative ints, and the size passes :func:`check_allocation`.
+    Anything else raises ``CorruptCheckpointError`` naming `path`.
+    """
+    from ..state import dtype_from_json
+
+    try:
+        dtype = dtype_from_json(dtype_json)
+    except (ValueError, TypeError) as err:
+        raise _corrupt(path, f"declares an invalid dtype ({err})") from None
+    if dtype.hasobject:
+        raise _corrupt(path, "declares an object dtype, which is never stored (no pickle)")
+    if not (type(shape) is list and len(shape) <= MAX_NDIM
+            and all(type(s) is int and 0 <= s < 2**62 for s in shape)):
+        raise _corrupt(path, f"declares an invalid shape {shape!r}")
+    nbytes = dtype.itemsize
+    for s in shape:
+        nbytes *= s
+    check_allocation(nbytes, path, "array data")
+    return dtype, tuple(shape), nbytes
+
+
+# -- group documents and the record digest -------------------------------------------------
+
+
+def group_document(attributes: dict) -> dict:
+    """The ``zarr.json`` of a zarr v3 group with `attributes`."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
+
+
+def write_json(path: str, obj, durable: bool) -> None:
+    """Write the JSON document `obj` at `path` atomically (scratch name, rename)."""
+    tmp = path + ".tmp"
+    try:
+        os.unlink(tmp)  # a leftover of an interrupted write, or a planted link: never followed
+    except FileNotFoundError:
+        pass
+    write_file(tmp, json.dumps(obj, indent=1, sort_keys=True).encode(), durable, exclusive=True)
+    publish(tmp, path, durable)
+
+
+def sealed_group(name: str, attrs: dict) -> tuple[bytes, str]:
+    """A group ``zarr.json`` whose attribute `name` is `attrs` with its digest.
+
+    The file is the canonical JSON of ``group_document({name: {**attrs,
+    "digest": d}})`` with ``d = digest(attrs)``: the digest covers every
+    value of `attrs` (for a record: its spec, names, scalars, leaf dtypes,
+    shapes and checksums), and :func:`unseal` recomputes it from what it
+    parses.
+
+    **Returns:** the file's bytes and the digest.
+    """
+    body = canonical_json(attrs)
+    d = xxhash.xxh3_128_hexdigest(body)
+    if attrs and min(attrs) > "digest" and name.isidentifier():
+        # canonical_json of the sealed document without encoding attrs twice:
+        # "digest" sorts before every other key of attrs.
+        doc = b'{"attributes":{"%s":{"digest":"%s",%s}},"node_type":"group","zarr_format":3}' % (
+            name.encode(), d.encode(), body[1:-1])
+    else:
+        doc = canonical_json(group_document({name: {**attrs, "digest": d}}))
+    return doc, d
+
+
+def open_group(path: str, name: str):
+    """The attribute `name` of the group ``zarr.json`` at `path` (bounded, strict), or
+    ``None`` when the file is a zarr v3 node without it (a foreign node).
+
+    Anything that is not a zarr v3 node raises ``CorruptCheckpointError``
+    naming `path`.
+    """
+    doc = read_json(path)
+    if not (type(doc) is dict and doc.get("zarr_format") == 3
+            and doc.get("node_type") in ("group", "array")):
+        raise _corrupt(path, "is not the zarr.json of a zarr v3 node")
+    attrs = doc.get("attributes", {})
+    if type(attrs) is not dict:
+        raise _corrupt(path, "has attributes that are not a JSON object")
+    if name not in attrs:
+        return None
+    if doc["node_type"] != "group" or set(doc) != {"zarr_format", "node_type", "attributes"}:
+        raise _corrupt(path, f"has {name!r} attributes but is not a plain zarr v3 group")
+    return attrs[name]
+
+
+def unseal(attrs, path: str) -> dict:
+    """`attrs` (as :func:`sealed_group` wrote them) without their digest, after
+    checking it: ``CorruptCheckpointError`` naming `path` if any value changed."""
+    if type(attrs) is not dict or type(attrs.get("digest")) is not str:
+        raise _corrupt(path, "has no digest of its content")
+    out = dict(attrs)
+    want = out.pop("digest")
+    try:
+        got = digest(out)
+    except (TypeError, ValueError) as err:  # e.g. an int where JSON allows none
+        raise _corrupt(path, f"has content that is not canonical JSON ({err})") from None
+    if got != want:
+        raise _corrupt(path, f"has content whose digest {got} is not the {want} it was written "
+                       "with (the file was damaged or modified after it was written)")
+    return out
+
+
+# -- the store directory -------------------------------------------------------------
+
+
+def remedy(err: OSError) -> str:
+    """What to do about an ``OSError`` of a store write, for messages."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free disk space or give the tier a smaller capacity_bytes"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "check that the store directory is writable"
+    if err.errno == errno.ENOENT:
+        return "the store directory was removed or moved; open the store again"
+    if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+        return "a directory of that name, not a record of this tier, is in the store; use another key"
+    return "check the file system"
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes of the regular files under the directory `path` (links not followed)."""
+    total = 0
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            total += tree_bytes(entry.path)
+        elif entry.is_file(follow_symlinks=False):
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def remove_tree(path: str, root: str) -> None:
+    """Remove `path`, which must lie inside the directory `root`, without following links.
+
+    A link or a file is unlinked (its target is never touched); a
+    directory is removed with everything in it (``shutil.rmtree``, which
+    unlinks the links it meets).  A missing `path` is not an error.
+    """
+    root = os.path.abspath(root)
+    full = os.path.abspath(path)
+    if os.path.commonpath([root, full]) != root or full == root:
+        raise ValueError(f"refusing to remove {full}: it is not inside the store {root}")
+    try:
+        st = os.lstat(full)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(full)
+    else:
+        os.unlink(full)
