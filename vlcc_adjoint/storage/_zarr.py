@@ -254,8 +254,9 @@ class ZarrTier(Tier):
         doc = F.read_json(root_meta)
         if not (type(doc) is dict and doc.get("zarr_format") == 3
                 and doc.get("node_type") == "group"):
-            raise StorageError(f"{self.path} is not a zarr v3 group (its zarr.json says "
-                               "otherwise); give ZarrTier a new or empty directory")
+            raise CorruptCheckpointError(
+                f"{root_meta}: {self.path} is not a zarr v3 group (its zarr.json says otherwise); "
+                "give ZarrTier a new or empty directory", path=root_meta)
         attrs = doc.get("attributes")
         attrs = attrs.get(ATTRS) if type(attrs) is dict else None
         if attrs is None:
