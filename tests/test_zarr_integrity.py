@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vlcc_adjoint.execute import run_adjoint
-from vlcc_adjoint.schedules import Level, Multistage, io_plan
+from vlcc_adjoint.schedules import Level, Multistage, Revolve, io_plan
 from vlcc_adjoint.solver import timestep
 from vlcc_adjoint.state import flatten, unflatten
 from vlcc_adjoint.storage import (CorruptCheckpointError, MemoryTier, StorageError, TieredStore,
@@ -306,19 +306,24 @@ def _reference(step, u0, n):
     return lam
 
 
+@pytest.mark.parametrize("levels", ["disk", "memory+disk"])
 @pytest.mark.parametrize("same_start", [True, False])
-def test_rerunning_a_failed_run_on_the_same_zarr_path_gives_the_right_gradient(tmp_path,
+def test_rerunning_a_failed_run_on_the_same_zarr_path_gives_the_right_gradient(tmp_path, levels,
                                                                                same_start):
     n = 30
-    schedule = Multistage(n, [Level(2), Level(4, 5.0, 5.0)])
+
+    def store():
+        if levels == "disk":  # every state on disk: the rerun saves u_0 first, under its old key
+            return TieredStore([ZarrTier(tmp_path / "disk")], plan=io_plan(schedule))
+        return TieredStore([MemoryTier(), ZarrTier(tmp_path / "disk")], plan=io_plan(schedule))
+
+    schedule = Revolve(n, 4) if levels == "disk" else Multistage(n, [Level(2), Level(4, 5.0, 5.0)])
     failing, u0 = _solver(fail_at=21)
-    store = TieredStore([MemoryTier(), ZarrTier(tmp_path / "disk")], plan=io_plan(schedule))
     with pytest.raises(FloatingPointError, match="step 21"):
-        run_adjoint(failing, schedule, u0, lambda u: u, store=store)
+        run_adjoint(failing, schedule, u0, lambda u: u, store=store())
     assert len(list(ZarrTier(tmp_path / "disk", mode="r").keys())) > 0  # records were left
     step, _ = _solver()
     if not same_start:
         u0 = u0 * 0.9  # every stored state differs: each is replaced
-    store = TieredStore([MemoryTier(), ZarrTier(tmp_path / "disk")], plan=io_plan(schedule))
-    result = run_adjoint(step, schedule, u0, lambda u: u, store=store)
+    result = run_adjoint(step, schedule, u0, lambda u: u, store=store())
     np.testing.assert_allclose(result.adjoint, _reference(step, u0, n), rtol=1e-13)
