@@ -218,8 +218,14 @@ class SharedZarrTier(Tier):
         root = os.path.join(self.path, "zarr.json")
         os.makedirs(self.path, exist_ok=True)
         F.check_dir(self.path)
-        self._writer = F.WriterLock(os.path.join(self.path, LOCK),
-                                    f"the shared zarr hierarchy {self.path}")
+        try:
+            self._writer = F.WriterLock(os.path.join(self.path, LOCK),
+                                        f"the shared zarr hierarchy {self.path}")
+        except F.StoreLockedError as err:
+            raise F.StoreLockedError(
+                f"{str(err).split(';')[0]}; close it there first (a run's DistributedStore "
+                "closes it), or read its records with vlcc_adjoint.mpi.read_checkpoint, which "
+                "takes no lock") from None
         if os.path.lexists(root):
             attrs = F.open_group(root, ATTRS)
             if not (isinstance(attrs, dict) and attrs.get("kind") == HIERARCHY):
