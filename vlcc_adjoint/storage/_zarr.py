@@ -10,12 +10,9 @@ group per record and one array per leaf (the record layout and its digest:
     path/.vlcc-scratch/            in-flight writes and recycled directories
     path/.vlcc-lock                the writer's lock (pid and host of the holder)
 
-Leaves of the zarr v3 core data types (bool, (u)int8-64, float16/32/64,
-complex64/128) are stored as themselves, in their own byte order (``bytes``
-codec, ``endian`` little or big), no compression; other dtypes (datetime,
-strings, structured, ``bfloat16``) as their raw bytes, a ``uint8`` array of
-shape ``shape + [itemsize]``, with the real dtype in the record attributes.
-Every file is opened, read, digested and published through
+Leaves are stored as :func:`~vlcc_adjoint.storage.format.array_metadata`
+describes (core zarr types as themselves, others as raw bytes).  Every file
+is opened, read, digested and published through
 :mod:`vlcc_adjoint.storage.format`, the rules shared with the MPI tier and
 the lineage repository.
 
@@ -119,7 +116,7 @@ from ..state import byte_view
 from . import format as F
 from ._checksum import check_capacity, check_record, corrupt, full, step_of, verify_leaves
 from ._tier import CorruptCheckpointError, Record, StorageError, Tier, check_key
-from ._zarr_record import ATTRS, FORMAT, FORMATS, Kind, Layout, Stored, encode, load
+from ._zarr_record import ATTRS, FORMAT, Kind, Layout, Stored, encode, load, read_root
 
 __all__ = ["ZarrTier"]
 
@@ -158,6 +155,8 @@ class ZarrTier(Tier):
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.mode = F.parse_mode(mode)
+        # capabilities (zarr's Store vocabulary): a read-only opening declares it
+        self.supports_writes = self.supports_deletes = self.mode != "r"
         self.durable = bool(durable)
         if not isinstance(recycle, int) or recycle < 0:
             raise ValueError(f"recycle must be an int >= 0, got {recycle!r}")
@@ -201,7 +200,7 @@ class ZarrTier(Tier):
                 self._writer = F.WriterLock(os.path.join(path, LOCK), f"the zarr store {path}")
             exists = os.path.lexists(root_meta)
             if exists:
-                self.format = self._read_root(root_meta)
+                self.format = read_root(path, root_meta)
                 if mode == "w-":
                     raise StorageError(f"{path} already holds a zarr store and mode='w-' refuses "
                                        "an existing one; open it with mode='a' to reuse it, or "
@@ -248,26 +247,6 @@ class ZarrTier(Tier):
                 f"the zarr store at {path} holds {self._used} bytes of records, more than "
                 f"capacity_bytes={self.capacity_bytes}; open it with a larger capacity (or None)"
             )
-
-    def _read_root(self, root_meta: str) -> int | None:
-        """The root group's format (``None``: a plain zarr group, adopted)."""
-        doc = F.read_json(root_meta)
-        if not (type(doc) is dict and doc.get("zarr_format") == 3
-                and doc.get("node_type") == "group"):
-            raise CorruptCheckpointError(
-                f"{root_meta}: {self.path} is not a zarr v3 group (its zarr.json says otherwise); "
-                "give ZarrTier a new or empty directory", path=root_meta)
-        attrs = doc.get("attributes")
-        attrs = attrs.get(ATTRS) if type(attrs) is dict else None
-        if attrs is None:
-            return None
-        fmt = attrs.get("format") if type(attrs) is dict else None
-        if type(fmt) is not int or fmt not in FORMATS:
-            raise CorruptCheckpointError(
-                f"{root_meta}: the store says it is of format {fmt!r}; this version reads formats "
-                f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)",
-                path=root_meta)
-        return fmt
 
     def _empty(self) -> None:
         """mode 'w': remove everything in the store but its lock (we hold it)."""

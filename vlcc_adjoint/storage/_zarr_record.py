@@ -42,7 +42,7 @@ from . import format as F
 from ._checksum import encode_spec
 from ._tier import CorruptCheckpointError
 
-__all__ = ["ATTRS", "FORMAT", "Kind", "Layout", "Stored", "encode", "load"]
+__all__ = ["ATTRS", "FORMAT", "FORMATS", "Kind", "Layout", "Stored", "encode", "load", "read_root"]
 
 #: The format this version writes; it reads every format in ``FORMATS``.
 FORMAT = 2
@@ -177,6 +177,26 @@ def load(key: str, record_dir: str) -> Stored:
     layout = Layout([(chunk, nbytes, None) for _, _, nbytes, chunk, _ in leaves], None)
     doc = F.canonical_json(F.group_document({ATTRS: attrs}))
     return Stored(F.tree_bytes(record_dir), doc, leaves, layout, digest, inherited=True)
+
+
+def read_root(store: str, root_meta: str) -> int | None:
+    """The format the root group ``root_meta`` of the store `store` declares
+    (``None``: a plain zarr group, adopted as a store)."""
+    doc = F.read_json(root_meta)
+    if not (type(doc) is dict and doc.get("zarr_format") == 3
+            and doc.get("node_type") == "group"):
+        raise _bad(root_meta, f"{store} is not a zarr v3 group (its zarr.json says otherwise); "
+                   "give ZarrTier a new or empty directory")
+    attrs = doc.get("attributes")
+    attrs = attrs.get(ATTRS) if type(attrs) is dict else None
+    if attrs is None:
+        return None
+    fmt = attrs.get("format") if type(attrs) is dict else None
+    if type(fmt) is not int or fmt not in FORMATS:
+        raise _bad(root_meta, f"the store says it is of format {fmt!r}; this version reads "
+                   f"formats {', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer "
+                   "ones)")
+    return fmt
 
 
 def _bad(path: str, problem: str) -> CorruptCheckpointError:
