@@ -319,7 +319,7 @@ class ZarrTier(Tier):
             raise ValueError("'zarr.json' is the store's own metadata file, not a record key")
         leaves = record.leaves
         kinds = [self._kind(leaf) for leaf in leaves]
-        group, doc, digest = encode(key, record.spec, kinds, record.checksums)
+        group, spec_json, digest = encode(key, record.spec, kinds, record.checksums)
         infos = [(k.shape, k.dtype, k.nbytes, k.chunk, c) for k, c in zip(kinds, record.checksums)]
         metas = [(k.meta, k.chunk) for k in kinds]
         # Pad to a multiple of 64 bytes (JSON allows trailing whitespace): a
@@ -398,7 +398,7 @@ class ZarrTier(Tier):
                 ) from err
             raise
         with self._lock:
-            self._index[key] = Stored(need, doc, infos, layout, digest)
+            self._index[key] = Stored(need, spec_json, infos, layout, digest)
             self._used -= freed
             self._busy.discard(key)
         if away is not None:

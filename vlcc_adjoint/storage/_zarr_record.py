@@ -57,7 +57,7 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 class Kind:
     """Everything about a leaf that depends only on its dtype and shape, computed once."""
 
-    __slots__ = ("dtype", "shape", "nbytes", "meta", "chunk", "entry")
+    __slots__ = ("dtype", "shape", "nbytes", "meta", "chunk", "tail")
 
     def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
         self.dtype = dtype
@@ -66,9 +66,10 @@ class Kind:
         self.meta, self.chunk = F.array_metadata(dtype, shape)
         if self.nbytes == 0:
             self.chunk = None
-        # the leaf's entry in the record attributes, but for its checksum
-        self.entry = {"dtype": dtype_to_json(dtype), "shape": list(shape), "nbytes": self.nbytes,
-                      "chunk": self.chunk}
+        # the leaf's entry in the record attributes (canonical JSON) after its
+        # checksum, which sorts first: '{"checksum":"...",' + tail
+        self.tail = F.canonical_json({"dtype": dtype_to_json(dtype), "shape": list(shape),
+                                      "nbytes": self.nbytes, "chunk": self.chunk})[1:]
 
 
 class Layout:
@@ -90,13 +91,14 @@ class Stored:
     found when the store was opened (a ``put`` of its key replaces it).
     """
 
-    __slots__ = ("nbytes", "doc", "leaves", "layout", "digest", "inherited", "error")
+    __slots__ = ("nbytes", "spec_json", "leaves", "layout", "digest", "inherited", "error")
 
-    def __init__(self, nbytes: int, doc: bytes | None, leaves: list | None, layout: Layout | None,
+    def __init__(self, nbytes: int, spec_json: str | None, leaves: list | None,
+                 layout: Layout | None,
                  digest: str | None, *, inherited: bool = False,
                  error: CorruptCheckpointError | None = None):
         self.nbytes = nbytes
-        self.doc = doc  # the record's group document as JSON (its spec is read from it)
+        self.spec_json = spec_json  # the record's spec, canonical JSON
         self.leaves = leaves  # per leaf (shape, dtype, nbytes, chunk name, checksum)
         self.layout = layout
         self.digest = digest
@@ -105,24 +107,31 @@ class Stored:
 
     def spec(self) -> dict:
         """A fresh copy of the record's spec."""
-        return json.loads(self.doc)["attributes"][ATTRS]["spec"]
+        return json.loads(self.spec_json)
 
 
 def encode(key: str, spec, kinds: list[Kind], checksums) -> tuple[bytes, bytes, str]:
     """A record's group ``zarr.json`` (format 2, sealed with its digest).
 
-    **Returns:** the file's bytes, the same document for :attr:`Stored.doc`
-    (what ``get`` reads the spec from) and the digest.
+    The document is ``sealed_group(ATTRS, {"format", "key", "leaves",
+    "spec"})`` (`key` is a checked key: its JSON is itself in quotes), assembled from the spec's canonical JSON and each leaf kind's
+    cached encoding (:func:`~vlcc_adjoint.storage.format.sealed_group_json`).
+
+    **Returns:** the file's bytes, the spec's canonical JSON (what ``get``
+    reads the spec from) and the digest.
     """
-    attrs = {"format": FORMAT, "key": key, "spec": spec,
-             "leaves": [dict(k.entry, checksum=c) for k, c in zip(kinds, checksums)]}
     try:
-        group, digest = F.sealed_group(ATTRS, attrs)
+        spec_json = F.canonical_json(spec)
     except (TypeError, ValueError):
         encode_spec(key, spec)  # raises the error that names what is not JSON
         raise ValueError(f"the spec of record {key!r} has dict keys that are not all strings; "
                          "specs are JSON, whose object keys are strings") from None
-    return group, group, digest
+    leaves = b"[" + b",".join(b'{"checksum":"%s",%s' % (c.encode(), k.tail)
+                              for k, c in zip(kinds, checksums)) + b"]"
+    group, digest = F.sealed_group_json(ATTRS, {
+        "format": b"%d" % FORMAT, "key": b'"%s"' % key.encode(), "leaves": leaves,
+        "spec": spec_json})
+    return group, spec_json.decode("ascii"), digest
 
 
 def load(key: str, record_dir: str) -> Stored:
@@ -175,8 +184,9 @@ def load(key: str, record_dir: str) -> Stored:
             F.check_dir(os.path.join(record_dir, str(i)))
         leaves.append((shape, dtype, nbytes, expected, leaf["checksum"]))
     layout = Layout([(chunk, nbytes, None) for _, _, nbytes, chunk, _ in leaves], None)
-    doc = F.canonical_json(F.group_document({ATTRS: attrs}))
-    return Stored(F.tree_bytes(record_dir), doc, leaves, layout, digest, inherited=True)
+    spec_json = F.canonical_json(attrs["spec"]).decode("ascii")
+    return Stored(F.tree_bytes(record_dir), spec_json, leaves, layout,
+                  digest, inherited=True)
 
 
 def read_root(store: str, root_meta: str) -> int | None:

@@ -100,6 +100,7 @@ __all__ = [
     "remedy",
     "remove_tree",
     "sealed_group",
+    "sealed_group_json",
     "tree_bytes",
     "unseal",
     "write_all",
@@ -202,9 +203,22 @@ def read_into(path: str, out) -> None:
     """Fill the writable buffer `out` with the regular file `path`, which must
     have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``)."""
     view = memoryview(out).cast("B")
-    fd = open_regular(path)
+    # open_regular's checks with one fstat and no fcntl: the read path of every
+    # get.  O_NONBLOCK stays set, which reads of regular files ignore.
     try:
-        size = os.fstat(fd).st_size
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _corrupt(path, "is a symbolic link; stores never follow links") from None
+        if err.errno == errno.ENXIO:
+            raise _corrupt(path, "is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _corrupt(path, "is not a regular file (a FIFO, device, socket or directory "
+                           "in place of a store file)")
+        size = st.st_size
         if size != len(view):
             raise _corrupt(path, f"has {size} bytes, its metadata says {len(view)}")
         if not read_exactly(fd, view):
@@ -245,8 +259,11 @@ def canonical_json(obj) -> bytes:
     Two values encode to the same bytes exactly when they are equal as JSON
     (``NaN`` and infinities are refused: they are not JSON).
     """
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return _CANONICAL.encode(obj).encode("ascii")
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                              allow_nan=False)
 
 
 def digest(description) -> str:
@@ -475,6 +492,29 @@ def sealed_group(name: str, attrs: dict) -> tuple[bytes, str]:
             name.encode(), d.encode(), body[1:-1])
     else:
         doc = canonical_json(group_document({name: {**attrs, "digest": d}}))
+    return doc, d
+
+
+_PLAIN_NAMES: set = set()  # attribute name lists sealed_group_json has checked
+
+
+def sealed_group_json(name: str, parts: dict) -> tuple[bytes, str]:
+    """:func:`sealed_group` for attributes given as their encodings: `parts` maps
+    each attribute name (a plain identifier sorting after ``"digest"``) to
+    ``canonical_json`` of its value, which a writer may have cached.  The
+    bytes and the digest are exactly :func:`sealed_group`'s.
+    """
+    keys = sorted(parts)
+    sig = (name, *keys)
+    if sig not in _PLAIN_NAMES:
+        if not keys or keys[0] <= "digest" or not all(k.isidentifier() for k in sig):
+            raise ValueError(f"attribute names {keys} and group attribute {name!r} must be "
+                             "plain identifiers sorting after 'digest'")
+        _PLAIN_NAMES.add(sig)
+    body = b"{" + b",".join([b'"%s":%s' % (k.encode(), parts[k]) for k in keys]) + b"}"
+    d = xxhash.xxh3_128_hexdigest(body)
+    doc = b'{"attributes":{"%s":{"digest":"%s",%s}},"node_type":"group","zarr_format":3}' % (
+        name.encode(), d.encode(), body[1:-1])
     return doc, d
 
 
