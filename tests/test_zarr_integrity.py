@@ -265,6 +265,18 @@ def test_a_put_of_a_key_found_at_open_keeps_an_identical_record_and_replaces_ano
     assert _same(again.get("r"), _record(other)) and again.used_bytes == used
 
 
+def test_a_put_of_an_identical_record_whose_data_was_damaged_writes_it_anew(tmp_path):
+    _store(str(tmp_path / "s"))
+    chunk = tmp_path / "s" / "r" / "0" / "c.0"
+    data = bytearray(chunk.read_bytes())
+    data[3] ^= 0x10
+    chunk.write_bytes(data)
+    with ZarrTier(tmp_path / "s") as tier:
+        tier.put("r", _record())  # same digest, but the data no longer matches it
+        assert _same(tier.get("r"), _record())
+    assert _same(ZarrTier(tmp_path / "s", mode="r").get("r"), _record())
+
+
 def test_a_damaged_record_is_not_overwritten_until_deleted(tmp_path):
     group = _store(str(tmp_path / "s"))
     _edit(group, b"0.25", b"0.35")

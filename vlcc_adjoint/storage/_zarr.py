@@ -47,8 +47,8 @@ Resuming a store
 
 Records found at open are listed by :meth:`~ZarrTier.keys`.  A ``put`` of
 one of their keys replaces it: when the new record's digest equals the
-stored one (a rerun recomputing the same state) the stored record is
-kept and nothing is written; otherwise the new record is written in the
+stored one (a rerun recomputing the same state) and the stored data reads
+back intact, the stored record is kept and nothing is written; otherwise the new record is written in the
 scratch, the old one renamed away and the new one into place.  A run that
 failed halfway can so be rerun on the same path.  Within one opening, a
 key is written once (``KeyError`` on a second ``put``, the
@@ -328,6 +328,17 @@ class ZarrTier(Tier):
         group += b" " * (-len(group) % 64)
         need = len(group) + sum(leaf.nbytes + len(m) for leaf, (m, _) in zip(leaves, metas))
 
+        # A record of an earlier opening with this digest is kept if its data
+        # reads back intact (checked outside the lock: a read, not a write).
+        with self._lock:
+            same = self._index.get(key)
+            if same is None or not same.inherited or same.digest != digest or key in self._busy:
+                same = None
+        if same is not None:
+            try:
+                self._read(key, same)
+            except (StorageError, OSError, KeyError):
+                same = None  # damaged data: written anew below
         drop: list[str] = []
         with self._lock:
             old = self._index.get(key)
@@ -338,8 +349,8 @@ class ZarrTier(Tier):
                     f"record {key!r} in tier {self.name!r} cannot be replaced: its directory is "
                     f"not a readable record ({old.error}); delete it first (tier.delete({key!r})) "
                     "or use another key")
-            if old is not None and old.digest == digest:
-                old.inherited = False  # the same record is stored already
+            if old is not None and old is same:
+                old.inherited = False  # the same record is stored already, intact
                 return
             freed = old.nbytes if old is not None else 0
             cap = self.capacity_bytes

@@ -7,7 +7,11 @@ reads.  This module is the one place that says how such a hierarchy is read
 and written safely: it opens files, reads and checks metadata, computes the
 digests that make a record's whole description tamper-evident, publishes
 writes atomically and serialises writers.  Each store adds its own layout on
-top, and none of them opens a file any other way.
+top, and none of them opens a file any other way.  The zarr v3 documents
+they share are made here too: :func:`array_metadata` (an array's
+``zarr.json``), :func:`sealed_group` / :func:`unseal` (a group whose
+attributes carry their digest), :func:`check_leaf` (a declared dtype and
+shape, validated before any allocation).
 
 Threat model
 ------------
@@ -76,37 +80,12 @@ from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
 from ._tier import CorruptCheckpointError, StorageError
 
 __all__ = [
-    "MAX_METADATA_BYTES",
-    "MODES",
-    "StoreLockedError",
-    "WriterLock",
-    "allocation_limit",
-    "array_metadata",
-    "canonical_json",
-    "check_allocation",
-    "check_dir",
-    "check_leaf",
-    "chunk_key",
-    "digest",
-    "fsync_dir",
-    "group_document",
-    "open_regular",
-    "open_group",
-    "parse_mode",
-    "publish",
-    "read_into",
-    "read_json",
-    "read_limited",
-    "remedy",
-    "remove_tree",
-    "sealed_group",
-    "sealed_group_json",
-    "tree_bytes",
-    "unseal",
-    "write_all",
-    "write_file",
-    "write_json",
-    "zarr_data_type",
+    "MAX_METADATA_BYTES", "MODES", "StoreLockedError", "WriterLock", "allocation_limit",
+    "array_metadata", "canonical_json", "check_allocation", "check_dir", "check_leaf",
+    "chunk_key", "digest", "fsync_dir", "group_document", "open_regular", "open_group",
+    "parse_mode", "publish", "read_into", "read_json", "read_limited", "remedy", "remove_tree",
+    "sealed_group", "sealed_group_json", "tree_bytes", "unseal", "write_all", "write_file",
+    "write_json", "zarr_data_type"
 ]
 
 #: The largest metadata file any store reads (bytes).  A record's group
