@@ -133,12 +133,17 @@ def test_a_linked_root_metadata_lock_or_scratch_is_never_followed(world):
     os.rename(str(root_meta) + ".real", root_meta)
     (outside / "root.json").unlink()
     # the lock: refused for writing (never written through), fine for reading
-    os.symlink(outside / "precious.txt", store / ".lock-target")
-    os.unlink(store / ".vlcc-lock")
-    os.symlink(outside / "precious.txt", store / ".vlcc-lock")
+    lock = store / ".vlcc-lock" / "holder"
+    os.unlink(lock)
+    os.symlink(outside / "precious.txt", lock)
     with pytest.raises(CorruptCheckpointError, match="symbolic link"):
         ZarrTier(store)
     assert ZarrTier(store, mode="r").get("r").checksums == _record().checksums
+    os.unlink(lock)
+    os.rename(store / ".vlcc-lock", store / ".old-lock")
+    os.symlink(outside, store / ".vlcc-lock")  # a linked lock directory
+    with pytest.raises(CorruptCheckpointError, match="symbolic link"):
+        ZarrTier(store)
     os.unlink(store / ".vlcc-lock")
     # the scratch: a writer's cleanup removes the link, not what it points to
     os.rename(store / ".vlcc-scratch", store / ".old-scratch")

@@ -55,7 +55,8 @@ def disk_bytes(path, exclude=()):
     """Bytes of the files of every record directory of the store at ``path``."""
     total = 0
     for entry in os.scandir(path):
-        if entry.is_dir() and entry.name != ".vlcc-scratch" and entry.name not in exclude:
+        if entry.is_dir() and entry.name not in (".vlcc-scratch", ".vlcc-lock") \
+                and entry.name not in exclude:
             for root, _, files in os.walk(entry.path):
                 total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return total

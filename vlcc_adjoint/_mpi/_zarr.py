@@ -60,7 +60,7 @@ a digest over its whole description, which covers the checksum arrays and
 through them every chunk (:mod:`._zarr_read`); every file is written and
 read through :mod:`vlcc_adjoint.storage.format` (no links, regular files
 only, bounded reads).  Rank 0 holds the hierarchy's writer lock
-(``.vlcc-lock``) from open to :meth:`SharedZarrTier.close`, so a second
+(``.vlcc-lock/holder``) from open to :meth:`SharedZarrTier.close`, so a second
 run on the same path is refused at open, naming the holder, before it
 could remove the first one's pending records.
 
@@ -95,7 +95,7 @@ __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
 #: The format this version writes (records and hierarchy); it reads ``FORMATS``.
 FORMAT = FORMATS[-1]
 PENDING = ".vlcc-pending"
-LOCK = ".vlcc-lock"
+LOCK = F.LOCK_DIR
 
 
 def _leaf_meta(dtype: np.dtype, shape, chunk_shape) -> bytes:
@@ -219,8 +219,8 @@ class SharedZarrTier(Tier):
         os.makedirs(self.path, exist_ok=True)
         F.check_dir(self.path)
         try:
-            self._writer = F.WriterLock(os.path.join(self.path, LOCK),
-                                        f"the shared zarr hierarchy {self.path}")
+            self._writer = F.lock_store(self.path, f"the shared zarr hierarchy {self.path}",
+                                        self.durable)
         except F.StoreLockedError as err:
             raise F.StoreLockedError(
                 f"{str(err).split(';')[0]}; close it there first (a run's DistributedStore "

@@ -8,7 +8,7 @@ group per record and one array per leaf (the record layout and its digest:
     path/zarr.json                 root group   {"vlcc_adjoint": {"format": 2, ...}}
     path/<key>/...                 one record (a group, an array per leaf)
     path/.vlcc-scratch/            in-flight writes and recycled directories
-    path/.vlcc-lock                the writer's lock (pid and host of the holder)
+    path/.vlcc-lock/holder         the writer's lock file (pid and host of the holder)
 
 Leaves are stored as :func:`~vlcc_adjoint.storage.format.array_metadata`
 describes (core zarr types as themselves, others as raw bytes).  Every file
@@ -121,7 +121,7 @@ from ._zarr_record import ATTRS, FORMAT, Kind, Layout, Stored, encode, load, rea
 __all__ = ["ZarrTier"]
 
 SCRATCH = ".vlcc-scratch"
-LOCK = ".vlcc-lock"
+LOCK = F.LOCK_DIR
 
 # The name the lineage repository's format module still imports.
 _zarr_type = F.zarr_data_type
@@ -197,7 +197,7 @@ class ZarrTier(Tier):
                 os.makedirs(path, exist_ok=True)
                 F.check_dir(path)
             if mode != "r":
-                self._writer = F.WriterLock(os.path.join(path, LOCK), f"the zarr store {path}")
+                self._writer = F.lock_store(path, f"the zarr store {path}", self.durable)
             exists = os.path.lexists(root_meta)
             if exists:
                 self.format = read_root(path, root_meta)

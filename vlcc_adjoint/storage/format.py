@@ -80,9 +80,9 @@ from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
 from ._tier import CorruptCheckpointError, StorageError
 
 __all__ = [
-    "MAX_METADATA_BYTES", "MODES", "StoreLockedError", "WriterLock", "allocation_limit",
+    "LOCK_DIR", "MAX_METADATA_BYTES", "MODES", "StoreLockedError", "WriterLock", "allocation_limit",
     "array_metadata", "canonical_json", "check_allocation", "check_dir", "check_leaf",
-    "chunk_key", "digest", "fsync_dir", "group_document", "open_regular", "open_group",
+    "chunk_key", "digest", "fsync_dir", "group_document", "lock_store", "open_regular", "open_group",
     "parse_mode", "publish", "read_into", "read_json", "read_limited", "remedy", "remove_tree",
     "sealed_group", "sealed_group_json", "tree_bytes", "unseal", "write_all", "write_file",
     "write_json", "zarr_data_type"
@@ -350,6 +350,38 @@ class WriterLock:
 
     def __del__(self):  # a lock object dropped unreleased frees the store with it
         self.release()
+
+
+#: The directory of a store's writer lock: a zarr group of its own (plain zarr
+#: lists it as an empty group, not as an unknown object), holding the lock file.
+LOCK_DIR = ".vlcc-lock"
+
+
+def lock_store(path: str, what: str, durable: bool = False) -> WriterLock:
+    """Take the writer lock of the store directory `path` (``LOCK_DIR/holder``).
+
+    **Arguments:** `path`, the store (a checked directory); `what`, the store
+    in messages (``"the zarr store /x"``); `durable`, fsync what is created.
+
+    **Returns:** the held :class:`WriterLock`; raises :class:`StoreLockedError`
+    naming the holder when another writer has it.
+    """
+    lock_dir = os.path.join(path, LOCK_DIR)
+    try:
+        os.mkdir(lock_dir)
+    except FileExistsError:
+        pass
+    check_dir(lock_dir)
+    lock = WriterLock(os.path.join(lock_dir, "holder"), what)
+    try:
+        if not os.path.lexists(os.path.join(lock_dir, "zarr.json")):  # held: no race
+            write_json(os.path.join(lock_dir, "zarr.json"), group_document(
+                {"vlcc_adjoint": "the writer lock of the store (pid and host of its holder)"}),
+                durable)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 # -- zarr v3 metadata ------------------------------------------------------------------
