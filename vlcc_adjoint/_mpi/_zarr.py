@@ -181,6 +181,8 @@ class SharedZarrTier(Tier):
     engine's worker threads.
     """
 
+    persistent = True  # committed records survive the run
+
     def __init__(self, path, comm, capacity_bytes: int | None = None, *, durable: bool = False,
                  timeout: float | None = 600.0, name: str | None = None):
         from ._comm import Guard
