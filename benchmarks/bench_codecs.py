@@ -10,7 +10,7 @@ Reproduce (from the repository root)::
 Writes ``DIR/bench_codecs.json`` (every number below and every repeat's
 time) and ``DIR/bench_codecs.png`` (compression ratio against compression
 and decompression throughput, one panel per data set); ``DIR`` defaults to
-``benchmarks/results/``.
+``$TMPDIR/vlcc-bench-results/``.
 
 Data (all 1024 x 1024):
 
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and configurations")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5/25)")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 25)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ Reproduce::
     python benchmarks/bench_devito.py --quick       # 151x151, 600 samples: ~1 min
     python benchmarks/bench_devito.py               # 301x301, 1500 samples: ~5 min
 
-Writes ``DIR/bench_devito.json`` (``DIR`` defaults to ``benchmarks/results/``)
+Writes ``DIR/bench_devito.json`` (``DIR`` defaults to ``$TMPDIR/vlcc-bench-results/``)
 with every repeat, the medians, the paired ratios and the machine, and
 ``DIR/bench_devito.png`` (wall and CPU seconds per method), and prints a
 table.
@@ -97,7 +97,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--no-store-all", action="store_true",
                         help="skip Devito's store-everything run (nt wavefields in memory)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = parser.parse_args(argv)
     size = args.n or (151 if args.quick else 301)
     nt = args.nt or (600 if args.quick else 1500)

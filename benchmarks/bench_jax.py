@@ -6,8 +6,8 @@ Reproduce::
     python benchmarks/bench_jax.py --quick        # n = 1,000 only (< 3 minutes)
     python benchmarks/bench_jax.py                # n = 1,000 and 10,000 (~10 minutes)
 
-Writes ``benchmarks/results/bench_jax.json`` (every number, every repeat) and
-``benchmarks/results/bench_jax.png``.
+Writes ``DIR/bench_jax.json`` (every number, every repeat) and
+``DIR/bench_jax.png`` (``--out DIR``, default ``$TMPDIR/vlcc-bench-results/``).
 
 The problem: ``examples/jax_wave.py``'s 2-D acoustic wave, 256 x 256
 float32 (state ``(u_prev, u)``, 0.5 MiB), misfit of the surface traces,
@@ -320,7 +320,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, nargs="*", default=None)
     parser.add_argument("--ks", type=int, nargs="*", default=[100, 10])
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     parser.add_argument("--threads", default="1",
                         help="XLA CPU threads (1: single-threaded kernels, the default; "
                              "0: XLA's own default)")

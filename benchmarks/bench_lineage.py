@@ -7,8 +7,8 @@ Reproduce::
     python benchmarks/bench_lineage.py              # 5 repeats
     python benchmarks/bench_lineage.py --dir /scratch --mb 100 --versions 20
 
-Writes ``benchmarks/results/bench_lineage.json`` (every repeat, medians,
-ratios, the machine) and prints one table.
+Writes ``DIR/bench_lineage.json`` (every repeat, medians, ratios, the
+machine; ``--out DIR``, default ``$TMPDIR/vlcc-bench-results/``) and prints one table.
 
 The workload: a state of ``--mb`` MB (default 100: a smooth 2-D float64 field
 of 60 MB and a 40 MB float64 parameter vector of random numbers) is committed
@@ -309,7 +309,7 @@ def main(argv=None):
     parser.add_argument("--gap", type=float, default=0.3,
                         help="seconds of computation between versions in workload (c)")
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = parser.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 5)
     t_start = time.time()

@@ -8,7 +8,7 @@ Reproduce::
     python benchmarks/bench_mpi.py --out DIR
 
 Writes ``DIR/bench_mpi.json`` and ``DIR/bench_mpi.png`` (``DIR`` defaults to
-``benchmarks/results/``) and prints three tables.  The driver launches
+``$TMPDIR/vlcc-bench-results/``) and prints three tables.  The driver launches
 ``mpiexec -n P python benchmarks/bench_mpi.py --worker ...`` for every
 measurement (``mpiexec`` from the virtual environment: the ``mpich`` wheel).
 
@@ -361,7 +361,7 @@ def _gib(x: float) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller grids, one repeat")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--strong", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"))
     ap.add_argument("--weak", type=int, nargs=2, default=None, metavar=("ROWS_PER_RANK", "COLS"))

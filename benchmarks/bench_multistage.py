@@ -29,7 +29,7 @@ larger n of the same configuration, nor where the power law through its two
 previous sizes predicts more than ``--cap`` seconds (the table then shows
 ``~`` that prediction, in CPU seconds).  The two ``optimal_time`` values must be
 equal (relative 1e-9) wherever both finished.  Results go to
-``benchmarks/results/bench_multistage.json``.
+``DIR/bench_multistage.json`` (``--out DIR``, default ``$TMPDIR/vlcc-bench-results/``).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--old-rev", default="9660f89")
     ap.add_argument("--old-file", default=None)
     ap.add_argument("--only-new", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = ap.parse_args()
     old_path = _old_source(args)
     rows = []

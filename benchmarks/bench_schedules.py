@@ -10,7 +10,7 @@ Reproduce::
 Writes ``DIR/bench_schedules.json`` (every number below, plus each repeat's
 time) and ``DIR/bench_schedules.png`` (median generation time vs ``n``,
 log-log, one line per tool and ``c`` / configuration). ``DIR`` defaults to
-``benchmarks/results/``.
+``$TMPDIR/vlcc-bench-results/``.
 
 What is timed (nothing executes a schedule; only the action list is built):
 
@@ -594,7 +594,7 @@ def plot(rows, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only (a few minutes)")
-    ap.add_argument("--out", default=str(HERE / "results"), help="results directory")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"), help="results directory")
     ap.add_argument("--cap", type=float, default=60.0,
                     help="skip peer runs predicted above this many seconds; kill at 1.5x")
     ap.add_argument("--ms-cap", type=float, default=180.0,

@@ -7,7 +7,7 @@ Reproduce::
     python benchmarks/bench_tiers.py                # full: ~15-60 s (machine load)
     python benchmarks/bench_tiers.py --dir /scratch --out DIR
 
-Writes ``DIR/bench_tiers.json`` (``DIR`` defaults to ``benchmarks/results/``)
+Writes ``DIR/bench_tiers.json`` (``DIR`` defaults to ``$TMPDIR/vlcc-bench-results/``)
 with every median, every repeat and the machine, and prints two tables.
 
 (a) Capture: copying a 2-D float64 state (1024^2 = 8 MiB and 4096^2 =
@@ -332,7 +332,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (~15 s)")
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = parser.parse_args(argv)
 
     import zarr

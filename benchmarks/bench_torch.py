@@ -7,8 +7,9 @@ Reproduce::
     python benchmarks/bench_torch.py             # full: ~10 minutes on 2 shared cores
     python benchmarks/bench_torch.py --part a    # or b
 
-Writes ``benchmarks/results/bench_torch.json`` (every repeat, every median,
-the machine and its load average before and after) and prints two tables.
+Writes ``DIR/bench_torch.json`` (every repeat, every median, the machine
+and its load average before and after; ``--out DIR``, default
+``$TMPDIR/vlcc-bench-results/``) and prints two tables.
 ``torch.set_num_threads(1)`` throughout: the VM has 2 shared cores, one for
 the training thread, one for background writers.
 
@@ -523,7 +524,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--dir", default=None)
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = ap.parse_args(argv)
     n = args.steps or (500 if args.quick else 2000)
     repeats = args.repeats or (3 if args.quick else 7)

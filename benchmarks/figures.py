@@ -6,6 +6,10 @@ Reproduce::
     python benchmarks/figures.py                      # every figure whose JSON exists
     python benchmarks/figures.py --only tiers torch   # some of them
     python benchmarks/figures.py --results DIR        # JSONs in DIR, PNGs next to them
+    python benchmarks/figures.py --update-results     # redraw benchmarks/results/*.png
+
+Without ``--results`` it reads the tracked ``benchmarks/results/`` and, unless
+``--update-results`` is given, writes the PNGs to ``$TMPDIR/vlcc-bench-results/``.
 
 ``bench_tiers``, ``bench_overlap``, ``bench_lineage``, ``bench_torch`` and
 ``bench_multistage`` measure and write ``results/bench_<name>.json``; this
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -49,7 +54,14 @@ FLOOR = "#dddddd"
 #: repeats drawn one dot each; beyond this many a bar keeps only its whisker
 MAX_DOTS = 40
 
-__all__ = ["FIGURES", "ResultError", "draw", "draw_all", "main"]
+__all__ = ["FIGURES", "ResultError", "default_out", "draw", "draw_all", "main"]
+
+
+def default_out() -> Path:
+    """Where benchmark runs write unless told otherwise: ``$TMPDIR/vlcc-bench-results``
+    (``/tmp`` without ``TMPDIR``), outside the source tree, so that no run
+    rewrites the tracked ``benchmarks/results/`` by accident."""
+    return Path(os.environ.get("TMPDIR") or "/tmp") / "vlcc-bench-results"
 
 
 class ResultError(ValueError):
@@ -729,9 +741,19 @@ def main(argv=None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="directory of the bench_<name>.json files (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="directory for the PNGs (default: --results)")
+                        help="directory for the PNGs (default: --results, except for the "
+                        f"tracked benchmarks/results/: {default_out()})")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write the PNGs of benchmarks/results/ next to its JSONs")
     parser.add_argument("--only", nargs="+", choices=list(FIGURES), default=None)
     args = parser.parse_args(argv)
+    tracked = args.results.resolve() == RESULTS.resolve()
+    if args.out is None:
+        args.out = args.results if args.update_results or not tracked else default_out()
+    elif args.update_results:
+        parser.error("--update-results writes next to the JSONs of benchmarks/results/; "
+                     "drop --out")
+    print(f"writing the figures to {args.out}")
     try:
         drawn = draw_all(args.results, args.only, args.out)
     except ResultError as error:

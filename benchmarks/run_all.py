@@ -4,9 +4,17 @@ Reproduce::
 
     pip install -e ".[test,bench]"
     python benchmarks/run_all.py --quick        # every benchmark at its quick size
-    python benchmarks/run_all.py --full         # the sizes the paper quotes
+    python benchmarks/run_all.py --full         # the sizes the paper quotes (hours)
     python benchmarks/run_all.py --quick --only codecs tiers
+    python benchmarks/run_all.py --quick --out DIR
+    python benchmarks/run_all.py --full --update-results   # rewrite benchmarks/results/
     vlcc bench --quick                          # the same, from a source checkout
+
+Where the results go: ``--out DIR``, by default ``$TMPDIR/vlcc-bench-results/``
+(``/tmp/vlcc-bench-results/`` without ``TMPDIR``), outside the source tree,
+so a run never changes a tracked file.  The results the paper and the README
+quote live in ``benchmarks/results/``; only ``--update-results`` writes there
+(and ``--out`` pointing into it without that flag is refused).
 
 Each benchmark runs in a fresh Python process (``benchmarks/bench_<name>.py
 --quick|(full) --out DIR``), compares our code with its peer tool side by
@@ -15,7 +23,9 @@ it draws one).  This script adds ``DIR/run_all.json``: the machine, the
 versions of every compared package, the load average before and after each
 benchmark, its wall time, exit status and the files it wrote.  Benchmarks
 run one at a time because the machines are small and shared; a failing
-benchmark is reported and the others still run.
+benchmark is reported and the others still run.  Progress goes to stdout,
+one line when a benchmark starts (``[i/N] bench_<name> ...``) and one when
+it ends (its status, its wall time and the time since the run started).
 
 The benchmarks that write only JSON get their figure from
 ``benchmarks/figures.py`` right after they ran cleanly; the run's record in
@@ -37,9 +47,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-from figures import FIGURES, draw  # noqa: E402  (benchmarks/figures.py)
+from figures import FIGURES, default_out, draw  # noqa: E402  (benchmarks/figures.py)
 
 #: name -> extra arguments at (quick, full) size.  Order: foundations first.
 BENCHMARKS = {
@@ -119,24 +130,84 @@ def draw_figure(record: dict, out: Path) -> bool:
     return True
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
+    """The command line, with ``args.out`` resolved to the folder the run writes.
+
+    **Arguments:**
+
+    - `argv`: the arguments (default: ``sys.argv[1:]``).
+    - `prog`: the program's name in ``--help`` and errors (``"vlcc bench"``
+      when the ``vlcc`` command runs this; default: the script's name).
+
+    **Returns:** the parsed arguments; ``args.out`` is ``--out``, or
+    ``benchmarks/results/`` with ``--update-results``, or the default
+    folder outside the source tree (:func:`figures.default_out`).
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="every benchmark's quick size")
     size.add_argument("--full", action="store_true", help="the full sizes (hours)")
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), default=None)
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"folder for the results (default: {default_out()}; "
+                        "outside the source tree)")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write into benchmarks/results/, the results the paper quotes")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds before one benchmark is stopped")
     args = parser.parse_args(argv)
+    if args.update_results and args.out is not None:
+        parser.error("--update-results writes benchmarks/results/; drop --out, or drop "
+                     "--update-results to write to --out")
+    if args.update_results:
+        args.out = RESULTS
+    elif args.out is None:
+        args.out = default_out()
+    elif _inside(args.out, RESULTS):
+        parser.error(f"--out {args.out} is inside benchmarks/results/, the tracked results "
+                     "the paper quotes; pass --update-results to rewrite them, or choose "
+                     "another folder")
+    return args
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+def main(argv=None, prog: str | None = None) -> int:
+    """Run the benchmarks the command line asks for.
+
+    **Arguments:** `argv` and `prog` as for :func:`parse_args`.
+
+    **Returns:** 0 if every benchmark ran cleanly, 1 if one failed, and
+    argparse's status (2 for a usage error, printed; 0 for ``--help``) when
+    the command line ends the run, so a caller such as ``vlcc bench`` can
+    return it without catching ``SystemExit``.
+    """
+    try:
+        args = parse_args(argv, prog)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 2
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.only or list(BENCHMARKS)
-    index = {"command": " ".join(["python benchmarks/run_all.py", *(argv or sys.argv[1:])]),
-             "quick": not args.full, "machine": machine(), "runs": []}
+    command = prog or "python benchmarks/run_all.py"
+    index = {"command": " ".join([command, *(sys.argv[1:] if argv is None else argv)]),
+             "quick": not args.full, "out": str(args.out), "machine": machine(), "runs": []}
+    print(f"writing to {args.out}"
+          + (" (benchmarks/results/, the tracked results)" if args.update_results else ""),
+          flush=True)
     failed = 0
-    for name in names:
+    start = time.perf_counter()
+    for i, name in enumerate(names, 1):
         quick, full = BENCHMARKS[name]
-        print(f"== bench_{name} ...", flush=True)
+        tag = f"[{i}/{len(names)}] bench_{name}"
+        print(f"{tag} ... (run time {_clock(time.perf_counter() - start)})", flush=True)
         record = run_one(name, full if args.full else quick, args.out, args.timeout)
         index["runs"].append(record)
         drawn = draw_figure(record, args.out)
@@ -144,8 +215,8 @@ def main(argv=None) -> int:
         failed += not ok
         status = ("ok" if ok else f"FAILED ({record['status']})" if record["status"] != 0
                   else "FAILED (figure)")
-        print(f"   {status} in "
-              f"{record['wall_seconds']:.0f} s, load {record['load_before'][0]:.1f} -> "
+        print(f"{tag} {status} in {record['wall_seconds']:.0f} s (run time "
+              f"{_clock(time.perf_counter() - start)}), load {record['load_before'][0]:.1f} -> "
               f"{record['load_after'][0]:.1f}; wrote {', '.join(record['written']) or 'nothing'}",
               flush=True)
         if record["status"] != 0:
@@ -154,7 +225,8 @@ def main(argv=None) -> int:
             print(f"   figure: {record['figure']['error']}", flush=True)
     index["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (args.out / "run_all.json").write_text(json.dumps(index, indent=1))
-    print(f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran cleanly")
+    print(f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran "
+          f"cleanly in {_clock(time.perf_counter() - start)}; results in {args.out}")
     return 1 if failed else 0
 
 

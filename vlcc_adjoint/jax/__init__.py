@@ -34,3 +34,6 @@ from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
 from ._scan import checkpointed_scan as checkpointed_scan
 from ._scan import default_snapshots as default_snapshots
 from ._trace import jax_trace as jax_trace
+from ._state import register_provider as _register_provider
+
+_register_provider()

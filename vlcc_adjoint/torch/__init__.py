@@ -10,6 +10,11 @@ Four pieces, each usable alone::
     h = vt.checkpoint_sequence(rnn_cell, h0, 2000, inputs=xs, block=p.block,
                                snapshots=p.snapshots)
 
+    #    torch's call, and a schedule over the layers beyond torch's segments:
+    y = vt.checkpoint_sequential(model, 4, x, use_reentrant=False)    # = torch's
+    y = vt.checkpoint_sequential(model, len(model), x, use_reentrant=False,
+                                 schedule=Revolve(len(model), 3))   # 3 kept inputs
+
     # 2. Saved activations beyond a memory budget go to a tiered store.
     off = vt.offload_saved_tensors(budget_bytes=1 << 30)
     with off:
@@ -38,6 +43,7 @@ from ._state import training_state as training_state
 from ._sequence import SequencePlan as SequencePlan
 from ._sequence import checkpoint_sequence as checkpoint_sequence
 from ._sequence import plan_sequence as plan_sequence
+from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._offload import OffloadStats as OffloadStats
 from ._offload import offload_saved_tensors as offload_saved_tensors
 from ._deepspeed import VlccCheckpointEngine as VlccCheckpointEngine

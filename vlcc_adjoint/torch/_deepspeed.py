@@ -51,7 +51,13 @@ deferred copies at the next optimizer step.
 
 Loading never unpickles: ``load(path)`` reads the pointer (JSON), opens the
 History and rebuilds the state from its zarr chunks with the torch state
-provider (:mod:`vlcc_adjoint.torch._state`).  A file that is not a pointer
+provider (:mod:`vlcc_adjoint.torch._state`).  The DeepSpeed objects of ZeRO
+stages 0-3 checkpoints (loss scalers, ``fragment_address``,
+``ZeroStageEnum``) are stored as plain data and rebuilt from an allow-list
+(:mod:`vlcc_adjoint.torch._deepspeed_state`); ``tests/test_deepspeed_zero.py``
+checks every stage against DeepSpeed's ``torch.save`` engine: the files'
+contents, the reloaded weights and optimizer state bit for bit, and the
+losses after resuming.  A file that is not a pointer
 (a ``torch.save`` file) is refused with a message saying how to read it
 with pickle if it is trusted.
 
@@ -78,6 +84,7 @@ import numpy as np
 import torch
 
 from .. import state as _vstate
+from ._deepspeed_state import register_deepspeed_providers
 from ._state import register_providers
 
 __all__ = ["VlccCheckpointEngine"]
@@ -138,6 +145,8 @@ class VlccCheckpointEngine:
                  defer: bool | None = None, wait_on_commit: str = "captured",
                  chunk_bytes: int = 1 << 20, codec=None, durable: bool = False):
         register_providers()
+        if "deepspeed" in sys.modules:
+            register_deepspeed_providers(import_modules=True)
         if wait_on_commit not in ("written", "captured"):
             raise ValueError(f"wait_on_commit must be 'written' or 'captured', got "
                              f"{wait_on_commit!r}")
@@ -248,6 +257,8 @@ class VlccCheckpointEngine:
         self._raise_error()
         if self._closed:
             raise RuntimeError("VlccCheckpointEngine is closed")
+        if "deepspeed" in sys.modules:  # DeepSpeed may have been imported after __init__
+            register_deepspeed_providers(import_modules=True)
         tag = getattr(self._info, "tag", None)
         path = os.path.abspath(os.fspath(path))
         if self._history_path is None:
@@ -291,7 +302,14 @@ class VlccCheckpointEngine:
         hist_path = os.path.normpath(os.path.join(os.path.dirname(path), pointer["history"]))
         history = self._reader(hist_path)
         try:
-            state = history.load(pointer["version"])
+            try:
+                state = history.load(pointer["version"])
+            except _vstate.UnknownStateTypeError as err:
+                # A DeepSpeed object (loss scaler, ...) and DeepSpeed not imported
+                # yet: import the allow-listed modules, once, and read again.
+                if "'deepspeed." not in str(err) or not register_deepspeed_providers(True):
+                    raise
+                state = history.load(pointer["version"])
         except KeyError as err:
             raise FileNotFoundError(
                 f"{path} points to version {pointer['version']} of the history at {hist_path}, "

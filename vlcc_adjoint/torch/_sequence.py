@@ -73,6 +73,14 @@ gradient: the first ``Reverse`` walks the tape and raises a ``ValueError``
 naming its shape.  (Tensors computed *outside* ``step`` from listed
 parameters, e.g. ``w = 2 * layer.weight``, propagate correctly.)
 
+Higher derivatives.  Under ``create_graph=True`` (``torch.autograd.grad``
+of a gradient, Hessian-vector products) the backward pass re-runs the whole
+chain with grad from the caller's own input tensors and differentiates that
+tape with ``create_graph=True``: the gradient is then a differentiable
+function of the input, the per-step inputs, the parameters and the
+cotangent, exact to rounding, at the memory of plain autograd for that one
+backward pass.
+
 Randomness.  With ``preserve_rng_state=True`` (the default, as in
 ``torch.utils.checkpoint``) the CPU generator state (and the CUDA one of
 every device the state lives on) is recorded with every snapshot and at
@@ -90,13 +98,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import types
 import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 
 from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, simulate
+from ._recompute import (check_store, close_quietly, collect_params, get_rng, rng_devices,
+                         set_rng)
 from ._state import register_providers
 
 __all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
@@ -215,91 +224,6 @@ def _split_state(x):
                     f"tensors (e.g. an LSTM's (h, c)), got {type(x).__name__}")
 
 
-def _tensors_in(obj, out: list, depth: int = 0) -> None:
-    """Tensors that require grad reachable from `obj`: a tensor, a module, a short
-    container of them, or a function / bound method / ``functools.partial`` whose
-    closure, owner or arguments hold them (a few levels deep)."""
-    if depth > 3:
-        return
-    if isinstance(obj, torch.Tensor):
-        if obj.requires_grad:
-            out.append(obj)
-    elif isinstance(obj, torch.nn.Module):
-        out.extend(p for p in obj.parameters() if p.requires_grad)
-    elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
-        for item in obj:
-            _tensors_in(item, out, depth + 1)
-    elif isinstance(obj, dict) and len(obj) <= 64:
-        for item in obj.values():
-            _tensors_in(item, out, depth + 1)
-    elif isinstance(obj, functools.partial):
-        _tensors_in(obj.func, out, depth + 1)
-        _tensors_in(obj.args, out, depth + 1)
-        _tensors_in(obj.keywords, out, depth + 1)
-    elif isinstance(obj, types.MethodType):
-        _tensors_in(obj.__self__, out, depth + 1)
-        _tensors_in(obj.__func__, out, depth + 1)
-    elif isinstance(obj, types.FunctionType):
-        for cell in obj.__closure__ or ():
-            try:
-                _tensors_in(cell.cell_contents, out, depth + 1)
-            except ValueError:  # an empty cell
-                pass
-        # Module-level functions name their model as a global.
-        glob = obj.__globals__
-        for name in obj.__code__.co_names:
-            value = glob.get(name)
-            if isinstance(value, (torch.Tensor, torch.nn.Module, types.FunctionType,
-                                  functools.partial)):
-                _tensors_in(value, out, depth + 1)
-    elif callable(obj) and isinstance(getattr(obj, "__dict__", None), dict) \
-            and not isinstance(obj, type):
-        # A callable object (a wrapper around a module): its attributes.
-        for value in list(obj.__dict__.values())[:64]:
-            if isinstance(value, (torch.Tensor, torch.nn.Module, types.FunctionType,
-                                  types.MethodType, functools.partial, list, tuple, dict)):
-                _tensors_in(value, out, depth + 1)
-
-
-def _collect_params(step, params) -> list[torch.Tensor]:
-    """The tensors step uses besides its argument, deduplicated, in a stable order."""
-    found: list[torch.Tensor] = []
-    _tensors_in(step, found)
-    if params is not None:
-        if isinstance(params, torch.Tensor):
-            params = [params]
-        for i, p in enumerate(params):
-            if not isinstance(p, torch.Tensor):
-                raise TypeError(f"params[{i}] is a {type(p).__name__}; params= lists tensors "
-                                "(use list(module.parameters()) for a module)")
-        found.extend(p for p in params if p.requires_grad)
-    seen, out = set(), []
-    for p in found:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
-
-
-# -- random number generators ------------------------------------------------------------
-
-
-def _rng_devices(tensors) -> list[int]:
-    return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
-
-
-def _get_rng(devices):
-    cuda = [torch.cuda.get_rng_state(d) for d in devices]
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng(state, devices):
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    for d, s in zip(devices, cuda):
-        torch.cuda.set_rng_state(s, d)
-
-
 # -- the interpreter ---------------------------------------------------------------------
 
 
@@ -329,6 +253,7 @@ class _Run:
         self.cur = None  # the state in hand (list of tensors)
         self.cur_step = -1
         self.rng = None  # generator state belonging to the state in hand
+        self.rng0 = None  # ... and to u_0 (for create_graph=True)
         self.tape = None  # (block, inputs, outputs) of the last block, taped in forward
         self.final = None
         self.final_rng = None
@@ -372,14 +297,14 @@ class _Run:
     def _advance(self, a: int, b: int):
         """Blocks a .. b-1 under no_grad, from the state in hand."""
         if self.preserve:
-            _set_rng(self.rng, self.devices)
+            set_rng(self.rng, self.devices)
         leaves = self.cur
         with torch.no_grad():
             for i in range(a * self.block, min(b * self.block, self.n)):
                 leaves = self._call(i, leaves)
         self.cur, self.cur_step = leaves, b
         if self.preserve:
-            self.rng = _get_rng(self.devices)
+            self.rng = get_rng(self.devices)
         if b == self.m and self.final is None:  # the sweep reached u_n (Online)
             self.final = [t.detach() for t in leaves]
             self.final_rng = self.rng
@@ -388,7 +313,7 @@ class _Run:
         """Block j with grad, from detached copies of the state in hand:
         ``(state inputs, per-step inputs of the block or None, outputs)``."""
         if self.preserve:
-            _set_rng(self.rng, self.devices)
+            set_rng(self.rng, self.devices)
         start, stop = j * self.block, min((j + 1) * self.block, self.n)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(t.is_floating_point() or t.is_complex())
@@ -479,7 +404,7 @@ class _Run:
     def forward(self, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.like = [t.detach() for t in leaves]
         self.signature = [(t.shape, t.dtype) for t in leaves]
-        self.devices = _rng_devices(leaves)
+        self.devices = rng_devices(leaves)
         if self.store is not None:
             stale = _HELD.setdefault(self.store, set())
             for step, level in sorted(stale):  # left by a run whose backward never ran
@@ -491,7 +416,7 @@ class _Run:
         self.split = int(rev[0]) if len(rev) else len(self.table)
         self.cur, self.cur_step = [t.detach() for t in leaves], 0
         if self.preserve:
-            self.rng = _get_rng(self.devices)
+            self.rng = self.rng0 = get_rng(self.devices)
         for self.index, kind, a, b, level, dst in self._rows(0, self.split):
             self._dispatch(kind, a, b, level, dst)
         if self.final is None:
@@ -502,9 +427,9 @@ class _Run:
             xin, xs, out = self._tape(self.m - 1)
             self.tape = (self.m - 1, xin, xs, out)
             self.final = [t.detach() for t in out]
-            self.final_rng = _get_rng(self.devices) if self.preserve else None
+            self.final_rng = get_rng(self.devices) if self.preserve else None
         if self.preserve:  # the caller's generator ends where a plain loop leaves it
-            _set_rng(self.final_rng, self.devices)
+            set_rng(self.final_rng, self.devices)
         return self.final
 
     def backward(self, grads):
@@ -522,6 +447,35 @@ class _Run:
             for self.index, kind, a, b, level, dst in self._rows(self.split, len(self.table)):
                 self._dispatch(kind, a, b, level, dst)
         return self.lam, self.grad_inputs, self.grad_params
+
+    def double_backward(self, leaves, grads):
+        """The gradient as a differentiable function of `leaves`, the per-step inputs,
+        the parameters and the cotangent (``create_graph=True``): the whole chain
+        again, with grad, from the forward pass's own input tensors."""
+        if self.used:
+            raise RuntimeError(
+                "checkpoint_sequence: its backward pass runs once per forward pass; run the "
+                "forward pass again")
+        self.used = True
+        with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
+            if self.preserve:
+                set_rng(self.rng0, self.devices)
+            out = list(leaves)
+            for i in range(self.n):
+                out = self._call(i, out)
+        outs, cots = [], []
+        for o, g in zip(out, grads):
+            if g is not None and o.requires_grad:
+                outs.append(o)
+                cots.append(g)
+        xs = [self.inputs] if self.inputs is not None and self.inputs.requires_grad else []
+        wrt = [t for t in leaves if t.requires_grad] + xs + self.params
+        got = (torch.autograd.grad(outs, wrt, cots, allow_unused=True, create_graph=True)
+               if outs else [None] * len(wrt))
+        it = iter(got)
+        lam = [next(it) if t.requires_grad else None for t in leaves]
+        grad_inputs = next(it) if xs else None
+        return lam, grad_inputs, list(it)
 
     def _reverse(self, j: int):
         if self.tape is not None and self.tape[0] == j:
@@ -602,6 +556,7 @@ class _Sequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, *tensors):
         out = run.forward(tensors[:run.n_leaves])
+        ctx.leaves = tensors[:run.n_leaves]  # for create_graph=True (the caller's tensors)
         ctx.run = run
         ctx.n_leaves = run.n_leaves
         ctx.n_inputs = 0 if run.inputs is None else 1
@@ -611,7 +566,6 @@ class _Sequence(torch.autograd.Function):
         return tuple(out)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         run = ctx.run
         if run is None:
@@ -620,9 +574,12 @@ class _Sequence(torch.autograd.Function):
                 "schedule consumes its snapshots); run the forward pass again, or keep the "
                 "tapes with plain autograd if you need retain_graph=True")
         try:
-            lam, grad_inputs, grad_params = run.backward(grads)
+            if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient
+                lam, grad_inputs, grad_params = run.double_backward(ctx.leaves, grads)
+            else:
+                lam, grad_inputs, grad_params = run.backward(grads)
         finally:
-            ctx.run = None
+            ctx.run = ctx.leaves = None
             run.finish()
         head = list(lam) + ([grad_inputs] if ctx.n_inputs else [])
         return (None, *head, *grad_params)
@@ -695,7 +652,7 @@ def checkpoint_sequence(
                              f"{getattr(inputs, 'shape', type(inputs).__name__)}")
     n_blocks = -(-steps // block)
     schedule = _resolve_schedule(schedule, snapshots, n_blocks)
-    plist = _collect_params(step, params)
+    plist = collect_params(step, params)
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in leaves) or bool(plist)
         or (inputs is not None and inputs.requires_grad))
@@ -714,9 +671,9 @@ def checkpoint_sequence(
             store = TieredStore([MemoryTier() for _ in range(levels - 1)])
             own_store = True
         else:
-            _check_store(store, levels)
+            check_store(store, levels)
     elif store is not None:
-        _check_store(store, 1)
+        check_store(store, 1)
     run = _Run(step, steps, block, schedule, store if (own_store or levels > 1) else None,
                own_store, inputs, rebuild, len(leaves), plist, preserve_rng_state)
     tensors = [*leaves, *([inputs] if inputs is not None else []), *plist]
@@ -726,29 +683,6 @@ def checkpoint_sequence(
         run.finish()
         raise
     if own_store:
-        weakref.finalize(run, _close_quietly, store)
+        weakref.finalize(run, close_quietly, store)
     out = list(out)
     return out[0] if rebuild is None else rebuild(out)
-
-
-def _close_quietly(store):
-    try:
-        store.close()
-    except Exception:  # pragma: no cover - at garbage collection, nobody to tell
-        pass
-
-
-def _check_store(store, levels: int):
-    tiers = getattr(store, "tiers", None)
-    if tiers is None or not all(hasattr(store, m) for m in ("save", "load", "delete", "move")):
-        raise TypeError(f"checkpoint_sequence: store must be a vlcc_adjoint.storage.TieredStore, "
-                        f"got {type(store).__name__}")
-    if len(tiers) < levels - 1:
-        raise ValueError(f"checkpoint_sequence: the schedule uses levels 1..{levels - 1} below "
-                         f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
-                         f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
-                         "tiers)")
-    if getattr(store, "_plan", None) is not None:
-        raise ValueError("checkpoint_sequence: build the TieredStore without plan=; its levels "
-                         "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
-                         "an io_plan of the whole schedule does not describe")

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from .. import state as _vstate
+from ._deepspeed_state import register_deepspeed_providers
 
 __all__ = [
     "numpy_to_tensor",
@@ -228,10 +229,13 @@ def register_providers() -> None:
     Registers ``torch.Tensor``, ``torch.nn.Parameter``, ``torch.Size``,
     ``torch.dtype``, ``torch.device`` and ``collections.OrderedDict`` (which
     ``Module.state_dict()`` returns) under stable names (``"torch.Tensor"``,
-    ...).  Called when :mod:`vlcc_adjoint.torch` is imported; a process
+    ...), and the DeepSpeed checkpoint objects (loss scalers,
+    ``fragment_address``, ``ZeroStageEnum``) when DeepSpeed is imported
+    (:mod:`vlcc_adjoint.torch._deepspeed_state`).  Called when :mod:`vlcc_adjoint.torch` is imported; a process
     that *loads* torch checkpoints imports it first.
     """
     global _REGISTERED
+    register_deepspeed_providers()  # the DeepSpeed classes already imported (cheap, idempotent)
     if _REGISTERED:
         return
     reg = _vstate.register
