@@ -84,8 +84,8 @@ import xxhash
 from ..state import byte_view, dtype_to_json
 from ..storage import Record, StorageError, Tier
 from ..storage import format as F
-from ..storage._checksum import (check_capacity, check_record, corrupt, encode_spec, full,
-                                 leaf_checksum, step_of)
+from ..storage.format import (check_capacity, check_record, corrupt, encode_spec, full,
+                              leaf_checksum, step_of)
 from ._decomp import Decomposition, distributed_nodes
 from ._zarr_read import (ATTRS, FORMATS, HIERARCHY, RECORD, list_checkpoints, place,
                          read_checkpoint, read_chunk, xxh)

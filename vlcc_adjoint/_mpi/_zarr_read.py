@@ -25,7 +25,7 @@ import xxhash
 from ..state import byte_view, unflatten
 from ..storage import CorruptCheckpointError
 from ..storage import format as F
-from ..storage._checksum import corrupt, leaf_checksum
+from ..storage.format import corrupt, leaf_checksum
 from ._decomp import Decomposition, distributed_nodes
 
 __all__ = ["FORMATS", "RECORD", "check_record", "list_checkpoints", "read_checkpoint"]

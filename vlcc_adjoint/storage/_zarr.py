@@ -150,8 +150,7 @@ class ZarrTier(Tier):
     instance); any number may read it, with ``mode="r"`` or with zarr.
     """
 
-    persistent = True  # records survive the process
-    fresh_gets = True  # get reads every leaf into a new array
+    persistent = fresh_gets = True  # records outlive the process; get reads into new arrays
 
     def __init__(self, path, capacity_bytes: int | None = None, *, mode: str = "a",
                  durable: bool = False, recycle: int = 8, name: str | None = None):

@@ -77,10 +77,16 @@ import numpy as np
 import xxhash
 
 from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
+from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, leaf_checksum,
+                        step_of)
 from ._tier import CorruptCheckpointError, StorageError
+from ._zarr_meta import array_metadata, chunk_key, zarr_data_type
 
 __all__ = [
-    "LOCK_DIR", "MAX_METADATA_BYTES", "MODES", "StoreLockedError", "WriterLock", "allocation_limit",
+    "LOCK_DIR", "MAX_METADATA_BYTES", "MODES",
+    # the record checks every tier shares, from the checksum module:
+    "check_capacity", "check_record", "corrupt", "encode_spec", "full", "leaf_checksum", "step_of",
+    "StoreLockedError", "WriterLock", "allocation_limit",
     "array_metadata", "canonical_json", "check_allocation", "check_dir", "check_leaf",
     "chunk_key", "digest", "fsync_dir", "group_document", "lock_store", "open_regular", "open_group",
     "parse_mode", "publish", "read_into", "read_json", "read_limited", "remedy", "remove_tree",
@@ -141,6 +147,19 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
     :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming `path`;
     ``FileNotFoundError`` passes through.
     """
+    fd, _ = _open_checked(path, flags)
+    if _NONBLOCK:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _open_checked(path: str, flags: int) -> tuple[int, os.stat_result]:
+    """:func:`open_regular`'s descriptor (still ``O_NONBLOCK``, which reads of
+    regular files ignore) and its ``fstat``."""
     try:
         fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | O_CLOEXEC)
     except OSError as err:
@@ -154,19 +173,17 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
         if not stat.S_ISREG(st.st_mode):
             raise _corrupt(path, "is not a regular file (a FIFO, device, socket or directory "
                            "in place of a store file)")
-        if _NONBLOCK:
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
 def read_limited(path: str, limit: int) -> bytes:
     """The bytes of the regular file `path`, refused unread if it has more than `limit`."""
-    fd = open_regular(path)
+    fd, st = _open_checked(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if size > limit:
             raise _corrupt(path, f"has {size} bytes, more than the {limit} a file of its kind "
                            "may have")
@@ -182,21 +199,8 @@ def read_into(path: str, out) -> None:
     """Fill the writable buffer `out` with the regular file `path`, which must
     have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``)."""
     view = memoryview(out).cast("B")
-    # open_regular's checks with one fstat and no fcntl: the read path of every
-    # get.  O_NONBLOCK stays set, which reads of regular files ignore.
+    fd, st = _open_checked(path, os.O_RDONLY)  # one fstat, no fcntl: every get's path
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | O_CLOEXEC)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise _corrupt(path, "is a symbolic link; stores never follow links") from None
-        if err.errno == errno.ENXIO:
-            raise _corrupt(path, "is not a regular file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _corrupt(path, "is not a regular file (a FIFO, device, socket or directory "
-                           "in place of a store file)")
         size = st.st_size
         if size != len(view):
             raise _corrupt(path, f"has {size} bytes, its metadata says {len(view)}")
@@ -278,25 +282,6 @@ def check_allocation(nbytes: int, path: str, what: str = "data") -> int:
         raise _corrupt(path, f"declares {nbytes!r} bytes of {what}, more than this machine's "
                        f"{limit} bytes of memory")
     return nbytes
-
-
-_ZARR_TYPES = {
-    ("b", 1): "bool",
-    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
-    ("c", 8): "complex64", ("c", 16): "complex128",
-}
-
-
-def zarr_data_type(dtype: np.dtype) -> str | None:
-    """The zarr v3 core data type of `dtype`, or ``None`` when it has none
-    (structured, datetime, strings, ``bfloat16``: stored as raw bytes)."""
-    if dtype.names is not None or dtype.subdtype is not None:
-        return None
-    if dtype.kind == "V" or dtype.type.__module__.startswith("ml_dtypes"):
-        return None
-    return _ZARR_TYPES.get((dtype.kind, dtype.itemsize))
 
 
 class WriterLock:
@@ -388,53 +373,6 @@ def lock_store(path: str, what: str, durable: bool = False) -> WriterLock:
 
 #: The most dimensions a stored array may declare (numpy's own limit is 64).
 MAX_NDIM = 32
-
-
-def chunk_key(index) -> str:
-    """zarr v3 "default" chunk key with separator ``.``: ``c.0.1`` for chunk
-    (0, 1); ``c`` for the one chunk of a 0-d array."""
-    return "c" + "".join(f".{int(i)}" for i in index)
-
-
-def array_metadata(dtype: np.dtype, shape, chunk_shape=None) -> tuple[bytes, str | None]:
-    """A zarr v3 array's ``zarr.json`` for `dtype` and `shape`, and the key of its
-    first chunk (``None`` when the array is empty: it has no chunk).
-
-    Leaves of zarr v3 core data types are stored as themselves, in their own
-    byte order (``bytes`` codec, ``endian`` little or big), uncompressed;
-    other dtypes (:func:`zarr_data_type` is ``None``) as their raw bytes, a
-    ``uint8`` array of shape ``shape + [itemsize]``.  The regular chunk grid
-    has `chunk_shape` (default: the whole array, one chunk).
-    """
-    ztype = zarr_data_type(dtype)
-    shape = tuple(int(s) for s in shape)
-    if ztype is None:  # raw bytes of an exotic dtype
-        ztype, shape, order = "uint8", shape + (dtype.itemsize,), "|"
-    else:
-        order = dtype.byteorder
-        if order == "=":
-            order = "<" if np.little_endian else ">"
-    if dtype.itemsize == 1 or order == "|":
-        codec = {"name": "bytes"}
-    else:
-        codec = {"name": "bytes", "configuration": {"endian": "little" if order == "<" else "big"}}
-    fill = False if ztype == "bool" else [0.0, 0.0] if ztype.startswith("complex") \
-        else 0.0 if ztype.startswith("float") else 0
-    chunks = [max(1, s) for s in shape] if chunk_shape is None else [int(c) for c in chunk_shape]
-    meta = {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": list(shape),
-        "data_type": ztype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
-        "fill_value": fill,
-        "codecs": [codec],
-        "attributes": {},
-        "storage_transformers": [],
-    }
-    chunk = None if 0 in shape else chunk_key([0] * len(shape))
-    return json.dumps(meta, separators=(",", ":")).encode(), chunk
 
 
 def check_leaf(dtype_json, shape, path: str) -> tuple[np.dtype, tuple[int, ...], int]:
