@@ -123,9 +123,6 @@ __all__ = ["ZarrTier"]
 SCRATCH = ".vlcc-scratch"
 LOCK = F.LOCK_DIR
 
-# The name the lineage repository's format module still imports.
-_zarr_type = F.zarr_data_type
-
 
 class ZarrTier(Tier):
     """Records as zarr v3 groups in a local directory (persistent, resumable).
