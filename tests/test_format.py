@@ -116,3 +116,74 @@ def test_writer_lock_of_a_killed_holder_is_free(tmp_path):
         proc.kill()
         proc.wait()
     F.WriterLock(path, "s").release()
+
+
+# -- what the zarr tier and the MPI tier share -------------------------------------
+
+
+def test_sealed_group_json_writes_the_bytes_of_sealed_group_and_unseal_checks_them():
+    attrs = {"format": 2, "key": "u3", "leaves": [{"checksum": "ab" * 8, "shape": [2]}],
+             "spec": {"lr": 0.25, "name": "adam", "tree": {"leaf": 0}}}
+    doc, d = F.sealed_group("vlcc_adjoint", attrs)
+    parts = {k: F.canonical_json(v) for k, v in attrs.items()}
+    assert F.sealed_group_json("vlcc_adjoint", parts) == (doc, d)
+    parsed = json.loads(doc)
+    assert F.canonical_json(parsed) == doc  # the file is canonical JSON
+    assert F.unseal(parsed["attributes"]["vlcc_adjoint"], "p") == attrs
+    tampered = dict(parsed["attributes"]["vlcc_adjoint"], spec={**attrs["spec"], "lr": 0.35})
+    with pytest.raises(CorruptCheckpointError, match="digest") as info:
+        F.unseal(tampered, "the/file")
+    assert info.value.path == "the/file"
+    with pytest.raises(ValueError, match="digest"):
+        F.sealed_group_json("vlcc_adjoint", {"checksum": b"1"})  # sorts before "digest"
+
+
+def test_array_metadata_is_zarr_v3_with_byte_order_and_raw_bytes_for_other_dtypes():
+    meta, chunk = F.array_metadata(np.dtype(">i4"), (3, 2))
+    doc = json.loads(meta)
+    assert doc["data_type"] == "int32" and doc["codecs"] == [
+        {"name": "bytes", "configuration": {"endian": "big"}}] and chunk == "c.0.0"
+    meta, chunk = F.array_metadata(np.dtype("M8[s]"), (4,))
+    assert json.loads(meta)["shape"] == [4, 8] and chunk == "c.0.0"
+    meta, _ = F.array_metadata(np.dtype("<f4"), (10, 6), chunk_shape=(5, 3))
+    assert json.loads(meta)["chunk_grid"]["configuration"]["chunk_shape"] == [5, 3]
+    assert F.array_metadata(np.dtype("<f8"), (0, 3))[1] is None
+    assert F.chunk_key(()) == "c" and F.chunk_key((1, 2)) == "c.1.2"
+
+
+def test_check_leaf_refuses_objects_bad_shapes_and_sizes_beyond_memory():
+    assert F.check_leaf("<f8", [2, 3], "p") == (np.dtype("<f8"), (2, 3), 48)
+    for dtype, shape, match in (("|O", [1], "dtype"), ("<f8", [-1], "shape"),
+                                ("<f8", [2.0], "shape"), ("<f8", [1 << 40] * 2, "more than"),
+                                ({"descr": [["a", "|O"]]}, [1], "dtype")):
+        with pytest.raises(CorruptCheckpointError, match=match):
+            F.check_leaf(dtype, shape, "p")
+
+
+def test_remove_tree_stays_inside_the_root_and_never_follows_links(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (root / "d").mkdir()
+    (root / "d" / "link").symlink_to(outside)
+    (root / "top").symlink_to(outside)
+    F.remove_tree(str(root / "top"), str(root))
+    F.remove_tree(str(root / "d"), str(root))
+    assert (outside / "keep").read_text() == "x" and os.listdir(root) == []
+    for bad in (tmp_path / "outside", root, root / ".." / "outside"):
+        with pytest.raises(ValueError, match="not inside"):
+            F.remove_tree(str(bad), str(root))
+    assert (outside / "keep").exists()
+
+
+def test_writes_never_follow_a_planted_link(tmp_path):
+    (tmp_path / "outside").write_text("precious")
+    (tmp_path / "zarr.json.tmp").symlink_to(tmp_path / "outside")
+    F.write_json(str(tmp_path / "zarr.json"), {"a": 1}, durable=False)
+    assert (tmp_path / "outside").read_text() == "precious"
+    assert json.loads((tmp_path / "zarr.json").read_text()) == {"a": 1}
+    (tmp_path / "c.0").symlink_to(tmp_path / "outside")
+    with pytest.raises(OSError):
+        F.write_file(str(tmp_path / "c.0"), b"overwritten", False)
+    assert (tmp_path / "outside").read_text() == "precious"

@@ -55,7 +55,8 @@ def disk_bytes(path, exclude=()):
     """Bytes of the files of every record directory of the store at ``path``."""
     total = 0
     for entry in os.scandir(path):
-        if entry.is_dir() and entry.name != ".vlcc-scratch" and entry.name not in exclude:
+        if entry.is_dir() and entry.name not in (".vlcc-scratch", ".vlcc-lock") \
+                and entry.name not in exclude:
             for root, _, files in os.walk(entry.path):
                 total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return total
@@ -525,6 +526,7 @@ def test_zarr_tier_detects_a_damaged_chunk_file(damage, tmp_path):
     with pytest.raises(CorruptCheckpointError, match="record 'a' .step 11.") as info:
         tier.get("a")
     assert info.value.tier == tier.name and info.value.step == 11
+    tier.close()
     with pytest.raises(CorruptCheckpointError):  # and after a restart
         ZarrTier(tmp_path / "s").get("a")
 
@@ -539,11 +541,14 @@ def test_zarr_tier_reports_a_damaged_record_metadata_after_reopen(tmp_path):
     meta = json.loads((tmp_path / "s" / "b" / "zarr.json").read_text())
     meta["attributes"]["vlcc_adjoint"]["leaves"][0]["dtype"] = "|O"
     (tmp_path / "s" / "b" / "zarr.json").write_text(json.dumps(meta))
+    tier.close()
     again = ZarrTier(tmp_path / "s")
-    assert sorted(again.keys()) == ["a", "b"]
+    assert sorted(again.keys()) == ["a", "b"] and sorted(again.damaged()) == ["a", "b"]
     for key in "ab":
-        with pytest.raises(CorruptCheckpointError, match="zarr.json"):
+        with pytest.raises(CorruptCheckpointError, match="zarr.json") as info:
             again.get(key)
+        assert info.value.path == str(tmp_path / "s" / key / "zarr.json")
+        assert info.value.key == key and info.value.tier == again.name
 
 
 # -- zarr: format, resume, crashes, disk errors ------------------------------------
@@ -581,6 +586,7 @@ def test_zarr_tier_reopens_an_existing_store_with_its_records_and_bytes(tmp_path
     tier.delete("r2")
     used = tier.used_bytes
     del states["r2"]
+    tier.close()
     again = ZarrTier(tmp_path / "s")
     assert sorted(again.keys()) == sorted(states) and again.used_bytes == used
     for key, state in states.items():
@@ -589,20 +595,28 @@ def test_zarr_tier_reopens_an_existing_store_with_its_records_and_bytes(tmp_path
     again.put("r9", record_of(states["r1"]))
     assert_same_state(states["r1"], restored(again, "r9"))
     assert again.used_bytes == disk_bytes(again.path)
+    again.close()
     with pytest.raises(StorageError, match="capacity"):
         ZarrTier(tmp_path / "s", capacity_bytes=10)
 
 
-def test_zarr_tier_leaves_foreign_nodes_alone_and_refuses_non_zarr_directories(tmp_path):
+def test_zarr_tier_lists_foreign_nodes_as_damaged_leaves_them_alone_and_refuses_non_zarr_directories(
+        tmp_path):
     zarr = pytest.importorskip("zarr")
     root = zarr.open_group(str(tmp_path / "s"), mode="w")
     root.create_array("mesh", shape=(4,), dtype="f8")[...] = np.arange(4.0)
     tier = ZarrTier(tmp_path / "s")
-    assert list(tier.keys()) == [] and tier.used_bytes == 0
+    # Not a record, and not silently dropped: a damaged record looks the same.
+    assert list(tier.keys()) == ["mesh"] and list(tier.damaged()) == ["mesh"]
+    with pytest.raises(CorruptCheckpointError, match="not a record") as info:
+        tier.get("mesh")
+    assert info.value.path == str(tmp_path / "s" / "mesh" / "zarr.json")
     tier.put("a", record_of(np.ones(3)))
     with pytest.raises(StorageError, match="use another key"):
         tier.put("mesh", record_of(np.ones(3)))
-    assert tier.used_bytes == disk_bytes(tier.path, exclude=("mesh",))
+    assert tier.used_bytes == disk_bytes(tier.path)
+    np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "s"), mode="r")["mesh"][...],
+                                  np.arange(4.0))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "data.txt").write_text("hello")
     with pytest.raises(StorageError, match="not a zarr v3 group"):
@@ -691,6 +705,7 @@ def test_disk_full_raises_storage_error_naming_the_key_and_leaves_nothing(after_
     assert not (tmp_path / "s" / "full").exists()
     assert sorted(os.listdir(tmp_path / "s" / ".vlcc-scratch")) == ["zarr.json"]
     tier.put("full", record_of({"u": np.ones(2000)}))  # works once the disk has room
+    tier.close()
     assert sorted(ZarrTier(tmp_path / "s").keys()) == ["full", "keep"]
 
 
@@ -726,7 +741,7 @@ def test_durable_mode_round_trips(tmp_path):
         tier.put(f"a{i}", record_of({"u": np.arange(100.0) * i}))
     tier.delete("a1")
     tier.put("a3", record_of({"u": np.arange(100.0) * 3}))
-    np.testing.assert_array_equal(ZarrTier(tmp_path / "s").get("a3").leaves[0], np.arange(100.0) * 3)
+    np.testing.assert_array_equal(ZarrTier(tmp_path / "s", mode="r").get("a3").leaves[0], np.arange(100.0) * 3)
 
 
 def test_recycled_directories_are_rewritten_exactly_across_changing_layouts(tmp_path):
@@ -747,7 +762,7 @@ def test_recycled_directories_are_rewritten_exactly_across_changing_layouts(tmp_
             tier.delete(old)
             del live[old]
         assert tier.used_bytes == disk_bytes(tier.path)
-    again = ZarrTier(tmp_path / "s")
+    again = ZarrTier(tmp_path / "s", mode="r")
     for key, state in live.items():
         assert_same_state(state, restored(again, key))
     assert again.used_bytes == tier.used_bytes

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["O_CLOEXEC", "fsync_dir", "read_exactly", "write_all", "write_file"]
+__all__ = ["O_CLOEXEC", "O_NOFOLLOW", "fsync_dir", "read_exactly", "write_all", "write_file"]
 
 #: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
 #: by subprocesses (an MPI launcher, a user's ``subprocess.run``).
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+#: ``os.O_NOFOLLOW`` where the platform has it: a symbolic link in place of
+#: a store's file is refused (``ELOOP``), never written through.
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 #: Bytes per ``os.write`` call (Linux writes at most about 2 GiB at once).
 _WRITE_SLICE = 1 << 30
@@ -37,9 +41,11 @@ def write_file(path: str, data, durable: bool, *, truncate: bool = False,
     truncated: the caller knows it is new or not longer than `data` (the
     zarr tier pads its metadata), which saves the truncation's block
     freeing.  `truncate` cuts what is left beyond `data`; `exclusive`
-    refuses an existing file (``FileExistsError``).
+    refuses an existing file (``FileExistsError``).  A symbolic link at
+    `path` is never followed (``OSError`` with ``ELOOP``): a store never
+    writes outside itself through a link planted in it.
     """
-    flags = (os.O_WRONLY | os.O_CREAT | O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+    flags = (os.O_WRONLY | os.O_CREAT | O_CLOEXEC | O_NOFOLLOW | (os.O_TRUNC if truncate else 0)
              | (os.O_EXCL if exclusive else 0))
     fd = os.open(path, flags, 0o644)
     try:
@@ -63,7 +69,7 @@ def read_exactly(fd: int, view: memoryview) -> bool:
 
 def fsync_dir(path: str) -> None:
     """fsync the directory `path`, so that the entries just made in it are durable."""
-    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:

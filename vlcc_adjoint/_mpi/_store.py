@@ -311,6 +311,7 @@ def write_checkpoint(path, state, comm, *, step: int | None = None, key: str | N
     from ..storage import make_record
 
     guard = Guard(comm, timeout)
+    tier = None
     try:
         tier = SharedZarrTier(path, comm, durable=durable, timeout=timeout)
         moved, _ = _move(guard, _Layouts(max_chunks_per_block), state, back=False)
@@ -322,5 +323,8 @@ def write_checkpoint(path, state, comm, *, step: int | None = None, key: str | N
     except BaseException as exc:
         guard.fail(exc)
         raise
+    finally:
+        if tier is not None:
+            tier.close()  # the hierarchy's writer lock
     guard.close()
     return names[0]

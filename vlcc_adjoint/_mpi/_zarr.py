@@ -55,6 +55,15 @@ Rules that make concurrent writers safe
   uncommitted record at once; the directories, which several ranks share,
   are swept by rank 0 at the next commit, when no rank is writing.
 
+Integrity and safety: a committed record's ``zarr.json`` is sealed with
+a digest over its whole description, which covers the checksum arrays and
+through them every chunk (:mod:`._zarr_read`); every file is written and
+read through :mod:`vlcc_adjoint.storage.format` (no links, regular files
+only, bounded reads).  Rank 0 holds the hierarchy's writer lock
+(``.vlcc-lock/holder``) from open to :meth:`SharedZarrTier.close`, so a second
+run on the same path is refused at open, naming the holder, before it
+could remove the first one's pending records.
+
 Readers: :func:`read_checkpoint` restores a committed record on any number
 of ranks ``Q`` (each reads the chunks that overlap its block, verifying
 their checksums), or serially; plain ``zarr.open_group(path)`` sees each
@@ -66,47 +75,36 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import xxhash
 
-from ..state import byte_view, dtype_from_json, dtype_to_json, unflatten
-from ..storage import CorruptCheckpointError, Record, StorageError, Tier
-from ..storage._checksum import (check_capacity, check_record, corrupt, encode_spec, full,
-                                 leaf_checksum, step_of)
-from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_file
-from ..storage._zarr import _array_meta, _remedy, _zarr_type
+from ..state import byte_view, dtype_to_json
+from ..storage import Record, StorageError, Tier
+from ..storage import format as F
+from ..storage.format import (check_capacity, check_record, corrupt, encode_spec, full,
+                              leaf_checksum, step_of)
 from ._decomp import Decomposition, distributed_nodes
+from ._zarr_read import (ATTRS, FORMATS, HIERARCHY, RECORD, list_checkpoints, place,
+                         read_checkpoint, read_chunk, xxh)
 
 __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
 
-FORMAT = 1
-HIERARCHY = "vlcc-distributed-hierarchy"
-RECORD = "vlcc-distributed-record"
+#: The format this version writes (records and hierarchy); it reads ``FORMATS``.
+FORMAT = FORMATS[-1]
 PENDING = ".vlcc-pending"
-
-
-def _chunk_name(idx) -> str:
-    return "c" + "".join(f".{int(i)}" for i in idx)
+LOCK = F.LOCK_DIR
 
 
 def _leaf_meta(dtype: np.dtype, shape, chunk_shape) -> bytes:
     """A global leaf array's ``zarr.json``: ZarrTier's, with a chunk grid."""
-    if _zarr_type(dtype) is None:
+    if F.zarr_data_type(dtype) is None:
         raise TypeError(
             f"a DistributedArray of dtype {dtype} cannot be stored as a zarr v3 array; use a "
             "numeric or bool dtype (zarr v3 core types) for distributed leaves")
-    meta = json.loads(_array_meta(dtype, tuple(shape))[0])
-    meta["chunk_grid"]["configuration"]["chunk_shape"] = [int(c) for c in chunk_shape]
-    return json.dumps(meta, separators=(",", ":")).encode()
-
-
-def _xxh(data) -> int:
-    view = memoryview(data).cast("B")
-    return xxhash.xxh3_64_intdigest(view)
+    return F.array_metadata(dtype, shape, chunk_shape)[0]
 
 
 def _global_spec(spec: dict, dist: dict) -> dict:
@@ -118,17 +116,6 @@ def _global_spec(spec: dict, dist: dict) -> dict:
         node["aux"] = {"decomposition": aux["decomposition"]}
     for i, d in dist.items():
         out["leaves"][i]["shape"] = list(d.global_shape)
-    return out
-
-
-def _local_spec(global_spec: dict, targets: dict, rank: int) -> dict:
-    """A reader's spec: distributed leaves get its decomposition and block."""
-    out = json.loads(json.dumps(global_spec))
-    for node in distributed_nodes(out["tree"]):
-        i = node["items"][0]["leaf"]
-        d = targets[i]
-        node["aux"] = {"decomposition": d.to_json(), "rank": rank}
-        out["leaves"][i]["shape"] = list(d.local_shape(rank))
     return out
 
 
@@ -194,6 +181,8 @@ class SharedZarrTier(Tier):
     engine's worker threads.
     """
 
+    persistent = True  # committed records survive the run
+
     def __init__(self, path, comm, capacity_bytes: int | None = None, *, durable: bool = False,
                  timeout: float | None = 600.0, name: str | None = None):
         from ._comm import Guard
@@ -211,6 +200,7 @@ class SharedZarrTier(Tier):
         self._doomed: list[_Part] = []  # committed, then deleted: removed at the next commit
         self._writing = 0  # puts in flight
         self.doomed_bytes = 0
+        self._writer: F.WriterLock | None = None  # rank 0 holds the hierarchy's writer lock
         guard = Guard(comm, timeout)
         try:
             error, token = None, None
@@ -226,39 +216,43 @@ class SharedZarrTier(Tier):
             guard.close()
 
     def _create(self) -> None:
+        """Rank 0: take the writer lock, check or create the root, empty the pending area."""
         root = os.path.join(self.path, "zarr.json")
         os.makedirs(self.path, exist_ok=True)
-        if os.path.exists(root):
-            with open(root, "rb") as f:
-                doc = json.loads(f.read())
-            attrs = (doc.get("attributes") or {}).get("vlcc_adjoint") if isinstance(doc, dict) else None
+        F.check_dir(self.path)
+        try:
+            self._writer = F.lock_store(self.path, f"the shared zarr hierarchy {self.path}",
+                                        self.durable)
+        except F.StoreLockedError as err:
+            raise F.StoreLockedError(
+                f"{str(err).split(';')[0]}; close it there first (a run's DistributedStore "
+                "closes it), or read its records with vlcc_adjoint.mpi.read_checkpoint, which "
+                "takes no lock") from None
+        if os.path.lexists(root):
+            attrs = F.open_group(root, ATTRS)
             if not (isinstance(attrs, dict) and attrs.get("kind") == HIERARCHY):
                 raise StorageError(f"{self.path} is a zarr hierarchy but not a distributed "
                                    "vlcc_adjoint one; give SharedZarrTier a new or empty directory")
+            if attrs.get("format") not in FORMATS:
+                raise StorageError(f"{root}: the hierarchy is of format {attrs.get('format')!r}; "
+                                   f"this version writes formats up to {FORMAT} (upgrade "
+                                   "vlcc_adjoint, or use a new directory)")
         else:
-            if any(True for _ in os.scandir(self.path)):
+            if any(e.name != LOCK for e in os.scandir(self.path)):
                 raise StorageError(f"{self.path} exists, is not empty and is not a zarr v3 group; "
                                    "give SharedZarrTier a new or empty directory")
-            self._write_json(root, {"zarr_format": 3, "node_type": "group", "attributes": {
-                "vlcc_adjoint": {
-                    "format": FORMAT, "kind": HIERARCHY,
-                    "layout": "one group per committed checkpoint record; leaf i of record K is "
-                              "the global array K/i, each chunk written by the rank owning it; "
-                              "K/xxh3/i holds the chunks' xxh3-64 checksums",
-                }}})
-        shutil.rmtree(self._pending, ignore_errors=True)  # an interrupted run's leftovers
+            F.write_json(root, F.group_document({ATTRS: {
+                "format": FORMAT, "kind": HIERARCHY,
+                "layout": "one group per committed checkpoint record; leaf i of record K is "
+                          "the global array K/i, each chunk written by the rank owning it; "
+                          "K/xxh3/i holds the chunks' xxh3-64 checksums",
+            }}), self.durable)
+        F.remove_tree(self._pending, self.path)  # an interrupted run's leftovers (we hold the lock)
         os.mkdir(self._pending)
-        self._write_json(os.path.join(self._pending, "zarr.json"), {
-            "zarr_format": 3, "node_type": "group",
-            "attributes": {"vlcc_adjoint": "records being written or deleted; never read these"}})
+        F.write_json(os.path.join(self._pending, "zarr.json"), F.group_document({
+            ATTRS: "records being written or deleted; never read these"}), self.durable)
         if self.durable:
-            fsync_dir(self.path)
-
-    def _write_json(self, path: str, obj) -> None:
-        tmp = path + ".tmp"
-        write_file(tmp, json.dumps(obj, separators=(",", ":")).encode(), self.durable,
-                   truncate=True)
-        os.replace(tmp, path)
+            F.fsync_dir(self.path)
 
     # -- the Tier protocol ----------------------------------------------------------
 
@@ -290,7 +284,7 @@ class SharedZarrTier(Tier):
                         f"leaf {i} of record {key!r} is rank {r}'s block of a {d.nranks}-rank "
                         f"decomposition, but this tier is rank {self.rank} of {self.size}; save "
                         "each rank's own DistributedArray, decomposed over the tier's communicator")
-                if _zarr_type(leaf.dtype) is None:
+                if F.zarr_data_type(leaf.dtype) is None:
                     raise TypeError(
                         f"leaf {i} of record {key!r} is a DistributedArray of dtype {leaf.dtype}, "
                         "which is not a zarr v3 core type; use a numeric or bool dtype for "
@@ -306,7 +300,7 @@ class SharedZarrTier(Tier):
                 info.replica = leaf
                 info.checksum = record.checksums[i]
                 if self.rank == 0:
-                    info.meta = _array_meta(leaf.dtype, leaf.shape)
+                    info.meta = F.array_metadata(leaf.dtype, leaf.shape)
                     need += leaf.nbytes + len(info.meta[0])
             leaves.append(info)
         global_json = json.dumps(_global_spec(spec, {i: d for i, (d, _) in dist.items()}),
@@ -332,7 +326,7 @@ class SharedZarrTier(Tier):
             if isinstance(err, OSError):
                 raise StorageError(
                     f"rank {self.rank} could not write its part of record {key!r} to "
-                    f"{self.name!r}: {err}; nothing was stored ({_remedy(err)})") from err
+                    f"{self.name!r}: {err}; nothing was stored ({F.remedy(err)})") from err
             raise
         with self._lock:
             self._writing -= 1
@@ -348,7 +342,7 @@ class SharedZarrTier(Tier):
                     continue
                 os.makedirs(leaf_dir, exist_ok=True)
                 if info.meta is not None:
-                    write_file(os.path.join(leaf_dir, "zarr.json"), info.meta, durable,
+                    F.write_file(os.path.join(leaf_dir, "zarr.json"), info.meta, durable,
                                truncate=True)
                 origin = info.decomp.offsets(self.rank)
                 c = info.chunk_shape
@@ -363,27 +357,27 @@ class SharedZarrTier(Tier):
                         padded[tuple(slice(0, b - a) for a, b in zip(lo, hi))] = part_view
                         part_view = padded
                     data = np.ascontiguousarray(part_view)
-                    write_file(os.path.join(leaf_dir, _chunk_name(idx)), byte_view(data),
+                    F.write_file(os.path.join(leaf_dir, F.chunk_key(idx)), byte_view(data),
                                durable, truncate=True)
                     info.chunks.append((idx, int(leaf_checksum(data), 16)))
                 if durable:
-                    fsync_dir(leaf_dir)
+                    F.fsync_dir(leaf_dir)
             elif self.rank == 0:
                 os.makedirs(leaf_dir, exist_ok=True)
                 meta, chunk = info.meta
-                write_file(os.path.join(leaf_dir, "zarr.json"), meta, durable, truncate=True)
+                F.write_file(os.path.join(leaf_dir, "zarr.json"), meta, durable, truncate=True)
                 if chunk is not None:
-                    write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable,
+                    F.write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable,
                                truncate=True)
                 if durable:
-                    fsync_dir(leaf_dir)
+                    F.fsync_dir(leaf_dir)
 
     def _remove_files(self, part: _Part, base: str | None = None) -> None:
         """Unlink this rank's files of `part` (directories are rank 0's, at commit)."""
         base = base or self._dir(part)
         for i, info in enumerate(part.leaves):
             leaf_dir = os.path.join(base, str(i))
-            names = [_chunk_name(idx) for idx, _ in info.chunks]
+            names = [F.chunk_key(idx) for idx, _ in info.chunks]
             if self.rank == 0:
                 names.append("zarr.json")
                 if info.meta is not None and info.decomp is None and info.meta[1] is not None:
@@ -412,12 +406,14 @@ class SharedZarrTier(Tier):
             out = np.empty(info.decomp.local_shape(self.rank), info.dtype)
             origin = info.decomp.offsets(self.rank)
             for idx, want in info.chunks:
-                data = _read_chunk(os.path.join(base, str(i), _chunk_name(idx)), info.dtype,
-                                   info.chunk_shape, key, self.name, step, i)
-                if _xxh(byte_view(data)) != want:
-                    raise corrupt(f"chunk {_chunk_name(idx)} of leaf {i} failed its checksum",
+                path = os.path.join(base, str(i), F.chunk_key(idx))
+                data = read_chunk(path, info.dtype, info.chunk_shape, key, self.name, step, i)
+                if xxh(byte_view(data)) != want:
+                    bad = corrupt(f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum",
                                   key, self.name, step)
-                _place(out, origin, data, idx, info.chunk_shape, info.shape)
+                    bad.path = path
+                    raise bad
+                place(out, origin, data, idx, info.chunk_shape, info.shape)
             leaves.append(out)
         return Record(part.spec, tuple(leaves), part.checksums)
 
@@ -530,7 +526,10 @@ class SharedZarrTier(Tier):
         keep = set(keep)
         for entry in os.scandir(self._pending):
             if entry.is_dir(follow_symlinks=False) and entry.name not in keep:
-                shutil.rmtree(entry.path, ignore_errors=True)
+                try:
+                    F.remove_tree(entry.path, self.path)
+                except OSError:
+                    pass  # left for the next sweep or open
 
     def _publish(self, batch, doomed, gathered) -> None:
         """Rank 0: checksum arrays and record metadata, then the renames."""
@@ -556,233 +555,42 @@ class SharedZarrTier(Tier):
                         offsets[r] += 1
                 sums_dir = os.path.join(base, "xxh3", str(i))
                 os.makedirs(sums_dir, exist_ok=True)
-                meta, chunk = _array_meta(grid.dtype, grid.shape)
-                write_file(os.path.join(sums_dir, "zarr.json"), meta, self.durable, truncate=True)
+                meta, chunk = F.array_metadata(grid.dtype, grid.shape)
+                F.write_file(os.path.join(sums_dir, "zarr.json"), meta, self.durable, truncate=True)
                 if chunk is not None:
-                    write_file(os.path.join(sums_dir, chunk), byte_view(grid), self.durable,
-                               truncate=True)
+                    F.write_file(os.path.join(sums_dir, chunk), byte_view(grid), self.durable,
+                                 truncate=True)
+                # The checksum array's own checksum: the record's digest covers it,
+                # and through it every chunk.
                 leaves_doc.append({"dtype": dtype_to_json(info.dtype), "shape": list(info.shape),
                                    "distributed": True, "decomposition": d.to_json(),
-                                   "chunk_shape": list(c), "checksums": f"xxh3/{i}"})
+                                   "chunk_shape": list(c), "checksums": f"xxh3/{i}",
+                                   "checksums_xxh3": leaf_checksum(grid)})
             if any(info.decomp is not None for info in part.leaves):
-                self._write_json(os.path.join(base, "xxh3", "zarr.json"),
-                                 {"zarr_format": 3, "node_type": "group", "attributes": {}})
-            doc = {"format": FORMAT, "kind": RECORD, "key": part.key, "step": step_of(part.spec),
-                   "nranks": self.size, "spec": spec, "leaves": leaves_doc}
-            self._write_json(os.path.join(base, "zarr.json"), {
-                "zarr_format": 3, "node_type": "group", "attributes": {"vlcc_adjoint": doc}})
-            os.rename(base, os.path.join(self.path, part.name))
+                F.write_json(os.path.join(base, "xxh3", "zarr.json"), F.group_document({}),
+                             self.durable)
+            attrs = {"format": FORMAT, "kind": RECORD, "key": part.key,
+                     "step": step_of(part.spec), "nranks": self.size, "spec": spec,
+                     "leaves": leaves_doc}
+            group, _ = F.sealed_group(ATTRS, attrs)
+            tmp = os.path.join(base, "zarr.json.tmp")
+            F.write_file(tmp, group, self.durable, truncate=True)
+            F.publish(tmp, os.path.join(base, "zarr.json"), self.durable)
+            F.publish(base, os.path.join(self.path, part.name), False)
         for part in doomed:
             os.rename(os.path.join(self.path, part.name),
                       os.path.join(self._pending, "trash-" + part.name))
         if self.durable:
-            fsync_dir(self.path)
+            F.fsync_dir(self.path)
 
     def close(self) -> None:
-        """Nothing to release (records stay; uncommitted ones are removed by
-        the next open)."""
+        """Release the writer lock (rank 0).  Records stay; uncommitted ones are
+        removed by the next open.  Idempotent."""
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
         return (f"SharedZarrTier({self.path!r}, rank={self.rank}/{self.size}, "
                 f"records={len(self._index)}, used={self._used} B, capacity={cap})")
-
-
-# ---------------------------------------------------------------------------
-# reading (any number of ranks, or serial; no MPI needed)
-# ---------------------------------------------------------------------------
-
-
-def _read_chunk(path, dtype, chunk_shape, key, tier, step, leaf) -> np.ndarray:
-    nbytes = int(np.prod(chunk_shape)) * dtype.itemsize
-    try:
-        fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
-    except FileNotFoundError:
-        raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is missing",
-                      key, tier, step) from None
-    except OSError as err:
-        raise StorageError(f"could not read record {key!r} from {tier!r}: {err}") from err
-    try:
-        size = os.fstat(fd).st_size
-        if size != nbytes:
-            raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} has {size} "
-                          f"bytes, expected {nbytes}", key, tier, step)
-        out = np.empty(chunk_shape, dtype)
-        if not read_exactly(fd, byte_view(out)):
-            raise corrupt(f"the chunk file {os.path.basename(path)} of leaf {leaf} is "
-                          "truncated", key, tier, step)
-    except OSError as err:
-        raise StorageError(f"could not read record {key!r} from {tier!r}: {err}") from err
-    finally:
-        os.close(fd)
-    return out
-
-
-def _place(out, origin, chunk, idx, chunk_shape, global_shape) -> None:
-    """Copy the part of `chunk` (grid index `idx`) inside `out`'s block."""
-    src, dst = [], []
-    for k, c, o, n, m in zip(idx, chunk_shape, origin, out.shape, global_shape):
-        lo = max(k * c, o)
-        hi = min((k + 1) * c, o + n, m)
-        if hi <= lo:
-            return
-        src.append(slice(lo - k * c, hi - k * c))
-        dst.append(slice(lo - o, hi - o))
-    out[tuple(dst)] = chunk[tuple(src)]
-
-
-def _load_json(path: str):
-    with open(path, "rb") as f:
-        return json.loads(f.read())
-
-
-def list_checkpoints(path) -> list[dict]:
-    """The committed records of a distributed hierarchy, oldest first.
-
-    **Returns:** one dict per record: ``name`` (the directory), ``key``,
-    ``step``, ``nranks`` (how many ranks wrote it) and ``leaves`` (dtype,
-    global shape, whether distributed).  Needs no MPI.
-    """
-    path = os.path.abspath(os.fspath(path))
-    out = []
-    for entry in os.scandir(path):
-        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            doc = _load_json(os.path.join(entry.path, "zarr.json"))["attributes"]["vlcc_adjoint"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not isinstance(doc, dict) or doc.get("kind") != RECORD:
-            continue
-        out.append({"name": entry.name, "key": doc.get("key"), "step": doc.get("step"),
-                    "nranks": doc.get("nranks"), "mtime": entry.stat().st_mtime,
-                    "leaves": [{k: leaf.get(k) for k in ("dtype", "shape", "distributed")}
-                               for leaf in doc.get("leaves", [])]})
-    out.sort(key=lambda r: (r["mtime"], r["name"]))
-    return out
-
-
-def read_checkpoint(path, name: str | None = None, *, step: int | None = None, comm=None,
-                    rank: int | None = None,
-                    decomposition: Decomposition | Callable | None = None):
-    """Restore a committed record on this rank: any number of ranks, or serially.
-
-    Each rank reads only the chunks that overlap its block, verifies their
-    checksums, and assembles its block.  Collective in nothing: ranks read
-    independently (no MPI is needed, `comm` only supplies rank and size).
-
-    **Arguments:**
-
-    - `path`: the hierarchy (written by a :class:`SharedZarrTier`).
-    - `name`: the record's directory (:func:`list_checkpoints`); or `step`:
-      the most recent committed record of that step.
-    - `comm`: the reader's communicator (rank and size); ``None``: serial,
-      each distributed leaf is read whole (one block).
-    - `rank`: this reader's rank (default ``comm.Get_rank()`` or 0).
-    - `decomposition`: the reader's :class:`Decomposition`, for leaves of
-      its global shape; or a callable ``global_shape -> Decomposition``;
-      default: slabs along axis 0 over ``comm.Get_size()`` ranks
-      (:meth:`Decomposition.split`), or one block when serial.
-
-    **Returns:** the state, with every distributed leaf as a
-    :class:`~vlcc_adjoint.mpi.DistributedArray` of the reader's
-    decomposition.
-
-    Raises ``KeyError`` when no record matches, and
-    :class:`~vlcc_adjoint.storage.CorruptCheckpointError` for a missing or
-    damaged chunk.
-    """
-    path = os.path.abspath(os.fspath(path))
-    if name is None:
-        if step is None:
-            raise ValueError("pass the record's name (see list_checkpoints) or its step")
-        found = [r for r in list_checkpoints(path) if r["step"] == step]
-        if not found:
-            raise KeyError(f"no committed record of step {step} in {path}; list them with "
-                           "vlcc_adjoint.mpi.list_checkpoints")
-        name = found[-1]["name"]
-    record_dir = os.path.join(path, name)
-    try:
-        doc = _load_json(os.path.join(record_dir, "zarr.json"))["attributes"]["vlcc_adjoint"]
-    except FileNotFoundError:
-        raise KeyError(f"no committed record {name!r} in {path}") from None
-    except (ValueError, KeyError, TypeError) as err:
-        raise CorruptCheckpointError(f"the metadata of record {name!r} in {path} is unreadable "
-                                     f"({err})", key=name, tier=path) from None
-    if not isinstance(doc, dict) or doc.get("kind") != RECORD or doc.get("format") != FORMAT:
-        raise CorruptCheckpointError(f"{record_dir} is not a distributed vlcc_adjoint record",
-                                     key=name, tier=path)
-    size = 1 if comm is None else comm.Get_size()
-    if rank is None:
-        rank = 0 if comm is None else comm.Get_rank()
-    spec = doc["spec"]
-    step_no = doc.get("step")
-    targets: dict[int, Decomposition] = {}
-    leaves = []
-    for i, info in enumerate(doc["leaves"]):
-        dtype = dtype_from_json(info["dtype"])
-        shape = tuple(int(s) for s in info["shape"])
-        if not info.get("distributed"):
-            meta = _load_json(os.path.join(record_dir, str(i), "zarr.json"))
-            chunk_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
-            if info.get("chunk") is None:
-                leaves.append(np.empty(shape, dtype))
-                continue
-            raw_dtype = dtype if _zarr_type(dtype) else np.dtype(np.uint8)
-            data = _read_chunk(os.path.join(record_dir, str(i), info["chunk"]), raw_dtype,
-                               chunk_shape, name, path, step_no, i)
-            arr = data.reshape(-1).view(dtype).reshape(shape)
-            if leaf_checksum(arr) != info["checksum"]:
-                raise corrupt(f"replicated leaf {i} failed its checksum", name, path, step_no)
-            leaves.append(arr)
-            continue
-        target = _target(decomposition, shape, size)
-        if target.nranks != size:
-            raise ValueError(f"the reader's decomposition of leaf {i} has {target.nranks} ranks, "
-                             f"but {size} ranks read; decompose over the reader's ranks")
-        targets[i] = target
-        chunk_shape = tuple(int(c) for c in info["chunk_shape"])
-        grid = _read_sums(record_dir, info, shape, chunk_shape, name, path, step_no, i)
-        out = np.empty(target.local_shape(rank), dtype)
-        box = target.block(rank)
-        origin = target.offsets(rank)
-        ranges = [range(lo // c, -(-hi // c)) if hi > lo else range(0)
-                  for (lo, hi), c in zip(box, chunk_shape)]
-        for idx in np.ndindex(*(len(r) for r in ranges)):
-            idx = tuple(r[k] for r, k in zip(ranges, idx))
-            data = _read_chunk(os.path.join(record_dir, str(i), _chunk_name(idx)), dtype,
-                               chunk_shape, name, path, step_no, i)
-            if _xxh(byte_view(data)) != int(grid[idx]):
-                raise corrupt(f"chunk {_chunk_name(idx)} of leaf {i} failed its checksum", name,
-                              path, step_no)
-            _place(out, origin, data, idx, chunk_shape, shape)
-        leaves.append(out)
-    return unflatten(_local_spec(spec, targets, rank), leaves)
-
-
-def _target(decomposition, shape, size) -> Decomposition:
-    if decomposition is None:
-        return Decomposition.split(shape, size) if size > 1 else \
-            Decomposition(shape, tuple((0, n) for n in shape))
-    if isinstance(decomposition, Decomposition):
-        if decomposition.global_shape != tuple(shape):
-            raise ValueError(f"the reader's decomposition is of shape "
-                             f"{decomposition.global_shape}, the stored leaf {tuple(shape)}; pass "
-                             "a callable global_shape -> Decomposition for states of several shapes")
-        return decomposition
-    if callable(decomposition):
-        return decomposition(tuple(shape))
-    raise TypeError(f"decomposition must be a Decomposition, a callable or None, got "
-                    f"{type(decomposition).__name__}")
-
-
-def _read_sums(record_dir, info, shape, chunk_shape, key, tier, step, leaf) -> np.ndarray:
-    grid_shape = tuple(-(-n // c) for n, c in zip(shape, chunk_shape))
-    if 0 in grid_shape:
-        return np.zeros(grid_shape, np.uint64)
-    sums_dir = os.path.join(record_dir, info["checksums"])
-    meta = _load_json(os.path.join(sums_dir, "zarr.json"))
-    if tuple(meta.get("shape", ())) != grid_shape:
-        raise corrupt(f"the checksum array of leaf {leaf} has the wrong shape", key, tier, step)
-    return _read_chunk(os.path.join(sums_dir, "c" + ".0" * len(grid_shape)), np.dtype("<u8"),
-                       grid_shape, key, tier, step, leaf)

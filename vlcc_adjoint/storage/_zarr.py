@@ -2,33 +2,60 @@
 
 The persistent level of the hierarchy, and the on-disk checkpoint format:
 a directory that plain ``zarr.open_group(path, mode="r")`` opens, with one
-group per record and one array per leaf::
+group per record and one array per leaf (the record layout and its digest:
+:mod:`._zarr_record`)::
 
-    path/zarr.json                 root group   {"vlcc_adjoint": {"format": 1, ...}}
-    path/<key>/zarr.json           record group {"vlcc_adjoint": {"spec", "leaves", ...}}
-    path/<key>/<i>/zarr.json       leaf i: an array, one chunk = the whole leaf
-    path/<key>/<i>/c.0.0           its bytes ("default" chunk keys, separator ".")
+    path/zarr.json                 root group   {"vlcc_adjoint": {"format": 2, ...}}
+    path/<key>/...                 one record (a group, an array per leaf)
     path/.vlcc-scratch/            in-flight writes and recycled directories
+    path/.vlcc-lock/holder         the writer's lock file (pid and host of the holder)
 
-Leaves of the zarr v3 core data types (bool, (u)int8-64, float16/32/64,
-complex64/128) are stored as themselves, in their own byte order (``bytes``
-codec, ``endian`` little or big), no compression; other dtypes (datetime,
-strings, structured, ``bfloat16``) as their raw bytes, a ``uint8`` array of
-shape ``shape + [itemsize]``, with the real dtype in the record attributes.
+Leaves are stored as :func:`~vlcc_adjoint.storage.format.array_metadata`
+describes (core zarr types as themselves, others as raw bytes).  Every file
+is opened, read, digested and published through
+:mod:`vlcc_adjoint.storage.format`, the rules shared with the MPI tier and
+the lineage repository.
 
 Why not the zarr API
 --------------------
 
-Measured on the 2-core VM (``benchmarks/bench_tiers.py``, table below):
-writing a record through ``zarr.create_array`` + ``arr[...] = x`` costs 2-3
-ms for small records, mostly metadata handling and the async event loop,
-against 30-50 us for an ``open``/``write``/``close`` of the same 64 KiB, and
-still 3x a plain write at 64 MiB.  A checkpoint store writes
-whole arrays, once, as one chunk each, so it needs none of zarr's
-machinery: this module writes the (small, documented) v3 JSON metadata and
-the chunk bytes itself, with ``os.write`` at the key path zarr reads.  The
-result is an ordinary zarr v3 hierarchy; ``tests/test_tiers.py`` reads it
-back with plain zarr.
+A checkpoint store writes whole arrays, once, as one chunk each, so it
+needs none of zarr's machinery (codec pipelines, partial chunk updates, an
+async event loop), which costs milliseconds per small record
+(``benchmarks/bench_tiers.py`` measures both; numbers in
+``benchmarks/results/bench_tiers.json``).  This module writes the small,
+documented v3 JSON metadata and the chunk bytes itself, with ``os.write``
+at the key path zarr reads.  The result is an ordinary zarr v3 hierarchy;
+``tests/test_tiers.py`` reads it back with plain zarr.
+
+One writer, modes
+-----------------
+
+``mode`` has zarr's vocabulary: ``"r"`` reads an existing store and
+refuses ``put``/``delete``; ``"r+"`` writes an existing store; ``"a"``
+(the default) writes, creating the store if absent; ``"w"`` empties an
+existing store (only one: a directory that is not a store is refused, so a
+mistyped path never loses data); ``"w-"`` creates one and refuses an
+existing store.  A writing mode takes the store's
+:class:`~vlcc_adjoint.storage.format.WriterLock` at open, so a second
+writer gets :class:`~vlcc_adjoint.storage.format.StoreLockedError` naming
+the holder, before anything changed; only the holder cleans the scratch.
+:meth:`ZarrTier.close` releases it.
+
+Resuming a store
+----------------
+
+Records found at open are listed by :meth:`~ZarrTier.keys`.  A ``put`` of
+one of their keys replaces it: when the new record's digest equals the
+stored one (a rerun recomputing the same state) and the stored data reads
+back intact, the stored record is kept and nothing is written; otherwise the new record is written in the
+scratch, the old one renamed away and the new one into place.  A run that
+failed halfway can so be rerun on the same path.  Within one opening, a
+key is written once (``KeyError`` on a second ``put``, the
+:class:`~vlcc_adjoint.storage.Tier` contract).  Damaged records stay
+listed: ``get`` raises their :class:`CorruptCheckpointError` (naming the
+file) and :meth:`~ZarrTier.damaged` lists them with the reason; a ``put``
+of their key is refused until they are deleted.
 
 Atomicity and crash safety
 --------------------------
@@ -38,7 +65,9 @@ visible with one ``os.rename`` to ``path/<key>``, its last step.  A process
 killed at any moment (``kill -9`` included) leaves complete records and
 scratch; opening the directory again lists every record whose ``put``
 returned and deletes the scratch.  ``delete`` renames the record away
-first, so it too is all or nothing.  Failed writes (``ENOSPC``, ``EACCES``,
+first, so it too is all or nothing.  (A replacing ``put`` renames the old
+record away, then the new one in: a crash between the two loses that key,
+which the caller was overwriting.)  Failed writes (``ENOSPC``, ``EACCES``,
 the directory removed) raise :class:`StorageError` naming the key and the
 OS error, leave nothing visible and keep ``used_bytes`` exact.
 
@@ -53,194 +82,46 @@ device flush per record (milliseconds on most disks).
 Directory recycling
 -------------------
 
-Creating directories and files dominates small records (measured ~30 us per
-``mkdir`` and per file creation, 5-11 us to overwrite an existing file,
-3-10 us per ``rename``).  A fresh record of one leaf needs 2 ``mkdir``, 3
-file creations and a rename (~150 us, 5x a plain file write of 64 KiB).
+Creating directories and files dominates small records (a ``mkdir`` or a
+file creation costs several times an overwrite of an existing file).
 Checkpointing deletes and saves records of the same layout over and over
 (Revolve reuses its slots), so ``delete`` keeps up to `recycle` deleted
 record directories in the scratch, and ``put`` rewrites one in place:
 chunk files overwritten, leaf metadata kept when unchanged, the group's
 ``zarr.json`` rewritten (padded with JSON whitespace to a multiple of 64
 bytes, so a slightly shorter one needs no truncation), then the rename:
-two file rewrites and a rename per one-leaf record.  Recycled bytes count against the
-capacity: ``used_bytes`` (live records and writes in flight) plus the
-recycled bytes never exceed ``capacity_bytes``, and recycled directories
-are dropped first when a ``put`` needs their room.
+two file rewrites and a rename per one-leaf record.  Recycled bytes count
+against the capacity: ``used_bytes`` (live records and writes in flight)
+plus the recycled bytes never exceed ``capacity_bytes``, and recycled
+directories are dropped first when a ``put`` needs their room.
 
-Reading never unpickles or executes anything: ``get`` uses the metadata
-this tier wrote (parsed and validated on open: dtype from an allow-list,
-shape and sizes consistent) and checks each chunk file's size before it
-allocates, then its checksum after reading.
-
-Numbers
--------
-
-``python benchmarks/bench_tiers.py`` (shared 2-core VM, ext4 on virtio,
-page cache, no fsync; medians of interleaved repeats; ratio: the median over
-rounds of put time / plain-write time in the same round)::
-
-    record   plain write   put (steady state)   put (fresh dirs)   zarr API
-    64 KiB     135 us       106 us  0.80x        480 us  3.92x     2.8 ms  23x
-     1 MiB     509 us       370 us  0.75x       1.03 ms  1.81x     4.6 ms  13x
-    16 MiB    12.5 ms       8.3 ms  0.65x       12.4 ms  0.99x    29.4 ms 2.7x
-    64 MiB    17.5 ms      13.2 ms  0.75x       19.1 ms  1.07x    51.1 ms 2.9x
-
-"Steady state" is a checkpointing run (records deleted and saved, so puts
-reuse recycled directories); "fresh" is every record in new directories
-(the records of a run before its first delete).  Large records write at the
-plain file's bandwidth or better (an overwrite in place allocates no
-blocks).  The machine is shared and noisy (load 4 on 2 cores while this was
-measured): over two full runs the steady-state ratio was 0.80-1.84x at
-64 KiB, 0.75-1.31x at 1 MiB, 0.65-0.83x at 16 MiB and 0.75-0.77x at 64 MiB;
-with fresh directories 3.5-3.9x, 1.8x, 1.0x and 1.0-1.1x.  In a quiet, isolated
-loop a steady-state 64 KiB put took 48 us against 42 us for the plain write
-(1.18x): about 10 us of it is Python (spec to JSON, checks), the rest is
-seven system calls (two files opened, written and closed, one rename)
-against three.
+Reading never unpickles, imports or executes anything, never follows a
+link or opens anything but a regular file (a FIFO does not block it), and
+bounds every read: ``get`` uses the metadata validated at open (digest,
+dtype from an allow-list, shape and sizes consistent and within the
+machine's memory) and requires each chunk file's size to be the declared
+one before it reads, then its checksum after.
 """
 
 from __future__ import annotations
 
-import errno
 import itertools
-import json
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_file
-from ..state import byte_view, dtype_from_json, dtype_to_json
-from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, step_of,
-                        verify_leaves)
-from ._tier import Record, StorageError, Tier, check_key
+from ..state import byte_view
+from . import format as F
+from ._checksum import check_capacity, check_record, corrupt, full, step_of, verify_leaves
+from ._tier import CorruptCheckpointError, Record, StorageError, Tier, check_key
+from ._zarr_record import ATTRS, FORMAT, Kind, Layout, Stored, encode, load, read_root
 
 __all__ = ["ZarrTier"]
 
-FORMAT = 1
 SCRATCH = ".vlcc-scratch"
-_MAX_NDIM = 32
-
-# numpy dtype (kind, itemsize) -> zarr v3 core data type
-_ZARR_TYPES = {
-    ("b", 1): "bool",
-    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
-    ("c", 8): "complex64", ("c", 16): "complex128",
-}
-
-
-def _zarr_type(dtype: np.dtype) -> str | None:
-    if dtype.names is not None or dtype.subdtype is not None:
-        return None
-    if dtype.kind == "V" or dtype.type.__module__.startswith("ml_dtypes"):
-        return None
-    return _ZARR_TYPES.get((dtype.kind, dtype.itemsize))
-
-
-def _chunk_name(ndim: int) -> str:
-    """zarr v3 "default" chunk key of chunk (0, ..., 0), separator ".": ``c.0.0``; ``c`` if 0-d."""
-    return "c" + ".0" * ndim
-
-
-def _array_meta(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str | None]:
-    """The leaf array's ``zarr.json`` and its chunk file name (``None``: no chunk, empty)."""
-    ztype = _zarr_type(dtype)
-    if ztype is None:  # raw bytes of an exotic dtype
-        ztype, shape, order = "uint8", tuple(shape) + (dtype.itemsize,), "|"
-    else:
-        order = dtype.byteorder
-        if order == "=":
-            order = "<" if np.little_endian else ">"
-    if dtype.itemsize == 1 or order == "|":
-        codec = {"name": "bytes"}
-    else:
-        codec = {"name": "bytes", "configuration": {"endian": "little" if order == "<" else "big"}}
-    fill = False if ztype == "bool" else [0.0, 0.0] if ztype.startswith("complex") \
-        else 0.0 if ztype.startswith("float") else 0
-    meta = {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": list(shape),
-        "data_type": ztype,
-        "chunk_grid": {"name": "regular",
-                       "configuration": {"chunk_shape": [max(1, s) for s in shape]}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
-        "fill_value": fill,
-        "codecs": [codec],
-        "attributes": {},
-        "storage_transformers": [],
-    }
-    chunk = None if 0 in shape else _chunk_name(len(shape))
-    return json.dumps(meta, separators=(",", ":")).encode(), chunk
-
-
-class _Kind:
-    """Everything about a leaf that depends only on its dtype and shape, computed once."""
-
-    __slots__ = ("dtype", "shape", "nbytes", "meta", "chunk", "info")
-
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
-        self.dtype = dtype
-        self.shape = shape
-        self.nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        self.meta, self.chunk = _array_meta(dtype, shape)
-        if self.nbytes == 0:
-            self.chunk = None
-        # the leaf's entry in the record attributes, up to its checksum
-        self.info = '{"dtype":%s,"shape":%s,"nbytes":%d,"chunk":%s,"checksum":' % (
-            json.dumps(dtype_to_json(dtype)), json.dumps(list(shape)), self.nbytes,
-            json.dumps(self.chunk))
-
-
-class _Layout:
-    """What a record directory holds, so that a later ``put`` can rewrite it in place."""
-
-    __slots__ = ("leaves", "group_size")
-
-    def __init__(self, leaves: list, group_size: int | None):
-        # per leaf: (chunk name | None, chunk file size, zarr.json content | None: unknown)
-        self.leaves = leaves
-        self.group_size = group_size
-
-
-class _Stored:
-    """A complete record: its bytes on disk, its metadata, its directory layout."""
-
-    __slots__ = ("nbytes", "spec_json", "leaves", "layout")
-
-    def __init__(self, nbytes: int, spec_json: str | None, leaves: list | None,
-                 layout: _Layout | None):
-        self.nbytes = nbytes
-        self.spec_json = spec_json  # None: the record's metadata is unreadable
-        self.leaves = leaves  # per leaf (shape, dtype, nbytes, chunk name, checksum)
-        self.layout = layout
-
-
-def _tree_bytes(path: str) -> int:
-    total = 0
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            total += _tree_bytes(entry.path)
-        elif entry.is_file(follow_symlinks=False):
-            total += entry.stat(follow_symlinks=False).st_size
-    return total
-
-
-def _remedy(err: OSError) -> str:
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "free disk space or give the tier a smaller capacity_bytes"
-    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return "check that the store directory is writable"
-    if err.errno == errno.ENOENT:
-        return "the store directory was removed or moved; open a new ZarrTier"
-    if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
-        return "a directory of that name, not a record of this tier, is in the store; use another key"
-    return "check the file system"
+LOCK = F.LOCK_DIR
 
 
 class ZarrTier(Tier):
@@ -248,11 +129,14 @@ class ZarrTier(Tier):
 
     **Arguments:**
 
-    - `path`: the store directory.  Created if missing; an existing store
-      is reopened and lists its complete records (resume after a crash or a
-      restart).  An existing non-empty directory must be a zarr v3 group.
+    - `path`: the store directory (not a symbolic link).  An existing
+      store is reopened and lists its records (resume after a crash or a
+      restart); an existing non-empty directory must be a zarr v3 group.
     - `capacity_bytes`: the most bytes of files (chunks and metadata) the
       tier may hold, recycled directories included (``None``: unbounded).
+    - `mode`: ``"r"``, ``"r+"``, ``"a"`` (default), ``"w"`` or ``"w-"``, as
+      in zarr (see the module docstring).  Writing modes hold the store's
+      writer lock until :meth:`close`.
     - `durable`: fsync files and directories before a record is listed (see
       the module docstring).
     - `recycle`: how many deleted record directories to keep for reuse
@@ -260,152 +144,148 @@ class ZarrTier(Tier):
     - `name`: the tier's name in messages (default ``"zarr:<path>"``).
 
     One process writes a store at a time (the engine's threads share the
-    instance); any number may read it with zarr.
+    instance); any number may read it, with ``mode="r"`` or with zarr.
     """
 
-    def __init__(self, path, capacity_bytes: int | None = None, *, durable: bool = False,
-                 recycle: int = 8, name: str | None = None):
+    persistent = fresh_gets = True  # records outlive the process; get reads into new arrays
+
+    def __init__(self, path, capacity_bytes: int | None = None, *, mode: str = "a",
+                 durable: bool = False, recycle: int = 8, name: str | None = None):
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)
+        self.mode = F.parse_mode(mode)
+        # capabilities (zarr's Store vocabulary): a read-only opening declares it
+        self.supports_writes = self.supports_deletes = self.mode != "r"
         self.durable = bool(durable)
         if not isinstance(recycle, int) or recycle < 0:
             raise ValueError(f"recycle must be an int >= 0, got {recycle!r}")
         self.recycle = recycle
         self.name = name or f"zarr:{self.path}"
         self._lock = threading.Lock()
-        self._index: dict[str, _Stored] = {}
+        self._index: dict[str, Stored] = {}
         self._busy: set[str] = set()  # keys being written or deleted
         self._readers: dict[str, int] = {}
-        self._pool: list[tuple[str, _Layout, int]] = []  # recycled (dir, layout, bytes)
+        self._pool: list[tuple[str, Layout, int]] = []  # recycled (dir, layout, bytes)
         self._pooled = 0
         self._used = 0
         self._names = itertools.count()
-        self._kinds: dict[tuple, _Kind] = {}
+        self._kinds: dict[tuple, Kind] = {}
         self._scratch = os.path.join(self.path, SCRATCH)
-        self._open()
+        self._writer: F.WriterLock | None = None
+        self._closed = False
+        self.format: int | None = None  # the root's format (None: a plain zarr group)
+        try:
+            self._open()
+        except BaseException:
+            self._release()
+            raise
 
     # -- opening ------------------------------------------------------------------
 
     def _open(self) -> None:
-        root_meta = os.path.join(self.path, "zarr.json")
+        mode, path = self.mode, self.path
+        root_meta = os.path.join(path, "zarr.json")
         try:
-            os.makedirs(self.path, exist_ok=True)
-            if os.path.exists(root_meta):
-                with open(root_meta, "rb") as f:
-                    meta = json.loads(f.read())
-                if not (isinstance(meta, dict) and meta.get("zarr_format") == 3
-                        and meta.get("node_type") == "group"):
-                    raise StorageError(f"{self.path} is not a zarr v3 group (its zarr.json says "
-                                       f"otherwise); give ZarrTier a new or empty directory")
+            if mode in ("r", "r+"):
+                try:
+                    F.check_dir(path)
+                except FileNotFoundError:
+                    raise StorageError(f"there is no zarr store at {path} (mode={mode!r} opens an "
+                                       "existing one); open it with mode='a' to create it") from None
             else:
-                if any(e.name != SCRATCH for e in os.scandir(self.path)):
-                    raise StorageError(f"{self.path} exists, is not empty and is not a zarr v3 "
-                                       "group; give ZarrTier a new or empty directory")
-                attrs = {"vlcc_adjoint": {
+                os.makedirs(path, exist_ok=True)
+                F.check_dir(path)
+            if mode != "r":
+                self._writer = F.lock_store(path, f"the zarr store {path}", self.durable)
+            exists = os.path.lexists(root_meta)
+            if exists:
+                self.format = read_root(path, root_meta)
+                if mode == "w-":
+                    raise StorageError(f"{path} already holds a zarr store and mode='w-' refuses "
+                                       "an existing one; open it with mode='a' to reuse it, or "
+                                       "mode='w' to empty it")
+                if mode == "w":
+                    self._empty()
+                    exists = False
+            elif any(e.name not in (SCRATCH, LOCK) for e in os.scandir(path)):
+                raise StorageError(f"{path} exists, is not empty and is not a zarr v3 group; give "
+                                   "ZarrTier a new or empty directory")
+            elif mode in ("r", "r+"):
+                raise StorageError(f"there is no zarr store at {path} (no zarr.json; mode={mode!r} "
+                                   "opens an existing one); open it with mode='a' to create it")
+            if not exists:
+                self.format = FORMAT
+                F.write_json(root_meta, F.group_document({ATTRS: {
                     "format": FORMAT,
                     "layout": "one group per checkpoint record; leaf i of record K is the array "
                               "K/i; records are written by vlcc_adjoint.storage.ZarrTier",
-                }}
-                self._write_json(root_meta, {"zarr_format": 3, "node_type": "group",
-                                             "attributes": attrs})
-            # Whatever is in the scratch is an interrupted write or a recycled
-            # directory of an earlier session: never a listed record.
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            os.mkdir(self._scratch)
-            self._write_json(os.path.join(self._scratch, "zarr.json"), {
-                "zarr_format": 3, "node_type": "group",
-                "attributes": {"vlcc_adjoint": "scratch space of ZarrTier: interrupted writes and "
-                                               "recycled directories, never records"}})
-            for entry in os.scandir(self.path):
-                if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                }}), self.durable)
+            if mode != "r":
+                # Whatever is in the scratch is an interrupted write or a recycled
+                # directory of an earlier writer (dead: we hold the lock).
+                F.remove_tree(self._scratch, path)
+                os.mkdir(self._scratch)
+                F.write_json(os.path.join(self._scratch, "zarr.json"), F.group_document({
+                    ATTRS: "scratch space of ZarrTier: interrupted writes and recycled "
+                           "directories, never records"}), self.durable)
+            for entry in os.scandir(path):
+                if entry.name.startswith(".") or entry.name == "zarr.json":
                     continue
                 try:
                     check_key(entry.name)
                 except ValueError:
-                    continue
-                stored = self._load_stored(entry.name, entry.path)
-                if stored is not None:
-                    self._index[entry.name] = stored
-                    self._used += stored.nbytes
+                    continue  # no key names it: not a record
+                stored = self._load(entry.name, entry.path)
+                self._index[entry.name] = stored
+                self._used += stored.nbytes
         except OSError as err:
-            raise StorageError(f"cannot open the zarr store at {self.path}: {err}") from err
+            raise StorageError(f"cannot open the zarr store at {path}: {err} "
+                               f"({F.remedy(err)})") from err
         if self.capacity_bytes is not None and self._used > self.capacity_bytes:
             raise StorageError(
-                f"the zarr store at {self.path} holds {self._used} bytes of records, more than "
+                f"the zarr store at {path} holds {self._used} bytes of records, more than "
                 f"capacity_bytes={self.capacity_bytes}; open it with a larger capacity (or None)"
             )
 
-    def _write_json(self, path: str, obj) -> None:
-        tmp = path + ".tmp"
-        write_file(tmp, json.dumps(obj, indent=2).encode(), self.durable)
-        os.replace(tmp, path)
+    def _empty(self) -> None:
+        """mode 'w': remove everything in the store but its lock (we hold it)."""
+        for entry in os.scandir(self.path):
+            if entry.name != LOCK:
+                F.remove_tree(entry.path, self.path)
+        if self.durable:
+            F.fsync_dir(self.path)
 
-    def _load_stored(self, key: str, path: str) -> _Stored | None:
-        """A record directory found on open; ``None`` if it is not ours."""
+    def _load(self, key: str, record_dir: str) -> Stored:
+        """The record `key` found on open; a damaged one is kept with its error."""
         try:
-            with open(os.path.join(path, "zarr.json"), "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None  # not a zarr node: not ours
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict) and "vlcc_adjoint" not in (doc.get("attributes") or {}):
-            return None  # someone else's zarr node
-        try:
-            attrs = doc["attributes"]["vlcc_adjoint"]
-            leaves = self._validate(key, attrs)
-        except (ValueError, KeyError, TypeError):
-            # Ours but unreadable.  We write it atomically, so it was damaged
-            # afterwards: list the record, and get() reports it.
-            return _Stored(_tree_bytes(path), None, None, None)
-        layout = _Layout([(chunk, nbytes, None) for _, _, nbytes, chunk, _ in leaves], len(raw))
-        return _Stored(_tree_bytes(path), json.dumps(attrs["spec"]), leaves, layout)
+            return load(key, record_dir)
+        except CorruptCheckpointError as err:
+            try:
+                nbytes = F.tree_bytes(record_dir) if os.path.isdir(record_dir) \
+                    and not os.path.islink(record_dir) else 0
+            except OSError:
+                nbytes = 0
+            bad = corrupt(str(err), key, self.name, None)
+            bad.path = err.path
+            return Stored(nbytes, None, None, None, None, inherited=True, error=bad)
 
-    @staticmethod
-    def _validate(key: str, attrs) -> list:
-        """Check a record's attributes before anything is allocated from them.
-
-        **Returns:** per leaf ``(shape, dtype, nbytes, chunk name, checksum)``.
-        """
-        if not isinstance(attrs, dict) or attrs.get("format") != FORMAT:
-            raise ValueError("unknown record format")
-        if attrs.get("key") != key:
-            raise ValueError(f"the record says it is {attrs.get('key')!r}")
-        leaves = attrs.get("leaves")
-        if not isinstance(leaves, list) or not isinstance(attrs.get("spec"), dict):
-            raise ValueError("no leaves or spec")
-        out = []
-        for leaf in leaves:
-            dtype = dtype_from_json(leaf["dtype"])
-            shape = leaf["shape"]
-            if not (isinstance(shape, list) and len(shape) <= _MAX_NDIM
-                    and all(type(s) is int and 0 <= s < 2**48 for s in shape)):
-                raise ValueError(f"bad shape {shape!r}")
-            nbytes = dtype.itemsize
-            for s in shape:
-                nbytes *= s
-            if nbytes != leaf["nbytes"] or nbytes >= 2**50:
-                raise ValueError("inconsistent sizes")
-            expected = None if 0 in shape or nbytes == 0 else _chunk_name(len(shape) + (
-                0 if _zarr_type(dtype) else 1))
-            if leaf["chunk"] != expected:
-                raise ValueError("unexpected chunk name")
-            if not (isinstance(leaf["checksum"], str) and len(leaf["checksum"]) == 16):
-                raise ValueError("bad checksum")
-            out.append((tuple(shape), dtype, nbytes, expected, leaf["checksum"]))
-        return out
-
-    def _kind(self, leaf: np.ndarray) -> _Kind:
+    def _kind(self, leaf: np.ndarray) -> Kind:
         """The cached metadata of leaves of `leaf`'s dtype and shape."""
         sig = (leaf.dtype, leaf.shape)
         kind = self._kinds.get(sig)
         if kind is None:
             if len(self._kinds) > 4096:
                 self._kinds.clear()
-            kind = self._kinds[sig] = _Kind(leaf.dtype, leaf.shape)
+            kind = self._kinds[sig] = Kind(leaf.dtype, leaf.shape)
         return kind
+
+    def _check_writable(self, what: str) -> None:
+        if self.mode == "r":
+            raise StorageError(f"cannot {what}: tier {self.name!r} was opened with mode='r' (read "
+                               "only); open it with mode='a' (or 'r+') to write")
+        if self._closed:
+            raise StorageError(f"cannot {what}: tier {self.name!r} is closed (its writer lock is "
+                               "released); open the store again to write")
 
     # -- the Tier protocol ----------------------------------------------------------
 
@@ -418,24 +298,28 @@ class ZarrTier(Tier):
         """Bytes held by recycled directories (counted against the capacity, not used)."""
         return self._pooled
 
+    def damaged(self) -> dict[str, str]:
+        """The listed records that cannot be read, each with what is wrong (and where)."""
+        with self._lock:
+            return {k: str(s.error) for k, s in self._index.items() if s.error is not None}
+
     def put(self, key: str, record: Record) -> None:
         """Write `record` as the zarr group ``<path>/<key>``, visible only once complete.
 
-        Raises :class:`TierFullError` if it does not fit (nothing written),
-        ``KeyError`` if the key is taken, :class:`StorageError` if the file
-        system refuses (nothing visible, ``used_bytes`` unchanged).
+        A record of an earlier opening under `key` is replaced (kept as is
+        when identical).  Raises :class:`TierFullError` if it does not fit
+        (nothing written), ``KeyError`` if the key was written since this
+        opening, :class:`StorageError` if the file system refuses (nothing
+        visible, ``used_bytes`` unchanged) or the key names a damaged record.
         """
+        self._check_writable(f"store record {key!r}")
         check_record(key, record)
-        spec_json = encode_spec(key, record.spec)
+        if key == "zarr.json":
+            raise ValueError("'zarr.json' is the store's own metadata file, not a record key")
         leaves = record.leaves
         kinds = [self._kind(leaf) for leaf in leaves]
+        group, spec_json, digest = encode(key, record.spec, kinds, record.checksums)
         infos = [(k.shape, k.dtype, k.nbytes, k.chunk, c) for k, c in zip(kinds, record.checksums)]
-        group = (
-            '{"zarr_format":3,"node_type":"group","attributes":{"vlcc_adjoint":'
-            '{"format":%d,"key":"%s","spec":%s,"leaves":[%s]}}}'
-            % (FORMAT, key, spec_json,  # keys are [A-Za-z0-9_.-]: no JSON escaping needed
-               ",".join(k.info + '"%s"}' % c for k, c in zip(kinds, record.checksums)))
-        ).encode()
         metas = [(k.meta, k.chunk) for k in kinds]
         # Pad to a multiple of 64 bytes (JSON allows trailing whitespace): a
         # recycled group file of a slightly longer record (key "s10" after
@@ -443,16 +327,36 @@ class ZarrTier(Tier):
         group += b" " * (-len(group) % 64)
         need = len(group) + sum(leaf.nbytes + len(m) for leaf, (m, _) in zip(leaves, metas))
 
+        # A record of an earlier opening with this digest is kept if its data
+        # reads back intact (checked outside the lock: a read, not a write).
+        with self._lock:
+            same = self._index.get(key)
+            if same is None or not same.inherited or same.digest != digest or key in self._busy:
+                same = None
+        if same is not None:
+            try:
+                self._read(key, same)
+            except (StorageError, OSError, KeyError):
+                same = None  # damaged data: written anew below
         drop: list[str] = []
         with self._lock:
-            if key in self._index or key in self._busy:
+            old = self._index.get(key)
+            if key in self._busy or (old is not None and not old.inherited):
                 raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+            if old is not None and old.error is not None:
+                raise StorageError(
+                    f"record {key!r} in tier {self.name!r} cannot be replaced: its directory is "
+                    f"not a readable record ({old.error}); delete it first (tier.delete({key!r})) "
+                    "or use another key")
+            if old is not None and old is same:
+                old.inherited = False  # the same record is stored already, intact
+                return
+            freed = old.nbytes if old is not None else 0
             cap = self.capacity_bytes
-            if cap is not None and self._used + need > cap:
-                raise full(key, self.name, need, self._used, cap)
-            # Reuse a recycled directory (same number of leaves first).
+            if cap is not None and self._used - freed + need > cap:
+                raise full(key, self.name, need, self._used - freed, cap)
             reuse = None
-            for j, (_, layout, _) in enumerate(self._pool):
+            for j, (_, layout, _) in enumerate(self._pool):  # same number of leaves first
                 if len(layout.leaves) == len(leaves):
                     reuse = self._pool.pop(j)
                     break
@@ -469,33 +373,55 @@ class ZarrTier(Tier):
             self._used += need
             self._busy.add(key)
         for path in drop:
-            shutil.rmtree(path, ignore_errors=True)
+            self._discard(path)
 
         work = reuse[0] if reuse is not None else f"{self._scratch}/w{next(self._names)}"
         final = f"{self.path}/{key}"
+        away = None
         renamed = False
         try:
             layout = self._write_record(work, reuse[1] if reuse else None, leaves, metas, group)
+            if old is not None:
+                away = f"{self._scratch}/d{next(self._names)}"
+                try:
+                    os.rename(final, away)
+                except FileNotFoundError:
+                    away = None  # removed behind our back: nothing to replace
             os.rename(work, final)
             renamed = True
             if self.durable:
-                fsync_dir(self.path)
+                F.fsync_dir(self.path)
         except BaseException as err:
-            shutil.rmtree(final if renamed else work, ignore_errors=True)
+            self._discard(final if renamed else work)
             with self._lock:
                 self._used -= need
                 self._busy.discard(key)
+                if away is not None:
+                    self._index.pop(key, None)  # the old record was renamed away
+                    self._used -= freed
+            if away is not None:
+                self._discard(away)
             if isinstance(err, OSError):
                 raise StorageError(
                     f"could not write record {key!r}{_at(record.spec)} to tier {self.name!r}: "
-                    f"{err}; nothing was stored ({_remedy(err)})"
+                    f"{err}; nothing was stored ({F.remedy(err)})"
                 ) from err
             raise
         with self._lock:
-            self._index[key] = _Stored(need, spec_json, infos, layout)
+            self._index[key] = Stored(need, spec_json, infos, layout, digest)
+            self._used -= freed
             self._busy.discard(key)
+        if away is not None:
+            self._discard(away)
 
-    def _write_record(self, work: str, old: _Layout | None, leaves, metas, group: bytes) -> _Layout:
+    def _discard(self, path: str) -> None:
+        """Remove a directory of ours inside the store; failures only leave scratch behind."""
+        try:
+            F.remove_tree(path, self.path)
+        except OSError:
+            pass  # the next opening's scratch cleanup removes it
+
+    def _write_record(self, work: str, old: Layout | None, leaves, metas, group: bytes) -> Layout:
         """Write a record's files into the directory ``work`` (recycled when ``old``).
 
         Every file ends up exactly as long as its new content (so the bytes
@@ -503,13 +429,14 @@ class ZarrTier(Tier):
         place, and truncated only when its old content was longer.
         """
         durable = self.durable
+        write_file = F.write_file
         if old is None:
             os.mkdir(work)
             old_leaves = []
         else:
             old_leaves = old.leaves
             for i in range(len(leaves), len(old_leaves)):
-                shutil.rmtree(os.path.join(work, str(i)))
+                F.remove_tree(os.path.join(work, str(i)), self.path)
         new_leaves = []
         for i, (leaf, (meta, chunk)) in enumerate(zip(leaves, metas)):
             leaf_dir = f"{work}/{i}"
@@ -528,13 +455,13 @@ class ZarrTier(Tier):
                 write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), durable,
                            truncate=old_size > leaf.nbytes)
             if durable:
-                fsync_dir(leaf_dir)
+                F.fsync_dir(leaf_dir)
             new_leaves.append((chunk, leaf.nbytes, meta))
         write_file(work + "/zarr.json", group, durable,
                    truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
         if durable:
-            fsync_dir(work)
-        return _Layout(new_leaves, len(group))
+            F.fsync_dir(work)
+        return Layout(new_leaves, len(group))
 
     def get(self, key: str) -> Record:
         """Read and verify the record under `key`."""
@@ -551,49 +478,47 @@ class ZarrTier(Tier):
                 if n:
                     self._readers[key] = n
 
-    def _read(self, key: str, stored: _Stored) -> Record:
-        if stored.spec_json is None:
-            raise corrupt("its zarr.json is unreadable or inconsistent", key, self.name, None)
-        spec = json.loads(stored.spec_json)
+    def _read(self, key: str, stored: Stored) -> Record:
+        if stored.error is not None:
+            err = stored.error
+            raise CorruptCheckpointError(str(err), key=err.key, tier=err.tier, path=err.path)
+        spec = stored.spec()
         step = step_of(spec)
         record_dir = f"{self.path}/{key}"
         leaves = []
         for i, (shape, dtype, nbytes, chunk, _) in enumerate(stored.leaves):
+            out = np.empty(shape, dtype)
             if chunk is None:  # an empty leaf has no chunk
-                leaves.append(np.empty(shape, dtype))
+                leaves.append(out)
                 continue
+            path = f"{record_dir}/{i}/{chunk}"
             try:
-                fd = os.open(f"{record_dir}/{i}/{chunk}", os.O_RDONLY | O_CLOEXEC)
+                # read_into checks the file's size before it reads a byte.
+                F.read_into(path, byte_view(out))
             except FileNotFoundError:
                 if key not in self._index:
                     raise KeyError(f"record {key!r} was deleted while being read") from None
-                raise corrupt(f"the chunk file of leaf {i} is missing", key, self.name,
-                              step) from None
+                bad = corrupt(f"the chunk file {path} of leaf {i} is missing", key, self.name, step)
+                bad.path = path
+                raise bad from None
+            except CorruptCheckpointError as err:
+                bad = corrupt(f"leaf {i}: {err}", key, self.name, step)
+                bad.path = path
+                raise bad from None
             except OSError as err:
                 raise StorageError(f"could not read record {key!r} from tier {self.name!r}: "
                                    f"{err}") from err
-            try:
-                # The size is checked before anything is allocated from it.
-                size = os.fstat(fd).st_size
-                if size != nbytes:
-                    raise corrupt(f"the chunk file of leaf {i} has {size} bytes, expected "
-                                  f"{nbytes}", key, self.name, step)
-                out = np.empty(shape, dtype)
-                if not read_exactly(fd, byte_view(out)):
-                    raise corrupt(f"the chunk file of leaf {i} is truncated", key,
-                                  self.name, step)
-            except OSError as err:
-                raise StorageError(f"could not read record {key!r} from tier {self.name!r}: "
-                                   f"{err}") from err
-            finally:
-                os.close(fd)
             leaves.append(out)
         checksums = tuple(info[4] for info in stored.leaves)
         verify_leaves(leaves, checksums, key, self.name, step)
         return Record(spec, tuple(leaves), checksums)
 
     def delete(self, key: str) -> None:
-        """Remove the record under `key` (atomically: renamed away, then recycled or removed)."""
+        """Remove the record under `key` (atomically: renamed away, then recycled or removed).
+
+        A damaged record (:meth:`damaged`) is removed too.
+        """
+        self._check_writable(f"delete record {key!r}")
         with self._lock:
             if key in self._busy:
                 raise KeyError(f"record {key!r} in tier {self.name!r} is being written or deleted")
@@ -614,7 +539,7 @@ class ZarrTier(Tier):
                 self._used += stored.nbytes
                 self._busy.discard(key)
             raise StorageError(f"could not delete record {key!r} from tier {self.name!r}: {err} "
-                               f"({_remedy(err)})") from err
+                               f"({F.remedy(err)})") from err
         keep = False
         with self._lock:
             self._busy.discard(key)
@@ -626,9 +551,10 @@ class ZarrTier(Tier):
                 self._pooled += stored.nbytes
                 keep = True
         if away is not None and not keep:
-            shutil.rmtree(away, ignore_errors=True)
+            self._discard(away)
 
     def keys(self) -> Iterator[str]:
+        """Every record's key, the damaged ones (:meth:`damaged`) included."""
         with self._lock:
             return iter(list(self._index))
 
@@ -638,12 +564,20 @@ class ZarrTier(Tier):
     def __len__(self) -> int:
         return len(self._index)
 
+    def _release(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+
     def close(self) -> None:
-        """Remove the recycled directories (the records stay).  Idempotent."""
+        """Remove the recycled directories and release the writer lock (the
+        records stay; reads still work, writes need a new opening).  Idempotent."""
         with self._lock:
             pool, self._pool, self._pooled = self._pool, [], 0
+            self._closed = True
         for path, _, _ in pool:
-            shutil.rmtree(path, ignore_errors=True)
+            self._discard(path)
+        self._release()
 
     def __enter__(self) -> "ZarrTier":
         return self
@@ -653,14 +587,8 @@ class ZarrTier(Tier):
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
-        return f"ZarrTier({self.path!r}, records={len(self._index)}, used={self._used} B, capacity={cap})"
-
-
-def _pad(data: bytes, old: bytes | None) -> bytes:
-    """``data`` padded with spaces to the length of the file it overwrites."""
-    if old is not None and len(old) > len(data):
-        return data + b" " * (len(old) - len(data))
-    return data
+        return (f"ZarrTier({self.path!r}, mode={self.mode!r}, records={len(self._index)}, "
+                f"used={self._used} B, capacity={cap})")
 
 
 def _at(spec) -> str:

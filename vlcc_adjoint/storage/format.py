@@ -7,7 +7,11 @@ reads.  This module is the one place that says how such a hierarchy is read
 and written safely: it opens files, reads and checks metadata, computes the
 digests that make a record's whole description tamper-evident, publishes
 writes atomically and serialises writers.  Each store adds its own layout on
-top, and none of them opens a file any other way.
+top, and none of them opens a file any other way.  The zarr v3 documents
+they share are made here too: :func:`array_metadata` (an array's
+``zarr.json``), :func:`sealed_group` / :func:`unseal` (a group whose
+attributes carry their digest), :func:`check_leaf` (a declared dtype and
+shape, validated before any allocation).
 
 Threat model
 ------------
@@ -64,6 +68,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import stat
 import time
@@ -72,28 +77,21 @@ import numpy as np
 import xxhash
 
 from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
+from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, leaf_checksum,
+                        step_of)
 from ._tier import CorruptCheckpointError, StorageError
+from ._zarr_meta import array_metadata, chunk_key, zarr_data_type
 
 __all__ = [
-    "MAX_METADATA_BYTES",
-    "MODES",
-    "StoreLockedError",
-    "WriterLock",
-    "allocation_limit",
-    "canonical_json",
-    "check_allocation",
-    "check_dir",
-    "digest",
-    "fsync_dir",
-    "open_regular",
-    "parse_mode",
-    "publish",
-    "read_into",
-    "read_json",
-    "read_limited",
-    "write_all",
-    "write_file",
-    "zarr_data_type",
+    "LOCK_DIR", "MAX_METADATA_BYTES", "MODES",
+    # the record checks every tier shares, from the checksum module:
+    "check_capacity", "check_record", "corrupt", "encode_spec", "full", "leaf_checksum", "step_of",
+    "StoreLockedError", "WriterLock", "allocation_limit",
+    "array_metadata", "canonical_json", "check_allocation", "check_dir", "check_leaf",
+    "chunk_key", "digest", "fsync_dir", "group_document", "lock_store", "open_regular", "open_group",
+    "parse_mode", "publish", "read_into", "read_json", "read_limited", "remedy", "remove_tree",
+    "sealed_group", "sealed_group_json", "tree_bytes", "unseal", "write_all", "write_file",
+    "write_json", "zarr_data_type"
 ]
 
 #: The largest metadata file any store reads (bytes).  A record's group
@@ -149,6 +147,19 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
     :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming `path`;
     ``FileNotFoundError`` passes through.
     """
+    fd, _ = _open_checked(path, flags)
+    if _NONBLOCK:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _open_checked(path: str, flags: int) -> tuple[int, os.stat_result]:
+    """:func:`open_regular`'s descriptor (still ``O_NONBLOCK``, which reads of
+    regular files ignore) and its ``fstat``."""
     try:
         fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | O_CLOEXEC)
     except OSError as err:
@@ -162,19 +173,17 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
         if not stat.S_ISREG(st.st_mode):
             raise _corrupt(path, "is not a regular file (a FIFO, device, socket or directory "
                            "in place of a store file)")
-        if _NONBLOCK:
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
 def read_limited(path: str, limit: int) -> bytes:
     """The bytes of the regular file `path`, refused unread if it has more than `limit`."""
-    fd = open_regular(path)
+    fd, st = _open_checked(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if size > limit:
             raise _corrupt(path, f"has {size} bytes, more than the {limit} a file of its kind "
                            "may have")
@@ -190,9 +199,9 @@ def read_into(path: str, out) -> None:
     """Fill the writable buffer `out` with the regular file `path`, which must
     have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``)."""
     view = memoryview(out).cast("B")
-    fd = open_regular(path)
+    fd, st = _open_checked(path, os.O_RDONLY)  # one fstat, no fcntl: every get's path
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if size != len(view):
             raise _corrupt(path, f"has {size} bytes, its metadata says {len(view)}")
         if not read_exactly(fd, view):
@@ -233,8 +242,11 @@ def canonical_json(obj) -> bytes:
     Two values encode to the same bytes exactly when they are equal as JSON
     (``NaN`` and infinities are refused: they are not JSON).
     """
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return _CANONICAL.encode(obj).encode("ascii")
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                              allow_nan=False)
 
 
 def digest(description) -> str:
@@ -272,25 +284,6 @@ def check_allocation(nbytes: int, path: str, what: str = "data") -> int:
     return nbytes
 
 
-_ZARR_TYPES = {
-    ("b", 1): "bool",
-    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
-    ("c", 8): "complex64", ("c", 16): "complex128",
-}
-
-
-def zarr_data_type(dtype: np.dtype) -> str | None:
-    """The zarr v3 core data type of `dtype`, or ``None`` when it has none
-    (structured, datetime, strings, ``bfloat16``: stored as raw bytes)."""
-    if dtype.names is not None or dtype.subdtype is not None:
-        return None
-    if dtype.kind == "V" or dtype.type.__module__.startswith("ml_dtypes"):
-        return None
-    return _ZARR_TYPES.get((dtype.kind, dtype.itemsize))
-
-
 class WriterLock:
     """The one-writer lock of a store: ``flock`` on `path`, with the holder named in it.
 
@@ -302,6 +295,7 @@ class WriterLock:
 
     def __init__(self, path: str, store: str):
         self.path = path
+        self._fd: int | None = None
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | O_CLOEXEC, 0o644)
         except OSError as err:
@@ -323,7 +317,7 @@ class WriterLock:
         except BaseException:
             os.close(fd)
             raise
-        self._fd: int | None = fd
+        self._fd = fd
 
     @staticmethod
     def _holder(fd: int) -> str:
@@ -335,6 +329,225 @@ class WriterLock:
 
     def release(self) -> None:
         """Release the lock (idempotent)."""
-        if self._fd is not None:
+        if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
             self._fd = None
+
+    def __del__(self):  # a lock object dropped unreleased frees the store with it
+        self.release()
+
+
+#: The directory of a store's writer lock: a zarr group of its own (plain zarr
+#: lists it as an empty group, not as an unknown object), holding the lock file.
+LOCK_DIR = ".vlcc-lock"
+
+
+def lock_store(path: str, what: str, durable: bool = False) -> WriterLock:
+    """Take the writer lock of the store directory `path` (``LOCK_DIR/holder``).
+
+    **Arguments:** `path`, the store (a checked directory); `what`, the store
+    in messages (``"the zarr store /x"``); `durable`, fsync what is created.
+
+    **Returns:** the held :class:`WriterLock`; raises :class:`StoreLockedError`
+    naming the holder when another writer has it.
+    """
+    lock_dir = os.path.join(path, LOCK_DIR)
+    try:
+        os.mkdir(lock_dir)
+    except FileExistsError:
+        pass
+    check_dir(lock_dir)
+    lock = WriterLock(os.path.join(lock_dir, "holder"), what)
+    try:
+        if not os.path.lexists(os.path.join(lock_dir, "zarr.json")):  # held: no race
+            write_json(os.path.join(lock_dir, "zarr.json"), group_document(
+                {"vlcc_adjoint": "the writer lock of the store (pid and host of its holder)"}),
+                durable)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+# -- zarr v3 metadata ------------------------------------------------------------------
+
+#: The most dimensions a stored array may declare (numpy's own limit is 64).
+MAX_NDIM = 32
+
+
+def check_leaf(dtype_json, shape, path: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """A stored array's dtype, shape and byte size, validated before anything is
+    allocated from them.
+
+    The dtype comes from an allow-list (:func:`vlcc_adjoint.state.dtype_from_json`:
+    no objects, nothing imported), the shape is at most :data:`MAX_NDIM`
+    non-negative ints, and the size passes :func:`check_allocation`.
+    Anything else raises ``CorruptCheckpointError`` naming `path`.
+    """
+    from ..state import dtype_from_json
+
+    try:
+        dtype = dtype_from_json(dtype_json)
+    except (ValueError, TypeError) as err:
+        raise _corrupt(path, f"declares an invalid dtype ({err})") from None
+    if dtype.hasobject:
+        raise _corrupt(path, "declares an object dtype, which is never stored (no pickle)")
+    if not (type(shape) is list and len(shape) <= MAX_NDIM
+            and all(type(s) is int and 0 <= s < 2**62 for s in shape)):
+        raise _corrupt(path, f"declares an invalid shape {shape!r}")
+    nbytes = dtype.itemsize
+    for s in shape:
+        nbytes *= s
+    check_allocation(nbytes, path, "array data")
+    return dtype, tuple(shape), nbytes
+
+
+# -- group documents and the record digest -------------------------------------------------
+
+
+def group_document(attributes: dict) -> dict:
+    """The ``zarr.json`` of a zarr v3 group with `attributes`."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
+
+
+def write_json(path: str, obj, durable: bool) -> None:
+    """Write the JSON document `obj` at `path` atomically (scratch name, rename)."""
+    tmp = path + ".tmp"
+    try:
+        os.unlink(tmp)  # a leftover of an interrupted write, or a planted link: never followed
+    except FileNotFoundError:
+        pass
+    write_file(tmp, json.dumps(obj, indent=1, sort_keys=True).encode(), durable, exclusive=True)
+    publish(tmp, path, durable)
+
+
+def sealed_group(name: str, attrs: dict) -> tuple[bytes, str]:
+    """A group ``zarr.json`` whose attribute `name` is `attrs` with its digest.
+
+    The file is the canonical JSON of ``group_document({name: {**attrs,
+    "digest": d}})`` with ``d = digest(attrs)``: the digest covers every
+    value of `attrs` (for a record: its spec, names, scalars, leaf dtypes,
+    shapes and checksums), and :func:`unseal` recomputes it from what it
+    parses.
+
+    **Returns:** the file's bytes and the digest.
+    """
+    body = canonical_json(attrs)
+    d = xxhash.xxh3_128_hexdigest(body)
+    if attrs and min(attrs) > "digest" and name.isidentifier():
+        # canonical_json of the sealed document without encoding attrs twice:
+        # "digest" sorts before every other key of attrs.
+        doc = b'{"attributes":{"%s":{"digest":"%s",%s}},"node_type":"group","zarr_format":3}' % (
+            name.encode(), d.encode(), body[1:-1])
+    else:
+        doc = canonical_json(group_document({name: {**attrs, "digest": d}}))
+    return doc, d
+
+
+_PLAIN_NAMES: set = set()  # attribute name lists sealed_group_json has checked
+
+
+def sealed_group_json(name: str, parts: dict) -> tuple[bytes, str]:
+    """:func:`sealed_group` for attributes given as their encodings: `parts` maps
+    each attribute name (a plain identifier sorting after ``"digest"``) to
+    ``canonical_json`` of its value, which a writer may have cached.  The
+    bytes and the digest are exactly :func:`sealed_group`'s.
+    """
+    keys = sorted(parts)
+    sig = (name, *keys)
+    if sig not in _PLAIN_NAMES:
+        if not keys or keys[0] <= "digest" or not all(k.isidentifier() for k in sig):
+            raise ValueError(f"attribute names {keys} and group attribute {name!r} must be "
+                             "plain identifiers sorting after 'digest'")
+        _PLAIN_NAMES.add(sig)
+    body = b"{" + b",".join([b'"%s":%s' % (k.encode(), parts[k]) for k in keys]) + b"}"
+    d = xxhash.xxh3_128_hexdigest(body)
+    doc = b'{"attributes":{"%s":{"digest":"%s",%s}},"node_type":"group","zarr_format":3}' % (
+        name.encode(), d.encode(), body[1:-1])
+    return doc, d
+
+
+def open_group(path: str, name: str):
+    """The attribute `name` of the group ``zarr.json`` at `path` (bounded, strict), or
+    ``None`` when the file is a zarr v3 node without it (a foreign node).
+
+    Anything that is not a zarr v3 node raises ``CorruptCheckpointError``
+    naming `path`.
+    """
+    doc = read_json(path)
+    if not (type(doc) is dict and doc.get("zarr_format") == 3
+            and doc.get("node_type") in ("group", "array")):
+        raise _corrupt(path, "is not the zarr.json of a zarr v3 node")
+    attrs = doc.get("attributes", {})
+    if type(attrs) is not dict:
+        raise _corrupt(path, "has attributes that are not a JSON object")
+    if name not in attrs:
+        return None
+    if doc["node_type"] != "group" or set(doc) != {"zarr_format", "node_type", "attributes"}:
+        raise _corrupt(path, f"has {name!r} attributes but is not a plain zarr v3 group")
+    return attrs[name]
+
+
+def unseal(attrs, path: str) -> dict:
+    """`attrs` (as :func:`sealed_group` wrote them) without their digest, after
+    checking it: ``CorruptCheckpointError`` naming `path` if any value changed."""
+    if type(attrs) is not dict or type(attrs.get("digest")) is not str:
+        raise _corrupt(path, "has no digest of its content")
+    out = dict(attrs)
+    want = out.pop("digest")
+    try:
+        got = digest(out)
+    except (TypeError, ValueError) as err:  # e.g. an int where JSON allows none
+        raise _corrupt(path, f"has content that is not canonical JSON ({err})") from None
+    if got != want:
+        raise _corrupt(path, f"has content whose digest {got} is not the {want} it was written "
+                       "with (the file was damaged or modified after it was written)")
+    return out
+
+
+# -- the store directory -------------------------------------------------------------
+
+
+def remedy(err: OSError) -> str:
+    """What to do about an ``OSError`` of a store write, for messages."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free disk space or give the tier a smaller capacity_bytes"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "check that the store directory is writable"
+    if err.errno == errno.ENOENT:
+        return "the store directory was removed or moved; open the store again"
+    if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+        return "a directory of that name, not a record of this tier, is in the store; use another key"
+    return "check the file system"
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes of the regular files under the directory `path` (links not followed)."""
+    total = 0
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            total += tree_bytes(entry.path)
+        elif entry.is_file(follow_symlinks=False):
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def remove_tree(path: str, root: str) -> None:
+    """Remove `path`, which must lie inside the directory `root`, without following links.
+
+    A link or a file is unlinked (its target is never touched); a
+    directory is removed with everything in it (``shutil.rmtree``, which
+    unlinks the links it meets).  A missing `path` is not an error.
+    """
+    root = os.path.abspath(root)
+    full = os.path.abspath(path)
+    if os.path.commonpath([root, full]) != root or full == root:
+        raise ValueError(f"refusing to remove {full}: it is not inside the store {root}")
+    try:
+        st = os.lstat(full)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(full)
+    else:
+        os.unlink(full)
