@@ -17,6 +17,9 @@ Two consumers, two access patterns, both O(1) or O(k):
   IBM Syst. J. 5(2), 1966) needs each record's next use after every read:
   ``next_read_of_record`` links each read to the next read of the same
   record, so the update after a read is one array lookup.
+
+The scan is a numba kernel, with a plain-Python twin for short tables so
+that a small schedule never waits for numba to load (:mod:`._jit`).
 """
 
 from __future__ import annotations

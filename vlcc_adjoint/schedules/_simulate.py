@@ -4,6 +4,9 @@ One pass over the table in a numba kernel, following the rules of
 :mod:`vlcc_adjoint.schedules.actions` exactly; each stored step carries a
 bit mask of the levels that hold it, so a replay costs ``O(len(table) +
 n)`` time and ``n + 1`` bytes of state, whatever the number of slots.
+Short tables are replayed by a plain-Python twin of the kernel, so a small
+schedule never waits for numba to load (:mod:`._jit`); the tests check that
+both give the same result on valid and broken tables.
 """
 
 from __future__ import annotations
