@@ -51,7 +51,7 @@ def test_revolve_python_table_is_the_kernel_table_byte_for_byte(n):
         assert py.tobytes() == nb.tobytes(), (n, c)
 
 
-def test_revolve_tables_agree_below_at_and_above_the_threshold(monkeypatch):
+def test_revolve_tables_agree_below_at_and_above_the_threshold():
     limit = _revolve._python_steps.limit
     for n in (limit - 1, limit, limit + 1):
         for c in (3, 25):
