@@ -683,7 +683,8 @@ def main(argv=None):
         cold_sizes = ([int(float(x)) for x in args.cold_sizes.split(",")] if args.cold_sizes
                       else [10**2, 10**3, 10**4] if args.quick else [10**2, 10**3, 10**4, 10**5])
         print(f"Cold first calls (fresh process each; median [min, max] of "
-              f"{args.cold_repeats}; c = 10; warm: median of 5 more calls in that process):")
+              f"{args.cold_repeats}; c = 10; warm: median of up to 5 more calls in that "
+              f"process, within 1 s):")
         print(_cold_start.HEADER, flush=True)
         cold = _cold_start.measure(cold_sizes, c=10, repeats=args.cold_repeats,
                                    root=args.cold_root, say=lambda line: print(line, flush=True))
@@ -714,10 +715,11 @@ def main(argv=None):
     with open(out / "bench_schedules.json", "w") as f:
         json.dump(dict(meta=meta, compile=compile_info, rows=rows, forward_checks=checks,
                        cold_start=cold), f, indent=1)
+    written = [out / "bench_schedules.json"]
     if rows:
         plot(rows, out / "bench_schedules.png")
-    print(f"\nwrote {out / 'bench_schedules.json'} and {out / 'bench_schedules.png'} "
-          f"({meta['wall_s']:.0f} s)")
+        written.append(out / "bench_schedules.png")
+    print(f"\nwrote {' and '.join(map(str, written))} ({meta['wall_s']:.0f} s)")
 
 
 def _sources():
