@@ -149,8 +149,11 @@ def _emit_revolve(out, write, n, c):
 
 
 #: Steps of Revolve tables built in plain Python per process (ski rental,
-#: :class:`._jit.PythonBudget`): about as long as loading numba and the
-#: kernel takes (``benchmarks/bench_schedules.py`` measures both).
+#: :class:`._jit.PythonBudget`).  A step costs about 4 rows; a schedule's
+#: first build, replay and I/O plan in Python cost about as long as loading
+#: numba and the three kernels at this many steps (``benchmarks/
+#: bench_schedules.py --only cold`` measures both sides), so this budget and
+#: the 200,000 rows of ``simulate``'s and ``io_plan``'s agree.
 _python_steps = PythonBudget(40_000)
 
 
