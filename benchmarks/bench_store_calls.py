@@ -17,8 +17,10 @@ machine's load average around every measurement; ``--out DIR``, default
 Every measurement runs in a fresh interpreter.  With ``--baseline DIR``
 (a directory holding another ``vlcc_adjoint`` package) the runs alternate
 between that version ("before") and this working tree ("after"), round by
-round, in alternating order, and the tables give the medians over rounds:
-on a shared 2-core VM, interleaving is what makes two versions comparable.
+round, in alternating order, and the tables give the medians over rounds
+and, per call (row ``a/b``), the median over rounds of the paired ratio
+after / before, each a multiple of its own round's copy: on a shared
+machine, interleaving is what makes two versions comparable.
 
 (a) Calls.  States ``{"u": x}`` of one float64 array of 64 KiB, 1.44 MB
 (the 300 x 300 seismic state's size) or 16 MiB, in a
@@ -328,6 +330,20 @@ def main(argv=None):
             cells = [f"{row[op]:9.1f} ({row[op] / copy:4.2f}x)" if op in row else f"{'-':>17s}"
                      for op in OPS]
             print(f"{name:8s} {v:7s} " + " ".join(cells))
+        if args.baseline:
+            # Round by round, after / before of each call's multiple of its
+            # round's copy: the load of a shared machine drifts between
+            # rounds, less within one.
+            pairs = list(zip(runs["calls"]["before"], runs["calls"]["after"]))
+            paired = {}
+            for op in OPS:
+                if all(op in r["sizes"][name] for pair in pairs for r in pair):
+                    paired[op] = float(np.median([
+                        (a["sizes"][name][op] / a["sizes"][name]["copyto"])
+                        / (b["sizes"][name][op] / b["sizes"][name]["copyto"]) for b, a in pairs]))
+            summary["calls"][name]["paired_after_over_before"] = paired
+            print(f"{name:8s} {'a/b':7s} " + " ".join(
+                f"{paired[op]:17.2f}" if op in paired else f"{'-':>17s}" for op in OPS))
     if "seismic" in kinds:
         print(f"\n(b) seismic 300 x 300, nt = {args.nt}, Revolve({args.nt}, {args.slots}), "
               f"median of {args.rounds} (seconds)")

@@ -69,3 +69,79 @@ def test_bench_runs_the_chosen_benchmarks_and_indexes_their_results(tmp_path):
 
 def test_bench_rejects_an_unknown_benchmark():
     assert main(["bench", "--only", "nonesuch"]) != 0
+
+
+def test_bench_help_names_the_command_it_was_given_as(capsys):
+    assert main(["bench", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: vlcc bench ")
+
+
+def test_version_prints_the_package_version(capsys):
+    import vlcc_adjoint
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"vlcc {vlcc_adjoint.__version__}"
+
+
+def test_version_runs_as_a_command():
+    import vlcc_adjoint
+
+    result = subprocess.run([sys.executable, "-m", "vlcc_adjoint", "--version"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"vlcc {vlcc_adjoint.__version__}"
+
+
+def test_the_package_declares_its_license():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "BSD-3-Clause"
+    assert project["license-files"] == ["LICENSE"]
+    text = (root / "LICENSE").read_text()
+    assert "Copyright (c)" in text and "vlcc-adjoint developers" in text
+    assert "Redistribution and use in source and binary forms" in text
+
+
+def _vlcc(*argv, timeout=120):
+    return subprocess.run([sys.executable, "-m", "vlcc_adjoint", *map(str, argv)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--png", "/nonexistent/dir/x.png"], "/nonexistent/dir does not exist"),
+    (["demo", "--png", "{tmp}"], "is a directory"),
+    (["demo", "--png", "{tmp}/x.nosuchformat"], "cannot write .nosuchformat files"),
+    (["plan", "--plot", "/nonexistent/x.png"], "/nonexistent does not exist"),
+    (["plan", "--plot", "{tmp}"], "is a directory"),
+    (["demo", "--steps", "0"], "--steps must be >= 1, got 0"),
+    (["demo", "--nx", "3"], "--nx must be >= 17"),
+    (["demo", "--disk-states", "-1"], "--disk-states must be >= 0, got -1"),
+    (["demo", "--memory-states", "1"], "give --memory-states 4 or more"),
+    (["demo", "--memory-states", "0", "--disk-states", "0"], "give --memory-states 1 or more"),
+    (["plan", "revolve", "--steps", "2000000000", "--snapshots", "1"],
+     "out of memory"),
+])
+def test_bad_arguments_fail_fast_with_one_line(argv, message, tmp_path):
+    import time
+
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    t0 = time.perf_counter()
+    result = _vlcc(*argv)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vlcc: error: "), result.stderr
+    assert message in lines[0], lines[0]
+    assert result.stdout == ""  # nothing ran
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_budget_error_speaks_in_states_not_bytes():
+    result = _vlcc("demo", "--memory-states", "1")
+    assert "bytes" not in result.stderr
+    assert "1 state" in result.stderr

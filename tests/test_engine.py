@@ -332,20 +332,26 @@ def test_mutating_a_loaded_state_or_the_saved_one_never_changes_the_record(tmp_p
             assert same(store.load(5, level), state(5))
 
 
-def test_immutable_leaves_are_kept_by_reference():
-    model = np.linspace(0, 1, 1000).copy()
-    model.flags.writeable = False
+def test_only_leaves_nobody_can_change_are_kept_by_reference():
+    # Read-only down to an immutable bytes buffer: numpy refuses to make it
+    # writeable again, so the store keeps it by reference.
+    model = np.frombuffer(np.linspace(0, 1, 1000).tobytes(), np.float64)
+    owner = np.ones(10)
+    owner.flags.writeable = False  # read-only, but it owns its data: its owner may flip it back
     base = np.ones(10)
     view = base[:]
     view.flags.writeable = False  # read-only, but its base is not: copied
     with TieredStore([MemoryTier()]) as store:
-        store.save(0, {"u": view, "model": model})
+        store.save(0, {"u": view, "model": model, "owner": owner})
         stats = store.stats()
-        assert stats.referenced_bytes == model.nbytes and stats.captured_bytes == 80
+        assert stats.referenced_bytes == model.nbytes and stats.captured_bytes == 160
         base[:] = 5.0
+        owner.flags.writeable = True
+        owner[:] = 7.0
         got = store.load(0)
         assert np.array_equal(got["model"], model) and got["model"] is not model
         assert np.array_equal(got["u"], np.ones(10))
+        assert np.array_equal(got["owner"], np.ones(10))
 
 
 def test_jax_arrays_are_kept_by_reference_and_come_back_as_jax_arrays():

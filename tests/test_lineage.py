@@ -600,12 +600,16 @@ def test_leftovers_of_interrupted_commits_are_invisible_and_swept_by_gc(tmp_path
     stray = path / "chunks" / "ff" / ("0" * 30)
     stray.parent.mkdir(exist_ok=True)
     stray.write_bytes(b"x" * 64)
-    with History(path) as h:
+    with History(path, mode="r") as h:  # a reader changes nothing
+        assert [v.id for v in h.log(all=True)] == [vid]
+        assert work.exists() and (path / "scratch" / "c-999-dead").exists()
+    with History(path) as h:  # a writer's open sweeps scratch/ (no commit in flight anywhere)
+        assert not work.exists() and not (path / "scratch" / "c-999-dead").exists()
         assert [v.id for v in h.log(all=True)] == [vid]
         with pytest.raises(KeyError):
             h.resolve("fedcba987654")
         report = h.gc()
-        assert report.debris_removed == 3 and report.chunks_removed == 1
+        assert report.debris_removed == 1 and report.chunks_removed == 1
         assert not orphan.exists() and not work.exists() and not stray.exists()
         assert h.load(vid)["step"] == 1
 

@@ -201,7 +201,7 @@ def test_every_entry_of_the_cost_table_equals_brute_force(n, levels, fwd):
     read = np.array([lv.read_cost for lv in levels])
     ref, strides = _brute_force_table(n, slots, write, read, fwd)
     q = ms._quantum(n, [fwd, *write, *read])
-    F = ms._solve(n, slots, write, read, fwd, q / 2)[0]
+    F = ms._solve(n, slots, write, read, fwd, q / 2, ms.stop_flag())[0]
     L, P = len(levels), ref.shape[2]
     for k in range(L):
         for a in range(P):

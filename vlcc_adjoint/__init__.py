@@ -9,6 +9,7 @@ modules that need them.
 from .budget import BudgetPlan as BudgetPlan
 from .budget import plan as plan
 from .execute import AdjointResult as AdjointResult
+from .execute import NonFiniteError as NonFiniteError
 from .execute import StateMismatchError as StateMismatchError
 from .execute import run_adjoint as run_adjoint
 from .schedules import Advance as Advance
@@ -30,5 +31,28 @@ from .schedules import io_plan as io_plan
 from .schedules import simulate as simulate
 from .solver import Solver as Solver
 from .solver import timestep as timestep
+
+from . import state as _state
+
+# JAX arrays and pytrees in states without importing vlcc_adjoint.jax first:
+# the provider (vlcc_adjoint/jax/_state.py) registers itself the first time a
+# state is flattened or unflattened after JAX is imported, or a checkpoint
+# holds a JAX leaf.  Nothing is imported until then.
+_state.register_lazy_provider("jax", tags=("jax",), load="vlcc_adjoint.jax._state:register_provider")
+
+
+def _run_spmd(*args, **kwargs):
+    """``run_adjoint(..., comm=)``: load the MPI integration on first use and run there."""
+    from .mpi import run_adjoint as run_on_every_rank
+
+    return run_on_every_rank(*args, **kwargs)
+
+
+# run_adjoint(..., comm=comm) works without importing vlcc_adjoint.mpi first;
+# mpi4py is imported only by such a call (the MPI module registers its own
+# runner, the same function, when it is imported).
+from .execute import register_spmd as _register_spmd  # noqa: E402
+
+_register_spmd(_run_spmd)
 
 __version__ = "0.1.0"

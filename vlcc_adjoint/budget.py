@@ -5,10 +5,13 @@ those budgets into a schedule, and a store to run it with:
 
 1. slots: ``m = memory_bytes // state_bytes`` states fit in memory and
    ``d = disk_bytes // state_bytes`` on disk;
-2. costs, in units of one forward step: the step time and the disk write /
-   read times of one state, measured by a short calibration run (a few
-   forward steps of the solver, one record written to and read from a
-   temporary zarr tier), or given;
+2. costs, in units of one forward step: the forward and adjoint step
+   times, the memory save / restore and the disk write / read times of one
+   state, measured by a short calibration run (steps of the solver over a
+   window of wall time, records saved to and restored from the store's
+   memory level and a temporary zarr tier), or given; they are rounded to
+   a grid of powers of ``2^(1/4)`` so that timing noise does not change
+   the schedule;
 3. candidates, each replayed by :func:`~vlcc_adjoint.schedules.simulate`
    under the same cost model: ``StoreAll`` when memory holds every state,
    ``Revolve(n, m)`` on memory alone, ``Multistage(n, [m, d])`` over memory
@@ -26,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
 
-__all__ = ["BudgetPlan", "plan"]
+__all__ = ["BudgetPlan", "plan", "slots_within"]
 
 #: Largest ``n * (m + 1) * (d + 1)`` handed to the exact two-level program.
 MAX_MULTISTAGE_STATES = 3 * 10**7
@@ -51,7 +55,10 @@ class BudgetPlan:
     - `memory_slots`, `disk_slots`: states that fit in each budget.
     - `state_bytes`: bytes of one stored state.
     - `step_seconds`, `write_seconds`, `read_seconds`, `copy_seconds`: the
-      costs used (disk write / read of one state, memory copy of one state).
+      costs measured or given (disk write / read of one state, memory copy
+      of one state); `adjoint_cost`: an adjoint step in forward steps.  The
+      schedule is chosen, and its time predicted, with these rounded by
+      :func:`round_cost`.
     - `predicted_seconds`: the schedule's predicted run time.
     - `candidates`: ``{name: predicted seconds}`` of every schedule weighed.
     - `explain`: the decision in words.
@@ -67,6 +74,7 @@ class BudgetPlan:
     write_seconds: float
     read_seconds: float
     copy_seconds: float
+    adjoint_cost: float
     predicted_seconds: float
     candidates: dict
     explain: str
@@ -98,6 +106,29 @@ class BudgetPlan:
         return self.explain
 
 
+def slots_within(memory_bytes: int, disk_bytes: int, state_bytes: int,
+                 leaves: int = 4) -> tuple[int, int, int]:
+    """The checkpoint slots :func:`plan` finds in a memory and a disk budget.
+
+    A disk record also carries its zarr metadata (:data:`DISK_RECORD_OVERHEAD`
+    bytes a leaf, and one more for the record), and with a disk level three
+    states of the memory budget are the asynchronous store's buffers (two
+    being written behind the computation, one read ahead of it).
+
+    **Arguments:**
+
+    - `memory_bytes`, `disk_bytes`: the budgets.
+    - `state_bytes`: bytes of one state.
+    - `leaves`: arrays in one state.
+
+    **Returns:** ``(m, d, reserve)``: memory checkpoint slots (``< 1``: the
+    budget holds none), disk slots, and the states reserved as buffers.
+    """
+    d = int(disk_bytes // (state_bytes + DISK_RECORD_OVERHEAD * (leaves + 1)))
+    reserve = 3 if d > 0 else 0
+    return int(memory_bytes // state_bytes) - reserve, d, reserve
+
+
 def _leaf_count(u0) -> int:
     from .state import flatten
 
@@ -111,17 +142,68 @@ def _state_bytes(u0) -> int:
     return int(sum(leaf.nbytes for leaf in leaves))
 
 
-def _time_steps(solver, u0, steps: int) -> float:
-    """Median seconds of one forward step, from `steps` steps on a copy."""
+#: Wall time each step calibration samples (forward, adjoint): on a machine
+#: shared with other work, a few steps timed alone see an idle core, while
+#: the run sees the machine's load; a window of several scheduler time
+#: slices sees it too.  The mean over the window is the estimate.
+CALIBRATION_SECONDS = 0.2
+
+#: Costs are rounded to this grid, in units of the forward step (powers of
+#: ``2^(1/4)``: at most 9% off), before a schedule is chosen, so that timing
+#: noise well inside a grid cell does not change the schedule.
+COST_GRID = 4
+
+
+def round_cost(ratio: float) -> float:
+    """`ratio` rounded to the nearest power of ``2^(1/COST_GRID)`` (0 stays 0)."""
+    if ratio <= 0.0:
+        return 0.0
+    return float(2.0 ** (round(COST_GRID * np.log2(ratio)) / COST_GRID))
+
+
+def _time_steps(solver, u0, steps: int, max_steps: int, adj_final=None,
+                seconds: float = CALIBRATION_SECONDS) -> tuple[float, float | None]:
+    """Mean seconds of one forward step and of one adjoint step.
+
+    Forward steps run on a copy of `u0` (the first one, which may compile,
+    untimed) until `seconds` have passed, at least `steps` and at most
+    `max_steps` of them (``n``: a solver may index its data by step).  With
+    `adj_final` (``lambda_n`` or a callable of ``u_n``), adjoint steps
+    ``k-1, k-2, ...`` then run from ``adj_final(u_k)`` with ``u_k`` in hand,
+    the same way.  Their side effects (a solver accumulating a gradient)
+    happen: reset them before the run.
+
+    **Returns:** ``(forward seconds, adjoint seconds or None)``.
+    """
     from .execute import _copy_state
 
-    state = (getattr(solver, "copy", None) or _copy_state)(u0)
-    times = []
-    for i in range(steps):
+    copy = getattr(solver, "copy", None) or _copy_state
+    state = copy(u0)
+    state = solver.forward(state, 0)  # compile / warm up, untimed
+    k, t0 = 1, time.perf_counter()
+    while k < max_steps and (k <= steps or time.perf_counter() - t0 < seconds):
+        state = solver.forward(state, k)
+        k += 1
+    forward = (time.perf_counter() - t0) / max(k - 1, 1) if k > 1 else None
+    if forward is None:  # a one-step loop: time that step
         t0 = time.perf_counter()
-        state = solver.forward(state, i)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        solver.forward(copy(u0), 0)
+        forward = time.perf_counter() - t0
+    if adj_final is None:
+        return forward, None
+    adj = adj_final(state) if callable(adj_final) else copy(adj_final)
+    adj = solver.adjoint(state, adj, k - 1)  # warm up, untimed
+    i, t0 = k - 2, time.perf_counter()
+    done = 0
+    while i >= 0 and (done < steps or time.perf_counter() - t0 < seconds):
+        adj = solver.adjoint(state, adj, i)
+        i -= 1
+        done += 1
+    if done == 0:
+        t0 = time.perf_counter()
+        solver.adjoint(state, adj, 0)
+        return forward, time.perf_counter() - t0
+    return forward, (time.perf_counter() - t0) / done
 
 
 #: Bytes of records the memory calibration cycles through (at most the
@@ -182,29 +264,33 @@ def _time_memory(u0, state_bytes: int, slots: int, solver=None) -> float:
     return float(np.median(rounds))
 
 
-def _time_disk(nbytes: int, path=None) -> tuple[float, float]:
-    """Seconds to write and to read back one record of `nbytes` on a zarr tier."""
-    from .storage import ZarrTier
-    from .storage._tier import Record
+def _time_disk(nbytes: int, path=None, seconds: float = CALIBRATION_SECONDS,
+               rounds: tuple[int, int] = (3, 16)) -> tuple[float, float]:
+    """Seconds to write and to read back one record of `nbytes` on a zarr tier.
+
+    Records are written and read back, each once, for `seconds` of wall
+    time, at least ``rounds[0]`` and at most ``rounds[1]`` of them; the
+    medians are kept (one slow round - a directory created, a page-cache
+    flush - does not stand for the run).
+    """
+    from .storage import ZarrTier, make_record
 
     rng = np.random.default_rng(0)
     data = rng.standard_normal(max(nbytes // 8, 1))
     with tempfile.TemporaryDirectory(prefix="vlcc-calibrate-", dir=path) as tmp:
         tier = ZarrTier(tmp)
-        try:
-            from .storage import make_record
-
-            record = make_record({"calibration": True}, [data])
-        except ImportError:  # pragma: no cover - make_record ships with the tiers
-            record = Record({"calibration": True}, (data,), ("",))
+        record = make_record({"calibration": True}, [data])
         writes, reads = [], []
-        for k in range(3):
+        start = time.perf_counter()
+        k = 0
+        while k < rounds[0] or (k < rounds[1] and time.perf_counter() - start < seconds):
             t0 = time.perf_counter()
             tier.put(f"c{k}", record)
             writes.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             tier.get(f"c{k}")
             reads.append(time.perf_counter() - t0)
+            k += 1
         tier.close()
     return float(np.median(writes)), float(np.median(reads))
 
@@ -221,9 +307,11 @@ def plan(
     write_seconds: float | None = None,
     read_seconds: float | None = None,
     copy_seconds: float | None = None,
-    adjoint_cost: float = 1.0,
+    adjoint_cost: float | None = None,
+    adj_final: Any = None,
     disk_path=None,
     calibration_steps: int = 3,
+    verbose: bool | Callable[[str], None] = False,
 ) -> BudgetPlan:
     """Choose a schedule for `steps` steps within memory and disk budgets.
 
@@ -245,7 +333,23 @@ def plan(
       the run may keep.  For a cheap step (a stencil on a large grid) a
       copy costs about as much as a step, so memory traffic is part of the
       cost model too.
-    - `adjoint_cost`: an adjoint step's time in forward steps.
+    - `adjoint_cost`: an adjoint step's time in forward steps; default:
+      measured when `adj_final` is given, else 1.
+    - `adj_final`: ``lambda_n`` or a callable ``adj_final(u_n)``, as for
+      :func:`~vlcc_adjoint.run_adjoint`: with it, adjoint steps are timed
+      too (after the forward steps, from the state they reach).  They have
+      their side effects: reset a gradient the solver accumulates before
+      the run.
+    - `calibration_steps`: the least steps timed each way; they run for
+      :data:`CALIBRATION_SECONDS` of wall time each (at most `steps`).
+    - `verbose`: print what is being calibrated, as it starts (or hand
+      each line to `verbose`, if it is a callable).
+
+    Measured costs are rounded to powers of ``2^(1/4)`` forward steps
+    (:func:`round_cost`) before the schedule is chosen and its time
+    predicted, so that the same budgets on the same machine give the same
+    schedule despite timing noise (unless a cost sits at the edge of a grid
+    cell).
 
     **Returns:** a :class:`BudgetPlan`; ``.schedule`` to run,
     ``.make_store()`` to run it with, ``.explain`` for the reasons.
@@ -262,55 +366,88 @@ def plan(
         state_bytes = _state_bytes(u0)
     if state_bytes < 1:
         raise ValueError(f"state_bytes must be >= 1, got {state_bytes}")
-    # A record on disk also carries its zarr metadata (a few KiB a leaf).
     leaves = _leaf_count(u0) if u0 is not None else 4
-    d = int(disk_bytes // (state_bytes + DISK_RECORD_OVERHEAD * (leaves + 1)))
-    # With a disk level, three states of the memory budget are the buffers
-    # of the asynchronous store: two being written behind, one read ahead.
-    reserve = 3 if d > 0 else 0
-    m = int(memory_bytes // state_bytes) - reserve
+    m, d, reserve = slots_within(memory_bytes, disk_bytes, state_bytes, leaves)
     if m < 1:
         raise ValueError(
             f"memory_bytes={memory_bytes} holds no state of {state_bytes} bytes; a schedule "
             f"needs at least one state in memory (four with a disk level: one to keep, two "
             f"being written, one read ahead): give memory_bytes >= {(1 + reserve) * state_bytes}"
         )
-    if step_seconds is None:
+    if callable(verbose):
+        def say(text):
+            verbose(f"plan: {text}")
+    elif verbose:
+        def say(text):
+            print(f"plan: {text}", flush=True)
+    else:
+        def say(text):
+            pass
+    measure_adjoint = adjoint_cost is None and adj_final is not None
+    if step_seconds is None or measure_adjoint:
         if solver is None or u0 is None:
             raise ValueError("plan needs the step time: pass step_seconds=, or solver= and u0= "
                              "to measure it")
-        step_seconds = _time_steps(solver, u0, max(1, calibration_steps))
+        say(f"timing forward{' and adjoint' if measure_adjoint else ''} steps of the solver "
+            f"(about {CALIBRATION_SECONDS:g} s each way, on a copy of u0)")
+        forward, backward = _time_steps(solver, u0, max(1, calibration_steps), n,
+                                        adj_final if measure_adjoint else None)
+        if step_seconds is None:
+            step_seconds = forward
+        if measure_adjoint:
+            adjoint_cost = backward / max(float(step_seconds), 1e-9)
     step_seconds = max(float(step_seconds), 1e-9)
+    adjoint_measured = measure_adjoint
+    adjoint_cost = 1.0 if adjoint_cost is None else float(adjoint_cost)
     if d > 0 and (write_seconds is None or read_seconds is None):
+        say(f"timing a disk write and read of one state ({state_bytes:,} bytes) on a temporary "
+            f"zarr store in {disk_path or tempfile.gettempdir()}")
         w, r = _time_disk(state_bytes, disk_path)
         write_seconds = w if write_seconds is None else write_seconds
         read_seconds = r if read_seconds is None else read_seconds
     write_seconds = float(write_seconds or 0.0)
     read_seconds = float(read_seconds or 0.0)
     if copy_seconds is None:
+        say(f"timing memory saves and restores of the state through the store ({m} slots)")
         copy_seconds = _time_memory(u0, state_bytes, m, solver=solver)
     copy_seconds = float(copy_seconds)
+    # The cost model, in forward steps, on a coarse grid: timing noise inside
+    # a grid cell does not change the schedule (module docstring).
+    copy_cost = round_cost(copy_seconds / step_seconds)
+    # A disk write or read does a memory save's or restore's work too (the
+    # record is copied, checksummed, verified) and then the file's: a timing
+    # that says otherwise (a read served from the page cache while the copy
+    # timing met a busy core) is noise, floored at the memory cost.
+    write_cost = max(round_cost(write_seconds / step_seconds), copy_cost) if d > 0 else 0.0
+    read_cost = max(round_cost(read_seconds / step_seconds), copy_cost) if d > 0 else 0.0
+    adjoint_model = round_cost(adjoint_cost)
 
     notes = [
         f"a state is {state_bytes:,} bytes: memory holds {m} checkpoints"
         + (f" (+ {reserve} I/O buffers), disk {d}" if d else ""),
+        f"one adjoint step takes {adjoint_cost:.2f} forward steps"
+        + (" (measured)" if adjoint_measured else
+           " (assumed; pass adj_final= to measure it)" if adj_final is None else ""),
         f"one forward step takes {step_seconds:.3g} s, a memory save or restore of the state "
         f"{copy_seconds:.3g} s ({copy_seconds / step_seconds:.2f} steps)"
         + (f"; one disk write {write_seconds:.3g} s, one read {read_seconds:.3g} s "
            f"({write_seconds / step_seconds:.2f} and {read_seconds / step_seconds:.2f} steps)"
            if d > 0 else ""),
     ]
+    notes.append(f"costs rounded to the 2^(1/4) grid, in forward steps: adjoint "
+                 f"{adjoint_model:.3g}, memory {copy_cost:.3g}"
+                 + (f", disk write {write_cost:.3g}, read {read_cost:.3g}" if d > 0 else ""))
     candidates: dict[str, tuple[Schedule, float]] = {}
 
-    costs = [(copy_seconds, copy_seconds), (write_seconds, read_seconds)]
+    costs = [(copy_cost, copy_cost), (write_cost, read_cost)]
 
     def weigh(name, schedule):
         # One cost model for every candidate, whatever costs it was planned with.
         stats = simulate(schedule)
-        seconds = (stats.forward_count + n * adjoint_cost) * step_seconds
+        steps_worth = stats.forward_count + n * adjoint_model
         for k, (w, r) in enumerate(costs[: len(stats.writes)]):
-            seconds += stats.writes[k] * w + stats.reads[k] * r
-        candidates[name] = (schedule, seconds)
+            steps_worth += stats.writes[k] * w + stats.reads[k] * r
+        candidates[name] = (schedule, steps_worth * step_seconds)
 
     if m >= n - 1:
         weigh(f"StoreAll({n})", StoreAll(n))
@@ -323,10 +460,10 @@ def plan(
             if disk < d:
                 notes.append(f"the exact two-level program was offered {disk} of the {d} disk "
                              "slots, to keep planning fast")
-            levels = [Level(m, copy_seconds / step_seconds, copy_seconds / step_seconds),
-                      Level(disk, write_seconds / step_seconds, read_seconds / step_seconds)]
+            levels = [Level(m, copy_cost, copy_cost), Level(disk, write_cost, read_cost)]
+            say(f"solving the two-level schedule: Multistage({n}, memory {m} + disk {disk})")
             weigh(f"Multistage({n}, memory {m} + disk {disk})",
-                  Multistage(n, levels, forward_cost=1.0, adjoint_cost=adjoint_cost))
+                  Multistage(n, levels, forward_cost=1.0, adjoint_cost=adjoint_model))
     best = min(candidates, key=lambda k: candidates[k][1])
     schedule, predicted = candidates[best]
     for name, (_, seconds) in candidates.items():
@@ -337,7 +474,7 @@ def plan(
         schedule=schedule, memory_bytes=int(memory_bytes), disk_bytes=int(disk_bytes),
         memory_slots=m, disk_slots=d, state_bytes=int(state_bytes),
         step_seconds=step_seconds, write_seconds=write_seconds, read_seconds=read_seconds,
-        copy_seconds=copy_seconds, predicted_seconds=predicted,
+        copy_seconds=copy_seconds, adjoint_cost=adjoint_cost, predicted_seconds=predicted,
         candidates={k: v[1] for k, v in candidates.items()},
         explain="\n".join(notes),
     )

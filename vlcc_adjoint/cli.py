@@ -49,6 +49,10 @@ def _make_schedule(args):
 def _plan(args) -> int:
     from .schedules import binomial_forward_count
 
+    if args.plot:
+        from .plot import check_figure_path
+
+        check_figure_path(args.plot, "--plot")
     schedule = _make_schedule(args)
     stats = schedule.stats()
     print(schedule)
@@ -68,8 +72,19 @@ def _plan(args) -> int:
 
 
 def _demo(args) -> int:
-    from ._examples.demo import vlcc_demo
+    from ._examples.demo import MIN_GRID, check_demo_budget, vlcc_demo
 
+    for flag, value, least in (("--nx", args.nx, MIN_GRID), ("--nz", args.nz, MIN_GRID),
+                               ("--steps", args.steps, 1)):
+        if value < least:
+            hint = (" (the absorbing layer takes 8 cells on each side)"
+                    if flag != "--steps" else "")
+            raise ValueError(f"{flag} must be >= {least}{hint}, got {value}")
+    check_demo_budget(args.nx, args.nz, args.memory_states, args.disk_states)
+    if args.png:
+        from .plot import check_figure_path
+
+        check_figure_path(args.png, "--png")
     result = vlcc_demo(nx=args.nx, nz=args.nz, nt=args.steps,
                        memory_states=args.memory_states, disk_states=args.disk_states,
                        png=args.png or None)
@@ -84,19 +99,31 @@ def _add_lineage(sub) -> dict:
 
 
 def _bench(rest) -> int:
+    import importlib.util
     import pathlib
-    import subprocess
 
     script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_all.py"
     if not script.exists():
         print("vlcc: error: vlcc bench runs the benchmarks of a source checkout; clone the "
               "repository and install it with pip install -e '.[test,bench]'", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(script), *rest])
+    # benchmarks/run_all.py is a script of the source tree, not a module of
+    # the package: load it from its path and run it here, under this name.
+    spec = importlib.util.spec_from_file_location("vlcc_bench_run_all", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(list(rest), prog="vlcc bench")
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"vlcc {__version__}"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="vlcc", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     demo = sub.add_parser(
@@ -126,9 +153,18 @@ def main(argv=None) -> int:
         if args.command == "plan":
             return _plan(args)
         return _demo(args)
-    except ValueError as error:
+    except (ValueError, OSError, ImportError) as error:
         print(f"vlcc: error: {error}", file=sys.stderr)
         return 2
+    except MemoryError as error:
+        what = "fewer steps or more snapshots" if args.command == "plan" else \
+            "a smaller grid (--nx, --nz) or fewer --steps"
+        print(f"vlcc: error: out of memory ({error or 'allocation failed'}); give {what}",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vlcc: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -41,23 +41,26 @@ same objects for the whole run); snapshots hold only the live levels
 (``time_order`` of the ``time_order + 1`` slots), halos included so a restore
 is bit-exact.
 
-**The reverse step.** pyrevolve runs the forward operator for one step
-before every reverse step, so the reverse operator at ``t`` may read
-``u[t+1]``.  The usual imaging condition (``grad -= u * v.dt2``) reads only
-``u[t]``, which the restored state already holds; :class:`DevitoSolver`
-reads the reverse operator's generated code to find which levels it
-accesses and skips that forward step when it is not needed: ``n`` of the
-``~6n`` forward iterations of a Revolve run at pyrevolve's default snapshot
-count (measured: about 14% fewer operator iterations).  One reverse operator
-call per step: a schedule restores a state before every adjoint step but
-the last of a segment, so calls are not merged; the arguments are prepared
-once and each step calls the compiled kernel directly (as
-``devito.CheckpointOperator`` does), microseconds per call.
+**The reverse step.** pyrevolve 2.2.8 applies the reverse operator over
+``(i, i + 1)`` for ``i = n - 1 .. 0`` (``n`` times), each time just after
+the forward operator over ``(i, i + 1)`` (for ``n - 1``, the last forward
+step itself), so it may read ``u[t+1]`` and the forward's other outputs at
+``t`` (receivers).  The usual imaging condition (``grad -= u * v.dt2``)
+reads only ``u[t]``, which the restored state holds: :class:`DevitoSolver`
+reads both operators' generated code and skips that forward step when the
+reverse operator reads nothing it writes (``n`` of the ``~6n`` forward
+iterations of Revolve at pyrevolve's default snapshot count).  A buffered
+field's time index is known modulo its buffer size only (Devito writes
+``u[t+1]`` of a two-slot buffer as ``u[t-1]``): a read of the slot outside
+the ``time_order`` live levels is a read of ``u[t+1]``.  Code that cannot
+be read gets the forward step, as in pyrevolve; either way the results are
+pyrevolve's, bit for bit.  The arguments are prepared once and each step
+calls the compiled kernel directly (as ``devito.CheckpointOperator`` does).
 
-**Caveat (as with pyrevolve).** Recomputation reruns the forward operator,
-which rewrites whatever it writes besides the state, receivers included: the
-reverse operator must read the data residual from its own object, not from
-the forward operator's receivers.
+**The end of the forward sweep.** The last forward step runs in the
+fields' own buffers, as in pyrevolve: after the forward sweep (for
+:class:`Revolver`, after ``apply_forward()``) the fields hold what a plain
+forward run leaves in them, receivers included.
 
 **Caveat (Devito's).** Devito's CPU operators switch the calling thread to
 flush-to-zero / denormals-are-zero (``_MM_SET_FLUSH_ZERO_MODE``) and leave
@@ -105,10 +108,9 @@ class _KernelRange:
     """A Devito ``Operator`` applied over ``(t_start, t_end)``.
 
     The argument map is prepared once (``Operator.arguments``); each call
-    sets the two time bounds and calls the compiled kernel, skipping the
-    per-call argument processing of ``Operator.apply`` (milliseconds, as much
-    as a small grid's time step).  The data pointers in the map stay valid:
-    the adapter only ever copies into the fields' existing buffers.
+    sets the two time bounds and calls the compiled kernel, skipping
+    ``Operator.apply``'s per-call argument processing (milliseconds).  The
+    data pointers stay valid: the adapter only copies into existing buffers.
     """
 
     def __init__(self, op, kwargs: dict, time_name: str):
@@ -148,9 +150,11 @@ def _as_range_op(op, kwargs, time_name, what):
     return op
 
 
-def _time_offsets(op, names) -> dict[str, set[int]] | None:
-    """Which time levels ``t + k`` of the fields `names` the generated code of
-    `op` accesses, per field; ``None`` when that cannot be read from it."""
+def _accesses(op) -> tuple[dict[str, set[int]], set[str]] | None:
+    """``(reads, writes)`` of the generated code of `op`: for each function it
+    reads, the time offsets ``k`` of its accesses ``f[t + k]`` (empty for a
+    function without time), and the names of the functions it writes;
+    ``None`` when the code cannot be read."""
     while hasattr(op, "op"):  # CheckpointOperator, _KernelRange, ... wrap one
         op = op.op
     try:
@@ -159,12 +163,16 @@ def _time_offsets(op, names) -> dict[str, set[int]] | None:
         from devito.symbolics import retrieve_indexed
 
         nodes = [op] + [getattr(f, "root", f) for f in getattr(op, "_func_table", {}).values()]
-        found = {name: set() for name in names}
+        reads: dict[str, set[int]] = {}
+        writes: set[str] = set()
         for node in nodes:
             for expr in FindNodes(Expression).visit(node):
-                for indexed in retrieve_indexed(expr.expr.rhs):  # reads
+                for indexed in retrieve_indexed(expr.expr.lhs):
+                    writes.add(indexed.function.name)
+                for indexed in retrieve_indexed(expr.expr.rhs):
                     f = indexed.function
-                    if f.name not in found:
+                    offsets = reads.setdefault(f.name, set())
+                    if not getattr(f, "is_TimeFunction", False) or getattr(f, "is_Sparse", False):
                         continue
                     index = indexed.indices[0]
                     # A buffered field is indexed by a ModuloDimension whose
@@ -172,10 +180,21 @@ def _time_offsets(op, names) -> dict[str, set[int]] | None:
                     k = sympy.simplify(getattr(index, "origin", index) - f.indices[0])
                     if not k.is_Integer:
                         return None
-                    found[f.name].add(int(k))
+                    offsets.add(int(k))
     except Exception:  # an IR this code does not know: fall back to the safe path
         return None
-    return found if any(found.values()) else None
+    return (reads, writes) if reads else None
+
+
+def _data_address(range_op, name: str) -> int | None:
+    """The address of the data bound to `name` in a prepared operator's
+    arguments (``CheckpointOperator.args``, ``_KernelRange.args``); ``None``
+    when unknown."""
+    arg = getattr(range_op, "args", {}).get(name)
+    try:
+        return int(arg._obj.data.value)
+    except (AttributeError, TypeError):
+        return None
 
 
 # ---------------------------------------------------------------------------
@@ -198,18 +217,16 @@ class DevitoSolver:
       ``apply``, prepared once (fields, ``dt``, ...).
     - `recompute`: run the forward operator for one step before each reverse
       step, as pyrevolve does, so the reverse operator may read level
-      ``t + 1``.  Default ``None``: only if the reverse operator's code reads
-      a level the restored state lacks.
-    - `reverse_final_step`: also apply the reverse operator at step ``n``
-      (time index ``n + o``) before step ``n - 1``: pyrevolve's sweep, one
-      reverse iteration longer than the forward one.  Default ``False``: the
-      reverse operator runs over the forward operator's time range, as
-      Devito's store-everything gradient does.
+      ``t + 1`` and the forward operator's other outputs at ``t``.  Default
+      ``None``: only if the reverse operator's code reads a level the
+      restored state lacks or a field the forward operator writes.
 
     Step ``i`` is pyrevolve's (see the module docstring): ``forward_many(u,
     a, b)`` is the forward operator over ``(a, b)``, ``adjoint(u, adj, i)``
-    the reverse operator over ``(i, i + 1)``.  The adjoint state lives in
-    the reverse operator's fields, so the executor's ``adj`` is ``None``.
+    the reverse operator over ``(i, i + 1)``, ``i = n - 1 .. 0`` (``n``
+    reverse iterations, as pyrevolve and Devito's store-everything gradient).
+    The adjoint state lives in the reverse operator's fields, so the
+    executor's ``adj`` is ``None``.
 
     **Attributes:** `live` (the state in hand: the fields' whole buffers),
     `recompute` (the decision taken), `offset` (the first time index ``o``).
@@ -218,8 +235,7 @@ class DevitoSolver:
     restore_in_place = True
 
     def __init__(self, forward, reverse, state, *, forward_kwargs: dict | None = None,
-                 reverse_kwargs: dict | None = None, recompute: bool | None = None,
-                 reverse_final_step: bool = False):
+                 reverse_kwargs: dict | None = None, recompute: bool | None = None):
         functions = list(getattr(state, "objects", state))
         if not functions:
             raise ValueError("state must name the checkpointed TimeFunctions, e.g. [u]")
@@ -245,31 +261,44 @@ class DevitoSolver:
         self._orders = [int(f.time_order) for f in functions]
         self._buffered = [bool(getattr(f, "_time_buffering", True)) for f in functions]
         self.recompute = self._decide_recompute(recompute)
-        self.reverse_final_step = bool(reverse_final_step)
-        self.n_steps: int | None = None  # set by run(); needed for reverse_final_step
+        self.n_steps: int | None = None  # set by run()
+        self._at_end = False  # forward step n - 1 ran in the buffers (u_n is there)
 
     # -- which levels the reverse step needs ---------------------------------
     def _decide_recompute(self, recompute):
         if recompute is not None:
             return bool(recompute)
-        offsets = _time_offsets(self._rev, [f.name for f in self.functions])
-        if offsets is None:
+        rev, fwd = _accesses(self._rev), _accesses(self._fwd)
+        if rev is None or fwd is None:
             return True  # unknown: do as pyrevolve does
+        reads, _ = rev
+        _, writes = fwd
         shift = self._rev_offset - self.offset  # reverse iteration t_i + shift for state i
         needs_next = False
-        for f, order in zip(self.functions, self._orders):
-            for k in offsets.get(f.name, ()):
-                level = shift + k  # relative to the newest level of state i
-                if -order < level <= 0:
-                    continue
-                if level == 1:
-                    needs_next = True  # one forward step writes it, into a free slot
+        for f, order, buffered, buf in zip(self.functions, self._orders, self._buffered,
+                                           self.live):
+            # A buffered field's level is known modulo its buffer size only.
+            size = buf.shape[0] if buffered else 1 << 62
+            for k in reads.get(f.name, ()):
+                level = (shift + k) % size  # relative to the newest level of state i
+                if level in {(-j) % size for j in range(order)}:
+                    continue  # a live level of the restored state
+                if level == 1 % size:  # the level (slot) one forward step writes
+                    needs_next = True
                     continue
                 raise ValueError(
                     f"the reverse operator reads {f.name}[t{k:+d}], a time level that neither "
                     f"the checkpointed state (the {order} newest levels) nor one forward step "
                     f"provides; raise {f.name}'s time_order or checkpoint another field"
                 )
+        # Another output of the forward step (receivers) read by the reverse
+        # step: pyrevolve's reverse step reads it as that forward step left it.
+        state = {f.name for f in self.functions}
+        for name in writes - state:
+            if name in reads:
+                a, b = _data_address(self._fwd, name), _data_address(self._rev, name)
+                if a is None or b is None or a == b:
+                    needs_next = True
         return needs_next
 
     # -- slots ---------------------------------------------------------------
@@ -289,6 +318,7 @@ class DevitoSolver:
 
     def on_load(self, stored, step: int, out=None):
         """Copy a snapshot's levels into their slots of the live buffers."""
+        self._at_end = False
         it = iter(stored)
         for j, buf in enumerate(self.live):
             for s in self._slots(j, step, buf.shape[0]):
@@ -300,12 +330,14 @@ class DevitoSolver:
 
     # -- steps ---------------------------------------------------------------
     def forward_many(self, state, start: int, stop: int):
+        final = self.n_steps is not None and stop == self.n_steps
         if state is self.live:
             self._fwd.apply(t_start=start, t_end=stop)
+            self._at_end = final
             return state
         # A detached state (the executor's copy, to compute u_n): run it in the
-        # fields' buffers and put back what they held.
-        held = self.copy(self.live)
+        # fields' buffers.
+        held = None if final else self.copy(self.live)
         for buf, src in zip(self.live, state):
             np.copyto(buf, src)
         try:
@@ -313,8 +345,13 @@ class DevitoSolver:
             for buf, dst in zip(self.live, state):
                 np.copyto(dst, buf)
         finally:
-            for buf, src in zip(self.live, held):
-                np.copyto(buf, src)
+            if held is not None:  # put back what the buffers held
+                for buf, src in zip(self.live, held):
+                    np.copyto(buf, src)
+        # The last step stays in the buffers, as in pyrevolve: they hold u_n
+        # after the forward sweep, and the live levels of u_{n-1} still (the
+        # step writes only the slot outside them), ready for reverse step n - 1.
+        self._at_end = final
         return state
 
     def forward(self, state, step: int):
@@ -324,11 +361,11 @@ class DevitoSolver:
         if state is not self.live:
             for buf, src in zip(self.live, state):
                 np.copyto(buf, src)
-        last = self.reverse_final_step and step == self.n_steps - 1
-        if self.recompute or last:
+            self._at_end = False
+        if self.recompute and not (self._at_end and step == self.n_steps - 1):
             self._fwd.apply(t_start=step, t_end=step + 1)
-        # pyrevolve's extra reverse iteration at n runs in the same call.
-        self._rev.apply(t_start=step, t_end=step + 2 if last else step + 1)
+        self._at_end = False
+        self._rev.apply(t_start=step, t_end=step + 1)
         return adj
 
     # -- running -------------------------------------------------------------
@@ -358,6 +395,7 @@ class DevitoSolver:
         """
         schedule, store, scratch = _resolve_schedule(schedule, steps, store)
         self.n_steps = schedule.n_steps
+        self._at_end = False
 
         def between(_final_state):
             if before_reverse is not None:
@@ -476,9 +514,10 @@ class Revolver:
 
     ``apply_forward()`` runs the forward sweep, taking snapshots; the caller
     may then read the forward's outputs (receivers) and set the adjoint's
-    inputs (the residual); ``apply_reverse()`` runs the reverse sweep.  The
-    reverse operator covers steps ``n .. 0``, as pyrevolve's does.  After
-    it, :attr:`result` is the run's
+    inputs (the residual); ``apply_reverse()`` runs the reverse sweep.  As
+    with pyrevolve, the fields hold the final forward state after
+    ``apply_forward()``, and the reverse operator runs over steps
+    ``n - 1 .. 0`` (``n`` iterations).  After it, :attr:`result` is the run's
     :class:`~vlcc_adjoint.execute.AdjointResult` (timings, schedule and
     storage statistics).
 
@@ -497,7 +536,7 @@ class Revolver:
                              "vlcc_adjoint.Online through DevitoSolver.run)")
         self.solver = DevitoSolver(fwd_operator, rev_operator, checkpoint,
                                    forward_kwargs=fwd_kwargs, reverse_kwargs=rev_kwargs,
-                                   recompute=recompute, reverse_final_step=True)
+                                   recompute=recompute)
         self.n_timesteps = int(n_timesteps)
         self.n_checkpoints = n_checkpoints
         self.schedule, self.store, self._scratch = _resolve_schedule(
@@ -554,5 +593,7 @@ class Revolver:
             sweeps.go.set()
 
     def __repr__(self) -> str:
-        return (f"vlcc_adjoint.devito.Revolver({self.schedule!r}, "
-                f"n_timesteps={self.n_timesteps}, recompute={self.solver.recompute})")
+        # Also for an instance whose __init__ raised (debuggers, tracebacks).
+        recompute = getattr(getattr(self, "solver", None), "recompute", None)
+        return (f"vlcc_adjoint.devito.Revolver({getattr(self, 'schedule', None)!r}, "
+                f"n_timesteps={getattr(self, 'n_timesteps', None)}, recompute={recompute})")

@@ -25,11 +25,25 @@ The final state ``u_n`` is never needed by the schedules themselves
 (``Reverse(n - 1)`` starts from ``u_{n-1}``), but the objective is a
 function of it, so the executor evaluates the last forward step once from a
 copy of ``u_{n-1}`` unless the schedule's sweep already reached ``u_n``.
+
+Integrations sit above this module and it imports none of them.  One that
+runs the same interpreter on every rank of a communicator (SPMD; the MPI
+integration, :mod:`vlcc_adjoint.mpi`, does so when imported) registers its
+runner with :func:`register_spmd`; ``run_adjoint(..., comm=comm)`` hands
+the run to it.
+
+Checks.  With ``check=True`` (the default) the adjoint seed ``adj_final``
+is compared with the state's shapes and keys before the first step,
+and every step's output with the structure, shapes and dtypes of its
+input, as it happens; the work of a check is planned once per structure
+(:func:`vlcc_adjoint._checks.matcher`) and its message written only when
+it fails.  With ``check_finite=True`` every state and adjoint is also
+tested for nan/inf, and the first one found is named
+(:class:`NonFiniteError`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -37,172 +51,43 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import NonFiniteError as NonFiniteError
+from ._checks import StateMismatchError as StateMismatchError
+from ._checks import check_finite as _check_finite
+from ._checks import check_seed as _check_seed
+from ._checks import describe_mismatch as _describe_mismatch
+from ._checks import matcher as _matcher
+from ._checks import signature as _signature
+from ._result import AdjointResult as AdjointResult
 from .schedules import ActionKind, Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
 
-__all__ = ["AdjointResult", "StateMismatchError", "run_adjoint"]
+__all__ = ["AdjointResult", "NonFiniteError", "StateMismatchError", "register_spmd",
+           "run_adjoint"]
 
 _CHUNK = 1 << 16  # table rows converted to Python ints at a time
 
-
-class StateMismatchError(ValueError):
-    """A solver returned a state whose structure, shapes or dtypes differ
-    from the initial one."""
+_spmd_runner: Callable[..., Any] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class AdjointResult:
-    """What :func:`run_adjoint` computed and what it cost.
+def register_spmd(runner: Callable[..., Any]) -> None:
+    """Install the runner that ``run_adjoint(..., comm=comm)`` hands a run to.
 
-    **Attributes:**
+    An integration that runs the interpreter on every rank of a
+    communicator registers itself here when it is imported
+    (:mod:`vlcc_adjoint.mpi` does), so that this module names no layer
+    above it.  The last registration wins.
 
-    - `adjoint`: ``lambda_0``, the gradient of the objective with respect
-      to ``u_0``.
-    - `final_state`: ``u_n``, the end of the forward sweep.
-    - `schedule_stats`: :class:`~vlcc_adjoint.schedules.ScheduleStats` of the
-      schedule that ran.
-    - `store_stats`: the store's ``stats()`` at the end of the run.
-    - `forward_steps`: forward steps evaluated (the schedule's forward count,
-      plus one when ``u_n`` was computed for the objective).
-    - `forward_seconds`, `adjoint_seconds`: time inside the solver's forward
-      and adjoint calls.
-    - `stall_seconds`: time the executor waited in store calls (save, load,
-      delete, move, and the final flush).
-    - `wall_seconds`: the whole run.
+    **Arguments:**
+
+    - `runner`: called as ``runner(solver, schedule, u0, adj_final, store,
+      progress, comm=comm, stop=..., max_steps=..., check=...,
+      check_finite=...)``; it returns the run's result.
     """
-
-    adjoint: Any
-    final_state: Any
-    schedule_stats: ScheduleStats
-    store_stats: Any
-    forward_steps: int
-    forward_seconds: float
-    adjoint_seconds: float
-    stall_seconds: float
-    wall_seconds: float
-
-    @property
-    def n_steps(self) -> int:
-        return self.schedule_stats.n_steps
-
-
-# ---------------------------------------------------------------------------
-# state signatures: catch a solver returning the wrong shape at the step it
-# happens, for a few microseconds a step
-# ---------------------------------------------------------------------------
-
-def _signature(state) -> Any:
-    """The structure, shapes and dtypes of a state (values ignored)."""
-    if isinstance(state, np.ndarray):
-        return ("array", state.shape, state.dtype.str)
-    if hasattr(state, "shape") and hasattr(state, "dtype"):  # jax / torch arrays
-        try:
-            dtype = np.dtype(state.dtype).str
-        except TypeError:
-            dtype = str(state.dtype)
-        return ("array", tuple(state.shape), dtype)
-    if isinstance(state, dict):
-        return ("dict", tuple((k, _signature(v)) for k, v in state.items()))
-    if isinstance(state, (list, tuple)):
-        return (type(state), tuple(_signature(v) for v in state))
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return (type(state), tuple((f.name, _signature(getattr(state, f.name)))
-                                   for f in dataclasses.fields(state)))
-    return (type(state),)
-
-
-def _matcher(sig) -> Callable[[Any], bool]:
-    """``match(state) -> bool``: whether ``_signature(state) == sig``,
-    without building the signature.
-
-    ``_signature`` builds nested tuples and asks ``dataclasses.fields`` at
-    every level, a few microseconds a node, twice per time step.  The
-    matcher compares the same things in place: types, keys and lengths, and
-    per numpy array its shape and dtype.  It answers exactly what the
-    comparison would, so a mismatch is still found at the step it happens
-    (and described from the full signatures)."""
-    kind = sig[0]
-    if kind == "array":
-        shape, dstr = sig[1], sig[2]
-        dtypes = []  # dtype objects seen with this dtype.str: an identity check
-
-        def match_array(x):
-            if type(x) is np.ndarray:
-                if x.shape != shape:
-                    return False
-                dtype = x.dtype
-                for seen in dtypes:
-                    if dtype is seen:
-                        return True
-                if dtype.str != dstr:
-                    return False
-                if len(dtypes) < 4:
-                    dtypes.append(dtype)
-                return True
-            return _signature(x) == sig  # JAX / torch arrays
-        return match_array
-    if kind == "dict":
-        pairs = tuple((k, _matcher(v)) for k, v in sig[1])
-
-        def match_dict(x):
-            if type(x) is not dict:
-                return _signature(x) == sig
-            if len(x) != len(pairs):
-                return False
-            for (k, v), (key, match) in zip(x.items(), pairs):
-                if not (k == key and match(v)):
-                    return False
-            return True
-        return match_dict
-    cls = kind
-    if len(sig) == 1:  # a type _signature does not look into
-        return lambda x: _signature(x) == sig
-    if issubclass(cls, (list, tuple)):
-        subs = tuple(_matcher(v) for v in sig[1])
-
-        def match_seq(x):
-            if type(x) is not cls or len(x) != len(subs):
-                return False
-            for v, match in zip(x, subs):
-                if not match(v):
-                    return False
-            return True
-        return match_seq
-    names = tuple(name for name, _ in sig[1])
-    subs = tuple(_matcher(v) for _, v in sig[1])
-
-    def match_fields(x):
-        if type(x) is not cls:
-            return False
-        for name, match in zip(names, subs):
-            if not match(getattr(x, name)):
-                return False
-        return True
-    return match_fields
-
-
-def _describe_mismatch(got, want, path="state") -> str:
-    if got == want:
-        return ""
-    if got[0] == "array" and want[0] == "array":
-        return (f"{path} is an array of shape {got[1]} and dtype {got[2]}, "
-                f"expected shape {want[1]} and dtype {want[2]}")
-    if got[0] != want[0]:
-        gname = got[0] if isinstance(got[0], str) else got[0].__name__
-        wname = want[0] if isinstance(want[0], str) else want[0].__name__
-        return f"{path} is a {gname}, expected a {wname}"
-    if len(got) > 1 and len(got[1]) != len(want[1]):
-        return f"{path} has {len(got[1])} entries, expected {len(want[1])}"
-    for i, (g, w) in enumerate(zip(got[1], want[1])):
-        if got[0] == "dict" or dataclasses.is_dataclass(got[0]):
-            if g[0] != w[0]:
-                return f"{path} has key {g[0]!r} where {w[0]!r} was expected"
-            sub = _describe_mismatch(g[1], w[1], f"{path}[{g[0]!r}]")
-        else:
-            sub = _describe_mismatch(g, w, f"{path}[{i}]")
-        if sub:
-            return sub
-    return f"{path} differs in structure"
+    global _spmd_runner
+    if not callable(runner):
+        raise TypeError(f"register_spmd needs a callable runner, got {type(runner).__name__}")
+    _spmd_runner = runner
 
 
 def _copy_state(state):
@@ -219,14 +104,20 @@ def _copy_state(state):
 
 class _Run:
     """The machine of :mod:`~vlcc_adjoint.schedules.actions`, driving a solver
-    and a store.  One instance per :func:`run_adjoint` call."""
+    and a store.  One instance per :func:`run_adjoint` call.
 
-    def __init__(self, solver, store, n, adj, check, progress_bar):
+    What the run is doing is kept as a template (:attr:`where`) and its
+    arguments (:attr:`at`), formatted only when an error needs the text:
+    formatting a message every step costs more than the step of a small
+    state."""
+
+    def __init__(self, solver, store, n, adj, check, progress_bar, check_finite=False):
         self.solver = solver
         self.store = store
         self.n = n
         self.adj = adj  # lambda_n, or a callable of u_n
         self.check = check
+        self.check_finite = check_finite
         self.bar = progress_bar
         self.u = None  # the state in hand
         self.spare = None  # a consumed state whose buffers a Load may reuse
@@ -236,39 +127,50 @@ class _Run:
         self.matches = self.adj_matches = None  # _matcher of each signature
         self.forward_steps = 0
         self.t_forward = self.t_adjoint = self.t_store = 0.0
-        self.forward_many = getattr(solver, "forward_many", None)
+        # Step by step under check_finite: forward_many would hide which step blew up.
+        self.forward_many = None if check_finite else getattr(solver, "forward_many", None)
         self.on_save = getattr(solver, "on_save", None)
         self.on_load = getattr(solver, "on_load", None)
         self.in_place = bool(getattr(solver, "restore_in_place", False))
         self.copy = getattr(solver, "copy", None) or _copy_state
-        self.where = ""  # what the run is doing, for error notes
+        self.where, self.at = "", ()  # what the run is doing, for error notes
+
+    def where_text(self) -> str:
+        at = self.at if isinstance(self.at, tuple) else (self.at,)
+        return self.where.format(*at)
 
     # -- forward ---------------------------------------------------------
-    def _checked(self, state, what):
-        if self.check and not self.matches(state):
-            sig = _signature(state)
-            if sig != self.signature:
-                raise StateMismatchError(
-                    f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
-                    "(as in u_0). A solver must return states of one structure, shape and "
-                    "dtype; check the step function's output, or convert it (e.g. "
-                    "np.asarray(..., dtype=...))"
-                )
-        return state
+    def _mismatch(self, state, what: str) -> None:
+        sig = _signature(state)
+        if sig != self.signature:
+            raise StateMismatchError(
+                f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
+                "(as in u_0). A solver must return states of one structure, shape and "
+                "dtype; check the step function's output, or convert it (e.g. "
+                "np.asarray(..., dtype=...))"
+            )
 
     def advance(self, a, b):
         u = self.u
+        check = self.check
         t0 = time.perf_counter()
         if self.forward_many is not None:
-            self.where = f"the solver's forward_many({a}, {b})"
+            self.where, self.at = "the solver's forward_many({0}, {1})", (a, b)
             u = self.forward_many(u, a, b)
-            u = self._checked(u, f"forward_many({a}, {b})")
+            if check and not self.matches(u):
+                self._mismatch(u, f"forward_many({a}, {b})")
         else:
             forward = self.solver.forward
+            matches = self.matches
+            finite = self.check_finite
+            self.where = "the solver's forward step {0}"
             for i in range(a, b):
-                self.where = f"the solver's forward step {i}"
+                self.at = i
                 u = forward(u, i)
-                u = self._checked(u, f"forward step {i}")
+                if check and not matches(u):
+                    self._mismatch(u, f"forward step {i}")
+                if finite:
+                    _check_finite(u, "forward", i)
         self.t_forward += time.perf_counter() - t0
         self.forward_steps += b - a
         self.u = u
@@ -279,14 +181,14 @@ class _Run:
 
     # -- storage ---------------------------------------------------------
     def save(self, i, level):
-        self.where = f"saving u_{i} on level {level}"
+        self.where, self.at = "saving u_{0} on level {1}", (i, level)
         state = self.on_save(self.u, i) if self.on_save is not None else self.u
         t0 = time.perf_counter()
         self.store.save(i, state, level=level)
         self.t_store += time.perf_counter() - t0
 
     def load(self, i, level):
-        self.where = f"loading u_{i} from level {level}"
+        self.where, self.at = "loading u_{0} from level {1}", (i, level)
         out = self.u if self.u is not None else self.spare
         t0 = time.perf_counter()
         if self.on_load is not None:
@@ -303,33 +205,46 @@ class _Run:
         self.spare = None
 
     def delete(self, i, level):
-        self.where = f"deleting u_{i} from level {level}"
+        self.where, self.at = "deleting u_{0} from level {1}", (i, level)
         t0 = time.perf_counter()
         self.store.delete(i, level=level)
         self.t_store += time.perf_counter() - t0
 
     def move(self, i, src, dst):
-        self.where = f"moving u_{i} from level {src} to level {dst}"
+        self.where, self.at = "moving u_{0} from level {1} to level {2}", (i, src, dst)
         t0 = time.perf_counter()
         self.store.move(i, src, dst)
         self.t_store += time.perf_counter() - t0
 
     # -- adjoint ---------------------------------------------------------
+    def _seed(self, i):
+        """Before adjoint step n-1: u_n (computed if the sweep did not reach
+        it) and the seed lambda_n, checked."""
+        if self.final_state is None:
+            self.where, self.at = "the solver's forward step {0} (computing u_n)", i
+            t0 = time.perf_counter()
+            u_n = self.solver.forward(self.copy(self.u), i)
+            self.t_forward += time.perf_counter() - t0
+            self.forward_steps += 1
+            if self.check and not self.matches(u_n):
+                self._mismatch(u_n, f"forward step {i}")
+            if self.check_finite:
+                _check_finite(u_n, "forward", i)
+            self.final_state = u_n
+        if callable(self.adj):
+            self.where, self.at = "adj_final(u_n)", ()
+            self.adj = self.adj(self.copy(self.final_state))
+            if self.check:
+                _check_seed(self.adj, self.signature, "adj_final(u_n)")
+            if self.check_finite:
+                _check_finite(self.adj, "seed", None)
+        self.adj_signature = _signature(self.adj)
+        self.adj_matches = _matcher(self.adj_signature)
+
     def reverse(self, i):
         if i == self.n - 1:
-            if self.final_state is None:
-                self.where = f"the solver's forward step {i} (computing u_n)"
-                t0 = time.perf_counter()
-                u_n = self.solver.forward(self.copy(self.u), i)
-                self.t_forward += time.perf_counter() - t0
-                self.forward_steps += 1
-                self.final_state = self._checked(u_n, f"forward step {i}")
-            if callable(self.adj):
-                self.where = "adj_final(u_n)"
-                self.adj = self.adj(self.copy(self.final_state))
-            self.adj_signature = _signature(self.adj)
-            self.adj_matches = _matcher(self.adj_signature)
-        self.where = f"the solver's adjoint step {i}"
+            self._seed(i)
+        self.where, self.at = "the solver's adjoint step {0}", i
         t0 = time.perf_counter()
         adj = self.solver.adjoint(self.u, self.adj, i)
         self.t_adjoint += time.perf_counter() - t0
@@ -342,38 +257,40 @@ class _Run:
                     "adj_final). An adjoint step must return lambda_i with the structure, "
                     "shapes and dtypes of lambda_{i+1}"
                 )
+        if self.check_finite:
+            _check_finite(adj, "adjoint", i)
         self.adj = adj
         self.spare, self.u = self.u, None
 
     # -- the table ---------------------------------------------------------
+    def handlers(self) -> dict:
+        """``{kind: handler(a, b, level, dst)}``: one dictionary lookup an
+        action, instead of a chain of comparisons."""
+        return {
+            int(ActionKind.ADVANCE): lambda a, b, level, dst: self.advance(a, b),
+            int(ActionKind.SAVE): lambda a, b, level, dst: self.save(a, level),
+            int(ActionKind.LOAD): lambda a, b, level, dst: self.load(a, level),
+            int(ActionKind.DELETE): lambda a, b, level, dst: self.delete(a, level),
+            int(ActionKind.MOVE): lambda a, b, level, dst: self.move(a, level, dst),
+            int(ActionKind.REVERSE): lambda a, b, level, dst: self.reverse(a),
+        }
+
     def run_table(self, table: np.ndarray, offset: int = 0):
         """Execute the rows of ``table`` (``offset``: index of its first row in
         the whole schedule, for messages)."""
+        handlers = self.handlers()
         for start in range(0, len(table), _CHUNK):
             chunk = table[start : start + _CHUNK]
             rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
                        chunk["level"].tolist(), chunk["dst"].tolist())
-            for j, (kind, a, b, level, dst) in enumerate(rows):
-                self.index = offset + start + j
-                self.dispatch(kind, a, b, level, dst)
+            for index, (kind, a, b, level, dst) in enumerate(rows, offset + start):
+                self.index = index
+                handler = handlers.get(kind)
+                if handler is None:
+                    raise ValueError(f"unknown action kind {kind} in the schedule table")
+                handler(a, b, level, dst)
             if self.bar is not None:
                 self.bar.update(len(chunk))
-
-    def dispatch(self, kind, a, b, level, dst):
-        if kind == ActionKind.ADVANCE:
-            self.advance(a, b)
-        elif kind == ActionKind.SAVE:
-            self.save(a, level)
-        elif kind == ActionKind.LOAD:
-            self.load(a, level)
-        elif kind == ActionKind.DELETE:
-            self.delete(a, level)
-        elif kind == ActionKind.MOVE:
-            self.move(a, level, dst)
-        elif kind == ActionKind.REVERSE:
-            self.reverse(a)
-        else:
-            raise ValueError(f"unknown action kind {kind} in the schedule table")
 
 
 def _state_nbytes(state) -> int:
@@ -413,6 +330,7 @@ def run_adjoint(
     stop: Callable[[Any, int], bool] | None = None,
     max_steps: int | None = None,
     check: bool = True,
+    check_finite: bool = False,
     comm=None,
 ) -> AdjointResult:
     """Run the forward sweep and the adjoint of a time loop under `schedule`.
@@ -437,23 +355,41 @@ def run_adjoint(
       returns true when the forward loop should end at ``u_i`` (``i >= 1``).
     - `max_steps`: with `stop`, the most steps the loop may run before a
       ``RuntimeError`` (default: no limit).
-    - `check`: verify that every step returns a state (and adjoint) of the
-      initial structure, shapes and dtypes.
-    - `comm`: an mpi4py communicator: run SPMD on every rank of it, each on
-      its own partition (:func:`vlcc_adjoint.mpi.run_adjoint`).
+    - `check`: verify, before the first step, that `adj_final` fits the
+      state where it mirrors it (arrays of the state's shapes, dicts of its
+      keys; a callable's result when it returns), and that every step
+      returns a state (and adjoint) of the initial structure, shapes and
+      dtypes.
+    - `check_finite`: test ``u_0``, the seed, and every state and adjoint
+      the run computes for nan/inf, and stop at the first one with a
+      :class:`NonFiniteError` naming its step (forward steps then run one
+      at a time, even for a solver with ``forward_many``).  A debugging aid:
+      each test reads the whole state.
+    - `comm`: a communicator: run SPMD on every rank of it, each on its own
+      partition, through the runner an integration registered with
+      :func:`register_spmd` (:func:`vlcc_adjoint.mpi.run_adjoint`, once
+      ``vlcc_adjoint.mpi`` is imported).
 
     **Returns:** an :class:`AdjointResult`; ``result.adjoint`` is
     ``lambda_0``.
 
     **Raises:** :class:`StateMismatchError` naming the step whose output has
-    the wrong shape or dtype; any exception of the solver or the store,
-    unchanged, with a note naming the step and the schedule action.
+    the wrong shape or dtype, or the part of `adj_final` that does not fit
+    the state; :class:`NonFiniteError` (with `check_finite`); any exception
+    of the solver or the store, unchanged, with a note naming the step and
+    the schedule action.
     """
-    if comm is not None:  # MPI sits above this layer: imported only when asked for
-        from .mpi import run_adjoint as run_spmd
-
-        return run_spmd(solver, schedule, u0, adj_final, store, progress, comm=comm, stop=stop,
-                        max_steps=max_steps, check=check)
+    if comm is not None:
+        if _spmd_runner is None:
+            raise RuntimeError(
+                "run_adjoint(..., comm=...) runs on every rank of the communicator through an "
+                "SPMD integration, and none is loaded: import vlcc_adjoint.mpi first (it "
+                "registers itself; pip install 'vlcc-adjoint[mpi]'), or call "
+                "vlcc_adjoint.mpi.run_adjoint directly"
+            )
+        return _spmd_runner(solver, schedule, u0, adj_final, store, progress, comm=comm,
+                            stop=stop, max_steps=max_steps, check=check,
+                            check_finite=check_finite)
     online = isinstance(schedule, Online) and schedule.n_steps is None
     if online:
         if stop is None:
@@ -479,6 +415,13 @@ def run_adjoint(
             "adjoint(state, adj, step) methods; wrap plain functions with "
             "vlcc_adjoint.timestep"
         )
+    signature = _signature(u0)
+    if check and not callable(adj_final):
+        _check_seed(adj_final, signature, "adj_final")
+    if check_finite:
+        _check_finite(u0, "initial", None)
+        if not callable(adj_final):
+            _check_finite(adj_final, "seed", None)
 
     t_start = time.perf_counter()
     stats = None if online else simulate(schedule)
@@ -493,10 +436,11 @@ def run_adjoint(
             store = _default_store(schedule, stats, u0, solver)
     total = None if online else len(schedule.table)
     bar = _progress(total, progress)
-    run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar)
+    run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar,
+               check_finite)
     run.u = u0
     run.schedule = schedule
-    run.signature = _signature(u0)
+    run.signature = signature
     run.matches = _matcher(run.signature)
     run.index = -1
     try:
@@ -504,13 +448,13 @@ def run_adjoint(
             schedule, stats = _run_online(run, schedule, stop, max_steps)
         else:
             run.run_table(schedule.table)
-        run.where = "flushing the store"
+        run.where, run.at = "flushing the store", ()
         t0 = time.perf_counter()
         store.wait()
         run.t_store += time.perf_counter() - t0
         store_stats = store.stats()
     except BaseException as error:
-        where = f"vlcc_adjoint.run_adjoint: while {run.where}"
+        where = f"vlcc_adjoint.run_adjoint: while {run.where_text()}"
         if run.index >= 0:
             action = run.schedule[run.index]
             where += f" (action {run.index} of the schedule: {action!r})"
@@ -553,7 +497,7 @@ def _run_online(run: _Run, online: Online, stop, max_steps):
     limit = math.inf if max_steps is None else max_steps
     while True:
         if i >= 1:
-            run.where = f"the stop criterion at step {i}"
+            run.where, run.at = "the stop criterion at step {0}", i
             if stop(run.u, i):
                 break
             if i >= limit:

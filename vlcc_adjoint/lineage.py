@@ -37,7 +37,7 @@ On disk (one zarr v3 hierarchy; JSON and raw chunk bytes, never pickle)
 
 ::
 
-    path/zarr.json                  root group    {"vlcc_lineage": {"format": 1, "kind": "history"}}
+    path/zarr.json                  root group    {"vlcc_lineage": {"format": 2, "kind": "history"}}
     path/graph/zarr.json            group; its attributes hold the version DAG (networkx
                                     node-link JSON), branches, tags, HEAD
     path/versions/<id>/zarr.json    group per version: the manifest (parents, branch, message,
@@ -69,11 +69,30 @@ the array's attributes, as in :class:`~vlcc_adjoint.storage.ZarrTier`.
 
 **Integrity.**  A chunk's address is xxh3-128 of its raw bytes (and the
 codec, when compressed); every read re-hashes what it read and raises
-:class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the version and
-the leaf's path in the state.  Manifests and the graph are validated
-before use (dtypes from an allow-list, shapes and chunk grids consistent,
-parents known, the graph acyclic); a type named in a state spec is rebuilt
-only if the reading process registered it.  Reading never executes anything.
+:class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the version,
+the leaf's path in the state and the file.  Every metadata document a read
+depends on is sealed (format 2; :mod:`vlcc_adjoint._lineage._seal`): a
+version's manifest carries the digest of its whole description (spec,
+names, scalars, the leaf-to-name mapping, dtypes, shapes, chunk addresses,
+codec configuration, parents, branch, message, meta), the graph records
+that digest again and is itself sealed, and so is the root.  Any damaged
+byte raises ``CorruptCheckpointError`` naming the file (``.path``), or
+leaves the data returned bit-identical; a damaged version is reported as
+damaged, never silently dropped.  Manifests are then validated before use
+(dtypes from an allow-list, shapes and chunk grids consistent, parents
+known, the graph acyclic); a type named in a state spec is rebuilt only if
+the reading process registered it.  Reading never executes or imports
+anything.  Repositories written in format 1 (before seals) are still read,
+and new versions added to them are sealed.
+
+**Crafted repositories.**  Files are opened only through
+:mod:`vlcc_adjoint.storage.format`: regular files, never through a symbolic
+link (the top-level directories and the chunk directories are checked to be
+real directories), never blocking on a FIFO; metadata reads are bounded,
+chunk files must have their declared size, decompression never produces
+more than the declared bytes, and a load checks the total it would allocate
+against the memory the process may use before allocating anything.  Nothing
+outside the repository's root is ever read, written or deleted.
 
 **Crash safety and concurrency.**  A version's chunks and group are written
 in ``scratch/``; the group is renamed into ``versions/`` and the graph file
@@ -83,19 +102,17 @@ concurrent commits from several processes never lose each other's updates.
 ``gc`` and commits in flight exclude each other through a readers-writer
 lock (``locks/gc.lock``), so gc never deletes a chunk a commit is about to
 use.  A process killed mid-commit leaves only scratch debris; the
-repository opens as it was, and the next ``gc`` sweeps it.  Moving or copying
-the directory (``cp -r``, ``rsync -H``, ``vlcc export``/``vlcc import``) moves
-the repository: nothing in it names an absolute path.
+repository opens as it was, and the next writer that opens it (or ``gc``)
+sweeps it.  Moving or copying the directory (``cp -r``, ``rsync -H``,
+``vlcc export``/``vlcc import``) moves the repository: nothing in it names an
+absolute path.
 
-Measured (``benchmarks/bench_lineage.py``, shared 2-core VM): 20 versions of
-a 100 MB state in which 5 % of the chunks change per version take 1.98x the
-space of one version (``np.save``: 20x); a commit blocks the caller for a
-hash of the state plus a copy of its new chunks (~50 ms, 0.1-0.3x the time
-of ``np.save`` writing it), 1.5-2 GB/s of state committed.  When every chunk
-changes, the machine's write bandwidth bounds it like any writer.  A history
-of 3000 versions publishes a commit in ~10-25 ms (the graph file is
-rewritten whole: ~250 bytes per version, so prune very long histories with
-``gc``).
+Costs: a commit blocks the caller for a hash of the state plus a copy of its
+new chunks; space grows with the chunks that change, not with the versions;
+the graph file is rewritten whole at every publication (a few hundred bytes
+per version: prune very long histories with ``gc``).  Measurements against
+``np.save`` and ``torch.save`` are in ``benchmarks/bench_lineage.py`` and
+``benchmarks/results/bench_lineage.json``.
 """
 
 from ._lineage._compare import Comparison as Comparison

@@ -22,7 +22,8 @@ ranks together can do:
   restores a record written by ``P`` ranks on any ``Q`` ranks or serially;
   plain ``zarr.open_group`` reads every distributed leaf as one global array.
 - **Execution**: :func:`run_adjoint` (also reached as
-  ``vlcc_adjoint.run_adjoint(..., comm=comm)``) checks that every rank holds
+  ``vlcc_adjoint.run_adjoint(..., comm=comm)``: importing this module
+  registers it with the executor, :func:`vlcc_adjoint.execute.register_spmd`) checks that every rank holds
   the same schedule (an xxh3 hash, all-gathered), runs, commits, and
   reduces the statistics (:class:`ReducedStats`: the slowest rank's stall,
   total bytes).

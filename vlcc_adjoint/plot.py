@@ -14,10 +14,60 @@ import numpy as np
 
 from .schedules import ActionKind, Schedule
 
-__all__ = ["plot_schedule"]
+__all__ = ["check_figure_path", "plot_schedule"]
 
 _LEVEL_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple",
                   "tab:brown", "tab:pink", "tab:gray", "tab:olive")
+
+
+def check_figure_path(path: str, what: str = "the figure") -> None:
+    """Check, before any work, that a figure can be written to `path`.
+
+    The directory must exist and accept a new file (probed by creating and
+    removing a temporary file in it, which also catches read-only file
+    systems), `path` must not be a directory, and its extension, if any,
+    must be a format matplotlib writes.
+
+    **Arguments:**
+
+    - `path`: where the figure will go.
+    - `what`: how error messages name the path (``"--png"``, ...).
+
+    **Raises:** `ValueError` naming the problem and the remedy.
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    if not str(path):
+        raise ValueError(f"{what}: the file name is empty")
+    if target.is_dir():
+        raise ValueError(f"{what} {path} is a directory; give a file name, e.g. "
+                         f"{target / 'figure.png'}")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ValueError(f"{what} {path}: the directory {folder} does not exist; create it "
+                         "or choose another path")
+    suffix = target.suffix[1:].lower()
+    if suffix:
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            raise ValueError(f"{what} {path}: drawing needs matplotlib: "
+                             "pip install 'vlcc-adjoint[plot]'") from None
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if suffix not in formats:
+            raise ValueError(f"{what} {path}: matplotlib cannot write .{suffix} files; use one "
+                             f"of {', '.join('.' + f for f in sorted(formats))}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".vlcc-write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{what} {path}: cannot write in {folder} ({err.strerror}); choose "
+                         "a writable directory") from None
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{what} {path}: the file exists and is not writable")
 
 
 def plot_schedule(schedule: Schedule, path: str | None = None, ax=None, title: str | None = None):

@@ -53,7 +53,8 @@ is :meth:`SeismicProblem.final_adjoint`.
 
 Kernels
 -------
-Serial numba, ``nogil`` (a checkpoint store's background threads run while a
+In :mod:`vlcc_adjoint._examples.wave_kernels` (shared with the MPI slabs of
+:mod:`vlcc_adjoint._mpi._seismic`).  Serial numba, ``nogil`` (a checkpoint store's background threads run while a
 step computes), no allocation per step: the forward writes ``u^{k+1}`` over
 ``u^{k-1}`` (pointwise safe) and the two arrays of the state swap roles; the
 adjoint does the same.  Each kernel streams rows through a ring of
@@ -74,18 +75,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numba
 import numpy as np
+
+from .wave_kernels import RADIUS as _R
+from .wave_kernels import RING_ROWS as _S
+from .wave_kernels import half_misfit as _half_misfit
+from .wave_kernels import inject_residual as _inject_residual
+from .wave_kernels import record_receivers as _record
+from .wave_kernels import wave_adjoint as _wave_adjoint
+from .wave_kernels import wave_forward as _wave_forward
+from .wave_kernels import wave_forward_many as _wave_forward_many
 
 __all__ = ["SeismicProblem", "WaveState", "damping_tables", "ricker"]
 
-# 4th-order Laplacian, 2-D: centre 2 * (-5/2), neighbours at distance 1 and 2.
-_R = 2
-_S = 2 * _R + 1
-_C0 = -5.0
-_C1 = 4.0 / 3.0
-_C2 = -1.0 / 12.0
-# Leapfrog with this stencil is stable for v dt / dx <= 2 / sqrt(2 * 16/3).
+# Leapfrog with the 4th-order stencil is stable for v dt / dx <= 2 / sqrt(2 * 16/3).
 CFL_LIMIT = 2.0 / math.sqrt(32.0 / 3.0)
 
 
@@ -105,201 +108,6 @@ def ricker(t: np.ndarray, f0: float, t0: float) -> np.ndarray:
     """Ricker wavelet of peak frequency `f0` (Hz) centred at `t0` (s)."""
     arg = (math.pi * f0 * (t - t0)) ** 2
     return (1.0 - 2.0 * arg) * np.exp(-arg)
-
-
-# --------------------------------------------------------------------------
-# numba kernels
-# --------------------------------------------------------------------------
-
-
-# One kernel per direction serves this module and the MPI slabs of
-# ``vlcc_adjoint._mpi._seismic``: it updates grid rows ``j0 .. j1-1``, and
-# grid row ``j`` is row ``j + pad`` of the fields (``pad`` halo rows above
-# the block: 0 here, ``R`` for a slab) and row ``j`` of ``cv`` / ``row_id`` /
-# ``gacc``.  Field rows outside the arrays read as zero (the ``u = 0``
-# exterior), so an unpadded grid needs no halo.  The helpers below are
-# inlined into the kernels at numba's IR level; the compiled inner loops are
-# the ones written out by hand (measured: same speed).
-
-
-@numba.njit(inline="always")
-def _fill_row(ring, field, q):
-    # ring[q mod S, R:R+nx] = field[q]; rows outside the field are zero.
-    nx = field.shape[1]
-    dst = ring[(q + _S) % _S]
-    if q >= 0 and q < field.shape[0]:
-        src = field[q]
-        for i in range(nx):
-            dst[_R + i] = src[i]
-    else:
-        for i in range(nx):
-            dst[_R + i] = 0.0
-
-
-@numba.njit(inline="always")
-def _fill_row_weighted(ring, beta, cv, a_tab, row_id, j, pad):
-    # ring[(j + pad) mod S, R:R+nx] = a c beta on grid row j, the field the
-    # transposed stencil acts on; zero outside the grid rows of cv.
-    nx = beta.shape[1]
-    dst = ring[(j + pad + _S) % _S]
-    if j >= 0 and j < cv.shape[0]:
-        src = beta[j + pad]
-        cvr = cv[j]
-        ar = a_tab[row_id[j]]
-        for i in range(nx):
-            dst[_R + i] = ar[i] * cvr[i] * src[i]
-    else:
-        for i in range(nx):
-            dst[_R + i] = 0.0
-
-
-@numba.njit(inline="always")
-def _rows(ring, q):
-    # The ring rows of field rows q-2 .. q+2.
-    return (ring[(q - 2 + _S) % _S], ring[(q - 1 + _S) % _S], ring[(q + _S) % _S],
-            ring[(q + 1) % _S], ring[(q + 2) % _S])
-
-
-@numba.njit(inline="always")
-def _lap(rows, k):
-    # L (times dx^2) at column k - R of the centre row of `rows` (from _rows).
-    rm2, rm1, r0, rp1, rp2 = rows
-    return (_C0 * r0[k]
-            + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
-            + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _forward_rows(prev, curr, cv, a_tab, b_tab, row_id, ring, j0, j1, pad):
-    """Grid rows ``j0 .. j1-1`` of one leapfrog step, in place in ``prev``
-    (``curr`` is ``u^k``, with its halo rows filled if ``pad > 0``).
-
-    ``a_tab[row_id[j]]`` / ``b_tab[row_id[j]]`` are ``a`` / ``(1 - e) a`` on
-    row ``j`` (:func:`damping_tables`).  `ring` is a ``(2R+1, nx+2R)``
-    scratch, zero in its padding columns.  Only ``prev`` is written, so row
-    ranges may be done in any order.
-    """
-    nx = curr.shape[1]
-    for q in range(j0 + pad - _R, j0 + pad + _R):
-        _fill_row(ring, curr, q)
-    for j in range(j0, j1):
-        q = j + pad
-        _fill_row(ring, curr, q + _R)
-        rows = _rows(ring, q)
-        r0 = rows[2]
-        pj = prev[q]
-        cvj = cv[j]
-        aj = a_tab[row_id[j]]
-        bj = b_tab[row_id[j]]
-        for i in range(nx):
-            k = i + _R
-            pj[i] = aj[i] * (2.0 * r0[k] + cvj[i] * _lap(rows, k)) - bj[i] * pj[i]
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _wave_forward(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_val):
-    """One leapfrog step in place: ``prev <- u^{k+1}`` (``curr`` is ``u^k``).
-
-    The arguments are those of :func:`_forward_rows`; `src_val` is
-    ``dt^2 f`` at the source point for this step.
-    """
-    _forward_rows(prev, curr, cv, a_tab, b_tab, row_id, ring, 0, curr.shape[0], 0)
-    prev[src_z, src_x] += a_tab[row_id[src_z], src_x] * src_val
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _wave_forward_many(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_values,
-                       start, stop):
-    """Steps ``start .. stop-1`` in one call (the GIL stays released throughout).
-
-    Returns ``(prev, curr)`` of the final state: the two arrays swap roles
-    every step.
-    """
-    for step in range(start, stop):
-        _wave_forward(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_values[step])
-        prev, curr = curr, prev
-    return prev, curr
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _adjoint_rows(alpha, beta, curr, w, cv, a_tab, b_tab, row_id, wring, bring, gacc, j0, j1,
-                  pad):
-    """Grid rows ``j0 .. j1-1`` of the transpose of :func:`_forward_rows` in
-    place, plus the imaging condition.
-
-    On entry ``(alpha, beta)`` is the adjoint of ``(A', B')``; on return
-    `alpha` holds the adjoint of ``B`` and `beta` that of ``A`` on those
-    rows (the caller swaps them).  `curr` is ``B`` (``u^k`` of the state of
-    this step, halos filled if ``pad > 0``); ``gacc += a beta' L(B)`` is the
-    gradient w.r.t. ``c = (v dt/dx)^2``.  `w` is ``a c beta'`` laid out like
-    the fields (an MPI slab: its halo rows hold the neighbours' values), or
-    ``None`` to form it from `beta` as the rows stream through the ring:
-    that needs one in-order sweep over all rows (rows of `beta` are
-    overwritten right behind the ring).  With `w` given, row ranges may be
-    done in any order.  ``L`` is symmetric, so the
-    transposed stencil ``L(a c beta')`` is the stencil itself.
-    """
-    nx = curr.shape[1]
-    for q in range(j0 + pad - _R, j0 + pad + _R):
-        if w is None:
-            _fill_row_weighted(wring, beta, cv, a_tab, row_id, q - pad, pad)
-        else:
-            _fill_row(wring, w, q)
-        _fill_row(bring, curr, q)
-    for j in range(j0, j1):
-        q = j + pad
-        # Row q+R of a*c*beta' enters the ring before row q of beta is
-        # overwritten below; rows > q of beta are still untouched.
-        if w is None:
-            _fill_row_weighted(wring, beta, cv, a_tab, row_id, j + _R, pad)
-        else:
-            _fill_row(wring, w, q + _R)
-        _fill_row(bring, curr, q + _R)
-        wrows = _rows(wring, q)
-        brows = _rows(bring, q)
-        aj = alpha[q]
-        bj = beta[q]
-        gj = gacc[j]
-        ar = a_tab[row_id[j]]
-        br = b_tab[row_id[j]]
-        for i in range(nx):
-            k = i + _R
-            bt = bj[i]
-            abt = ar[i] * bt
-            aj[i] = aj[i] + 2.0 * abt + _lap(wrows, k)
-            bj[i] = -br[i] * bt
-            gj[i] += abt * _lap(brows, k)
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _wave_adjoint(alpha, beta, curr, cv, a_tab, b_tab, row_id, wring, bring, gacc):
-    """The transpose of :func:`_wave_forward` in place (see :func:`_adjoint_rows`)."""
-    _adjoint_rows(alpha, beta, curr, None, cv, a_tab, b_tab, row_id, wring, bring, gacc, 0,
-                  curr.shape[0], 0)
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _inject_residual(adj_curr, curr, rec_z, rec_x, dobs, k, scale):
-    # adj_curr += scale * R^T (R curr - dobs[k])
-    for r in range(rec_z.size):
-        z = rec_z[r]
-        x = rec_x[r]
-        adj_curr[z, x] += scale * (curr[z, x] - dobs[k, r])
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _half_misfit(curr, rec_z, rec_x, dobs, k):
-    s = 0.0
-    for r in range(rec_z.size):
-        d = curr[rec_z[r], rec_x[r]] - dobs[k, r]
-        s += d * d
-    return 0.5 * s
-
-
-@numba.njit(nogil=True, cache=True, fastmath=False)
-def _record(curr, rec_z, rec_x, out, k):
-    for r in range(rec_z.size):
-        out[k, r] = curr[rec_z[r], rec_x[r]]
 
 
 # --------------------------------------------------------------------------
@@ -460,6 +268,19 @@ class SeismicProblem:
         self.v = v
         self._cvcur = self._cv(v)
         self.reset_gradient()
+
+    @property
+    def damping(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(a_tab, b_tab, row_id)`` of this grid (:func:`damping_tables`),
+        the coefficient tables every kernel of
+        :mod:`~vlcc_adjoint._examples.wave_kernels` takes."""
+        return self._a_tab, self._b_tab, self._row_id
+
+    @property
+    def source_values(self) -> np.ndarray:
+        """Per step, the source term ``dt^2 f`` at the source point (a
+        forward step adds it times ``a`` there)."""
+        return self._src_values
 
     @property
     def d_obs(self) -> np.ndarray:

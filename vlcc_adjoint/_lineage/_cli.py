@@ -10,14 +10,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tarfile
 
-from ..storage._tier import StorageError
+from ..storage import StorageError
 from . import _format as F
 from ._graph import human_bytes
 
 
 def _fail(err: BaseException) -> int:
     text = err.args[0] if isinstance(err, KeyError) and err.args else err
+    if isinstance(err, OSError) and err.filename is not None:
+        text = f"{err.filename}: {err.strerror or err}"
+    text = "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
     print(f"vlcc: error: {text}", file=sys.stderr)
     return 2
 
@@ -25,6 +29,10 @@ def _fail(err: BaseException) -> int:
 def _open(path: str, mode: str = "r"):
     from ._history import History
 
+    if mode != "r" and not os.path.lexists(os.path.join(path, "zarr.json")):
+        # A command never creates a repository where it was told one is.
+        raise StorageError(f"no lineage history at {path}; check the path (`vlcc inspect "
+                           f"{path}` says what is there)")
     return History(path, mode=mode)
 
 
@@ -32,7 +40,8 @@ def _guard(fn):
     def run(args) -> int:
         try:
             return fn(args)
-        except (StorageError, KeyError, ValueError, TypeError, OSError) as err:
+        except (StorageError, KeyError, ValueError, TypeError, OSError, tarfile.TarError,
+                EOFError) as err:
             return _fail(err)
     return run
 
@@ -147,9 +156,11 @@ def import_(args) -> int:
 def inspect(args) -> int:
     path = args.path
     try:
-        F.read_group_attrs(path, F.ROOT_KEY)
-    except (OSError, ValueError, KeyError):
-        return _inspect_other(path)
+        F.read_group_attrs(os.path.join(path, "zarr.json"), F.ROOT_KEY)
+    except (OSError, StorageError):
+        if not os.path.isdir(os.path.join(path, F.GRAPH)):
+            return _inspect_other(path)
+        # A history whose root is damaged: opening it says what and where.
     with _open(path) as h:
         u = h.usage()
         print(f"lineage history {h.path}")
@@ -170,8 +181,8 @@ def inspect(args) -> int:
 def _inspect_other(path: str) -> int:
     """Summarise a ZarrTier directory, read-only (opening a ZarrTier would clean its scratch)."""
     try:
-        attrs = F.read_group_attrs(path, "vlcc_adjoint")
-    except (OSError, ValueError, KeyError):
+        attrs = F.read_group_attrs(os.path.join(path, "zarr.json"), "vlcc_adjoint")
+    except (OSError, StorageError):
         raise StorageError(f"{path} is neither a lineage history nor a ZarrTier store (no "
                            "vlcc zarr.json); check the path") from None
     records = []
@@ -179,11 +190,11 @@ def _inspect_other(path: str) -> int:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            rec = F.read_group_attrs(entry.path, "vlcc_adjoint")
+            rec = F.read_group_attrs(os.path.join(entry.path, "zarr.json"), "vlcc_adjoint")
             spec = rec.get("spec", {})
             nbytes = sum(int(leaf.get("nbytes", 0)) for leaf in rec.get("leaves", []))
             records.append((entry.name, spec.get("step"), len(rec.get("leaves", [])), nbytes))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, StorageError, ValueError, KeyError, TypeError, AttributeError):
             records.append((entry.name, None, None, None))
     total = sum(r[3] or 0 for r in records)
     print(f"ZarrTier store {os.path.abspath(path)} (format {attrs.get('format')})")

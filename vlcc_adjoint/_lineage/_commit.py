@@ -36,7 +36,7 @@ files, the version group and the directories before publication, and the
 graph file after it.
 
 Memory: owned copies live in buffers of a
-:class:`~vlcc_adjoint.storage._pool.BufferPool` (pages touched before: on
+:class:`~vlcc_adjoint.storage.BufferPool` (pages touched before: on
 the target VMs a copy into fresh memory is 2-5x slower than into reused
 memory), returned to the pool once their chunks are written; commits wait
 while more than ``max_pending_bytes`` of copies are in flight.
@@ -45,20 +45,55 @@ while more than ``max_pending_bytes`` of copies are in flight.
 from __future__ import annotations
 
 import errno
+import math
 import os
+import secrets
 import shutil
 import socket
+import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from ..state import byte_view
-from ..storage._tier import StorageError
+from ..state import byte_view, flatten
+from ..storage import StorageError
+from ..storage import format as SF
 from . import _format as F
+from ._graph import Version, check_name
+from ._seal import seal
 
 _LINK_UNSUPPORTED = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV,
                      errno.EACCES}
+
+
+def _json_meta(meta) -> dict:
+    """`meta` as strict JSON (non-finite floats become the strings "nan", "inf", "-inf")."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
+
+    def clean(x, path):
+        if isinstance(x, float) and not math.isfinite(x):
+            return repr(x)
+        if isinstance(x, dict):
+            bad = [k for k in x if not isinstance(k, str)]
+            if bad:
+                raise TypeError(f"meta{path} has a non-string key {bad[0]!r}; JSON objects "
+                                "have string keys")
+            return {k: clean(v, f"{path}[{k!r}]") for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v, f"{path}[{i}]") for i, v in enumerate(x)]
+        if isinstance(x, np.generic):
+            return clean(x.item(), path)
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise TypeError(f"meta{path} is a {type(x).__name__}, which is not JSON; use dicts, "
+                        "lists, strings, numbers, bools and None (convert arrays with .tolist())")
+
+    return clean(meta, "")
 
 
 # -- jobs: a commit in flight ------------------------------------------------------------
@@ -88,6 +123,87 @@ class _Job:
 class CommitPipeline:
     """The commit half of :class:`~vlcc_adjoint.lineage.History` (a mixin: it uses the
     repository's paths, locks, graph and pool; see the module docstring)."""
+
+    # -- commit (the caller's half) --------------------------------------------------
+
+    def commit(self, state, message: str = "", meta: dict | None = None, *,
+               branch: str | None = None, merge: Iterable = ()) -> str:
+        """Store `state` as a new version on the current branch; return its id.
+
+        Returns once the state is owned (the caller may modify it at once);
+        the version is written in the background and becomes visible (in
+        ``log``, to ``checkout``, to other processes) when it is complete on
+        disk.  Later calls of this object that read the history wait for it.
+
+        **Arguments:**
+
+        - `state`: anything :func:`vlcc_adjoint.state.flatten` accepts.
+        - `message`: a one-line description.
+        - `meta`: free-form JSON metadata (step, loss, hyper-parameters,
+          code version); non-finite floats are stored as ``"nan"``/``"inf"``.
+        - `branch`: commit to this branch instead (created at HEAD if new) and
+          make it the current branch.  Needed after checking out a version or
+          tag (detached HEAD).
+        - `merge`: refs of versions merged into this one (extra parents).
+
+        **Returns:** the new version's id (12 hexadecimal characters).
+
+        The version's first parent is the branch's tip when the version is
+        published, so several processes appending to one branch interleave.
+        """
+        self._check(write=True)
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, got {type(message).__name__}")
+        meta = _json_meta(meta)
+        created = time.time()
+        merge = [merge] if isinstance(merge, (str, Version)) else list(merge)
+        if merge:  # they may name this object's own pending commits
+            self.wait()
+        g = self._refresh()
+        with self._lock:
+            if branch is not None:
+                check_name(branch, "branch")
+            elif self._head_branch is None:
+                raise ValueError(
+                    f"HEAD is detached at version {self._head_version} (a version or tag was "
+                    "checked out); commit onto a branch: commit(state, branch='name') creates it "
+                    "there, or checkout a branch first")
+            target = branch or self._head_branch
+            base = self._tip.get(self._head_branch) or self._head_id(g) \
+                if self._head_branch is not None else self._head_version
+            merges = []
+            for ref in merge:
+                merges.append(self._resolve(g, ref))
+            vid = secrets.token_hex(6)
+            while vid in g or vid in self._pending:
+                vid = secrets.token_hex(6)
+        leaves, spec = flatten(state)
+        t0 = time.perf_counter()
+        self._gc_lock.acquire_shared()  # released when the version is published (or fails)
+        try:
+            job = self._capture(vid, leaves, spec)
+        except BaseException:
+            self._gc_lock.release_shared()
+            raise
+        job.branch, job.base, job.merge = target, base, merges
+        job.message, job.meta, job.created = message, meta, created
+        with self._cond:
+            # Back-pressure: wait while the writer holds too many owned bytes.
+            while self._pending and self._pending_bytes + job.owned_bytes > self.max_pending_bytes:
+                self._cond.wait()
+            self._pending[vid] = job
+            self._pending_bytes += job.owned_bytes
+            self._tip[target] = vid
+            if branch is not None:
+                self._head_branch, self._head_version = branch, None
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="vlcc-lineage-writer",
+                                                daemon=True)
+                self._worker.start()
+            self._stats["commits"] += 1
+            self._stats["caller_seconds"] += time.perf_counter() - t0
+        self._queue.put(job)
+        return vid
 
     def _capture(self, vid: str, leaves: list, spec: dict) -> _Job:
         """Take ownership of the state's bytes (see the module docstring, step 1)."""
@@ -120,8 +236,13 @@ class CommitPipeline:
                     data[valid:] = 0
                 addr = F.address_of(data, lj.tag)
                 lj.addrs.append(addr)
+                if addr[:2] not in self._chunk_dirs:
+                    try:  # a real directory (never a link), or none yet
+                        self._chunk_dir(addr[:2])
+                    except FileNotFoundError:
+                        pass
                 if addr in seen or self._inflight[addr] or \
-                        os.path.exists(f"{chunks_dir}/{addr[:2]}/{addr[2:]}"):
+                        os.path.lexists(f"{chunks_dir}/{addr[:2]}/{addr[2:]}"):
                     continue
                 seen.add(addr)
                 if isinstance(data, memoryview):
@@ -223,11 +344,11 @@ class CommitPipeline:
         """Write a chunk under its address unless it is there; return bytes written."""
         sub = addr[:2]
         final = self._p(F.CHUNKS, sub, addr[2:])
-        if os.path.exists(final):
+        if os.path.lexists(final):
             return 0
         blob = F.encode_chunk(data, cfg)
         if sub not in self._chunk_dirs:
-            os.makedirs(self._p(F.CHUNKS, sub), exist_ok=True)
+            self._mkdir(self._p(F.CHUNKS, sub))  # a real directory, never a link
             self._chunk_dirs.add(sub)
         tmp = self._p(F.SCRATCH, f"c-{F.token()}")
         F.write_file(tmp, blob, self.durable)
@@ -263,7 +384,7 @@ class CommitPipeline:
                     raise
                 if err.errno != errno.EMLINK:  # too many links to this one file: copy just it
                     self._links = False
-        shutil.copyfile(src, dst)
+        shutil.copyfile(src, dst, follow_symlinks=False)
 
     def _publish(self, job: _Job, work: str, new_bytes: int) -> None:
         with self._graph_lock.held():
@@ -283,21 +404,19 @@ class CommitPipeline:
                     raise StorageError(f"merge parent {m} is not in the history (removed by gc?)")
                 if m not in parents:
                     parents.append(m)
-            manifest = {F.ROOT_KEY: {
+            attrs = seal({
                 "format": F.FORMAT, "kind": "version", "id": job.id, "parents": parents,
                 "branch": job.branch, "message": job.message, "meta": job.meta,
                 "created": job.created,
                 "origin": {"host": socket.gethostname(), "pid": os.getpid()},
                 "spec": job.spec,
                 "leaves": [F.leaf_entry(lj.layout, lj.cfg, lj.addrs) for lj in job.leaves],
-            }}
-            F.write_file(f"{work}/zarr.json", F.group_json(manifest), self.durable)
+            })
+            F.write_file(f"{work}/zarr.json", F.group_json({F.ROOT_KEY: attrs}), self.durable)
             if self.durable:
                 F.fsync_dir(work)
-            os.rename(work, self._p(F.VERSIONS, job.id))
-            if self.durable:
-                F.fsync_dir(self._p(F.VERSIONS))
+            SF.publish(work, self._p(F.VERSIONS, job.id), self.durable)
             g.add(job.id, parents, job.branch, job.message, job.meta, job.created, job.nbytes,
-                  new_bytes)
+                  new_bytes, attrs["digest"])
             g.branches[job.branch] = job.id
             self._write_graph(g)

@@ -34,8 +34,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..state import _unflatten, byte_view, dtype_from_json, flatten
+from ..state import byte_view, dtype_from_json, flatten, unflatten
 from ._graph import Version
+
+
+def _value(node):
+    """The Python value of an inline spec node (one without leaves)."""
+    return unflatten({"tree": node, "leaves": []}, [])
 
 
 def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
@@ -51,7 +56,7 @@ def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
     elif "mapping" in tree:
         for k, v in zip(tree["mapping"], tree["items"]):
             try:
-                key = repr(_unflatten(k, ()))
+                key = repr(_value(k))
             except Exception:  # a malformed key node: name it by its JSON
                 key = repr(k)
             yield from walk_spec(v, f"{path}[{key}]")
@@ -70,14 +75,18 @@ def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
 
 
 def leaf_paths(spec: dict) -> dict[int, str]:
-    """``{leaf index: path}`` of a state spec."""
-    return {idx: path for kind, path, idx in walk_spec(spec["tree"]) if kind == "leaf"}
+    """``{leaf index: path}`` of a state spec (``{}`` for a tree too deep to walk)."""
+    try:
+        return {idx: path for kind, path, idx in walk_spec(spec.get("tree"))
+                if kind == "leaf" and type(idx) is int}
+    except (RecursionError, TypeError, AttributeError):
+        return {}
 
 
 def value_of(node):
     """The Python value of an inline spec node (for display)."""
     try:
-        return _unflatten(node, ())
+        return _value(node)
     except Exception:
         return node
 

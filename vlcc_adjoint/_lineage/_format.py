@@ -63,13 +63,14 @@ from collections.abc import Iterator
 import numpy as np
 import xxhash
 
-from .._files import O_CLOEXEC, read_exactly
-from .._files import fsync_dir  # noqa: F401 (used as F.fsync_dir)
-from .._files import write_file as _write_file
 from ..state import dtype_from_json, dtype_to_json
-from ..storage._zarr import _zarr_type
+from ..storage import format as SF
+from ..storage.format import fsync_dir  # noqa: F401 (used as F.fsync_dir)
 
-FORMAT = 1
+#: The format this code writes: 2 seals every manifest, the graph and the root
+#: with digests (see :mod:`._seal`).  Format 1 (no digests) is still read.
+FORMAT = 2
+FORMATS = (1, 2)
 ROOT_KEY = "vlcc_lineage"
 GRAPH_KEY = "vlcc_lineage_graph"
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -247,7 +248,7 @@ class Layout:
 
 def _zarr_view(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...], int]:
     """(zarr data type, zarr shape, zarr item size) of a leaf."""
-    ztype = _zarr_type(dtype)
+    ztype = SF.zarr_data_type(dtype)
     if ztype is None:  # datetime, strings, structured, ml_dtypes: their raw bytes
         return "uint8", tuple(shape) + (dtype.itemsize,), 1
     return ztype, tuple(shape), dtype.itemsize
@@ -319,7 +320,7 @@ def leaf_entry(layout: Layout, cfg: dict | None, addresses: list[str]) -> dict:
 def array_meta(layout: Layout, cfg: dict | None) -> bytes:
     """The ``zarr.json`` of a leaf's zarr v3 array inside a version group."""
     dtype = layout.dtype
-    order = dtype.byteorder if _zarr_type(dtype) is not None else "|"
+    order = dtype.byteorder if SF.zarr_data_type(dtype) is not None else "|"
     if order == "=":
         order = "<" if np.little_endian else ">"
     if order == "|" or dtype.itemsize == 1:
@@ -356,17 +357,28 @@ def group_json(attributes: dict, indent: int | None = None) -> bytes:
 
 
 def read_group_attrs(path: str, key: str):
-    """The ``key`` attributes of the zarr group at `path` (``ValueError`` if not one of ours)."""
-    with open(os.path.join(path, "zarr.json"), "rb") as f:
-        raw = f.read()
-    doc = json.loads(raw)
+    """The ``key`` attributes of the zarr group whose ``zarr.json`` is `path`.
+
+    Read through :func:`vlcc_adjoint.storage.format.read_json` (a regular
+    file, not a link, bounded, strict JSON).  ``CorruptCheckpointError``
+    naming `path` when it is not such a group, or lacks `key`;
+    ``FileNotFoundError`` passes through.
+    """
+    doc = SF.read_json(path)
     if not (isinstance(doc, dict) and doc.get("zarr_format") == 3
-            and doc.get("node_type") == "group"):
-        raise ValueError("not a zarr v3 group")
-    attrs = doc.get("attributes")
-    if not isinstance(attrs, dict) or key not in attrs:
-        raise ValueError(f"no {key!r} attributes")
+            and doc.get("node_type") == "group" and isinstance(doc.get("attributes"), dict)):
+        raise corrupt(path, "is not the zarr.json of a zarr v3 group")
+    attrs = doc["attributes"]
+    if key not in attrs:
+        raise corrupt(path, f"has no {key!r} attributes")
     return attrs[key]
+
+
+def corrupt(path: str, problem: str):
+    """A :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file `path`."""
+    from ..storage import CorruptCheckpointError
+
+    return CorruptCheckpointError(f"{path}: {problem}", path=path)
 
 
 # -- manifests ----------------------------------------------------------------------
@@ -395,7 +407,7 @@ class Manifest:
 
 def parse_manifest(vid: str, attrs) -> Manifest:
     """Validate a manifest read from disk (``ValueError`` saying what is wrong)."""
-    if not (isinstance(attrs, dict) and attrs.get("format") == FORMAT
+    if not (isinstance(attrs, dict) and attrs.get("format") in FORMATS
             and attrs.get("kind") == "version"):
         raise ValueError("unknown manifest format")
     if attrs.get("id") != vid:
@@ -430,33 +442,20 @@ def parse_manifest(vid: str, attrs) -> Manifest:
 
 
 def write_file(path: str, data, durable: bool) -> None:
-    """Create `path` (exclusively) with `data`; fsync when `durable`."""
-    _write_file(path, data, durable, exclusive=True)
+    """Create `path` (exclusively) with `data`; fsync when `durable`.
 
-
-def read_file(path: str, limit: int) -> bytearray:
-    """The bytes of `path`, refusing files over `limit` bytes before reading them."""
-    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
+    A failed write (``ENOSPC``...) removes what it had written: a partial
+    file never survives its writer.
+    """
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise ValueError(f"{size} bytes, at most {limit} expected")
-        buf = bytearray(size)
-        if not read_exactly(fd, memoryview(buf)):
-            raise ValueError("truncated while reading")
-        return buf
-    finally:
-        os.close(fd)
-
-
-def read_into(path: str, out: memoryview) -> None:
-    """Fill `out` with the bytes of `path`, which must have exactly ``len(out)`` bytes."""
-    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        if size != len(out):
-            raise ValueError(f"{size} bytes, expected {len(out)}")
-        if not read_exactly(fd, out):
-            raise ValueError("truncated while reading")
-    finally:
-        os.close(fd)
+        SF.write_file(path, data, durable, exclusive=True)
+    except FileExistsError:  # not ours: leave it
+        raise
+    except BaseException:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:  # pragma: no cover - reported by the original error
+            pass
+        raise

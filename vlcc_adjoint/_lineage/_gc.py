@@ -23,16 +23,16 @@ over random histories and policies).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import shutil
+import stat
 
 from . import _format as F
 from ._graph import Graph, human_bytes
 
-__all__ = ["GCReport", "KeepPolicy", "collect"]
+__all__ = ["GCReport", "KeepPolicy", "collect", "remove_entry"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,17 +171,26 @@ def collect(h, keep, dry_run: bool) -> "GCReport":
                 os.rename(h._p(F.VERSIONS, vid), away)
             except FileNotFoundError:
                 continue
-            shutil.rmtree(away, ignore_errors=True)
-        for path in debris:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        for path in chunks:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            remove_entry(away)
+        for path in debris + chunks:
+            remove_entry(path)
     return report
+
+
+def remove_entry(path: str) -> None:
+    """Remove the directory entry `path`: a real directory with its contents, anything
+    else (a file, a link: never what it points to) by unlinking it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path, ignore_errors=True)  # does not follow links inside
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def tree_bytes(path: str, chunks_too: bool) -> int:

@@ -3,7 +3,7 @@
 The graph lives in ``graph/zarr.json``, the attributes of a zarr group (so
 plain zarr shows it as ``root["graph"].attrs``)::
 
-    {"format": 1, "next_seq": 12, "head": "main",
+    {"format": 2, "next_seq": 12, "head": "main",
      "branches": {"main": "9f0c1d2e3a4b", ...}, "tags": {"good": "...", ...},
      "graph": networkx.node_link_data(G, edges="edges")}
 
@@ -12,9 +12,11 @@ is always published before its children, so ``seq`` is a topological
 order), ``parents`` (ordered: the first parent is the branch's previous tip,
 the others are merged versions), ``branch``, ``message``, ``meta``,
 ``created``, ``nbytes`` (the state's bytes), ``new_bytes`` (bytes of the
-chunk files this version added when it was committed); edges run parent ->
-child.  The file is rebuilt into a ``networkx.DiGraph`` on open and after
-every change by another process; it is validated (ids, parents, refs,
+chunk files this version added when it was committed), ``digest`` (the
+seal of its manifest, see :mod:`._seal`; ``null`` for versions written in
+format 1); edges run parent -> child.  The file is rebuilt into a
+``networkx.DiGraph`` on open and after every change by another process; it
+is validated (ids, parents, refs,
 acyclicity) and never executed.
 """
 
@@ -32,9 +34,11 @@ import networkx as nx
 
 from ._format import VERSION_ID
 
-GRAPH_FORMAT = 1
+GRAPH_FORMAT = 2  # 2: sealed (see ._seal), nodes carry their manifest's digest
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,99}")
-_NODE_KEYS = ("seq", "parents", "branch", "message", "meta", "created", "nbytes", "new_bytes")
+_NODE_KEYS = ("seq", "parents", "branch", "message", "meta", "created", "nbytes", "new_bytes",
+              "digest")
+_DIGEST = re.compile(r"[0-9a-f]{32}")
 
 
 def check_name(name: str, what: str) -> str:
@@ -183,7 +187,7 @@ class Graph:
         Acyclicity is checked through the publication order: every parent
         must have a smaller ``seq`` than its child, which no cycle can satisfy.
         """
-        if not isinstance(doc, dict) or doc.get("format") != GRAPH_FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") not in (1, GRAPH_FORMAT):
             raise ValueError("unknown graph format")
         self = cls(frags)
         data = doc.get("graph")
@@ -201,7 +205,9 @@ class Graph:
                     and isinstance(attrs["meta"], dict)
                     and isinstance(attrs["created"], (int, float))
                     and isinstance(attrs["branch"], str) and isinstance(attrs["message"], str)
-                    and type(attrs["nbytes"]) is int and type(attrs["new_bytes"]) is int):
+                    and type(attrs["nbytes"]) is int and type(attrs["new_bytes"]) is int
+                    and (attrs["digest"] is None or (isinstance(attrs["digest"], str)
+                                                     and _DIGEST.fullmatch(attrs["digest"])))):
                 raise ValueError(f"bad attributes of version {node['id']}")
             if nodes and attrs["seq"] <= last_seq:
                 raise ValueError("versions are not listed in publication order")
@@ -279,10 +285,11 @@ class Graph:
     # -- changes (on a clone) ---------------------------------------------------------
 
     def add(self, vid: str, parents: list[str], branch: str, message: str, meta: dict,
-            created: float, nbytes: int, new_bytes: int) -> None:
+            created: float, nbytes: int, new_bytes: int, digest: str | None = None) -> None:
         self.nodes[vid] = {"seq": self.next_seq, "parents": list(parents), "branch": branch,
                            "message": message, "meta": meta, "created": created,
-                           "nbytes": int(nbytes), "new_bytes": int(new_bytes)}
+                           "nbytes": int(nbytes), "new_bytes": int(new_bytes),
+                           "digest": digest}
         self.next_seq += 1
         self._nx = None
 

@@ -1,13 +1,13 @@
 """History: a persistent, branching repository of checkpoint versions.
 
 See :mod:`vlcc_adjoint.lineage` for the user-facing description and the
-on-disk format.  This file is the repository object: opening and creating
-a repository, the graph file (read, validated, replaced atomically under
-``locks/graph.lock``), refs (branches, tags, HEAD, ``ref~n``), reading
-versions (every chunk verified), log and ancestry, and the entry points of
-diff/compare (:mod:`._compare`), gc (:mod:`._gc`) and export
-(:mod:`._transfer`).  How ``commit`` turns a state into a durable, visible
-version is in :mod:`._commit`.
+on-disk format.  This file is the repository object's facade: its
+construction, its life cycle (``wait``, ``close``, threads, forks), the
+public reads (``checkout``, ``load``, ``log``, ``draw``...) and the entry
+points of diff/compare (:mod:`._compare`), gc (:mod:`._gc`) and export
+(:mod:`._transfer`).  The rest is in mixins, one job each: the directory
+and the graph file (:mod:`._repo`), reading and verifying versions
+(:mod:`._read`), refs (:mod:`._refs`), and ``commit`` (:mod:`._commit`).
 
 A ``History`` object is safe to share between threads: its state is
 guarded by one lock, and installed graphs are immutable (writers change a
@@ -20,106 +20,27 @@ from __future__ import annotations
 
 import atexit
 import collections
-import dataclasses
-import json
-import math
 import os
 import queue
-import secrets
 import sys
 import threading
-import time
 import weakref
-from collections.abc import Iterable
-from typing import Any
 
 import networkx as nx
-import numpy as np
 
-from ..state import byte_view, flatten, unflatten
-from ..storage._pool import BufferPool
-from ..storage._tier import CorruptCheckpointError, StorageError
+from ..storage import BufferPool, StorageError
 from . import _format as F
+from ._commit import CommitPipeline, _Job
 from ._compare import Comparison, Diff, comparison, diff_states, leaf_paths
 from ._gc import GCReport, KeepPolicy, collect, tree_bytes
-from ._graph import Graph, Version, check_name
-from ._commit import CommitPipeline, _Job
+from ._graph import Graph, Version
+from ._info import LeafInfo, Usage, short
 from ._locks import FileLock, SharedExclusiveLock
+from ._read import Reader
+from ._refs import Refs
+from ._repo import Repository
 
 __all__ = ["History", "LeafInfo", "Usage"]
-
-_TOP = {"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH}  # what a repository holds
-
-
-# -- public result types ---------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Usage:
-    """Storage used by a repository (``History.usage``).
-
-    **Attributes:** `versions`, `branches`, `tags`, `chunks` (distinct
-    chunk files), `chunk_bytes` (their bytes on disk, after compression),
-    `logical_bytes` (the sum over versions of their state's bytes: what
-    storing every version whole would cost), `disk_bytes` (every file of
-    the repository, each inode counted once: hard links are free).
-    """
-
-    versions: int
-    branches: int
-    tags: int
-    chunks: int
-    chunk_bytes: int
-    logical_bytes: int
-    disk_bytes: int
-
-    @property
-    def dedup_ratio(self) -> float:
-        """`logical_bytes` / `disk_bytes`: how many times deduplication shrinks the versions."""
-        return self.logical_bytes / self.disk_bytes if self.disk_bytes else 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class LeafInfo:
-    """One leaf of a version (``History.leaves``): where it sits and how it is stored."""
-
-    path: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    chunk_shape: tuple[int, ...]
-    chunks: int
-    codec: dict | None
-    array: str  # the leaf's zarr array, relative to the repository root
-
-
-def _json_meta(meta) -> dict:
-    """`meta` as strict JSON (non-finite floats become the strings "nan", "inf", "-inf")."""
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict):
-        raise TypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
-
-    def clean(x, path):
-        if isinstance(x, float) and not math.isfinite(x):
-            return repr(x)
-        if isinstance(x, dict):
-            bad = [k for k in x if not isinstance(k, str)]
-            if bad:
-                raise TypeError(f"meta{path} has a non-string key {bad[0]!r}; JSON objects "
-                                "have string keys")
-            return {k: clean(v, f"{path}[{k!r}]") for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v, f"{path}[{i}]") for i, v in enumerate(x)]
-        if isinstance(x, np.generic):
-            return clean(x.item(), path)
-        if x is None or isinstance(x, (bool, int, float, str)):
-            return x
-        raise TypeError(f"meta{path} is a {type(x).__name__}, which is not JSON; use dicts, "
-                        "lists, strings, numbers, bools and None (convert arrays with .tolist())")
-
-    return clean(meta, "")
-
 
 _OPEN: "weakref.WeakSet[History]" = weakref.WeakSet()
 
@@ -135,13 +56,10 @@ def _finish_open_histories() -> None:
             print(f"vlcc_adjoint.lineage: {err}", file=sys.stderr)
 
 
-_now_token = F.token
-
-
 # -- History -----------------------------------------------------------------------------
 
 
-class History(CommitPipeline):
+class History(Repository, Reader, Refs, CommitPipeline):
     """A persistent, branching repository of checkpoint versions (git-like).
 
     **Arguments:**
@@ -205,166 +123,24 @@ class History(CommitPipeline):
         self._stats = collections.Counter()
         self._open()
         self._graph_lock = FileLock(self._p(F.LOCKS, "graph.lock"), readonly=mode == "r")
-        self._gc_lock = SharedExclusiveLock(self._p(F.LOCKS, "gc.lock"), readonly=mode == "r")
-        self._refresh()
+        try:
+            self._gc_lock = SharedExclusiveLock(self._p(F.LOCKS, "gc.lock"),
+                                                readonly=mode == "r")
+        except BaseException:
+            self._graph_lock.close()
+            raise
+        try:
+            self._refresh()
+            if mode == "a":
+                self._sweep_scratch()
+        except BaseException:
+            self._graph_lock.close()
+            self._gc_lock.close()
+            raise
         self._head_branch: str | None = self._graph.head
         self._head_version: str | None = None  # when detached
         self._tip: dict[str, str] = {}  # branch -> this object's last pending commit on it
         _OPEN.add(self)
-
-    # -- opening ----------------------------------------------------------------------
-
-    def _p(self, *parts: str) -> str:
-        return os.path.join(self.path, *parts)
-
-    def _open(self) -> None:
-        root = self._p("zarr.json")
-        try:
-            attrs = F.read_group_attrs(self.path, F.ROOT_KEY)
-        except FileNotFoundError:
-            attrs = None
-        except (ValueError, KeyError) as err:
-            kind = ""
-            try:
-                F.read_group_attrs(self.path, "vlcc_adjoint")
-                kind = (" It is a ZarrTier checkpoint store (open it with "
-                        "vlcc_adjoint.storage.ZarrTier; `vlcc inspect` summarises it).")
-            except Exception:
-                pass
-            raise StorageError(f"{self.path} is not a lineage history ({err}).{kind} Give "
-                               "History a new or empty directory, or the directory of one"
-                               ) from None
-        if attrs is not None:
-            if not isinstance(attrs, dict) or attrs.get("format") != F.FORMAT:
-                raise StorageError(
-                    f"the history at {self.path} has format {attrs!r:.60}; this version of "
-                    f"vlcc_adjoint reads format {F.FORMAT}; upgrade vlcc_adjoint")
-            for d in (F.CHUNKS, F.VERSIONS, F.GRAPH):
-                if not os.path.isdir(self._p(d)):
-                    raise StorageError(f"the history at {self.path} lacks its {d}/ directory "
-                                       "(an incomplete copy?); copy the whole directory")
-            if self.mode == "a":
-                for d in (F.LOCKS, F.SCRATCH):  # absent after an export of a read-only copy
-                    self._ensure_group(d, {F.ROOT_KEY: d})
-            return
-        if self.mode == "r":
-            raise StorageError(f"no lineage history at {self.path} (mode='r' does not create one); "
-                               "check the path, or open with mode='a' to create it")
-        existing = set(os.listdir(self.path)) if os.path.isdir(self.path) else set()
-        if existing - _TOP:
-            raise StorageError(
-                f"{self.path} is not empty and not a lineage history (it holds "
-                f"{sorted(existing - _TOP)[:5]}); give History a new or empty directory")
-        # Create (or finish creating) the layout; the root zarr.json comes last and
-        # is what makes the directory a repository.  Every file is created
-        # exclusively, so processes creating it at once agree.
-        try:
-            os.makedirs(self.path, exist_ok=True)
-            self._ensure_group(F.SCRATCH, {F.ROOT_KEY: "in-flight commits; never versions"})
-            self._ensure_group(F.LOCKS, {F.ROOT_KEY: "flock(2) lock files"})
-            self._ensure_group(F.CHUNKS, {F.ROOT_KEY: "content-addressed chunk files "
-                                          "(chunks/<2 hex>/<30 hex>: xxh3-128); not zarr arrays"})
-            self._ensure_group(F.VERSIONS, {F.ROOT_KEY: "one zarr group per version"})
-            graph_path = self._p(F.GRAPH)
-            os.makedirs(graph_path, exist_ok=True)
-            self._create_file(os.path.join(graph_path, "zarr.json"), graph_file_text(Graph()))
-            self._create_file(root, F.group_json({F.ROOT_KEY: {
-                "format": F.FORMAT, "kind": "history",
-                "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
-                          "per version, an array per leaf (chunk files hard-linked); graph/: "
-                          "the version DAG (networkx node-link JSON) in its attributes",
-                "created": time.time()}}, indent=2))
-        except OSError as err:
-            raise StorageError(f"cannot create a history at {self.path}: {err}") from err
-
-    def _ensure_group(self, name: str, attrs: dict) -> None:
-        d = self._p(name)
-        os.makedirs(d, exist_ok=True)
-        self._create_file(os.path.join(d, "zarr.json"), F.group_json(attrs))
-
-    def _create_file(self, path: str, data: bytes) -> None:
-        """Create `path` with `data` unless it exists (atomic: via link of a temporary)."""
-        if os.path.exists(path):
-            return
-        tmp = f"{path}.{_now_token()}.tmp"
-        F.write_file(tmp, data, self.durable)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        except OSError:
-            if not os.path.exists(path):
-                os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-    # -- the graph file --------------------------------------------------------------
-
-    def _graph_file(self) -> str:
-        return self._p(F.GRAPH, "zarr.json")
-
-    # Installed Graph objects are never mutated (readers in other threads may be
-    # iterating them): writers parse a private copy (_fresh), change it, write
-    # it, and install it.
-
-    @staticmethod
-    def _stamp_of(st: os.stat_result) -> tuple:
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _parse_graph(self) -> tuple[Graph, tuple]:
-        path = self._graph_file()
-        try:
-            with open(path, "rb") as f:
-                stamp = self._stamp_of(os.fstat(f.fileno()))
-                raw = f.read()
-        except FileNotFoundError:
-            raise StorageError(f"the graph file {path} of the history is missing; the directory "
-                               "was damaged or partially copied") from None
-        try:
-            doc = json.loads(raw)
-            if not (isinstance(doc, dict) and doc.get("zarr_format") == 3):
-                raise ValueError("not a zarr v3 group")
-            return Graph.from_json(doc["attributes"][F.GRAPH_KEY], self._frags), stamp
-        except (ValueError, KeyError, TypeError) as err:
-            raise StorageError(f"the graph file {path} of the history is damaged ({err}); "
-                               "restore it from a copy of the repository") from None
-
-    def _refresh(self) -> Graph:
-        """The current graph, re-read if another process (or object) replaced it."""
-        try:
-            stamp = self._stamp_of(os.stat(self._graph_file()))
-        except FileNotFoundError:
-            stamp = None
-        if stamp is None or stamp != self._stamp:
-            graph, stamp = self._parse_graph()
-            with self._lock:
-                self._graph, self._stamp = graph, stamp
-        return self._graph
-
-    def _fresh(self) -> Graph:
-        """A private, current copy of the graph to change (caller holds the graph lock)."""
-        try:
-            stamp = self._stamp_of(os.stat(self._graph_file()))
-        except FileNotFoundError:
-            stamp = None
-        if stamp is not None and stamp == self._stamp:  # nobody wrote since we read it
-            return self._graph.clone()
-        graph, stamp = self._parse_graph()
-        with self._lock:
-            self._graph, self._stamp = graph, stamp
-        return graph.clone()
-
-    def _write_graph(self, g: Graph) -> None:
-        """Replace the graph file with `g` and install `g` (caller holds the graph lock)."""
-        tmp = self._p(F.SCRATCH, f"graph-{_now_token()}.json")
-        F.write_file(tmp, graph_file_text(g), self.durable)
-        stamp = self._stamp_of(os.stat(tmp))  # rename keeps inode, mtime and size
-        os.replace(tmp, self._graph_file())
-        if self.durable:
-            F.fsync_dir(self._p(F.GRAPH))
-        with self._lock:
-            self._graph, self._stamp = g, stamp
 
     # -- housekeeping ------------------------------------------------------------------
 
@@ -435,268 +211,6 @@ class History(CommitPipeline):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    # -- refs --------------------------------------------------------------------------
-
-    @property
-    def head(self) -> str | None:
-        """The branch this object commits to, or ``None`` when detached (after
-        ``checkout`` of a version or tag)."""
-        return self._head_branch
-
-    @property
-    def head_version(self) -> str | None:
-        """The id of the version HEAD points at (``None`` in an empty branch)."""
-        self._sync()
-        return self._head_id(self._graph)
-
-    def _head_id(self, g: Graph) -> str | None:
-        if self._head_branch is None:
-            return self._head_version
-        return g.branches.get(self._head_branch)
-
-    @property
-    def branches(self) -> dict[str, str]:
-        """``{branch name: tip version id}``."""
-        return dict(self._sync().branches)
-
-    @property
-    def tags(self) -> dict[str, str]:
-        """``{tag name: version id}``."""
-        return dict(self._sync().tags)
-
-    @property
-    def graph(self) -> nx.DiGraph:
-        """A copy of the version DAG (edges parent -> child; node attributes as in the file)."""
-        return self._sync().g.copy()
-
-    def __len__(self) -> int:
-        return len(self._sync())
-
-    def __contains__(self, ref) -> bool:
-        try:
-            self.resolve(ref)
-        except KeyError:
-            return False
-        return True
-
-    def resolve(self, ref="HEAD") -> str:
-        """The version id a ref names.
-
-        **Arguments:**
-
-        - `ref`: a branch (its tip), a tag, a version id or a unique prefix of
-          one (4+ characters), ``"HEAD"``, or any of these followed by ``~n``
-          (``n`` first-parent steps back: ``"main~2"``), or a :class:`Version`.
-
-        **Returns:** the version id; ``KeyError`` naming the known refs if none matches.
-        """
-        return self._resolve(self._sync(), ref)
-
-    def _resolve(self, g: Graph, ref) -> str:
-        if isinstance(ref, Version):
-            ref = ref.id
-        if not isinstance(ref, str):
-            raise TypeError(f"refs are strings (branch, tag, version id) or Version objects, "
-                            f"got {type(ref).__name__}")
-        base, _, back = ref.partition("~")
-        steps = 0
-        if _:
-            if not back.isdigit() and back != "":
-                raise KeyError(f"bad ref {ref!r}: '~' must be followed by a number of steps")
-            steps = int(back or 1)
-        if base == "HEAD":
-            vid = self._head_id(g)
-            if vid is None:
-                raise KeyError(f"HEAD (branch {self._head_branch!r}) has no versions yet; "
-                               "commit a state first")
-        elif base in g.branches:
-            vid = g.branches[base]
-        elif base in g.tags:
-            vid = g.tags[base]
-        elif base in g:
-            vid = base
-        else:
-            matches = [v for v in g.nodes if len(base) >= 4 and v.startswith(base)]
-            if len(matches) != 1:
-                what = "is ambiguous" if matches else "names no branch, tag or version"
-                raise KeyError(f"ref {base!r} {what}; branches: {sorted(g.branches)}, tags: "
-                               f"{sorted(g.tags)} (ids: `vlcc log {self.path}`)")
-            vid = matches[0]
-        for _i in range(steps):
-            parents = g.nodes[vid]["parents"]
-            if not parents:
-                raise KeyError(f"ref {ref!r} goes back past the first version")
-            vid = parents[0]
-        return vid
-
-    # -- commit ------------------------------------------------------------------------
-
-    def commit(self, state, message: str = "", meta: dict | None = None, *,
-               branch: str | None = None, merge: Iterable = ()) -> str:
-        """Store `state` as a new version on the current branch; return its id.
-
-        Returns once the state is owned (the caller may modify it at once);
-        the version is written in the background and becomes visible (in
-        ``log``, to ``checkout``, to other processes) when it is complete on
-        disk.  Later calls of this object that read the history wait for it.
-
-        **Arguments:**
-
-        - `state`: anything :func:`vlcc_adjoint.state.flatten` accepts.
-        - `message`: a one-line description.
-        - `meta`: free-form JSON metadata (step, loss, hyper-parameters,
-          code version); non-finite floats are stored as ``"nan"``/``"inf"``.
-        - `branch`: commit to this branch instead (created at HEAD if new) and
-          make it the current branch.  Needed after checking out a version or
-          tag (detached HEAD).
-        - `merge`: refs of versions merged into this one (extra parents).
-
-        **Returns:** the new version's id (12 hexadecimal characters).
-
-        The version's first parent is the branch's tip when the version is
-        published, so several processes appending to one branch interleave.
-        """
-        self._check(write=True)
-        if not isinstance(message, str):
-            raise TypeError(f"message must be a str, got {type(message).__name__}")
-        meta = _json_meta(meta)
-        created = time.time()
-        merge = [merge] if isinstance(merge, (str, Version)) else list(merge)
-        if merge:  # they may name this object's own pending commits
-            self.wait()
-        g = self._refresh()
-        with self._lock:
-            if branch is not None:
-                check_name(branch, "branch")
-            elif self._head_branch is None:
-                raise ValueError(
-                    f"HEAD is detached at version {self._head_version} (a version or tag was "
-                    "checked out); commit onto a branch: commit(state, branch='name') creates it "
-                    "there, or checkout a branch first")
-            target = branch or self._head_branch
-            base = self._tip.get(self._head_branch) or self._head_id(g) \
-                if self._head_branch is not None else self._head_version
-            merges = []
-            for ref in merge:
-                merges.append(self._resolve(g, ref))
-            vid = secrets.token_hex(6)
-            while vid in g or vid in self._pending:
-                vid = secrets.token_hex(6)
-        leaves, spec = flatten(state)
-        t0 = time.perf_counter()
-        self._gc_lock.acquire_shared()  # released when the version is published (or fails)
-        try:
-            job = self._capture(vid, leaves, spec)
-        except BaseException:
-            self._gc_lock.release_shared()
-            raise
-        job.branch, job.base, job.merge = target, base, merges
-        job.message, job.meta, job.created = message, meta, created
-        with self._cond:
-            # Back-pressure: wait while the writer holds too many owned bytes.
-            while self._pending and self._pending_bytes + job.owned_bytes > self.max_pending_bytes:
-                self._cond.wait()
-            self._pending[vid] = job
-            self._pending_bytes += job.owned_bytes
-            self._tip[target] = vid
-            if branch is not None:
-                self._head_branch, self._head_version = branch, None
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="vlcc-lineage-writer",
-                                                daemon=True)
-                self._worker.start()
-            self._stats["commits"] += 1
-            self._stats["caller_seconds"] += time.perf_counter() - t0
-        self._queue.put(job)
-        return vid
-
-    # -- reading -----------------------------------------------------------------------
-
-    def _manifest(self, vid: str) -> F.Manifest:
-        with self._lock:
-            m = self._manifests.get(vid)
-            if m is not None:
-                self._manifests.move_to_end(vid)
-                return m
-        try:
-            attrs = F.read_group_attrs(self._p(F.VERSIONS, vid), F.ROOT_KEY)
-            m = F.parse_manifest(vid, attrs)
-        except FileNotFoundError:
-            raise KeyError(f"version {vid} is not in the history at {self.path} (removed by gc?)"
-                           ) from None
-        except (ValueError, KeyError, TypeError) as err:
-            raise CorruptCheckpointError(
-                f"version {vid} of the history at {self.path} is corrupt: its manifest "
-                f"versions/{vid}/zarr.json is unreadable ({err}); check out another version",
-                key=vid, tier=f"lineage:{self.path}") from None
-        with self._lock:
-            self._manifests[vid] = m
-            if len(self._manifests) > 1024:
-                self._manifests.popitem(last=False)
-        return m
-
-    def _corrupt(self, m: F.Manifest, what: str) -> CorruptCheckpointError:
-        step = m.meta.get("step")
-        return CorruptCheckpointError(
-            f"version {m.id} of the history at {self.path} is corrupt: {what}. The stored data "
-            "was damaged or modified after it was committed; check out another version "
-            "(`vlcc log` lists them) or restore the repository from a copy",
-            key=m.id, tier=f"lineage:{self.path}", step=step if type(step) is int else None)
-
-    def _read_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
-                    out: memoryview | None) -> Any:
-        """One chunk's raw bytes, verified (into `out` when it is a full chunk's slice)."""
-        path = self._p(F.CHUNKS, addr[:2], addr[2:])
-        n = layout.chunk_nbytes
-        try:
-            if cfg is None:
-                if out is not None:
-                    F.read_into(path, out)
-                    data = out
-                else:
-                    data = F.read_file(path, n)
-                    if len(data) != n:
-                        raise ValueError(f"{len(data)} bytes, expected {n}")
-            else:
-                blob = F.read_file(path, n + n // 8 + 4096)
-                data = F.decode_chunk(blob, cfg, n, out)
-        except FileNotFoundError:
-            raise self._corrupt(m, f"{where}, chunk {j} ({F.chunk_relpath(addr)}) is missing"
-                                ) from None
-        except ValueError as err:
-            raise self._corrupt(m, f"{where}, chunk {j} ({F.chunk_relpath(addr)}) is damaged: "
-                                f"{err}") from None
-        got = F.address_of(data, F.codec_tag(cfg))
-        if got != addr:
-            raise self._corrupt(m, f"{where}, chunk {j} ({F.chunk_relpath(addr)}) has checksum "
-                                f"{got}, its address says {addr}")
-        return data
-
-    def _read_leaf(self, m: F.Manifest, i: int, path: str) -> np.ndarray:
-        layout, cfg, addrs = m.leaves[i]
-        out = np.empty(layout.shape, layout.dtype)
-        if layout.nchunks == 0:
-            return out
-        flat = byte_view(out)
-        n = layout.chunk_nbytes
-        where = f"leaf {path} (leaf {i}, {layout.dtype.str}{list(layout.shape)})"
-        for j, ((off, valid, _), addr) in enumerate(zip(layout.spans(), addrs)):
-            if valid == n:
-                self._read_chunk(m, where, j, addr, layout, cfg, flat[off:off + n])
-            else:
-                data = self._read_chunk(m, where, j, addr, layout, cfg, None)
-                flat[off:off + valid] = memoryview(data)[:valid]
-        return out
-
-    def _load(self, vid: str):
-        m = self._manifest(vid)
-        paths = leaf_paths(m.spec)
-        with self._gc_lock.shared():
-            if not os.path.isdir(self._p(F.VERSIONS, vid)):
-                raise KeyError(f"version {vid} was removed from {self.path} by gc")
-            leaves = [self._read_leaf(m, i, paths.get(i, f"#{i}")) for i in range(len(m.leaves))]
-        return unflatten(m.spec, leaves)
 
     def checkout(self, ref="HEAD"):
         """Restore a version; a branch also becomes the current branch (HEAD).
@@ -807,84 +321,13 @@ class History(CommitPipeline):
 
         def describe(v: Version) -> str:
             deco = f" ({', '.join(refs[v.id])})" if refs.get(v.id) else ""
-            meta = " ".join(f"{k}={_short(v.meta[k])}" for k in list(v.meta)[:4])
+            meta = " ".join(f"{k}={short(v.meta[k])}" for k in list(v.meta)[:4])
             text = v.message or ""
             if meta:
                 text = f"{text} [{meta}]" if text else f"[{meta}]"
             return f"{v.id}{deco} {text}".rstrip()
 
         return "\n".join(render(versions, describe))
-
-    # -- refs: branch and tag ----------------------------------------------------------
-
-    def branch(self, name: str, at="HEAD", *, force: bool = False) -> str:
-        """Create branch `name` at a version (``checkout(name)`` then switches to it).
-
-        **Arguments:**
-
-        - `name`: the new branch.
-        - `at`: where it starts (a ref; default HEAD).
-        - `force`: move an existing branch there (its later versions stay in
-          the history until ``gc``).
-
-        **Returns:** the id of the version the branch points at.
-        """
-        check_name(name, "branch")
-        self._sync()
-        self._check(write=True)
-        with self._graph_lock.held():
-            g = self._fresh()
-            vid = self._resolve(g, at)
-            if name in g.branches and not force and g.branches[name] != vid:
-                raise ValueError(f"branch {name!r} exists (at {g.branches[name]}); pick another "
-                                 "name, or pass force=True to move it")
-            g.branches[name] = vid
-            self._write_graph(g)
-        return vid
-
-    def delete_branch(self, name: str) -> None:
-        """Remove branch `name` (its versions stay until a ``gc`` no longer keeps them)."""
-        self._sync()
-        self._check(write=True)
-        with self._graph_lock.held():
-            g = self._fresh()
-            if name not in g.branches:
-                raise KeyError(f"no branch {name!r}; branches: {sorted(g.branches)}")
-            tip = g.branches.pop(name)
-            self._write_graph(g)
-        with self._lock:
-            if self._head_branch == name:  # detach where the branch was
-                self._head_branch, self._head_version = None, tip
-
-    def tag(self, name: str, version="HEAD", *, force: bool = False) -> str:
-        """Name a version (tags are kept by ``gc`` with ``KeepPolicy(tagged=True)``).
-
-        **Returns:** the id of the tagged version.  An existing tag is moved
-        only with ``force=True``.
-        """
-        check_name(name, "tag")
-        self._sync()
-        self._check(write=True)
-        with self._graph_lock.held():
-            g = self._fresh()
-            vid = self._resolve(g, version)
-            if name in g.tags and not force and g.tags[name] != vid:
-                raise ValueError(f"tag {name!r} exists (on {g.tags[name]}); pick another name, "
-                                 "or pass force=True to move it")
-            g.tags[name] = vid
-            self._write_graph(g)
-        return vid
-
-    def delete_tag(self, name: str) -> None:
-        """Remove tag `name` (the version stays)."""
-        self._sync()
-        self._check(write=True)
-        with self._graph_lock.held():
-            g = self._fresh()
-            if name not in g.tags:
-                raise KeyError(f"no tag {name!r}; tags: {sorted(g.tags)}")
-            del g.tags[name]
-            self._write_graph(g)
 
     # -- diff and compare --------------------------------------------------------------
 
@@ -995,14 +438,3 @@ class History(CommitPipeline):
         return f"History({self.path!r}, versions={n}, head={head})"
 
 
-def graph_file_text(g: Graph) -> bytes:
-    """``graph/zarr.json``: a zarr group whose attributes hold the graph."""
-    return ('{"zarr_format":3,"node_type":"group","attributes":{"%s":%s}}'
-            % (F.GRAPH_KEY, g.dumps())).encode()
-
-
-def _short(x) -> str:
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    text = json.dumps(x)
-    return text if len(text) <= 24 else text[:21] + "..."

@@ -33,13 +33,22 @@ import fcntl
 import os
 import threading
 
-from .._files import O_CLOEXEC
+from ..storage import StorageError
+from ..storage import format as SF
 
 
 def _open(path: str, readonly: bool) -> int | None:
+    """A descriptor of the lock file `path`: a regular file, never reached through a link
+    (created exclusively when missing, so a link in its place is refused, not followed)."""
+    if not readonly:
+        try:
+            SF.write_file(path, b"", False, exclusive=True)
+        except FileExistsError:
+            pass
     try:
-        return os.open(path, (os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT) | O_CLOEXEC,
-                       0o644)
+        return SF.open_regular(path, os.O_RDONLY if readonly else os.O_RDWR)
+    except StorageError:
+        raise
     except OSError:
         if readonly:  # a repository on read-only media: nothing can change it, no lock needed
             return None
@@ -119,6 +128,33 @@ class SharedExclusiveLock:
                 yield
             finally:
                 if self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive_nowait(self):
+        """Hold the lock exclusive if nobody (in any process) holds it; yields whether it does."""
+        with self._cond:
+            if self._exclusive or self._shared:
+                got = False
+            else:
+                self._exclusive = got = True
+        if not got:
+            yield False
+            return
+        try:
+            if self._fd is not None:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    got = False
+            try:
+                yield got
+            finally:
+                if got and self._fd is not None:
                     fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             with self._cond:

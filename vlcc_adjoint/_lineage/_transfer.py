@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import time
 
-from ..storage._tier import StorageError
+from ..storage import StorageError
 from . import _format as F
 
 __all__ = ["export_history", "import_history"]
@@ -33,34 +34,68 @@ def export_history(history, out) -> str:
     lists and the chunks they use are archived (commits published meanwhile
     are not).  See :meth:`History.export`.
     """
-    from ._history import History, graph_file_text
+    from ._history import History
 
     own = not isinstance(history, History)
     h = History(history, mode="r") if own else history
     out = os.fspath(out)
+    created = False
     try:
         g = h._sync()
         mode = "w:gz" if out.endswith((".tar.gz", ".tgz")) else "w"
-        with h._gc_lock.shared(), tarfile.open(out, mode) as tar:
-            for name in ("zarr.json", f"{F.CHUNKS}/zarr.json", f"{F.VERSIONS}/zarr.json"):
-                tar.add(h._p(name), arcname=name)
-            data = graph_file_text(g)
-            info = tarfile.TarInfo(f"{F.GRAPH}/zarr.json")
-            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-            tar.addfile(info, io.BytesIO(data))
-            ids = sorted(g.nodes, key=lambda v: g.nodes[v]["seq"])
-            addrs: set[str] = set()
-            for vid in ids:
-                addrs |= h._manifest(vid).addresses()
-            for addr in sorted(addrs):  # chunks first: version files then become tar hard links
-                rel = F.chunk_relpath(addr)
-                tar.add(h._p(rel), arcname=rel)
-            for vid in ids:
-                tar.add(h._p(F.VERSIONS, vid), arcname=f"{F.VERSIONS}/{vid}")
+        with h._gc_lock.shared():
+            tar = tarfile.open(out, mode)
+            created = True
+            with tar:
+                _archive(h, g, tar)
+    except BaseException:
+        if created and os.path.lexists(out):  # no partial archive is left behind
+            os.unlink(out)
+        raise
     finally:
         if own:
             h.close()
     return out
+
+
+def _archive(h, g, tar) -> None:
+    """Write the repository `h` at graph `g` into the open tar file `tar`."""
+    from ._repo import graph_file_text
+
+    for name in ("zarr.json", f"{F.CHUNKS}/zarr.json", f"{F.VERSIONS}/zarr.json"):
+        _check_regular(h._p(name), directory=False)
+        tar.add(h._p(name), arcname=name)
+    data = graph_file_text(g)
+    info = tarfile.TarInfo(f"{F.GRAPH}/zarr.json")
+    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+    tar.addfile(info, io.BytesIO(data))
+    ids = sorted(g.nodes, key=lambda v: g.nodes[v]["seq"])
+    addrs: set[str] = set()
+    for vid in ids:
+        addrs |= h._manifest(vid).addresses()
+    for addr in sorted(addrs):  # chunks first: version files then become tar hard links
+        rel = F.chunk_relpath(addr)
+        _check_regular(h._p(rel), directory=False)
+        tar.add(h._p(rel), arcname=rel)
+    for vid in ids:
+        _check_regular(h._p(F.VERSIONS, vid), directory=True)
+        tar.add(h._p(F.VERSIONS, vid), arcname=f"{F.VERSIONS}/{vid}")
+
+
+def _check_regular(path: str, directory: bool) -> None:
+    """`path` is a regular file (or a real directory holding only such files and
+    directories): an archive never carries a link, a FIFO or a device out of a repository."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise F.corrupt(path, "is missing: the repository is damaged") from None
+    ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not ok:
+        raise F.corrupt(path, "is not a regular " + ("directory" if directory else "file")
+                        + " (a link or a special file): the repository was tampered with")
+    if directory:
+        for entry in os.scandir(path):
+            _check_regular(entry.path, entry.is_dir(follow_symlinks=False))
 
 
 def import_history(archive, path) -> str:
@@ -74,8 +109,25 @@ def import_history(archive, path) -> str:
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise StorageError(f"{path} exists and is not an empty directory; import into a new path")
-    with tarfile.open(os.fspath(archive), "r:*") as tar:
-        members = tar.getmembers()
+    archive = os.fspath(archive)
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except FileNotFoundError:
+        raise StorageError(f"no archive {archive}; give the path of a file made by `vlcc export`"
+                           ) from None
+    except IsADirectoryError:
+        raise StorageError(f"{archive} is a directory, not an archive; give the file made by "
+                           "`vlcc export`") from None
+    except tarfile.TarError:
+        raise StorageError(f"{archive} is not a history archive (not a tar file, plain or "
+                           "compressed); make archives with `vlcc export` or History.export"
+                           ) from None
+    with tar:
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, EOFError, OSError) as err:
+            raise StorageError(f"{archive} is not a readable history archive ({err}); make "
+                               "archives with `vlcc export` or History.export") from None
         for m in members:
             top = m.name.split("/", 1)[0]
             if top not in _TOP or not (m.isfile() or m.isdir() or m.islnk()):

@@ -34,7 +34,7 @@ import time
 import numpy as np
 import xxhash
 
-from ..execute import AdjointResult
+from ..execute import AdjointResult, register_spmd
 from ._comm import AgreedError, Guard
 from ._store import DistributedStore
 from ._zarr import SharedZarrTier
@@ -88,7 +88,7 @@ class ReducedStats:
         return sum(self.bytes_read)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class DistributedAdjointResult(AdjointResult):
     """:class:`~vlcc_adjoint.execute.AdjointResult` of one rank, plus `rank`,
     `nranks` and `reduced` (:class:`ReducedStats` over all ranks).  The
@@ -212,7 +212,7 @@ def _reduce(guard: Guard, result: AdjointResult, commit_seconds: float, committe
 
 def run_adjoint(solver, schedule, u0, adj_final, store=None, progress: bool = False, *, comm,
                 stop=None, max_steps: int | None = None, check: bool = True,
-                timeout: float | None = 600.0,
+                check_finite: bool = False, timeout: float | None = 600.0,
                 abort_after: float | None = None) -> DistributedAdjointResult:
     """:func:`vlcc_adjoint.execute.run_adjoint` on every rank of `comm` (SPMD).
 
@@ -266,7 +266,7 @@ def run_adjoint(solver, schedule, u0, adj_final, store=None, progress: bool = Fa
                 store=_Borrowed(store) if distributed else store,
                 progress=progress and guard.rank == 0,
                 stop=None if stop is None else _agreed_stop(stop, guard),
-                max_steps=max_steps, check=check)
+                max_steps=max_steps, check=check, check_finite=check_finite)
             commit_seconds, committed = 0.0, 0
             if distributed:
                 store._finish()
@@ -284,3 +284,7 @@ def run_adjoint(solver, schedule, u0, adj_final, store=None, progress: bool = Fa
     guard.close()
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(AdjointResult)}
     return DistributedAdjointResult(**fields, rank=guard.rank, nranks=guard.size, reduced=reduced)
+
+
+# ``vlcc_adjoint.run_adjoint(..., comm=comm)`` hands SPMD runs to this module.
+register_spmd(run_adjoint)

@@ -13,9 +13,9 @@ Layout.  A rank holds rows ``[z0, z1)`` of every field, padded with
 messages need no packing.  Halo rows at the top and bottom of the global
 grid stay zero: the serial code's ``u = 0`` outside the grid.
 
-The kernels are the serial module's, called on row ranges of the padded
-block (``pad = R``), so every row sees the serial arithmetic and the
-gradient is the serial one bit for bit.
+The kernels are the serial module's (:mod:`vlcc_adjoint._examples.wave_kernels`),
+called on row ranges of the padded block (``pad = R``), so every row sees
+the serial arithmetic and the gradient is the serial one bit for bit.
 
 Forward step: start the halo exchange of ``u^k``; update the rows that need
 no halo; wait; update the two rows at each end; inject the source on the
@@ -48,8 +48,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .._examples.seismic import (_R, _S, SeismicProblem, WaveState, _adjoint_rows, _forward_rows,
-                                _half_misfit, _inject_residual, _record)
+from .._examples.seismic import SeismicProblem, WaveState
+from .._examples.wave_kernels import RADIUS as _R
+from .._examples.wave_kernels import RING_ROWS as _S
+from .._examples.wave_kernels import adjoint_rows, forward_rows, half_misfit, inject_residual
+from .._examples.wave_kernels import record_receivers
 from ._decomp import Decomposition, DistributedArray
 from ._halo import HaloExchange
 
@@ -117,9 +120,9 @@ class DistributedSeismic:
         else:
             self._inner, self._edges = (0, 0), ((0, self.nl),)
         rows = slice(self.z0, self.z1)
-        self._row_id = np.ascontiguousarray(p._row_id[rows])
-        self._a_tab, self._b_tab = p._a_tab, p._b_tab
-        self._src_values = p._src_values
+        self._a_tab, self._b_tab, row_id = p.damping
+        self._row_id = np.ascontiguousarray(row_id[rows])
+        self._src_values = p.source_values
         self._own_src = self.z0 <= p.src_z < self.z1
         self._src_p = p.src_z - self.z0 + _R
         mine = (p.rec_z >= self.z0) & (p.rec_z < self.z1)
@@ -164,12 +167,12 @@ class DistributedSeismic:
 
     def _step(self, state: WaveState, cv, src_value) -> None:
         pending = self.halo.start(state.curr)
-        _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                      self._fring, *self._inner, _R)
+        forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                     self._fring, *self._inner, _R)
         pending.wait()
         for j0, j1 in self._edges:
-            _forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                          self._fring, j0, j1, _R)
+            forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
+                         self._fring, j0, j1, _R)
         if self._own_src:
             j = self.problem.src_z - self.z0
             sx = self.problem.src_x
@@ -197,21 +200,21 @@ class DistributedSeismic:
         # every rank.
         pending_b = self.halo.start(B)
         pending_w = self.halo.start(self._w)
-        _adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
-                      self._row_id, self._wring, self._bring, self._gacc, *self._inner, _R)
+        adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
+                     self._row_id, self._wring, self._bring, self._gacc, *self._inner, _R)
         pending_b.wait()
         pending_w.wait()
         for j0, j1 in self._edges:
-            _adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
-                          self._row_id, self._wring, self._bring, self._gacc, j0, j1, _R)
+            adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
+                         self._row_id, self._wring, self._bring, self._gacc, j0, j1, _R)
         adj.prev, adj.curr = beta, alpha
-        _inject_residual(adj.curr, B, self._rec_p, self._rec_x, self.d_obs, step, self.dt)
+        inject_residual(adj.curr, B, self._rec_p, self._rec_x, self.d_obs, step, self.dt)
         return adj
 
     def final_adjoint(self, state: WaveState) -> WaveState:
         """``lambda_n = dJ/du_n`` on this rank's slab."""
         adj = WaveState(self.halo.empty(), self.halo.empty())
-        _inject_residual(adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt,
+        inject_residual(adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt,
                          self.dt)
         return adj
 
@@ -249,9 +252,9 @@ class DistributedSeismic:
             if k > 0:
                 self._step(state, cv, self._src_values[k - 1])
             if dobs is None:
-                _record(state.curr, self._rec_p, self._rec_x, traces, k)
+                record_receivers(state.curr, self._rec_p, self._rec_x, traces, k)
             else:
-                total += _half_misfit(state.curr, self._rec_p, self._rec_x, dobs, k)
+                total += half_misfit(state.curr, self._rec_p, self._rec_x, dobs, k)
         if dobs is None:
             return traces
         return self.comm.allreduce(total) * self.dt
@@ -285,11 +288,11 @@ def compile_kernels() -> None:
     tab = np.ones((1, 6))
     rid = np.zeros(4, np.int64)
     ring = np.zeros((_S, 6 + 2 * _R))
-    _forward_rows(prev, curr, cv, tab, tab, rid, ring, 0, 4, _R)
+    forward_rows(prev, curr, cv, tab, tab, rid, ring, 0, 4, _R)
     _weight(prev, curr, cv, tab, rid)
-    _adjoint_rows(prev, curr, curr, prev, cv, tab, tab, rid, ring, ring, cv, 0, 4, _R)
+    adjoint_rows(prev, curr, curr, prev, cv, tab, tab, rid, ring, ring, cv, 0, 4, _R)
     idx = np.zeros(1, np.int64) + 2
     out = np.zeros((1, 1))
-    _record(curr, idx, idx, out, 0)
-    _half_misfit(curr, idx, idx, out, 0)
-    _inject_residual(prev, curr, idx, idx, out, 0, 1.0)
+    record_receivers(curr, idx, idx, out, 0)
+    half_misfit(curr, idx, idx, out, 0)
+    inject_residual(prev, curr, idx, idx, out, 0, 1.0)

@@ -1,7 +1,7 @@
 """JAX integration: ``jax.lax.scan`` with a schedule-driven reverse mode.
 
-:func:`checkpointed_scan` has ``lax.scan``'s signature and semantics; its
-``custom_vjp`` executes a checkpoint schedule's action table (Revolve by
+:func:`checkpointed_scan` has ``lax.scan``'s signature and semantics
+(``length=0`` and ``reverse=True`` included); its ``custom_vjp`` executes a checkpoint schedule's action table (Revolve by
 default, any :class:`~vlcc_adjoint.schedules.Schedule`) in compiled loops,
 with the checkpoints in a device buffer of the schedule's level-0 slots and,
 for multi-level schedules, the slower levels in a
@@ -15,6 +15,10 @@ for multi-level schedules, the slower levels in a
         return misfit(u_n, ys)
 
     jax.grad(loss)(params, u0, xs)          # gradients to params, u0 and xs
+
+Forward mode (``jax.jvp``) runs as ``lax.scan``; second-order reverse mode
+(``jax.grad`` of ``jax.grad``, ``jax.hessian``) runs the reverse pass of a
+``jax.checkpoint``-ed ``lax.scan``, one carry per step, not the schedule.
 
 Also :func:`checkpointed` (a decorator for step functions) and
 :func:`checkpointed_fori_loop`.  :func:`compile_program` shows what the
@@ -34,3 +38,6 @@ from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
 from ._scan import checkpointed_scan as checkpointed_scan
 from ._scan import default_snapshots as default_snapshots
 from ._trace import jax_trace as jax_trace
+from ._state import register_provider as _register_provider
+
+_register_provider()

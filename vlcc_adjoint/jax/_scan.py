@@ -26,8 +26,15 @@ How it is put together.
      ``f`` at ``(u_i, xs[i])`` applied to ``(lambda_{i+1}, ys_bar[i])``: the
      cotangent of ``y_i`` enters exactly at the adjoint step that owns it.
 
-Limits: reverse mode only (``jax.jvp`` of a ``custom_vjp`` is refused by
-JAX); no higher-order reverse mode (the backward pass is a while loop).
+Other modes.  ``jax.jvp`` of a ``custom_vjp`` is refused by JAX, so a call
+whose inputs are forward-mode tracers (``jax.jvp``, ``jax.jacfwd``) is a
+plain ``lax.scan`` (forward mode stores nothing per step).  The schedule's
+loops are while loops, which JAX cannot differentiate in reverse mode; when
+the forward rule is itself being differentiated (its inputs are JVP or
+linearize tracers: ``jax.grad`` of ``jax.grad``, ``jax.hessian``) it runs a
+plain ``lax.scan`` and the backward rule is the VJP of ``lax.scan`` of the
+``jax.checkpoint``-ed step: differentiable to any order, storing one carry
+per step.
 """
 
 from __future__ import annotations
@@ -76,8 +83,8 @@ def _infer_length(xs_leaves, length) -> int:
             length, "length",
             "the number of steps must be static (mark it static in jax.jit with "
             "static_argnums, or derive it from xs)")
-        if length < 1:
-            raise ValueError(f"checkpointed_scan: `length` must be >= 1, got {length}")
+        if length < 0:
+            raise ValueError(f"checkpointed_scan: `length` must be >= 0, got {length}")
     lengths = set()
     for leaf in xs_leaves:
         shape = np.shape(leaf)
@@ -103,10 +110,6 @@ def _infer_length(xs_leaves, length) -> int:
     if length is None:
         raise ValueError(
             "checkpointed_scan: with xs=None give `length`, the number of steps")
-    if length < 1:
-        raise ValueError(
-            "checkpointed_scan: zero steps (xs has a leading axis of 0); there is "
-            "nothing to checkpoint, use jax.lax.scan")
     return length
 
 
@@ -165,6 +168,29 @@ def _batched(x) -> bool:
         x = getattr(x, "primal", getattr(x, "val", None))
         seen += 1
     return False
+
+
+def _tracer_kinds(x) -> list[str]:
+    """The tracer types `x` is wrapped in, outermost first (a best-effort walk)."""
+    kinds = []
+    while isinstance(x, jax.core.Tracer) and len(kinds) < 32:
+        kinds.append(type(x).__name__)
+        x = getattr(x, "primal", getattr(x, "val", None))
+    return kinds
+
+
+def _differentiated(leaves) -> bool:
+    """Whether any of `leaves` carries a derivative of an enclosing ``jax.jvp``
+    / ``jax.grad`` (inside a custom_vjp rule: a higher-order derivative)."""
+    return any(k in ("JVPTracer", "LinearizeTracer") for x in leaves for k in _tracer_kinds(x))
+
+
+def _forward_mode(leaves) -> bool:
+    """Whether `leaves` are differentiated in forward mode only (``jax.jvp``,
+    ``jax.jacfwd``, possibly around ``jax.vmap``), with no reverse mode
+    (``jax.grad`` / ``jax.vjp`` linearize) inside it."""
+    kinds = {k for x in leaves for k in _tracer_kinds(x)}
+    return "JVPTracer" in kinds and "LinearizeTracer" not in kinds
 
 
 def _strip_weak(x):
@@ -228,14 +254,24 @@ def checkpointed_scan(
     snapshots: int | None = None,
     store=None,
     unroll: int | bool = 1,
+    reverse: bool = False,
 ):
     """``jax.lax.scan`` whose reverse mode recomputes from a checkpoint schedule.
 
-    Same signature and results as ``jax.lax.scan(f, init, xs, length)``:
-    ``f(carry, x) -> (carry, y)``, returns ``(final_carry, ys)`` with ``ys``
-    stacked along a leading axis.  Differentiable with ``jax.grad`` /
-    ``jax.vjp`` (reverse mode only), usable under ``jax.jit`` and
+    Same signature and results as ``jax.lax.scan(f, init, xs, length,
+    reverse=..., unroll=...)``: ``f(carry, x) -> (carry, y)``, returns
+    ``(final_carry, ys)`` with ``ys`` stacked along a leading axis (``length
+    = 0`` returns `init` and empty ``ys``).  Usable under ``jax.jit`` and
     ``jax.vmap``.  Without differentiation it is a plain ``lax.scan``.
+
+    Differentiation.  Reverse mode (``jax.grad``, ``jax.vjp``) follows the
+    schedule.  Forward mode (``jax.jvp``, ``jax.jacfwd``) is ``lax.scan``'s
+    own: it stores nothing per step.  Second order (``jax.grad`` of
+    ``jax.grad``, ``jax.hessian``): the first-order pass is then
+    differentiated itself, and a schedule's while loops cannot be; the scan
+    then runs as ``lax.scan`` of a ``jax.checkpoint``-ed step, whose reverse
+    mode stores one carry per step (``n`` states, not the schedule's slots)
+    and recomputes each step's intermediates.
 
     Under reverse mode, the forward pass stores only the schedule's
     checkpoints, in a device buffer of ``(slots + 1, *leaf.shape)`` per carry
@@ -263,6 +299,8 @@ def checkpointed_scan(
       it without ``plan=``.  Reached by ordered ``io_callback`` at captures
       and restores only; not under ``jax.vmap``.
     - `unroll`: forward steps per loop iteration, as in ``lax.scan``.
+    - `reverse`: scan from the end, as ``lax.scan(..., reverse=True)``:
+      step ``k`` reads ``xs[n - 1 - k]`` and writes ``ys[n - 1 - k]``.
 
     **Returns:** ``(final_carry, ys)``.
 
@@ -282,6 +320,19 @@ def checkpointed_scan(
         raise ValueError(f"checkpointed_scan: `unroll` must be >= 1, got {unroll}")
     xs_leaves, xs_tree = tree_flatten(xs)
     n = _infer_length(xs_leaves, length)
+    if n == 0 or _forward_mode([*tree_flatten(init)[0], *xs_leaves]):
+        # Nothing to checkpoint (no steps, or forward mode, which stores
+        # nothing per step); a schedule must still fit.
+        if n == 0 and schedule is not None:
+            _resolve_program(n, schedule, snapshots)
+        return lax.scan(f, init, xs, length=n, reverse=bool(reverse), unroll=unroll or True)
+    if reverse:
+        # lax.scan's reverse=True is the forward scan of the reversed inputs,
+        # with the outputs reversed back.
+        carry, ys = checkpointed_scan(
+            f, init, jax.tree.map(lambda x: jnp.flip(jnp.asarray(x), 0), xs), n,
+            schedule=schedule, snapshots=snapshots, store=store, unroll=unroll)
+        return carry, jax.tree.map(lambda y: jnp.flip(y, 0), ys)
     program = _resolve_program(n, schedule, snapshots, host=store is not None)
     if unroll == 0:  # unroll=True: fully, as lax.scan
         unroll = n
@@ -319,19 +370,25 @@ def checkpointed_scan(
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
 
     run = _make_custom_vjp(program, step, n, unroll, y_avals, host)
-    carry_leaves, ys_leaves = run(init_leaves, xs_leaves, list(consts))
+    # Arrays, not Python scalars (a differentiated closed-over float): the
+    # rules read their shapes and dtypes.
+    carry_leaves, ys_leaves = run(init_leaves, xs_leaves, [jnp.asarray(k) for k in consts])
     return tree_unflatten(init_tree, carry_leaves), tree_unflatten(y_tree, ys_leaves)
 
 
 def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_avals, host):
     """The custom_vjp function of ``(init_leaves, xs_leaves, const_leaves)``."""
 
-    @jax.custom_vjp
-    def run(init, xs, consts):
+    def plain(init, xs, consts, remat=False):
         def body(c, x):
             return step(c, [] if x is None else x, consts)
 
-        return lax.scan(body, init, xs if xs else None, length=n, unroll=unroll)
+        return lax.scan(jax.checkpoint(body) if remat else body, init, xs if xs else None,
+                        length=n, unroll=unroll)
+
+    @jax.custom_vjp
+    def run(init, xs, consts):
+        return plain(init, xs, consts)
 
     def fwd(init, xs, consts):
         c_pert = [p.perturbed for p in init]
@@ -340,6 +397,11 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
         init = [p.value for p in init]
         xs = [p.value for p in xs]
         consts = [p.value for p in consts]
+        if _differentiated([*init, *xs, *consts]):
+            # This forward rule is itself being differentiated (second order):
+            # a differentiable scan, and the backward rule differentiates it.
+            static = _Static((c_pert, x_pert, k_pert, True))
+            return plain(init, xs, consts), (init, xs, consts, static)
         interp = Interpreter(program, step, unroll, host=host)
         buf = [jnp.zeros((program.rows,) + c.shape, c.dtype) for c in init]
         ys = [jnp.zeros((n,) + a.shape, a.dtype) for a in y_avals]
@@ -349,17 +411,26 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
             ys = _update(ys, y_last, n - 1)
         else:
             final = cur
-        static = _Static((c_pert, x_pert, k_pert))
+        static = _Static((c_pert, x_pert, k_pert, False))
         # Residuals: the buffer (the state where the sweep ended is in a row
         # of it, see _program._reverse_from_buffer), xs and the closure.
         return (final, ys), (buf, xs, consts, static)
 
     def bwd(res, cts):
         buf, xs, consts, static = res
-        cur = [jnp.zeros(b.shape[1:], b.dtype) for b in buf]
-        c_pert, x_pert, k_pert = static.value
+        c_pert, x_pert, k_pert, second_order = static.value
         carry_ct, ys_ct = cts
-        interp = Interpreter(program, step, unroll, host=host)
+        if second_order:
+            cur = buf  # the residuals are init, xs, consts
+        else:
+            cur = [jnp.zeros(b.shape[1:], b.dtype) for b in buf]
+            if _differentiated(jax.tree.leaves(cts)):
+                raise NotImplementedError(
+                    "checkpointed_scan: the pullback of a checkpointed_scan is being "
+                    "differentiated with respect to its cotangents, through the schedule's "
+                    "while loops, which JAX cannot differentiate in reverse mode. Differentiate "
+                    "the whole function twice (jax.grad(jax.grad(...)), jax.hessian), which "
+                    "checkpointed_scan supports, or use jax.lax.scan of a jax.checkpoint-ed step")
         c_diff = [_inexact(c) for c in cur]
         x_diff = [p and _inexact(x) for p, x in zip(x_pert, xs)]
         k_diff = [p and _inexact(k) for p, k in zip(k_pert, consts)]
@@ -370,6 +441,19 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
             for c, ct, d in zip(cur, carry_ct, c_diff) if d
         ]
         ys_bar = [ct for ct, live in zip(ys_ct, y_live) if live]
+        if second_order:
+            def primal(cd, xd, kd):
+                carry, ys = plain(_merge(cd, cur, c_diff), _merge(xd, xs, x_diff),
+                                  _merge(kd, consts, k_diff), remat=True)
+                return ([v for v, d in zip(carry, c_diff) if d],
+                        [v for v, live in zip(ys, y_live) if live])
+
+            _, pullback = jax.vjp(primal, [v for v, d in zip(cur, c_diff) if d],
+                                  [v for v, d in zip(xs, x_diff) if d],
+                                  [v for v, d in zip(consts, k_diff) if d])
+            lam, xs_bar, k_bar = pullback((lam, ys_bar))
+            return _cotangents(lam, xs_bar, k_bar, c_diff, c_pert, x_diff, k_diff)
+        interp = Interpreter(program, step, unroll, host=host)
         xs_bar = [jnp.zeros(x.shape, x.dtype) for x, d in zip(xs, x_diff) if d]
         k_bar = [jnp.zeros(k.shape, k.dtype) for k, d in zip(consts, k_diff) if d]
 
@@ -398,15 +482,21 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
 
         (lam, xs_bar, k_bar), _ = interp.backward(
             list(cur), buf, xs, consts, adjoint, (lam, xs_bar, k_bar))
-        lam_it, xs_it, k_it = iter(lam), iter(xs_bar), iter(k_bar)
-        init_ct = [next(lam_it) if d else None for d in c_diff]
-        init_ct = [v if p else None for v, p in zip(init_ct, c_pert)]
-        xs_ct = [next(xs_it) if d else None for d in x_diff]
-        k_ct = [next(k_it) if d else None for d in k_diff]
-        return init_ct, xs_ct, k_ct
+        return _cotangents(lam, xs_bar, k_bar, c_diff, c_pert, x_diff, k_diff)
 
     run.defvjp(fwd, bwd, symbolic_zeros=True)
     return run
+
+
+def _cotangents(lam, xs_bar, k_bar, c_diff, c_pert, x_diff, k_diff):
+    """The backward rule's output: the cotangents of the differentiable
+    inputs in place, ``None`` for the others."""
+    lam_it, xs_it, k_it = iter(lam), iter(xs_bar), iter(k_bar)
+    init_ct = [next(lam_it) if d else None for d in c_diff]
+    init_ct = [v if p else None for v, p in zip(init_ct, c_pert)]
+    xs_ct = [next(xs_it) if d else None for d in x_diff]
+    k_ct = [next(k_it) if d else None for d in k_diff]
+    return init_ct, xs_ct, k_ct
 
 
 def _merge(diff_values, all_values, mask):

@@ -29,7 +29,9 @@ import dataclasses
 from ._jit import PythonBudget, njit
 import numpy as np
 
+from ._interrupt import call_kernel
 from ._schedule import Schedule
+from ._simulate import THREADED_ROWS
 from .actions import ActionKind
 
 __all__ = ["IOPlan", "LevelIO", "io_plan"]
@@ -264,8 +266,9 @@ def io_plan(schedule: Schedule) -> IOPlan:
     nsaves = int(np.count_nonzero((kind == ActionKind.SAVE) | (kind == ActionKind.MOVE)))
     nloads = int(np.count_nonzero((kind == ActionKind.LOAD) | (kind == ActionKind.MOVE)))
     (nrec, nread, step, level, start, end, first, last, reads, rec_of_action,
-     read_action, read_record, nxt) = _scan(t["kind"], t["a"], t["level"], t["dst"],
-                                            schedule.n_steps, nlv, nsaves, nloads)
+     read_action, read_record, nxt) = call_kernel(
+        _scan, t["kind"], t["a"], t["level"], t["dst"], schedule.n_steps, nlv, nsaves, nloads,
+        threaded=len(t) > THREADED_ROWS)  # Ctrl-C-safe on long tables (_interrupt)
     records = np.empty(nrec, RECORD_DTYPE)
     for name, column in (("step", step), ("level", level), ("start", start), ("end", end),
                          ("first_read", first), ("last_read", last), ("reads", reads)):

@@ -111,6 +111,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from ._interrupt import call_kernel, stop_flag
 from ._revolve import _put, build_table
 from ._schedule import Level, Schedule, check_cost, check_positive_int
 
@@ -504,9 +505,11 @@ def _dominance(slots, strides, write, read, valid):
 
 
 @numba.njit(cache=True, nogil=True)
-def _solve(n, slots, write, read, fwd, qh):
+def _solve(n, slots, write, read, fwd, qh, stop):
     """The table ``F[k P + a, l]`` for ``l = 0 .. n`` and the slope summaries
-    (``_emit`` re-runs splits along the optimal path with them)."""
+    (``_emit`` re-runs splits along the optimal path with them).  Returns
+    early, with the table filled up to some ``l``, once ``stop[0] != 0``
+    (:mod:`._interrupt`)."""
     L = slots.shape[0]
     strides = np.empty(L, np.int64)
     P = 1
@@ -566,6 +569,8 @@ def _solve(n, slots, write, read, fwd, qh):
         for j in range(L):
             free[s, j] = valid[s] and _digit(s % P, j, strides, slots) > 0
     for l in range(2, n + 1):
+        if stop[0] != 0:
+            break
         for s in range(S):
             if not valid[s]:
                 continue
@@ -826,7 +831,10 @@ class Multistage(Schedule):
         write = np.array([lv.write_cost for lv in levels])
         read = np.array([lv.read_cost for lv in levels])
         q = _quantum(n, [fwd, *write, *read])
-        F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax = _solve(n, slots, write, read, fwd, q / 2)
+        # On a worker thread, so that Ctrl-C stops it cleanly (see _interrupt).
+        stop = stop_flag()
+        F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax = call_kernel(
+            _solve, n, slots, write, read, fwd, q / 2, stop, stop=stop)
         P = states
         full = int(np.sum(slots * strides))
         self.optimal_time = float(

@@ -16,8 +16,13 @@ import dataclasses
 from ._jit import PythonBudget, njit
 import numpy as np
 
-from .actions import ActionKind, action_from_row
+from ._interrupt import call_kernel
 from ._schedule import Schedule
+from .actions import ActionKind, action_from_row
+
+#: Tables longer than this replay on a worker thread (:mod:`._interrupt`);
+#: shorter ones take well under a millisecond, less than starting a thread.
+THREADED_ROWS = 100_000
 
 __all__ = ["InvalidScheduleError", "ScheduleStats", "simulate"]
 
@@ -301,8 +306,10 @@ def simulate(schedule: Schedule) -> ScheduleStats:
     n = schedule.n_steps
     big = np.iinfo(np.int64).max
     slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
-    err, index, cur, due, fwd, adj, peak, reads, writes = _replay(
-        t["kind"], t["a"], t["b"], t["level"], t["dst"], n, slots
+    # Long tables replay on a worker thread, so that Ctrl-C is clean (_interrupt).
+    err, index, cur, due, fwd, adj, peak, reads, writes = call_kernel(
+        _replay, t["kind"], t["a"], t["b"], t["level"], t["dst"], n, slots,
+        threaded=len(t) > THREADED_ROWS,
     )
     if err:
         fields = dict(n=n, cur=cur, due=due, nlv_1=len(slots) - 1,

@@ -14,6 +14,7 @@ from ._tier import TierFullError as TierFullError
 from ._tier import check_key as check_key
 from ._engine import PlanMismatchError as PlanMismatchError
 from ._engine import TieredStore as TieredStore
+from ._pool import BufferPool as BufferPool
 from ._stats import StoreStats as StoreStats
 from ._stats import TierStats as TierStats
 from ._tier import make_record as make_record
@@ -21,5 +22,4 @@ from ._memory import MemoryTier as MemoryTier
 from ._compressed import CompressedMemoryTier as CompressedMemoryTier
 from ._zarr import ZarrTier as ZarrTier
 from ._dedup import LeafTable as LeafTable
-from ._pool import BufferPool as BufferPool
 from . import codecs as codecs

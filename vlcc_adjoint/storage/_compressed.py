@@ -93,6 +93,8 @@ class CompressedMemoryTier(Tier):
     - `name`: the tier's name in messages and statistics.
     """
 
+    fresh_gets = True  # get decodes into new arrays
+
     def __init__(self, codec=None, capacity_bytes: int | None = None, *,
                  name: str = "compressed-memory"):
         from .codecs import Lossless

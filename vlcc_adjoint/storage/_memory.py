@@ -53,6 +53,9 @@ class MemoryTier(Tier):
     - `name`: the tier's name in messages and statistics.
     """
 
+    retains_references = True
+    serves_put_arrays = True
+
     def __init__(self, capacity_bytes: int | None = None, *, name: str = "memory"):
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.name = name
@@ -76,7 +79,7 @@ class MemoryTier(Tier):
         self._insert(key, encode_spec(key, record.spec), tuple(record.leaves),
                      tuple(record.checksums))
 
-    def _adopt(self, key: str, record: Record) -> None:
+    def adopt(self, key: str, record: Record) -> None:
         """``put`` for a :class:`~vlcc_adjoint.storage.TieredStore`'s own
         captures, which are valid by construction (C-contiguous leaves,
         checksums from the capture copy, a spec from ``flatten`` that the
@@ -84,6 +87,8 @@ class MemoryTier(Tier):
         skipped, and the spec is encoded on its first ``get`` instead (the
         engine reads these records without ``get``)."""
         self._insert(key, record.spec, record.leaves, record.checksums)
+
+    _adopt = adopt  # the name earlier versions used
 
     def _insert(self, key, spec, leaves, checksums) -> None:
         with self._lock:

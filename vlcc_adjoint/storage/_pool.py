@@ -1,9 +1,9 @@
 """A pool of reusable capture buffers.
 
-Why: on the virtual machines this project runs on, writing into freshly
-allocated memory is slow (every page is faulted in on first touch: 0.1-5
-GB/s) while copying into memory that was touched before runs near memory
-bandwidth (~10 GB/s).  A checkpointing run captures states of the same few
+Why: writing into freshly allocated memory pays a page fault for every page
+on first touch, while copying into memory that was touched before runs at
+memory bandwidth (``benchmarks/bench_store_calls.py`` measures both).  A
+checkpointing run captures states of the same few
 shapes over and over, so the store copies each state into a buffer that an
 earlier, now deleted, checkpoint used.
 

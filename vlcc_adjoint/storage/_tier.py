@@ -140,15 +140,40 @@ class Tier(abc.ABC):
     """A storage level: a keyed store of :class:`Record` with a hard capacity.
 
     Subclasses set :attr:`name` and implement the five abstract methods;
-    ``capacity_bytes`` is ``None`` for unbounded.  A tier whose ``put``
-    keeps the leaf arrays by reference (no I/O, like
-    :class:`~vlcc_adjoint.storage.MemoryTier`) sets ``retains_references =
-    True``: a :class:`~vlcc_adjoint.storage.TieredStore` then writes to it
-    in the caller instead of on a worker thread.
+    ``capacity_bytes`` is ``None`` for unbounded.
+
+    **Capabilities.**  Like zarr's ``Store`` (``supports_writes``,
+    ``read_only``, ...), a tier declares what it does as class attributes,
+    and the :class:`~vlcc_adjoint.storage.TieredStore` reads them instead of
+    guessing from the tier's type.  The defaults are the safe answers for a
+    tier that stores its own copy of every record somewhere (a file, a
+    server): a tier that declares nothing is written on a worker thread,
+    read through ``get``, and every array it returns is copied before the
+    caller may change it.
+
+    - :attr:`retains_references`: ``put`` keeps the record's leaf arrays by
+      reference, with no I/O (a memory tier).  The store then writes to the
+      tier in the calling thread (a thread hand-off would cost more than the
+      ``put``) and never reuses those arrays before the record's delete.
+    - :attr:`serves_put_arrays`: with ``retains_references``, ``get``
+      returns the very arrays ``put`` received (as read-only views, after
+      verifying their checksums), so the store may read a record from those
+      arrays itself, verifying each leaf in the pass that copies it out.  A
+      subclass that overrides ``get`` to return anything else sets it to
+      ``False``.
+    - :attr:`fresh_gets`: every ``get`` returns newly allocated arrays that
+      nothing else references (decoded or read from a file), so the store
+      may hand them to the caller, or reuse them, without a copy.
+    - :attr:`persistent`: records survive the process (a directory on disk);
+      a restart or another process can read them.
     """
 
     name: str = "tier"
     capacity_bytes: int | None = None
+    retains_references: bool = False
+    serves_put_arrays: bool = False
+    fresh_gets: bool = False
+    persistent: bool = False
 
     @property
     @abc.abstractmethod
@@ -177,6 +202,14 @@ class Tier(abc.ABC):
 
     def __contains__(self, key: str) -> bool:
         return key in set(self.keys())
+
+    def adopt(self, key: str, record: Record) -> None:
+        """``put`` of a record the caller vouches for: C-contiguous leaves,
+        checksums computed from them, a pure-JSON spec that nobody changes
+        afterwards (a :class:`~vlcc_adjoint.storage.TieredStore`'s own
+        captures).  A tier may skip its validation; by default it is ``put``.
+        """
+        self.put(key, record)
 
     def free_bytes(self) -> int | None:
         """Capacity left, or ``None`` when unbounded."""

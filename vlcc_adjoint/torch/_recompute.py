@@ -123,7 +123,7 @@ def check_store(store, levels: int):
                          f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
                          f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
                          "tiers)")
-    if getattr(store, "_plan", None) is not None:
+    if getattr(store, "plan", None) is not None:
         raise ValueError("checkpoint_sequence: build the TieredStore without plan=; its levels "
                          "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
                          "an io_plan of the whole schedule does not describe")

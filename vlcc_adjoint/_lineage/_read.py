@@ -1,0 +1,243 @@
+"""Reading versions: manifests (sealed, validated) and chunks (bounded, verified).
+
+The read half of :class:`~vlcc_adjoint.lineage.History`.  A version is read
+in this order, and nothing is interpreted before it is checked:
+
+1. Its manifest ``versions/<id>/zarr.json`` (a real directory, a regular
+   file, at most :data:`~vlcc_adjoint.storage.format.MAX_METADATA_BYTES`),
+   whose seal must match, and match the digest the (sealed) graph records
+   for the version (:mod:`._seal`).  Then its structure is validated
+   (:func:`._format.parse_manifest`: dtypes from an allow-list, shapes and
+   chunk grids consistent).
+2. The bytes a load will allocate, the sum of its leaves plus a chunk, are
+   checked *before* anything is allocated against the memory this process
+   may use (:func:`memory_limit`): a crafted manifest that points thousands
+   of times at one small compressed chunk of zeros cannot make a load
+   allocate more than the machine has.
+3. Every chunk: its file must be a regular file in a real
+   ``chunks/<2 hex>/`` directory, of exactly the size a raw chunk has
+   (compressed: at most its bound, and the Blosc header's sizes must agree
+   before it is decoded, so decompression never produces more than the
+   declared bytes), and the xxh3-128 of what it decodes to must be its
+   address.
+
+Every failure is a :class:`~vlcc_adjoint.storage.CorruptCheckpointError`
+naming the version and the damaged file (``path``), or a
+:class:`~vlcc_adjoint.storage.StorageError` for an I/O failure or a load
+larger than this process may allocate.  Loading imports and executes
+nothing: types named in a spec are rebuilt only when the reading process
+registered them (:func:`vlcc_adjoint.state.unflatten`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import Any
+
+import numpy as np
+
+from ..state import UnknownStateTypeError, byte_view, unflatten
+from ..storage import CorruptCheckpointError, StorageError
+from ..storage import format as SF
+from . import _format as F
+from ._compare import leaf_paths
+from ._seal import check_sealed
+
+__all__ = ["Reader", "memory_limit"]
+
+_LIMIT_CACHE: list = [0.0, 0]  # [time, bytes]
+
+
+def memory_limit() -> int:
+    """The most bytes one load may allocate in this process.
+
+    The least of: the machine's physical memory
+    (:func:`~vlcc_adjoint.storage.format.allocation_limit`), the memory
+    available now (Linux ``MemAvailable``), and what the process's address
+    space and data limits (``RLIMIT_AS``, ``RLIMIT_DATA``) leave beyond what
+    it maps already.  Recomputed at most every half second.
+    """
+    now = time.monotonic()
+    if now - _LIMIT_CACHE[0] < 0.5:
+        return _LIMIT_CACHE[1]
+    limit = SF.allocation_limit()
+    try:
+        with open("/proc/meminfo", "rb") as f:  # not a store file: the kernel's
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith(b"MemAvailable:"):
+                    limit = min(limit, int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    mapped = 0
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            mapped = int(f.read(256).split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    for which in (resource.RLIMIT_AS, getattr(resource, "RLIMIT_DATA", None)):
+        if which is None:
+            continue
+        soft, _hard = resource.getrlimit(which)
+        if soft != resource.RLIM_INFINITY:
+            limit = min(limit, max(0, soft - mapped))
+    _LIMIT_CACHE[:] = [now, limit]
+    return limit
+
+
+class Reader:
+    """The read half of :class:`~vlcc_adjoint.lineage.History` (a mixin; see the
+    module docstring)."""
+
+    def _manifest(self, vid: str) -> F.Manifest:
+        with self._lock:
+            m = self._manifests.get(vid)
+            if m is not None:
+                self._manifests.move_to_end(vid)
+                return m
+            node = self._graph.nodes.get(vid)
+        vdir = self._p(F.VERSIONS, vid)
+        path = os.path.join(vdir, "zarr.json")
+        try:
+            SF.check_dir(vdir)
+            attrs = F.read_group_attrs(path, F.ROOT_KEY)
+            expected = node.get("digest") if node is not None else None
+            if expected is not None or not isinstance(attrs, dict) or attrs.get("format") != 1 \
+                    or "digest" in attrs:
+                check_sealed(attrs, path, f"the manifest of version {vid}", expected)
+            m = F.parse_manifest(vid, attrs)
+        except FileNotFoundError:
+            if vid in self._refresh():
+                raise CorruptCheckpointError(
+                    f"version {vid} of the history at {self.path} is corrupt: its manifest "
+                    f"{path} is missing; check out another version or restore the repository "
+                    "from a copy", key=vid, tier=f"lineage:{self.path}", path=path) from None
+            raise KeyError(f"version {vid} is not in the history at {self.path} (removed by gc?)"
+                           ) from None
+        except CorruptCheckpointError as err:
+            raise CorruptCheckpointError(
+                f"version {vid} of the history at {self.path} is corrupt: {err}; check out "
+                "another version", key=vid, tier=f"lineage:{self.path}",
+                path=err.path or path) from None
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            raise CorruptCheckpointError(
+                f"version {vid} of the history at {self.path} is corrupt: its manifest "
+                f"{path} is invalid ({err}); check out another version",
+                key=vid, tier=f"lineage:{self.path}", path=path) from None
+        except OSError as err:
+            raise StorageError(f"reading the manifest {path} of version {vid} failed: {err}"
+                               ) from err
+        with self._lock:
+            self._manifests[vid] = m
+            if len(self._manifests) > 1024:
+                self._manifests.popitem(last=False)
+        return m
+
+    def _corrupt(self, m: F.Manifest, what: str, path: str | None = None
+                 ) -> CorruptCheckpointError:
+        step = m.meta.get("step")
+        where = f" (file {path})" if path is not None and path not in what else ""
+        return CorruptCheckpointError(
+            f"version {m.id} of the history at {self.path} is corrupt: {what}{where}. The "
+            "stored data was damaged or modified after it was committed; check out another version "
+            "(`vlcc log` lists them) or restore the repository from a copy",
+            key=m.id, tier=f"lineage:{self.path}", step=step if type(step) is int else None,
+            path=path)
+
+    def _check_alloc(self, m: F.Manifest, nbytes: int, what: str) -> None:
+        """Refuse to allocate `nbytes` for `what` of version `m` beyond :func:`memory_limit`."""
+        limit = memory_limit()
+        if nbytes <= limit:
+            return
+        manifest = self._p(F.VERSIONS, m.id, "zarr.json")
+        try:  # more than the machine has: no real checkpoint of this machine declares that
+            SF.check_allocation(nbytes, manifest, what)
+        except CorruptCheckpointError as err:
+            raise self._corrupt(m, str(err), manifest) from None
+        raise StorageError(
+            f"version {m.id} of the history at {self.path}: {what} needs {nbytes} bytes, "
+            f"more than the {limit} bytes this process may allocate now (free memory and "
+            "the process's resource limits); load it where more memory is available")
+
+    def _chunk_dir(self, sub: str) -> None:
+        if sub not in self._chunk_dirs:
+            SF.check_dir(self._p(F.CHUNKS, sub))
+            self._chunk_dirs.add(sub)
+
+    def _read_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
+                    out: memoryview | None) -> Any:
+        """One chunk's raw bytes, verified (into `out` when it is a full chunk's slice)."""
+        rel = F.chunk_relpath(addr)
+        path = self._p(rel)
+        n = layout.chunk_nbytes
+        bound = n + n // 8 + 4096  # a compressed chunk's most bytes (Blosc1: n + 16 + header)
+        if cfg is not None:
+            self._check_alloc(m, bound + (n if out is None else 0), f"{where}, chunk {j}")
+        elif out is None:
+            self._check_alloc(m, n, f"{where}, chunk {j}")
+        try:
+            self._chunk_dir(addr[:2])
+            if cfg is None:
+                if out is not None:
+                    SF.read_into(path, out)
+                    data = out
+                else:
+                    data = SF.read_limited(path, n)
+                    if len(data) != n:
+                        raise ValueError(f"{len(data)} bytes, its metadata says {n}")
+            else:
+                data = F.decode_chunk(SF.read_limited(path, bound), cfg, n, out)
+        except FileNotFoundError:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is missing", path) from None
+        except CorruptCheckpointError as err:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}",
+                                err.path or path) from None
+        except ValueError as err:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}", path
+                                ) from None
+        except OSError as err:
+            raise StorageError(f"reading {where}, chunk {j} of version {m.id} from {path} "
+                               f"failed: {err}") from err
+        got = F.address_of(data, F.codec_tag(cfg))
+        if got != addr:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) has checksum {got}, its address "
+                                f"says {addr}", path)
+        return data
+
+    def _read_leaf(self, m: F.Manifest, i: int, path: str) -> np.ndarray:
+        layout, cfg, addrs = m.leaves[i]
+        where = f"leaf {path} (leaf {i}, {layout.dtype.str}{list(layout.shape)})"
+        self._check_alloc(m, layout.nbytes, where)  # diff reads single leaves
+        out = np.empty(layout.shape, layout.dtype)
+        if layout.nchunks == 0:
+            return out
+        flat = byte_view(out)
+        n = layout.chunk_nbytes
+        for j, ((off, valid, _), addr) in enumerate(zip(layout.spans(), addrs)):
+            if valid == n:
+                self._read_chunk(m, where, j, addr, layout, cfg, flat[off:off + n])
+            else:
+                data = self._read_chunk(m, where, j, addr, layout, cfg, None)
+                flat[off:off + valid] = memoryview(data)[:valid]
+        return out
+
+    def _load(self, vid: str):
+        m = self._manifest(vid)
+        paths = leaf_paths(m.spec)
+        # Everything the load allocates, checked before the first allocation.
+        biggest = max((layout.chunk_nbytes for layout, _, _ in m.leaves), default=0)
+        self._check_alloc(m, m.nbytes + 2 * biggest, f"its {len(m.leaves)} arrays "
+                          f"({m.nbytes} bytes declared)")
+        with self._gc_lock.shared():
+            if not os.path.lexists(self._p(F.VERSIONS, vid)):
+                raise KeyError(f"version {vid} was removed from {self.path} by gc")
+            leaves = [self._read_leaf(m, i, paths.get(i, f"#{i}")) for i in range(len(m.leaves))]
+        try:
+            return unflatten(m.spec, leaves)
+        except UnknownStateTypeError:
+            raise
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as err:
+            raise self._corrupt(m, f"its state spec does not rebuild ({err})",
+                                self._p(F.VERSIONS, vid, "zarr.json")) from None

@@ -1,0 +1,272 @@
+"""A repository's directory: opening and creating it, and its graph file.
+
+The part of :class:`~vlcc_adjoint.lineage.History` that knows the
+repository's top level (``zarr.json``, ``chunks/``, ``versions/``,
+``graph/``, ``locks/``, ``scratch/``), reads and replaces the graph file
+(sealed, see :mod:`._seal`), and sweeps what interrupted writers left in
+``scratch/``.  Every file is opened through
+:mod:`vlcc_adjoint.storage.format`: regular files only, never through a
+link, reads bounded.  The top-level directories are checked to be real
+directories (not links) when the repository is opened, so nothing a
+``History`` writes or deletes can lie outside its root.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from ..storage import CorruptCheckpointError, StorageError
+from ..storage import format as SF
+from . import _format as F
+from ._gc import remove_entry
+from ._graph import Graph
+from ._seal import check_sealed, graph_file_bytes, parse_graph_file, seal
+
+__all__ = ["Repository", "graph_file_text"]
+
+TOP = frozenset({"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH})
+
+
+def graph_file_text(g: Graph) -> bytes:
+    """``graph/zarr.json``: a zarr group whose attributes hold the graph, sealed."""
+    return graph_file_bytes(g.dumps())
+
+
+def _stamp_of(st: os.stat_result) -> tuple:
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class Repository:
+    """The directory half of :class:`~vlcc_adjoint.lineage.History` (a mixin; see the
+    module docstring).  Uses ``path``, ``mode``, ``durable``, the graph lock and the
+    instance lock of the object."""
+
+    def _p(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+    # -- opening ----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            st = os.stat(self.path)  # the root itself is the caller's path: links allowed
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise StorageError(f"{self.path} is not a directory; a History is a directory: give "
+                               "History a new path (it is created there) or the directory of a "
+                               "history")
+        attrs = self._root_attrs() if st is not None else None
+        if attrs is not None:
+            for d in (F.CHUNKS, F.VERSIONS, F.GRAPH):
+                try:
+                    SF.check_dir(self._p(d))
+                except FileNotFoundError:
+                    raise StorageError(f"the history at {self.path} lacks its {d}/ directory "
+                                       "(an incomplete copy?); copy the whole directory") from None
+            if self.mode == "a":
+                for d in (F.LOCKS, F.SCRATCH):  # absent after an export of a read-only copy
+                    self._ensure_group(d, {F.ROOT_KEY: d})
+                if attrs.get("format") != F.FORMAT:
+                    self._upgrade_root(attrs)
+            elif os.path.lexists(self._p(F.LOCKS)):
+                SF.check_dir(self._p(F.LOCKS))
+            return
+        if self.mode == "r":
+            raise StorageError(f"no lineage history at {self.path} (mode='r' does not create one); "
+                               "check the path, or open with mode='a' to create it")
+        existing = set(os.listdir(self.path)) if st is not None else set()
+        if existing - TOP:
+            raise StorageError(
+                f"{self.path} is not empty and not a lineage history (it holds "
+                f"{sorted(existing - TOP)[:5]}); give History a new or empty directory")
+        # Create (or finish creating) the layout; the root zarr.json comes last and
+        # is what makes the directory a repository.  Every file is created
+        # exclusively, so processes creating it at once agree.
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self._ensure_group(F.SCRATCH, {F.ROOT_KEY: "in-flight commits; never versions"})
+            self._ensure_group(F.LOCKS, {F.ROOT_KEY: "flock(2) lock files"})
+            self._ensure_group(F.CHUNKS, {F.ROOT_KEY: "content-addressed chunk files "
+                                          "(chunks/<2 hex>/<30 hex>: xxh3-128); not zarr arrays"})
+            self._ensure_group(F.VERSIONS, {F.ROOT_KEY: "one zarr group per version"})
+            graph_dir = self._p(F.GRAPH)
+            self._mkdir(graph_dir)
+            self._create_file(os.path.join(graph_dir, "zarr.json"), graph_file_text(Graph()))
+            self._create_file(self._p("zarr.json"), F.group_json({F.ROOT_KEY: seal({
+                "format": F.FORMAT, "kind": "history",
+                "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
+                          "per version, an array per leaf (chunk files hard-linked); graph/: "
+                          "the version DAG (networkx node-link JSON) in its attributes",
+                "created": time.time()})}, indent=2))
+        except OSError as err:
+            raise StorageError(f"cannot create a history at {self.path}: {err}") from err
+        self._root_attrs()  # what another process may have created meanwhile is one too
+
+    def _root_attrs(self) -> dict | None:
+        """The root's attributes, verified; ``None`` when there is no root ``zarr.json``."""
+        root = self._p("zarr.json")
+        try:
+            attrs = F.read_group_attrs(root, F.ROOT_KEY)
+        except FileNotFoundError:
+            return None
+        except CorruptCheckpointError as err:
+            try:
+                F.read_group_attrs(root, "vlcc_adjoint")
+            except (OSError, StorageError):
+                pass
+            else:
+                raise StorageError(
+                    f"{self.path} is not a lineage history: it is a ZarrTier checkpoint store "
+                    "(open it with vlcc_adjoint.storage.ZarrTier; `vlcc inspect` summarises it)"
+                ) from None
+            raise CorruptCheckpointError(
+                f"{self.path} is not a lineage history, or its root metadata is damaged ({err}); "
+                "give History a new or empty directory, or the directory of a history "
+                "(restore a damaged one from a copy)", path=root) from None
+        fmt = attrs.get("format") if isinstance(attrs, dict) else None
+        if fmt == 2:
+            check_sealed(attrs, root, "the root metadata")
+        elif fmt == 1 and "digest" not in attrs:
+            pass  # written before seals
+        else:
+            raise CorruptCheckpointError(
+                f"the history at {self.path} has format {fmt!r:.60} ({root}); this version of "
+                f"vlcc_adjoint reads formats {', '.join(map(str, F.FORMATS))}: upgrade "
+                "vlcc_adjoint, or restore the file from a copy if it was damaged", path=root)
+        if attrs.get("kind") != "history":
+            raise CorruptCheckpointError(f"{root}: the root is not a history's "
+                                         f"(kind {attrs.get('kind')!r:.40})", path=root)
+        return attrs
+
+    def _upgrade_root(self, attrs: dict) -> None:
+        """Seal a format 1 root as format 2: this writer adds sealed versions and a sealed
+        graph, which an older reader refuses; the root's format number tells it why."""
+        root = self._p("zarr.json")
+        tmp = f"{root}.{F.token()}.tmp"  # beside it: scratch/ is swept by other writers
+        F.write_file(tmp, F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})},
+                                       indent=2), self.durable)
+        try:
+            SF.publish(tmp, root, self.durable)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @staticmethod
+    def _mkdir(path: str) -> None:
+        """Make the directory `path` unless it exists; either way it must be a real one."""
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        SF.check_dir(path)
+
+    def _ensure_group(self, name: str, attrs: dict) -> None:
+        d = self._p(name)
+        self._mkdir(d)
+        self._create_file(os.path.join(d, "zarr.json"), F.group_json(attrs))
+
+    def _create_file(self, path: str, data: bytes) -> None:
+        """Create `path` with `data` unless it exists (atomic: via link of a temporary)."""
+        if os.path.lexists(path):
+            return
+        tmp = f"{path}.{F.token()}.tmp"
+        F.write_file(tmp, data, self.durable)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:
+            if not os.path.lexists(path):
+                os.replace(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+    def _sweep_scratch(self) -> None:
+        """Remove what interrupted writers left in ``scratch/`` (a writer's open).
+
+        Only when no commit or read is in flight in any process (``gc.lock``
+        free, taken exclusive without waiting) and no graph is being replaced
+        (``graph.lock``): then every scratch entry is a dead writer's.
+        """
+        with self._gc_lock.exclusive_nowait() as got:
+            if not got:
+                return
+            with self._graph_lock.held():
+                for entry in os.scandir(self._p(F.SCRATCH)):
+                    if entry.name != "zarr.json":
+                        remove_entry(entry.path)
+
+    # -- the graph file --------------------------------------------------------------
+
+    def _graph_file(self) -> str:
+        return self._p(F.GRAPH, "zarr.json")
+
+    # Installed Graph objects are never mutated (readers in other threads may be
+    # iterating them): writers parse a private copy (_fresh), change it, write
+    # it, and install it.
+
+    def _graph_stamp(self) -> tuple | None:
+        try:
+            return _stamp_of(os.lstat(self._graph_file()))
+        except FileNotFoundError:
+            return None
+
+    def _parse_graph(self) -> tuple[Graph, tuple]:
+        path = self._graph_file()
+        # The stamp is taken before the read: a replacement in between makes the
+        # next refresh read again (a stamp taken after could hide it).
+        stamp = self._graph_stamp()
+        try:
+            raw = SF.read_limited(path, SF.MAX_METADATA_BYTES)
+            doc = parse_graph_file(raw, path)
+            return Graph.from_json(doc, self._frags), stamp
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"the graph file {path} of the history is missing; the directory was damaged "
+                "or partially copied", path=path) from None
+        except CorruptCheckpointError as err:
+            raise CorruptCheckpointError(
+                f"the graph file of the history is damaged: {err}; restore it from a copy of "
+                "the repository", path=path) from None
+        except (ValueError, KeyError, TypeError) as err:
+            raise CorruptCheckpointError(
+                f"the graph file {path} of the history is damaged ({err}); restore it from a "
+                "copy of the repository", path=path) from None
+
+    def _refresh(self) -> Graph:
+        """The current graph, re-read if another process (or object) replaced it."""
+        stamp = self._graph_stamp()
+        if stamp is None or stamp != self._stamp:
+            graph, stamp = self._parse_graph()
+            with self._lock:
+                self._graph, self._stamp = graph, stamp
+        return self._graph
+
+    def _fresh(self) -> Graph:
+        """A private, current copy of the graph to change (caller holds the graph lock)."""
+        stamp = self._graph_stamp()
+        if stamp is not None and stamp == self._stamp:  # nobody wrote since we read it
+            return self._graph.clone()
+        graph, stamp = self._parse_graph()
+        with self._lock:
+            self._graph, self._stamp = graph, stamp
+        return graph.clone()
+
+    def _write_graph(self, g: Graph) -> None:
+        """Replace the graph file with `g` and install `g` (caller holds the graph lock)."""
+        tmp = self._p(F.SCRATCH, f"graph-{F.token()}.json")
+        F.write_file(tmp, graph_file_text(g), self.durable)
+        try:
+            stamp = _stamp_of(os.lstat(tmp))  # rename keeps inode, mtime and size
+            SF.publish(tmp, self._graph_file(), self.durable)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
+        with self._lock:
+            self._graph, self._stamp = g, stamp
+

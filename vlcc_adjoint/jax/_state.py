@@ -1,0 +1,99 @@
+"""JAX arrays and pytrees as vlcc states: the JAX leaf provider.
+
+:func:`register_provider` teaches :mod:`vlcc_adjoint.state` JAX's types,
+the way :func:`vlcc_adjoint.torch.register_providers` teaches it torch's:
+
+``jax.Array``
+    One numpy leaf, ``np.asarray(x)`` (a zero-copy, read-only host view on
+    the CPU backend), tagged ``{"jax": true}`` in the spec and rebuilt with
+    ``jnp.asarray`` on the default device.  Typed PRNG keys have no numpy
+    dtype: their key data is stored, tagged ``{"jax": "key", "impl":
+    name}``, and rebuilt with ``jax.random.wrap_key_data``.  These tags are
+    the on-disk format of every checkpoint written so far.
+
+    A JAX array is immutable and the host view keeps its buffer alive, so
+    the provider declares its leaves ``immutable``: a ``TieredStore`` keeps
+    them by reference instead of copying them at ``save``.  They are also
+    ``rebuilt``: a restore into an existing state (``load(out=)``) makes new
+    arrays for them rather than writing into the old ones.
+
+Dataclass pytrees (equinox modules, flax structs)
+    Flattened field by field like any dataclass, and rebuilt the way JAX's
+    own unflatten rebuilds them: fields set on a bare instance, since their
+    ``__init__`` usually takes other arguments
+    (``eqx.nn.Linear(in_features, out_features, key=...)``).
+
+A user need not import :mod:`vlcc_adjoint.jax`: ``vlcc_adjoint/__init__.py``
+registers a lazy hook (:func:`vlcc_adjoint.state.register_lazy_provider`)
+that runs :func:`register_provider` the first time a state is flattened or
+unflattened after JAX was imported, or a spec holds a ``"jax"`` tag.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from .. import state as _vstate
+
+__all__ = ["register_provider"]
+
+TAG = "jax"
+
+
+def _claims(cls: type) -> bool:
+    return isinstance(cls, type) and issubclass(cls, jax.Array)
+
+
+def _to_numpy(x) -> tuple[np.ndarray, dict]:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(x)), {TAG: "key", "impl": str(jax.random.key_impl(x))}
+    return np.asarray(x), {TAG: True}
+
+
+def _from_numpy(leaf: np.ndarray, node: dict):
+    tag = node.get(TAG)
+    if tag == "key":
+        impl = node.get("impl")
+        if not isinstance(impl, str):
+            raise ValueError("PRNG key without its implementation name in state spec")
+        return jax.random.wrap_key_data(jnp.asarray(leaf), impl=impl)
+    if tag is True:
+        return jnp.asarray(leaf)
+    raise ValueError(f"malformed JAX leaf tag {tag!r} in state spec")
+
+
+_NODE_CACHE: dict[type, bool] = {}
+
+
+def _tree_node(cls: type) -> bool:
+    """Whether JAX has the dataclass `cls` registered as a pytree node."""
+    known = _NODE_CACHE.get(cls)
+    if known is None:
+        registry = getattr(getattr(jax, "_src", None), "tree_util", None)
+        registry = getattr(registry, "_registry", None)
+        known = registry is not None and cls in registry
+        if not known:
+            # Types registered from C++ or with keys (equinox) live in the
+            # default registry only; ask it with a bare instance.
+            default_registry = getattr(jax.tree_util, "default_registry", None)
+            if default_registry is not None:
+                try:
+                    known = default_registry.flatten_one_level(object.__new__(cls)) is not None
+                except Exception:
+                    known = False
+        _NODE_CACHE[cls] = bool(known)
+    return _NODE_CACHE[cls]
+
+
+PROVIDER = _vstate.LeafProvider(tag=TAG, claims=_claims, to_numpy=_to_numpy,
+                                from_numpy=_from_numpy, immutable=True, rebuilt=True,
+                                tree_node=_tree_node)
+
+
+def register_provider() -> None:
+    """Teach :mod:`vlcc_adjoint.state` JAX arrays and dataclass pytrees
+    (idempotent; see the module docstring)."""
+    _vstate.register_leaf_provider(PROVIDER)

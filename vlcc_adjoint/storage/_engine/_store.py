@@ -1,0 +1,549 @@
+"""TieredStore: the facade over the engine's parts (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+
+from .._stats import StoreStats
+from .._tier import StorageError, Tier
+from ._cache import ReadCache
+from ._capture import Capture
+from ._clock import PlanClock
+from ._common import (DELETE, LOAD, MOVE, SAVE, STORED, Entry, Shared, check_int, check_level,
+                      check_step, snapshot, tier_name)
+from ._jobs import Jobs
+from ._placement import Placement
+from ._restore import Restore
+from ._write import Writer
+
+__all__ = ["TieredStore"]
+
+_MiB = 1 << 20
+
+
+class TieredStore:
+    """The asynchronous checkpoint store over a hierarchy of tiers.
+
+    **Arguments:**
+
+    - `tiers`: the storage levels, fastest first (``tiers[k]`` is schedule
+      level ``k``): :class:`~vlcc_adjoint.storage.MemoryTier`,
+      :class:`~vlcc_adjoint.storage.CompressedMemoryTier`,
+      :class:`~vlcc_adjoint.storage.ZarrTier` or any :class:`Tier`.
+    - `plan`: the schedule's :class:`~vlcc_adjoint.schedules.IOPlan`
+      (``io_plan(schedule)``): enables plan checking, prefetching and
+      foresight eviction.  ``None``: every call is accepted, nothing is
+      prefetched.  A plan of fewer levels than tiers draws a ``UserWarning``
+      naming the tiers it never reaches, unless ``policy="spill"``.
+    - `prefetch_bytes`: the read cache's budget (never exceeded).
+    - `staging_bytes`: the most bytes of captures waiting for their
+      background write; ``save`` waits when it is full.  A single capture
+      larger than this is accepted when nothing else is staged.
+    - `workers`: background threads for the slower levels (memory levels
+      always run in the caller; the threads start with the first
+      background job); ``0`` runs every write and read in the caller (a
+      synchronous store, for baselines and debugging).  Default: one core
+      fewer than the machine has, between 1 and 4 (the solver keeps a core).
+    - `policy`: ``"raise"`` or ``"spill"``, when a record does not fit its tier.
+    - `dedup`: ``False``; ``True`` to store identical leaves once, hashed
+      after the capture (saves memory, not capture time); ``"eager"`` to
+      hash in ``save`` before copying (saves the copy of a leaf that did not
+      change, costs a hash of every leaf in the caller).
+    - `prefetch_levels`: levels read ahead and cached (default: all but 0).
+    - `lookahead`: how many future reads the prefetcher considers.
+    - `pool_bytes`: the most bytes of free capture buffers kept for reuse
+      (default: ``staging_bytes``).
+    - `close_tiers`: whether :meth:`close` closes the tiers too.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, tiers: Sequence[Tier], plan=None, prefetch_bytes: int = 256 * _MiB, *,
+                 staging_bytes: int = 512 * _MiB, workers: int | None = None,
+                 policy: str = "raise",
+                 dedup: bool | str = False, prefetch_levels: Sequence[int] | None = None,
+                 lookahead: int = 64, pool_bytes: int | None = None, close_tiers: bool = True):
+        tiers = list(tiers)
+        if not tiers:
+            raise ValueError("TieredStore needs at least one tier, e.g. [MemoryTier()]")
+        for k, tier in enumerate(tiers):
+            if not isinstance(tier, Tier):
+                raise TypeError(f"tiers[{k}] is a {type(tier).__name__}, not a Tier; use "
+                                "MemoryTier, CompressedMemoryTier, ZarrTier or a Tier subclass")
+        if policy not in ("raise", "spill"):
+            raise ValueError(f"policy must be 'raise' or 'spill', got {policy!r}")
+        if workers is None:
+            workers = max(1, min(4, (os.cpu_count() or 2) - 1))
+        if dedup not in (False, True, "eager"):
+            raise ValueError(f"dedup must be False, True or 'eager', got {dedup!r}")
+        for name, value in (("prefetch_bytes", prefetch_bytes), ("staging_bytes", staging_bytes),
+                            ("workers", workers), ("lookahead", lookahead)):
+            check_int(name, value)
+        nlv = len(tiers)
+        if prefetch_levels is None:
+            prefetch_levels = range(1, nlv)
+        prefetch_levels = frozenset(int(k) for k in prefetch_levels)
+        bad = [k for k in prefetch_levels if not 0 <= k < nlv]
+        if bad:
+            raise ValueError(f"prefetch_levels {bad} are not levels of these {nlv} tiers")
+        self.tiers = tiers
+        self.policy = policy
+        self.dedup = dedup
+        self._close_tiers = close_tiers
+        self._api = threading.RLock()  # serialises the public methods
+        sh = self._shared = Shared(tiers, policy, dedup, int(workers), prefetch_levels)
+        self._clock = PlanClock(plan, nlv, sh.lock)
+        if plan is not None:
+            self._warn_unused_tiers()
+        staging = int(staging_bytes)
+        # The most bytes of buffers the store may hold at once: its memory
+        # levels' capacities, the staging and the read cache.  The pool keeps
+        # a free buffer only within it (BudgetPlan.make_store sizes a memory
+        # budget for those three).  None: unbounded.
+        caps = [t.capacity_bytes for t, r in zip(tiers, sh.retains) if r]
+        hold = None if any(c is None for c in caps) else \
+            sum(caps) + staging + int(prefetch_bytes)
+        self._capture = Capture(sh, staging if pool_bytes is None else int(pool_bytes), hold)
+        self._jobs = Jobs(sh, self._run_job)
+        self._placement = Placement(sh, self._jobs, staging)
+        self._writer = Writer(sh, self._jobs, self._placement, self._capture, self._clock)
+        self._cache = ReadCache(sh, self._jobs, self._clock, self._writer, self._capture,
+                                int(prefetch_bytes), int(lookahead))
+        self._writer.cache = self._cache
+        self._restore = Restore(sh, self._clock, self._capture, self._cache)
+        self._capture.held = self._held
+
+    def _warn_unused_tiers(self):
+        """A plan of fewer levels than tiers never reaches the slower ones
+        (unless records spill there)."""
+        nlv, reach = self._shared.nlv, self._clock.levels
+        if reach < nlv and self.policy != "spill":
+            names = ", ".join(f"{k} ({tier_name(self.tiers[k])})" for k in range(reach, nlv))
+            warnings.warn(
+                f"the plan has {reach} storage level(s) but the store has {nlv} tiers: tier "
+                f"level(s) {names} will never be used.  Use a schedule with one level per tier "
+                "(e.g. Multistage(steps, levels=[Level(...), ...])), pass only the tiers the "
+                "schedule uses, or policy='spill' to overflow into them", UserWarning,
+                stacklevel=3)
+
+    @property
+    def plan(self):
+        """The :class:`~vlcc_adjoint.schedules.IOPlan` the store follows, or ``None``."""
+        return self._clock.plan
+
+    # -- the engine's parts, for tests and tools ----------------------------------------
+
+    @property
+    def _plan(self):  # the name earlier versions had; use `plan`
+        return self._clock.plan
+
+    @property
+    def _threads(self) -> list:
+        return self._jobs.threads
+
+    @property
+    def _outstanding(self) -> int:
+        return self._jobs.outstanding
+
+    @property
+    def _closed(self) -> bool:
+        return self._shared.closed
+
+    @property
+    def _pool(self):
+        return self._capture.pool
+
+    @property
+    def _table(self):
+        return self._capture.table
+
+    # ------------------------------------------------------------------ API
+
+    def save(self, step: int, state, level: int = 0) -> None:
+        """Store `state` as ``u_step`` on `level`; returns once the store owns it.
+
+        **Arguments:**
+
+        - `step`: the step of the state.
+        - `state`: anything :func:`vlcc_adjoint.state.flatten` accepts.  The
+          caller may modify it as soon as ``save`` returns.
+        - `level`: the storage level (an index into ``tiers``).
+
+        On a memory level the record is complete when ``save`` returns
+        (captured, checksummed and put, in the caller); on a slower level
+        the write continues in the background.
+
+        Raises :class:`StorageError` if the record does not fit (with
+        ``policy="raise"``), if the step is already stored on the level, if
+        a memory level's ``put`` fails, or to report an earlier background
+        failure; :class:`PlanMismatchError` if the plan expected another
+        action.
+        """
+        with self._api:
+            self._enter()
+            sh, clock, capture, placement = self._shared, self._clock, self._capture, \
+                self._placement
+            step, level = check_step(step), self._check_level(level)
+            if (step, level) in sh.index:
+                raise StorageError(f"step {step} is already stored on level {level}; delete it "
+                                   "first (schedules Save a step once per level)")
+            leaves, spec, traits = capture.flatten(state)
+            spec["step"] = step
+            mark = clock.mark()
+            record = clock.follow(SAVE, step, level)
+            how, nbytes, copy_bytes = capture.classify(leaves, traits)
+            try:
+                if not sh.inline[level]:  # memory levels stage nothing
+                    placement.wait_staging(copy_bytes)
+                tier, reserved = placement.place(step, level, nbytes)
+                if not sh.inline[tier] and sh.inline[level]:  # spilled to a slow level
+                    try:
+                        placement.wait_staging(copy_bytes)
+                    except BaseException:
+                        placement.unreserve(tier, reserved)
+                        raise
+            except BaseException:
+                clock.rewind(mark)
+                raise
+            inline = sh.inline[tier]
+            t0 = time.perf_counter()
+            out, owned, digests, sums, copied, referenced = capture.capture(leaves, how, inline)
+            leaves = None
+            t1 = time.perf_counter()
+            entry = Entry(step, level, tier, next(sh.seq), spec, nbytes, record)
+            entry.leaves, entry.owned, entry.checksums, entry.digests = out, owned, sums, digests
+            entry.reserved, entry.reserved_tier = reserved, tier
+            out = None
+            with sh.lock:
+                sh.t["capture"] += t1 - t0
+                sh.n["saves"] += 1
+                sh.n["captured"] += copied
+                sh.n["referenced"] += referenced
+                self._register(entry)
+                if inline:
+                    self._jobs.tier_jobs[tier] += 1
+                else:
+                    entry.staged_bytes = copied
+                    placement.stage(copied)
+                    self._jobs.submit("write", entry, clock.priority(entry))
+                self._cache.pump()
+            if inline:
+                self._writer.write_inline(entry)
+            self._jobs.after_inline()
+
+    def load(self, step: int, level: int | None = None, out=None, copy: bool = True):
+        """The stored ``u_step``.
+
+        **Arguments:**
+
+        - `step`: the step.
+        - `level`: the level to read; ``None``: the level the plan expects,
+          or without a plan the fastest level holding the step.
+        - `out`: optional, a state of the same structure: its arrays are
+          overwritten in place (restoring into a solver's live buffers) and
+          it is returned (a rebuilt state holding its arrays if it has
+          values that cannot change in place, e.g. numpy scalars).
+        - `copy`: ``False`` returns the state around *read-only views* of
+          the stored arrays, verified but not copied, for a caller that
+          copies at once (the executor's ``on_load`` path); valid until the
+          record is deleted.  Cannot be combined with `out`.
+
+        **Returns:** the state.  Without `out` and with ``copy=True`` its
+        arrays are the caller's own: modifying them never changes the
+        stored record.
+
+        A record on a memory level is verified while it is copied out (one
+        pass over it); if it turns out corrupt, the arrays of `out` may
+        already hold part of it.
+
+        Raises :class:`StorageError` if the step is not stored there or its
+        write failed, :class:`CorruptCheckpointError` if the record fails its
+        integrity check, :class:`PlanMismatchError` off-plan.
+        """
+        with self._api:
+            self._enter()
+            sh, clock = self._shared, self._clock
+            step = check_step(step)
+            if level is None:
+                level = self._default_level(step, LOAD)
+            level = self._check_level(level)
+            entry = self._lookup(step, level)
+            if not copy and out is not None:
+                raise ValueError("load(copy=False) returns read-only views of the stored record; "
+                                 "it cannot restore into out= as well (pass one or the other)")
+            targets = None if out is None else self._restore.targets(out, entry.spec)
+            mark = clock.mark()
+            clock.follow(LOAD, step, level)
+            try:
+                if entry.state == STORED and entry.slot is None and sh.direct[entry.tier] \
+                        and entry.leaves is not None and entry.checksums is not None:
+                    return self._restore.direct(entry, out, targets, copy)
+                acquired = self._cache.acquire(entry)
+            except BaseException:
+                clock.rewind(mark)
+                self._jobs.after_inline()
+                raise
+            try:
+                return self._restore.finish(entry, acquired, out, targets, copy)
+            finally:
+                acquired = None
+                self._jobs.after_inline()
+
+    def delete(self, step: int, level: int | None = None) -> None:
+        """Forget the stored ``u_step`` on `level` (``None``: the plan's level,
+        or without a plan every level holding it)."""
+        with self._api:
+            self._enter()
+            sh = self._shared
+            step = check_step(step)
+            if level is None:
+                if self._clock.plan is not None:
+                    level = self._default_level(step, DELETE)
+                else:
+                    levels = [k for k in range(sh.nlv) if (step, k) in sh.index]
+                    if not levels:
+                        raise StorageError(f"step {step} is not stored on any level")
+                    for k in levels:
+                        self.delete(step, k)
+                    return
+            level = self._check_level(level)
+            entry = self._lookup(step, level)
+            self._clock.follow(DELETE, step, level)
+            with sh.lock:
+                sh.n["deletes"] += 1
+                self._unregister(entry)
+                # A stored record on a memory level is deleted here and now:
+                # its buffers go back to the pool for the next save.
+                now = entry.state == STORED and sh.inline[entry.tier]
+                if now:
+                    self._cache.drop_slot(entry)
+                else:
+                    self._writer.retire(entry)
+                self._cache.pump()
+            if now:
+                try:
+                    self._writer.run_delete(entry, notify=False)
+                except Exception as exc:
+                    with sh.lock:
+                        self._jobs.record("delete", entry, exc)
+                    self._jobs.raise_failures()
+            self._jobs.after_inline()
+
+    def move(self, step: int, src: int, dst: int) -> None:
+        """Relocate the stored ``u_step`` from level `src` to level `dst`.
+
+        Returns at once; the copy runs in the background (a ``load`` from
+        `dst` meanwhile is served from RAM or waits for it).
+        """
+        with self._api:
+            self._enter()
+            sh, clock, placement = self._shared, self._clock, self._placement
+            step, src, dst = check_step(step), self._check_level(src), self._check_level(dst)
+            if src == dst:
+                raise ValueError(f"move of step {step} from level {src} to itself")
+            if (step, dst) in sh.index:
+                raise StorageError(f"step {step} is already stored on level {dst}; delete it "
+                                   "there first")
+            old = self._lookup(step, src)
+            mark = clock.mark()
+            record = clock.follow(MOVE, step, src, dst)
+            try:
+                self._writer.settle(old)
+                if old.slot is not None:  # may be written from the cache: needs staging room
+                    placement.wait_staging(old.nbytes)
+                tier, reserved = placement.place(step, dst, old.nbytes)
+            except BaseException:
+                clock.rewind(mark)
+                raise
+            new = Entry(step, dst, tier, next(sh.seq), old.spec, old.nbytes, record)
+            new.reserved, new.reserved_tier = reserved, tier
+            with sh.lock:
+                sh.n["moves"] += 1
+                self._unregister(old)
+                self._writer.hand_over(old, new)
+                self._register(new)
+                self._jobs.submit("write", new, clock.priority(new))
+                self._cache.pump()
+            self._jobs.after_inline()
+
+    def sync(self, action_index: int) -> None:
+        """Tell a planned store that the executor is at schedule action
+        `action_index` (optional: the store follows its calls anyway).
+
+        Raises :class:`PlanMismatchError` if an I/O action before it was skipped.
+        """
+        with self._api:
+            self._enter()
+            with self._shared.lock:
+                if self._clock.sync(action_index):
+                    self._cache.pump()
+
+    def wait(self) -> None:
+        """Block until every background job is done; raise any failure."""
+        with self._api:
+            self._check_open()
+            sh = self._shared
+            t0 = time.perf_counter()
+            with sh.lock:
+                while self._jobs.outstanding and not sh.stopping:
+                    sh.changed.wait(0.05)
+                sh.t["flush"] += time.perf_counter() - t0
+            self._jobs.raise_failures()
+
+    def close(self, timeout: float | None = 600.0) -> None:
+        """Flush pending writes, stop the workers, close the tiers (if
+        `close_tiers`).  Idempotent.
+
+        **Arguments:**
+
+        - `timeout`: the most seconds to wait for pending work and for the
+          workers (``None``: as long as it takes).  Work still pending then
+          is abandoned and reported, so a hanging tier (a dead network
+          file system) cannot hang ``close``.
+
+        Raises :class:`StorageError` for any failure not yet reported.
+        """
+        with self._api:
+            sh, jobs = self._shared, self._jobs
+            if sh.closed:
+                return
+            t0 = time.perf_counter()
+            deadline = None if timeout is None else t0 + timeout
+            with sh.lock:
+                sh.closing = True  # queued prefetches are skipped, none are started
+                while jobs.outstanding:
+                    left = None if deadline is None else deadline - time.perf_counter()
+                    if left is not None and left <= 0:
+                        jobs.failures.append((
+                            "close", None, None, None,
+                            TimeoutError(f"{jobs.outstanding} background jobs still pending "
+                                         f"after {timeout} s (steps, levels: "
+                                         f"{jobs.pending_steps()[:10]})")))
+                        break
+                    sh.changed.wait(0.05 if left is None else min(left, 0.05))
+                jobs.stop()
+            stuck = jobs.join(deadline)
+            with sh.lock:
+                sh.t["flush"] += time.perf_counter() - t0
+                self._cache.clear()
+                sh.index.clear()
+                sh.by_record.clear()
+            self._capture.pool.clear()
+            if self._close_tiers:
+                for k, tier in enumerate(self.tiers):
+                    try:
+                        tier.close()
+                    except Exception as exc:  # reported below, after the others close
+                        jobs.failures.append(("close", None, k, tier, exc))
+            sh.closed = True
+            if stuck:
+                raise StorageError(f"worker threads {stuck} were still busy when close() timed "
+                                   "out; a tier operation is hanging (check the tier's path or "
+                                   "network); they are daemon threads and end with the process")
+            jobs.raise_failures()
+
+    def __enter__(self) -> TieredStore:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.close()
+            return False
+        try:
+            self.close()
+        except Exception as close_error:  # the body's exception is the one raised
+            exc.add_note(f"closing the TieredStore afterwards also failed: {close_error!r}")
+        return False
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the store's counters (:class:`StoreStats`)."""
+        return snapshot(self._shared, self._placement, self._cache.belady, self._capture.pool)
+
+    def steps(self, level: int) -> list[int]:
+        """The steps stored on `level` now, sorted."""
+        with self._shared.lock:
+            return sorted(s for s, k in self._shared.index if k == level)
+
+    def reserve(self, state, count: int = 1) -> None:
+        """Allocate and touch capture buffers for `count` states shaped like
+        `state` ahead of time, so the first saves do not pay page faults."""
+        self._capture.reserve(state, count)
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(t).__name__ for t in self.tiers)
+        plan = "with plan" if self._clock.plan is not None else "no plan"
+        return f"TieredStore([{names}], {plan}, workers={self._shared.workers})"
+
+    # ------------------------------------------------------------- helpers
+
+    def _run_job(self, kind, entry, slot):
+        if kind == "write":
+            self._writer.run_write(entry)
+        elif kind == "read":
+            self._cache.run_read(entry, slot)
+        else:
+            self._writer.run_delete(entry)
+
+    def _held(self) -> int:
+        """Bytes of buffers the store holds: staged, cached, pooled, and in
+        the tiers that keep them."""
+        sh = self._shared
+        return self._placement.staging_used + self._cache.used_bytes + \
+            self._capture.pool.free_bytes + sum(
+                t.used_bytes for t, r in zip(self.tiers, sh.retains) if r)
+
+    def _check_open(self):
+        if self._shared.closed:
+            raise StorageError("this TieredStore is closed; create a new one")
+
+    def _enter(self):
+        if self._shared.closed:
+            raise StorageError("this TieredStore is closed; create a new one")
+        if self._jobs.failures:  # (read without the lock: one recorded meanwhile waits a call)
+            self._jobs.raise_failures()
+
+    def _check_level(self, level) -> int:
+        return check_level(level, self._shared.nlv)
+
+    def _default_level(self, step, kind) -> int:
+        level = self._clock.expected_level(step, kind)
+        if level is not None:
+            return level
+        for k in range(self._shared.nlv):
+            if (step, k) in self._shared.index:
+                return k
+        raise StorageError(f"step {step} is not stored on any level; stored: "
+                           f"{self._describe_stored()}")
+
+    def _describe_stored(self) -> str:
+        by = {}
+        for s, k in self._shared.index:
+            by.setdefault(k, []).append(s)
+        if not by:
+            return "nothing"
+        return "; ".join(f"level {k}: {sorted(v)[:12]}" for k, v in sorted(by.items()))
+
+    def _lookup(self, step, level) -> Entry:
+        entry = self._shared.index.get((step, level))
+        if entry is None:
+            raise StorageError(f"step {step} is not stored on level {level} (stored: "
+                               f"{self._describe_stored()}); save it first, or load from "
+                               "the level the schedule saved it on")
+        return entry
+
+    def _register(self, entry):
+        sh = self._shared
+        sh.index[(entry.step, entry.level)] = entry
+        if entry.record >= 0:
+            sh.by_record[entry.record] = entry
+            entry.read_q = self._clock.first_read(entry.record)
+
+    def _unregister(self, entry):
+        sh = self._shared
+        sh.index.pop((entry.step, entry.level), None)
+        if entry.record >= 0:
+            sh.by_record.pop(entry.record, None)
