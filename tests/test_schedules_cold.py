@@ -243,11 +243,6 @@ def test_first_small_schedule_runs_no_numba_kernel():
     assert out.split() == ["False", "False", "False"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vlcc_adjoint/schedules/_multistage.py imports numba at module level (its "
-    "kernels use numba.njit, not schedules._jit.njit), and vlcc_adjoint imports it",
-)
 def test_import_and_a_small_schedule_do_not_import_numba():
     out = _run("""
         import sys
