@@ -47,8 +47,18 @@ What is timed (nothing executes a schedule; only the action list is built):
   ``Multistage.optimal_time``; ``tests/cs_referee.py``'s count +
   ``n * adjoint_cost`` for the peers).
 
+* Cold first calls (``benchmarks/_cold_start.py``, JSON key ``cold_start``):
+  ``import vlcc_adjoint`` + the first ``Revolve(n, 10)``, ``.stats()`` and
+  ``io_plan(...)`` in a fresh process each, n in 1e2..1e5, with numba's cache
+  as it is and with an empty one (a fresh install), beside pyrevolve's
+  import + first schedule; median, min and max over ``--cold-repeats``
+  processes, and the warm median of further calls in the same process.
+  ``--only cold`` runs this part alone; ``--cold-root DIR`` times another
+  checkout (before/after).
+
 ``--quick``: Revolve at n = 1e3, 1e4 only, cs.Revolve at (500, 10) only,
-Multistage at n = 300 only; at most 3 repeats within 5 s per case.
+Multistage at n = 300 only, cold first calls at n = 1e2..1e4; at most 3
+repeats within 5 s per case.
 
 Protocol. Every (size, tool) runs in a fresh Python subprocess: imports, then
 a warm-up call on a tiny size (for ours it triggers numba compilation, or
@@ -605,7 +615,14 @@ def main(argv=None):
     ap.add_argument("--mem-cap", type=float, default=None,
                     help="skip the extra tracemalloc run of a peer whose run takes more than "
                          "a third of this (s); ours: more than 3 times this (30; quick 5)")
-    ap.add_argument("--only", choices=["revolve", "multistage"], default=None)
+    ap.add_argument("--only", choices=["revolve", "multistage", "cold"], default=None)
+    ap.add_argument("--cold-sizes", default=None,
+                    help="comma-separated n of the cold first-call part (1e2..1e5; quick 1e2..1e4)")
+    ap.add_argument("--cold-repeats", type=int, default=5,
+                    help="fresh processes per cold case (median, min, max over them)")
+    ap.add_argument("--cold-root", default=str(ROOT),
+                    help="source tree whose vlcc_adjoint the cold part imports (another "
+                         "checkout gives before/after numbers)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -619,14 +636,17 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
-    print("cold numba compile ...", flush=True)
-    cache = tempfile.mkdtemp(prefix="bench_numba_cache_")
-    try:
-        res = run_worker(dict(kind="compile", id=0, budget=600.0), cap=600.0,
-                         env=dict(os.environ, NUMBA_CACHE_DIR=cache))
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
-    compile_info = res.get("result") if res["status"] == "ok" else {"error": res["note"]}
+    if args.only == "cold":
+        compile_info = {"skipped": "--only cold"}
+    else:
+        print("cold numba compile ...", flush=True)
+        cache = tempfile.mkdtemp(prefix="bench_numba_cache_")
+        try:
+            res = run_worker(dict(kind="compile", id=0, budget=600.0), cap=600.0,
+                             env=dict(os.environ, NUMBA_CACHE_DIR=cache))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        compile_info = res.get("result") if res["status"] == "ok" else {"error": res["note"]}
 
     runner = Runner(args)
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6, 10**7]
@@ -656,9 +676,23 @@ def main(argv=None):
                 for tool in peers:
                     runner.case("multistage", tool, n, args.cap, config=cfg)
 
+    cold = []
+    if args.only in (None, "cold"):
+        import _cold_start
+
+        cold_sizes = ([int(float(x)) for x in args.cold_sizes.split(",")] if args.cold_sizes
+                      else [10**2, 10**3, 10**4] if args.quick else [10**2, 10**3, 10**4, 10**5])
+        print(f"Cold first calls (fresh process each; median [min, max] of "
+              f"{args.cold_repeats}; c = 10; warm: median of up to 5 more calls in that "
+              f"process, within 1 s):")
+        print(_cold_start.HEADER, flush=True)
+        cold = _cold_start.measure(cold_sizes, c=10, repeats=args.cold_repeats,
+                                   root=args.cold_root, say=lambda line: print(line, flush=True))
+
     rows = runner.rows
     checks = postprocess(rows)
-    print_table(rows, compile_info)
+    if rows:
+        print_table(rows, compile_info)
     if checks:
         bad = [ch for ch in checks if not ch["agree"]]
         print(f"\nforward counts ours == pyrevolve == t(n, c): "
@@ -679,11 +713,13 @@ def main(argv=None):
         started=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
     with open(out / "bench_schedules.json", "w") as f:
-        json.dump(dict(meta=meta, compile=compile_info, rows=rows, forward_checks=checks),
-                  f, indent=1)
-    plot(rows, out / "bench_schedules.png")
-    print(f"\nwrote {out / 'bench_schedules.json'} and {out / 'bench_schedules.png'} "
-          f"({meta['wall_s']:.0f} s)")
+        json.dump(dict(meta=meta, compile=compile_info, rows=rows, forward_checks=checks,
+                       cold_start=cold), f, indent=1)
+    written = [out / "bench_schedules.json"]
+    if rows:
+        plot(rows, out / "bench_schedules.png")
+        written.append(out / "bench_schedules.png")
+    print(f"\nwrote {' and '.join(map(str, written))} ({meta['wall_s']:.0f} s)")
 
 
 def _sources():

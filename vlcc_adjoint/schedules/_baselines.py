@@ -18,15 +18,14 @@ holding both when they coincide): about ``2 n`` steps with
 
 from __future__ import annotations
 
-import numba
-
+from ._jit import njit
 from ._revolve import _put, build_table
 from ._schedule import Level, Schedule, check_positive_int
 
 __all__ = ["Periodic", "StoreAll"]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _emit_segment_store_all(out, pos, write, s, e, in_hand, level, buffer):
     """Reverse steps ``e - 1 .. s`` from ``u_s`` (stored on ``level``),
     storing ``u_{s+1} .. u_{e-2}`` on ``buffer`` on the way."""
@@ -48,7 +47,7 @@ def _emit_segment_store_all(out, pos, write, s, e, in_hand, level, buffer):
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _emit_periodic(out, write, n, k, level, buffer):
     pos = 0
     last = ((n - 1) // k) * k  # base of the last segment

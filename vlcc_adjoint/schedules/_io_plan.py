@@ -17,13 +17,16 @@ Two consumers, two access patterns, both O(1) or O(k):
   IBM Syst. J. 5(2), 1966) needs each record's next use after every read:
   ``next_read_of_record`` links each read to the next read of the same
   record, so the update after a read is one array lookup.
+
+The scan is a numba kernel, with a plain-Python twin for short tables so
+that a small schedule never waits for numba to load (:mod:`._jit`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import numba
+from ._jit import PythonBudget, njit
 import numpy as np
 
 from ._interrupt import call_kernel
@@ -108,8 +111,8 @@ class IOPlan:
         return int(lv.index[q])
 
 
-@numba.njit(cache=True, nogil=True)
-def _scan(kind, a, level, dst, n, nlv, nsaves, nloads):
+@njit(cache=True, nogil=True)
+def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
     m = kind.shape[0]
     live = np.full((nlv, n + 1), -1, np.int64)  # the record each level holds for a step
     rec_step = np.empty(nsaves, np.int64)
@@ -170,6 +173,78 @@ def _scan(kind, a, level, dst, n, nlv, nsaves, nloads):
         last_seen[r] = q
     return (nrec, nread, rec_step, rec_level, rec_start, rec_end, rec_first, rec_last,
             rec_reads, rec_of_action, read_action, read_record, nxt)
+
+
+def _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads):
+    """:func:`_scan_kernel` in plain Python: the same arrays."""
+    m = len(kind)
+    live = {}  # (level, step) -> the record that level holds for the step
+    rec_step, rec_level, rec_start, rec_end = [], [], [], []
+    rec_first, rec_last, rec_reads = [], [], []
+    rec_of_action = [-1] * m
+    read_action, read_record = [], []
+
+    def read(i, r):
+        read_action.append(i)
+        read_record.append(r)
+        if rec_first[r] < 0:
+            rec_first[r] = i
+        rec_last[r] = i
+        rec_reads[r] += 1
+
+    for i, (k, s, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), level.tolist(),
+                                          dst.tolist())):
+        if k == 1 or k == 4:  # Save, or Move into dst
+            if k == 4:
+                src = live.pop((lv, s))
+                read(i, src)
+                rec_end[src] = i
+                lv = d
+            r = len(rec_step)
+            rec_step.append(s)
+            rec_level.append(lv)
+            rec_start.append(i)
+            rec_end.append(m)
+            rec_first.append(-1)
+            rec_last.append(-1)
+            rec_reads.append(0)
+            live[lv, s] = r
+            rec_of_action[i] = r
+        elif k == 2:  # Load
+            r = live[lv, s]
+            read(i, r)
+            rec_of_action[i] = r
+        elif k == 3:  # Delete
+            r = live.pop((lv, s))
+            rec_end[r] = i
+            rec_of_action[i] = r
+    # Link each read to the next read of the same record (scan backwards).
+    nread = len(read_action)
+    nxt = [-1] * nread
+    last_seen = [-1] * len(rec_step)
+    for q in range(nread - 1, -1, -1):
+        r = read_record[q]
+        nxt[q] = last_seen[r]
+        last_seen[r] = q
+
+    def i64(values):
+        return np.array(values, np.int64)
+
+    return (len(rec_step), nread, i64(rec_step), np.array(rec_level, np.int8), i64(rec_start),
+            i64(rec_end), i64(rec_first), i64(rec_last), i64(rec_reads), i64(rec_of_action),
+            i64(read_action), i64(read_record), i64(nxt))
+
+
+#: Ski rental between the two scans (as for :func:`.simulate`'s replay): rows
+#: scanned in Python per process before the kernel takes over.
+_python_rows = PythonBudget(200_000)
+
+
+def _scan(kind, a, level, dst, n, nlv, nsaves, nloads):
+    """Scan in Python or in the kernel (:data:`_python_rows`); same result."""
+    if _python_rows.take(len(kind), _scan_kernel):
+        return _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads)
+    return _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads)
 
 
 def io_plan(schedule: Schedule) -> IOPlan:

@@ -108,7 +108,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numba
+from ._jit import njit
 import numpy as np
 
 from ._interrupt import call_kernel, stop_flag
@@ -139,7 +139,7 @@ _DEPTH = 192  # branch-and-bound stack: 2 entries per level of bisection, at mos
 # --------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _premax(F, rec, recv, nrec, s, x):
     """``max d(1 .. x)`` of state ``s``."""
     if nrec[s] < 0:  # convex state: d increases
@@ -155,7 +155,7 @@ def _premax(F, rec, recv, nrec, s, x):
     return recv[s, lo]
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _sufmin(F, nrec, stk, stkv, ntop, s, x):
     """``min d(x .. last known)`` of state ``s``."""
     if nrec[s] < 0:
@@ -171,7 +171,7 @@ def _sufmin(F, nrec, stk, stkv, ntop, s, x):
     return stkv[s, lo]
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _rises_from(F, nrec, stk, stkv, ntop, s, v):
     """The least ``x >= 1`` with ``d(y) >= v`` for every known ``y >= x``."""
     if nrec[s] < 0:
@@ -197,7 +197,7 @@ def _rises_from(F, nrec, stk, stkv, ntop, s, v):
     return 1 if last < 0 else stk[s, last] + 1
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _grow(a, size):
     b = np.empty((a.shape[0], size), a.dtype)
     b[:, : a.shape[1]] = a
@@ -209,7 +209,7 @@ def _grow(a, size):
 # --------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _scan(F, l, h, g, fwd, lo, hi, best, best_m):
     """``min(best, f(m))`` over the interior ``lo < m < hi``, and its ``m``."""
     for m in range(lo + 1, hi):
@@ -220,7 +220,7 @@ def _scan(F, l, h, g, fwd, lo, hi, best, best_m):
     return best, best_m
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, best_m, lo0, hi0, qh, work,
             fwork):
     """Exact ``min f(m)`` over ``m`` in ``[lo0, hi0]`` if below ``best``.
@@ -311,7 +311,7 @@ def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
     return best, best_m
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _split(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, guess, lb_prev, qh, work,
            fwork, lbh, cert, ci, iwork):
     """``min_m fwd m + F(l - m, g) + F(m, h)`` and an argmin, if below ``best``.
@@ -363,7 +363,7 @@ def _split(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, 
                    fwork)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _periodic_cut(F, g, l, lo, hi, guess, bar, lbh, cert, ci, iwork):
     """The splits in ``[lo, hi]`` that ``f_l(m) >= LB_{l-p} + F(l - m, g) - F(l -
     p - m, g) >= bar`` drops, with ``p`` a period of the slopes of ``g``.
@@ -419,7 +419,7 @@ def _periodic_cut(F, g, l, lo, hi, guess, bar, lbh, cert, ci, iwork):
     return a, b
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _cut_range(F, g, l, lo, hi, bar, lbh, ci, p, x1, x2):
     if l - p < 2 or x2 - p + 1 < x1:
         return 1, 0
@@ -429,12 +429,12 @@ def _cut_range(F, g, l, lo, hi, bar, lbh, ci, p, x1, x2):
     return max(lo, l - x2 - 1), min(hi, l - p - x1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _digit(a, k, strides, slots):
     return (a // strides[k]) % (slots[k] + 1)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _dominance(slots, strides, write, read, valid):
     """Which split options may make another one redundant, and through which
     pairs of cost functions.
@@ -504,7 +504,7 @@ def _dominance(slots, strides, write, read, valid):
             dom_g[:ne].copy(), dom_cost[:ne].copy(), dom_tie[:ne].copy())
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _solve(n, slots, write, read, fwd, qh, stop):
     """The table ``F[k P + a, l]`` for ``l = 0 .. n`` and the slope summaries
     (``_emit`` re-runs splits along the optimal path with them).  Returns
@@ -656,7 +656,7 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     return F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strides, write, read, fwd, work,
           fwork):
     """``B(l, k, A)``: its value, the save level (-1: no save) and the split."""
@@ -677,7 +677,7 @@ def _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strid
     return best, best_j, best_m
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _emit(out, write_rows, n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop,
           bmin, bmax):
     L = slots.shape[0]

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from math import comb
 
-import numba
 import numpy as np
 
+from ._jit import njit
 from ._revolve import _put, build_table, emit_segment
 from ._schedule import Level, Schedule, check_positive_int
 from .actions import ACTION_DTYPE, action_from_row
@@ -48,7 +48,7 @@ from .actions import ACTION_DTYPE, action_from_row
 __all__ = ["Online"]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _online_step(i, state, ckpt, p, out, pos, write):
     """The forward-sweep decision at ``u_i`` (``i`` in increasing order).
 
@@ -79,7 +79,7 @@ def _online_step(i, state, ckpt, p, out, pos, write):
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _emit_online(out, write, n, c, p):
     state = np.array([1, 0], np.int64)
     ckpt = np.empty(p, np.int64)

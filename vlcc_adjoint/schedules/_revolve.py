@@ -28,23 +28,31 @@ so the split is optimal exactly when the left part ``m`` lies where
 ``n <= 2000``, ``c <= 40``.  With one slot left a segment is reversed by
 restarting from its base for every step (``t(l, 1) = l (l - 1) / 2``).
 
-The recursion runs in a numba kernel on an explicit stack (depth at most
-``2 (c + r)``), once to count the actions and once to write them into the
-table, so ten million steps cost no Python objects and no recursion.
+The recursion runs on an explicit stack (depth at most ``2 (c + r)``), in
+one of two implementations of the same rows.  For small ``n`` plain Python
+appends tuples to a list: no numba, so the first schedule of a process costs
+microseconds to milliseconds, not the few hundred milliseconds of loading
+numba and its cached kernels (or seconds of compiling them on a fresh
+install).  For large ``n`` (and once a process has built enough steps in
+Python, or has the kernel loaded already: :data:`_python_steps`) a numba
+kernel, loaded on first use (:mod:`._jit`), runs the recursion twice, once
+to count the actions and once to write them into the table, so ten million
+steps cost no Python objects.  The tests check that both give the same
+table, byte for byte, on both sides of the threshold.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-from .actions import ACTION_DTYPE
+from ._jit import PythonBudget, njit
 from ._schedule import Level, Schedule, check_positive_int
+from .actions import ACTION_DTYPE
 
 __all__ = ["Revolve", "binomial_forward_count"]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _beta(c, r, cap):
     """``C(c + r, c)`` for ``r >= 0`` (0 for ``r < 0``), saturated at ``cap``."""
     if r < 0:
@@ -58,7 +66,7 @@ def _beta(c, r, cap):
     return value
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _repetitions(l, c):
     """The least ``r`` with ``beta(c, r) >= l``."""
     r = 0
@@ -69,7 +77,7 @@ def _repetitions(l, c):
     return r
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _split(l, c):
     """The optimal first advance (*) of a segment of ``l`` steps, ``c >= 2`` slots."""
     r = _repetitions(l, c)
@@ -77,7 +85,7 @@ def _split(l, c):
     return min(l - 1, m)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _put(out, pos, write, kind, a, b, level):
     if write:
         out[pos].kind = kind
@@ -88,7 +96,7 @@ def _put(out, pos, write, kind, a, b, level):
     return pos + 1
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def emit_segment(out, pos, write, s, l, c, in_hand, level):
     """Reverse steps ``s + l - 1 .. s`` from the stored base ``u_s``.
 
@@ -131,13 +139,96 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _emit_revolve(out, write, n, c):
     pos = 0
     if n == 1:
         return _put(out, pos, write, 5, 0, -1, -1)
     pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
     return emit_segment(out, pos, write, 0, n, c, True, 0)
+
+
+#: Steps of Revolve tables built in plain Python per process (ski rental,
+#: :class:`._jit.PythonBudget`).  A step costs about 4 rows; a schedule's
+#: first build, replay and I/O plan in Python cost about as long as loading
+#: numba and the three kernels at this many steps (``benchmarks/
+#: bench_schedules.py --only cold`` measures both sides), so this budget and
+#: the 200,000 rows of ``simulate``'s and ``io_plan``'s agree.
+_python_steps = PythonBudget(40_000)
+
+
+def _split_python(l: int, c: int) -> int:
+    """:func:`_split` in plain Python (same integers, same result)."""
+    r = 0
+    value = 1
+    while value < l:
+        r += 1
+        value = value * (c + r) // r
+    cap = l + 1
+    # beta(c - 1, r), saturated at cap.
+    right = 1
+    for i in range(1, r + 1):
+        right = right * (c - 1 + i) // i
+        if right >= cap:
+            right = cap
+            break
+    # beta(c, r - 2), saturated at cap (0 for r < 2).
+    left = 0
+    if r >= 2:
+        left = 1
+        for i in range(1, r - 1):
+            left = left * (c + i) // i
+            if left >= cap:
+                left = cap
+                break
+    return min(l - 1, max(1, l - right, left))
+
+
+def segment_rows(rows: list, s: int, l: int, c: int, in_hand: bool, level: int) -> None:
+    """:func:`emit_segment` in plain Python: append its rows to `rows`.
+
+    The same explicit stack in the same order, so the rows are identical.
+    """
+    put = rows.append
+    stack = [(s, l, c, in_hand)]
+    while stack:
+        s, l, c, h = stack.pop()
+        if not h:
+            put((2, s, -1, level, -1))  # Load
+        if l == 1 or c == 1:
+            # Restart from the base for every step, top down.
+            top = s + l - 1
+            for j in range(top, s - 1, -1):
+                if j < top:
+                    put((2, s, -1, level, -1))  # Load
+                if j == s:
+                    put((3, s, -1, level, -1))  # Delete
+                else:
+                    put((0, s, j, -1, -1))  # Advance
+                put((5, j, -1, -1, -1))  # Reverse
+            continue
+        m = _split_python(l, c)
+        put((0, s, s + m, -1, -1))  # Advance
+        put((1, s + m, -1, level, -1))  # Save
+        stack.append((s, m, c, False))
+        stack.append((s + m, l - m, c - 1, True))
+
+
+def revolve_table(n: int, c: int, python: bool | None = None) -> np.ndarray:
+    """The Revolve table for ``n`` steps and ``c <= max(n - 1, 1)`` slots.
+
+    `python` picks the implementation: ``True`` plain Python, ``False`` the
+    numba kernel, ``None`` as :data:`_python_steps` decides.
+    """
+    if python is None:
+        python = _python_steps.take(n, _emit_revolve)
+    if not python:
+        return build_table(_emit_revolve, n, c)
+    if n == 1:
+        return np.array([(5, 0, -1, -1, -1)], ACTION_DTYPE)
+    rows = [(1, 0, -1, 0, -1)]  # Save u_0
+    segment_rows(rows, 0, n, c, True, 0)
+    return np.array(rows, ACTION_DTYPE)
 
 
 def build_table(emit, *args) -> np.ndarray:
@@ -171,15 +262,16 @@ class Revolve(Schedule):
     - `snapshots`: slots for stored states, ``u_0``'s included (>= 1).
 
     The forward count is Griewank's optimum ``t(n, c)`` (see the module
-    docstring); peak slot use is ``min(c, n - 1)``; every table is built by a
-    numba kernel in ``O(len(table))`` time and memory.
+    docstring); peak slot use is ``min(c, n - 1)``; every table is built in
+    ``O(len(table))`` time and memory, by plain Python for small ``n`` and
+    by a numba kernel for large ``n`` (the module docstring).
     """
 
     def __init__(self, steps: int, snapshots: int):
         n = check_positive_int(steps, "steps")
         c = check_positive_int(snapshots, "snapshots")
         self.snapshots = c
-        super().__init__(build_table(_emit_revolve, n, min(c, max(n - 1, 1))), n, (Level(c),))
+        super().__init__(revolve_table(n, min(c, max(n - 1, 1))), n, (Level(c),))
 
     def _params(self) -> str:
         return f"steps={self.n_steps}, snapshots={self.snapshots}"

@@ -4,13 +4,16 @@ One pass over the table in a numba kernel, following the rules of
 :mod:`vlcc_adjoint.schedules.actions` exactly; each stored step carries a
 bit mask of the levels that hold it, so a replay costs ``O(len(table) +
 n)`` time and ``n + 1`` bytes of state, whatever the number of slots.
+Short tables are replayed by a plain-Python twin of the kernel, so a small
+schedule never waits for numba to load (:mod:`._jit`); the tests check that
+both give the same result on valid and broken tables.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import numba
+from ._jit import PythonBudget, njit
 import numpy as np
 
 from ._interrupt import call_kernel
@@ -79,8 +82,8 @@ _ERRORS = {
 }
 
 
-@numba.njit(cache=True, nogil=True)
-def _replay(kind, a, b, level, dst, n, slots):
+@njit(cache=True, nogil=True)
+def _replay_kernel(kind, a, b, level, dst, n, slots):
     """Replay the table; return (error, index, counts...)."""
     nlv = slots.shape[0]
     mask = np.zeros(n + 1, dtype=np.uint8)
@@ -166,6 +169,117 @@ def _replay(kind, a, b, level, dst, n, slots):
     if due >= 0:
         return 16, kind.shape[0], cur, due, fwd, adj, peak, reads, writes
     return 0, -1, cur, due, fwd, adj, peak, reads, writes
+
+
+def _replay_python(kind, a, b, level, dst, n, slots):
+    """:func:`_replay_kernel` in plain Python: the same checks, the same result."""
+    nlv = len(slots)
+    limit = [int(x) for x in slots]
+    mask = bytearray(n + 1)
+    used = [0] * nlv
+    peak = [0] * nlv
+    reads = [0] * nlv
+    writes = [0] * nlv
+    cur = 0
+    due = n - 1
+    fwd = 0
+    adj = 0
+    err = 0
+    i = 0
+    for i, (k, s, e, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), b.tolist(),
+                                             level.tolist(), dst.tolist())):
+        if s < 0 or s > n:
+            err = 15
+        elif 1 <= k <= 4 and not 0 <= lv < nlv:
+            err = 13
+        elif k == 0:  # Advance
+            if cur < 0:
+                err = 1
+            elif cur != s:
+                err = 2
+            elif e <= s or e > n:
+                err = 3
+            else:
+                fwd += e - s
+                cur = e
+        elif k == 1:  # Save
+            bit = 1 << lv
+            if cur != s:
+                err = 4
+            elif mask[s] & bit:
+                err = 5
+            elif used[lv] >= limit[lv]:
+                err = 6
+            else:
+                mask[s] |= bit
+                used[lv] += 1
+                writes[lv] += 1
+                if used[lv] > peak[lv]:
+                    peak[lv] = used[lv]
+        elif k == 2:  # Load
+            if not mask[s] & (1 << lv):
+                err = 7
+            else:
+                reads[lv] += 1
+                cur = s
+        elif k == 3:  # Delete
+            bit = 1 << lv
+            if not mask[s] & bit:
+                err = 8
+            else:
+                mask[s] &= ~bit
+                used[lv] -= 1
+        elif k == 4:  # Move
+            bit = 1 << lv
+            if not 0 <= d < nlv:
+                err = 13
+            elif not mask[s] & bit:
+                err = 9
+            elif mask[s] & (1 << d):
+                err = 10
+            elif used[d] >= limit[d]:
+                err = 6
+            else:
+                mask[s] = (mask[s] & ~bit) | (1 << d)
+                used[lv] -= 1
+                used[d] += 1
+                reads[lv] += 1
+                writes[d] += 1
+                if used[d] > peak[d]:
+                    peak[d] = used[d]
+        elif k == 5:  # Reverse
+            if cur != s:
+                err = 11
+            elif s != due:
+                err = 12
+            else:
+                adj += 1
+                due -= 1
+                cur = -1
+        else:
+            err = 14
+        if err:
+            break
+    counts = (np.array(peak, np.int64), np.array(reads, np.int64), np.array(writes, np.int64))
+    if err:
+        return (err, i, cur, due, fwd, adj) + counts
+    if due >= 0:
+        return (16, len(kind), cur, due, fwd, adj) + counts
+    return (0, -1, cur, due, fwd, adj) + counts
+
+
+#: Ski rental between the two replays: tables are replayed in Python until
+#: the rows replayed so (in this process) would exceed this many, which costs
+#: about as much as loading numba and the kernel; from then on, and for any
+#: longer table, by the kernel.
+_python_rows = PythonBudget(200_000)
+
+
+def _replay(kind, a, b, level, dst, n, slots):
+    """Replay in Python or in the kernel (:data:`_python_rows`); same result."""
+    if _python_rows.take(len(kind), _replay_kernel):
+        return _replay_python(kind, a, b, level, dst, n, slots)
+    return _replay_kernel(kind, a, b, level, dst, n, slots)
 
 
 def simulate(schedule: Schedule) -> ScheduleStats:

@@ -1,0 +1,113 @@
+"""Numba kernels that load numba on their first call, not at import.
+
+``import numba`` and loading a kernel from numba's on-disk cache take a few
+hundred milliseconds, and compiling one on a fresh install takes seconds;
+small schedules are built and replayed faster in plain Python than that
+(each module keeps a Python path below a size threshold).  So the schedule
+modules declare their kernels with :func:`njit`, which records the function
+and numba's options and returns a :class:`LazyKernel`; numba is imported,
+and the kernel compiled or loaded from the cache, when the kernel is first
+called.
+
+A kernel that calls another kernel names it as a global, which numba types
+when it compiles the caller.  Numba types an object it does not know by its
+``_numba_type_`` attribute, so :attr:`LazyKernel._numba_type_` builds the
+callee's dispatcher on demand and answers with its type: a kernel compiled
+by plain ``numba.njit`` may call a lazy one, and lazy ones call each other,
+exactly as if all were numba dispatchers.
+
+Which path runs is a ski-rental decision (Karlin, Manasse, Rudolph &
+Sleator, Algorithmica 3, 1988), made by :class:`PythonBudget`: loading the
+kernel is the one-off purchase, each Python run the rent.  A module runs its
+Python path while the work it did so in this process stays within a budget
+priced at about the load cost, and its kernel afterwards, or at once for
+work larger than the budget, or when the kernel is loaded already.  So no
+process pays much more than twice what it would with the better of the two
+choices made in hindsight, and small schedules never import numba.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["LazyKernel", "PythonBudget", "njit"]
+
+_lock = threading.Lock()
+
+
+class LazyKernel:
+    """A function that becomes ``numba.njit(**options)(py_func)`` on first use.
+
+    **Attributes:**
+
+    - `py_func`: the Python function (numba's name for it, too).
+    - `options`: the keyword arguments for ``numba.njit``.
+    """
+
+    def __init__(self, py_func: Callable, options: dict):
+        self.py_func = py_func
+        self.options = options
+        self._dispatcher = None
+        self.__name__ = py_func.__name__
+        self.__qualname__ = py_func.__qualname__
+        self.__doc__ = py_func.__doc__
+        self.__module__ = py_func.__module__
+
+    @property
+    def dispatcher(self):
+        """The numba dispatcher (imports numba the first time)."""
+        if self._dispatcher is None:
+            with _lock:
+                if self._dispatcher is None:
+                    import numba
+
+                    self._dispatcher = numba.njit(**self.options)(self.py_func)
+        return self._dispatcher
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the dispatcher exists (numba has been imported for it)."""
+        return self._dispatcher is not None
+
+    @property
+    def _numba_type_(self):
+        # How numba types this object when a compiled caller names it.
+        return self.dispatcher._numba_type_
+
+    def __call__(self, *args):
+        return self.dispatcher(*args)
+
+    def __repr__(self) -> str:
+        state = "loaded" if self.loaded else "not loaded"
+        return f"<LazyKernel {self.__module__}.{self.__qualname__} ({state})>"
+
+
+class PythonBudget:
+    """How much work a module still runs in plain Python (see the module docstring).
+
+    **Arguments:**
+
+    - `limit`: the work (in the module's unit: steps, rows) that plain
+      Python does in about the time numba and the kernel take to load.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.left = limit
+
+    def take(self, work: int, kernel: LazyKernel) -> bool:
+        """Whether to run `work` in Python (and if so, charge it)."""
+        if kernel.loaded or work > self.left:
+            return False
+        self.left -= work
+        return True
+
+
+def njit(**options) -> Callable[[Callable], LazyKernel]:
+    """``numba.njit(**options)``, deferred until the kernel is first called."""
+
+    def wrap(func: Callable) -> LazyKernel:
+        return LazyKernel(func, options)
+
+    return wrap
