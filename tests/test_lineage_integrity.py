@@ -192,7 +192,7 @@ def test_every_flipped_byte_of_every_metadata_file_is_detected_or_harmless(tmp_p
 
 
 def test_enospc_midway_through_a_chunk_leaves_no_partial_file(tmp_path, monkeypatch):
-    import vlcc_adjoint._files as files
+    import vlcc_adjoint.storage._files as files
 
     path = tmp_path / "h"
     with History(path) as h:

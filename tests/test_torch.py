@@ -486,6 +486,16 @@ def _rename_type(node, old, new):
             _rename_type(v, old, new)
 
 
+def _reseal(doc):
+    """Recompute a record document's digest, as a crafter who knows the format can."""
+    from vlcc_adjoint.storage import format as F
+
+    attrs = doc["attributes"]["vlcc_adjoint"]
+    attrs.pop("digest")
+    doc.clear()
+    doc.update(json.loads(F.sealed_group("vlcc_adjoint", attrs)[0]))
+
+
 def test_crafted_files_never_execute_code(tmp_path):
     from vlcc_adjoint.lineage import History
 
@@ -498,8 +508,17 @@ def test_crafted_files_never_execute_code(tmp_path):
     with TieredStore([ZarrTier(z)]) as store:
         store.save(0, state, 0)
     (key,) = [d for d in os.listdir(z) if not d.startswith(".") and d != "zarr.json"]
+    # Edited without resealing: the record's digest refuses it.
+    original = (z / key / "zarr.json").read_bytes()
     _edit_json(z / key / "zarr.json",
                lambda doc: _rename_type(doc, "torch.Tensor", "posix:system"))
+    with pytest.raises(CorruptCheckpointError, match="zarr.json"):
+        with ZarrTier(z, mode="r") as tier:
+            tier.get(key)
+    # Resealed (a deliberately crafted store): read, but never executed.
+    (z / key / "zarr.json").write_bytes(original)
+    _edit_json(z / key / "zarr.json",
+               lambda doc: (_rename_type(doc, "torch.Tensor", "posix:system"), _reseal(doc)))
     with TieredStore([ZarrTier(z)]) as store:
         tier = store.tiers[0]
         rec = tier.get(key)

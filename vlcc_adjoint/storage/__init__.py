@@ -21,5 +21,6 @@ from ._tier import make_record as make_record
 from ._memory import MemoryTier as MemoryTier
 from ._compressed import CompressedMemoryTier as CompressedMemoryTier
 from ._zarr import ZarrTier as ZarrTier
+from .format import StoreLockedError as StoreLockedError
 from ._dedup import LeafTable as LeafTable
 from . import codecs as codecs

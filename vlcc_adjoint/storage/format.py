@@ -76,7 +76,7 @@ import time
 import numpy as np
 import xxhash
 
-from .._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
+from ._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
 from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, leaf_checksum,
                         step_of)
 from ._tier import CorruptCheckpointError, StorageError

@@ -1,10 +1,9 @@
 """Whole-buffer reads and writes on raw file descriptors.
 
-Shared by the zarr tier (:mod:`vlcc_adjoint.storage._zarr`), the MPI store
-(:mod:`vlcc_adjoint._mpi._zarr`) and the lineage repository
-(:mod:`vlcc_adjoint._lineage`): they write chunks and metadata with
-``os.write`` and read them with ``os.readv`` straight into their numpy
-buffers, without Python file objects.
+The system-call loops under :mod:`vlcc_adjoint.storage.format`, through
+which the zarr tier, the MPI store and the lineage repository write chunks
+and metadata with ``os.write`` and read them with ``os.readv`` straight
+into their numpy buffers, without Python file objects.
 """
 
 from __future__ import annotations
