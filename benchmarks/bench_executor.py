@@ -33,8 +33,8 @@ each floor, plus the per-action overhead
 interpreter; with ``--baseline DIR`` (a directory holding another
 ``vlcc_adjoint`` package) the rounds alternate between that version
 ("before") and this tree ("after"), in alternating order, and the ratios are
-ratios of medians.  Writes ``bench_executor.json`` to ``--out`` (default: a
-new temporary directory).
+ratios of medians.  Writes ``bench_executor.json`` to ``--out`` (default:
+``$TMPDIR/vlcc-bench-results/``, outside the source tree, as every benchmark).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -170,8 +169,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
     parser.add_argument("--baseline", help="a directory holding another vlcc_adjoint package "
                         "(the 'before' version), run side by side with this tree")
-    parser.add_argument("--out", default=None,
-                        help="folder for bench_executor.json (default: a new temporary folder)")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
+                        help="folder for bench_executor.json (default: $TMPDIR/vlcc-bench-results)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -214,7 +213,7 @@ def main(argv=None):
         ratio = summary["before"]["run_adjoint"] / summary["after"]["run_adjoint"]
         print(f"run_adjoint before / after: {ratio:.2f}x")
 
-    out = args.out or tempfile.mkdtemp(prefix="bench_executor_")
+    out = args.out
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "bench_executor.json")
     with open(path, "w") as fh:
