@@ -21,6 +21,10 @@ with every median, every repeat and the machine, and prints two tables.
   (its pages are faulted in by the copy; the allocation is not timed);
 * ``np.copy``: a fresh ``np.copy`` (allocation + first touch + copy).
 
+(c) A durable burst (:func:`bench_burst`): 64 MiB records back to back
+through the store and through ``ZarrTier.put``, against ``dd
+conv=fdatasync`` of the same bytes.
+
 (b) Tier writes of one float64 leaf of 64 KiB, 1 MiB, 16 MiB, 64 MiB
 (the record is made once; its checksum is part of the capture, not of the
 write):
@@ -58,6 +62,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -315,6 +320,64 @@ def verdict(tiers):
     return out
 
 
+def bench_burst(base, record_bytes, count, rounds):
+    """(c) A burst of `count` records of `record_bytes`, written durably.
+
+    ``dd``: ``dd if=/dev/zero bs=<record> count=<count> conv=fdatasync``,
+    the device's sequential write rate as the usual tool reports it;
+    ``store``: the same bytes as `count` states saved back to back into a
+    ``TieredStore([ZarrTier(durable=True)])`` (capture in the caller, the
+    writes on the store's background writer), timed until ``wait()``
+    returns, i.e. until every record is fsynced and published;
+    ``put``: ``ZarrTier(durable=True).put`` of the records one after the
+    other in the caller.  Rounds alternate the order; rates are medians.
+    """
+    from vlcc_adjoint.storage import TieredStore
+
+    n = record_bytes // 8
+    states = [np.full(n, float(i)) for i in range(count)]
+    records = [make_record(*reversed(flatten(s))) for s in states]
+    total = record_bytes * count
+    times = {"dd": [], "store": [], "put": []}
+
+    def run_dd():
+        target = os.path.join(base, "dd.bin")
+        t0 = time.perf_counter()
+        subprocess.run(["dd", "if=/dev/zero", f"of={target}", f"bs={record_bytes}",
+                        f"count={count}", "conv=fdatasync"], check=True, capture_output=True)
+        times["dd"].append(time.perf_counter() - t0)
+        os.unlink(target)
+
+    def run_store():
+        path = os.path.join(base, "burst-store")
+        with TieredStore([ZarrTier(path, durable=True, mode="w")]) as store:
+            t0 = time.perf_counter()
+            for i, state in enumerate(states):
+                store.save(i, state, 0)
+            store.wait()
+            times["store"].append(time.perf_counter() - t0)
+        shutil.rmtree(path)
+
+    def run_put():
+        path = os.path.join(base, "burst-put")
+        with ZarrTier(path, durable=True, mode="w") as tier:
+            t0 = time.perf_counter()
+            for i, record in enumerate(records):
+                tier.put(f"r{i}", record)
+            times["put"].append(time.perf_counter() - t0)
+        shutil.rmtree(path)
+
+    order = [run_dd, run_store, run_put]
+    for r in range(rounds):
+        for run in (order if r % 2 == 0 else order[::-1]):
+            os.sync()
+            run()
+    rates = {k: total / statistics.median(v) / 1e6 for k, v in times.items()}
+    return {"record_bytes": record_bytes, "count": count, "rounds": rounds,
+            "seconds": times, "MB_per_s": rates,
+            "store_vs_dd": rates["store"] / rates["dd"], "put_vs_dd": rates["put"] / rates["dd"]}
+
+
 def _fs_of(path):
     best = ("?", "?")
     try:
@@ -350,9 +413,14 @@ def main(argv=None):
         capture = bench_capture([1024, 4096], cap_reps)
         checksum_gbs = bench_checksum()
         tiers = bench_tiers(base, sizes, repeats)
+        burst = bench_burst(base, 64 * MIB, 8 if args.quick else 32, 2 if args.quick else 3)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print_tables(capture, tiers, checksum_gbs)
+    print(f"\nburst of {burst['count']} x {_fmt_bytes(burst['record_bytes'])} records, durable "
+          f"(MB/s, median of {burst['rounds']}): dd conv=fdatasync {burst['MB_per_s']['dd']:.0f}, "
+          f"TieredStore {burst['MB_per_s']['store']:.0f} ({burst['store_vs_dd']:.2f}x dd), "
+          f"ZarrTier.put {burst['MB_per_s']['put']:.0f} ({burst['put_vs_dd']:.2f}x dd)")
     result = {
         "benchmark": "bench_tiers",
         "quick": args.quick,
@@ -363,6 +431,7 @@ def main(argv=None):
         "capture": capture,
         "checksum_GB_s": checksum_gbs,
         "tiers": tiers,
+        "burst": burst,
         "targets": verdict(tiers),
     }
     os.makedirs(args.out, exist_ok=True)
