@@ -17,11 +17,10 @@ piece from standard MPI-3 parts:
   100 us, then yields the core, then sleeps (so that oversubscribed ranks
   leave the cores to the ranks that compute), and raises
   :class:`CollectiveTimeoutError` at the deadline; it probes the error
-  channel every 32 polls, and at every poll after 1 ms.  Measured on 2
-  ranks of the 2-core VM, a 2-row halo exchange of 384 float64 columns:
-  85-100 us with a bare ``MPI.Request.Waitall``, 300-380 us with a first
-  version that probed at every poll and slept from the first miss, 40-55 us
-  with this one (1.3 ms vs 2.3-2.6 ms with 4 ranks on the 2 cores).
+  channel every 32 polls, and at every poll after 1 ms.  Spinning first
+  keeps a halo exchange, whose message is usually there within the spin,
+  as fast as a bare ``MPI.Request.Waitall``; yielding and sleeping next
+  leave oversubscribed cores to the ranks that compute.
 * **An error channel.**  At creation the guard duplicates the
   communicator (``Idup``, itself polled); on the duplicate a reserved tag
   carries errors.  A rank that fails sends its error (type and message, as

@@ -85,14 +85,11 @@ floats) is stored *exactly* with
 so is a float array whose exceptions exceed a quarter of its values, or
 whose lossy encoding would not be smaller than its raw bytes.
 
-Measured (``benchmarks/bench_codecs.py``: a 1024 x 1024 acoustic
-wavefield, ``eb = 1e-4 (max - min)``, one core): float32 ratio 9.5 (zfpy
-6.1, SZ3 21.3), compression 1.6 GB/s and decompression 2.3 GB/s with the
-2-core development VM at load 5-6, 3.0-3.5 GB/s both when it is quiet;
-float64 ratio 19, 2.6-5 GB/s.  First use compiles the kernels (~10 s for
-both dtypes and both lossy codecs); numba caches them on disk (next to the
-sources, or in ``NUMBA_CACHE_DIR`` / the user cache when that is read-only),
-so later processes load them in ~0.3 s.
+Ratios and speeds against zfp and SZ3 are measured by
+``benchmarks/bench_codecs.py`` (results in ``benchmarks/results/``).  First
+use compiles the kernels; numba caches them on disk (next to the sources,
+or in ``NUMBA_CACHE_DIR`` / the user cache when that is read-only), so later
+processes only load them.
 
 Shapes: length-1 axes are dropped first; 1-, 2- and 3-D arrays use the
 Lorenzo predictor of their dimension; more dimensions are merged into the

@@ -44,9 +44,7 @@ bytes, i.e. ``n bits / 8`` plus 2 bytes per 64 values plus ~60 bytes
 when there are any.  float32 and float64 (native byte order) only; other
 numeric dtypes are stored exactly with :class:`Lossless` (no fixed size then).
 
-Speed (``benchmarks/bench_codecs.py``, 1024 x 1024 wavefield, one core):
-float32 encoding 2-3.5 GB/s and decoding 3.3-6 GB/s (loaded vs quiet
-machine), float64 3-4 GB/s both ways.
+Its speed is measured by ``benchmarks/bench_codecs.py``.
 """
 
 from __future__ import annotations
