@@ -6,37 +6,12 @@ incompatible (``deepspeed.ops.__compatible_ops__``) and ``initialize`` takes
 seconds.
 """
 
-import os
-import socket
-
 import pytest
 
 torch = pytest.importorskip("torch")
 deepspeed = pytest.importorskip("deepspeed")
 
 from vlcc_adjoint.torch import VlccCheckpointEngine  # noqa: E402
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def ds_env():
-    # The process group outlives the module: DeepSpeed's comm layer keeps the
-    # first one it saw, so a group destroyed here would break the next module
-    # that initialises DeepSpeed (tests/test_deepspeed_zero.py).
-    old = dict(os.environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")  # the port serves the first group only
-    saved = deepspeed.ops.__compatible_ops__.get("deepspeed_shm_comm")
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    yield
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = saved
-    os.environ.clear()
-    os.environ.update(old)
 
 
 def _engine():

@@ -17,7 +17,6 @@ fp32, a client ``torch.optim.Adam`` (no compiled ops), world size 1 on gloo.
 
 import copy
 import os
-import socket
 
 import pytest
 
@@ -30,26 +29,6 @@ from vlcc_adjoint import state as vstate  # noqa: E402
 from vlcc_adjoint.torch import VlccCheckpointEngine  # noqa: E402
 
 ADAM_KEYS = ("exp_avg", "exp_avg_sq")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def ds_env():
-    # As in tests/test_deepspeed.py: one process group for the whole session.
-    old = dict(os.environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")  # the port serves the first group only
-    saved = deepspeed.ops.__compatible_ops__.get("deepspeed_shm_comm")
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    yield
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = saved
-    os.environ.clear()
-    os.environ.update(old)
 
 
 def _engine(stage, seed=0, **zero):

@@ -106,6 +106,7 @@ import torch
 from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, simulate
 from ._recompute import (check_store, close_quietly, collect_params, get_rng, rng_devices,
                          set_rng)
+from ._slots import Slots
 from ._state import register_providers
 
 __all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
@@ -247,9 +248,8 @@ class _Run:
         self.params = params
         self.preserve = preserve_rng
         self.devices: list[int] = []
-        self.slots: dict[int, tuple] = {}  # level 0: step -> (tensors, versions)
+        self.slots = Slots(store)  # level 0 and the store
         self.rngs: dict[tuple[int, int], object] = {}
-        self.held: set = set()  # (step, store level) this run has in the store
         self.cur = None  # the state in hand (list of tensors)
         self.cur_step = -1
         self.rng = None  # generator state belonging to the state in hand
@@ -331,51 +331,25 @@ class _Run:
     def _save(self, i: int, level: int):
         if self.cur_step != i:  # pragma: no cover - simulate() validated the table
             raise RuntimeError(f"Save({i}, {level}) without u_{i} in hand")
-        if level == 0:
-            snap = [t.detach().clone() for t in self.cur]
-            self.slots[i] = (snap, [t._version for t in snap])
-        else:
-            self.store.save(i, [t.detach() for t in self.cur], level - 1)
-            self.held.add((i, level - 1))
+        self.slots.save(i, level, self.cur)
         self.rngs[(i, level)] = self.rng
 
     def _load(self, i: int, level: int):
-        if level == 0:
-            snap, versions = self.slots[i]
-            if [t._version for t in snap] != versions:
-                raise RuntimeError(
-                    f"checkpoint_sequence: the snapshot of step {i * self.block} was modified in "
-                    "place; `step` must return a new state and leave its argument unchanged")
-            self.cur = snap
-        else:
-            loaded = self.store.load(i, level - 1)
-            self.cur = [t.to(d.device, non_blocking=True) for t, d in zip(loaded, self.like)]
+        self.cur = self.slots.load(
+            i, level,
+            lambda loaded: [t.to(d.device, non_blocking=True) for t, d in zip(loaded, self.like)],
+            f"checkpoint_sequence: the snapshot of step {i * self.block} was modified in "
+            "place; `step` must return a new state and leave its argument unchanged")
         self.cur_step = i
         self.rng = self.rngs[(i, level)]
 
     def _delete(self, i: int, level: int):
-        if level == 0:
-            del self.slots[i]
-        else:
-            self.store.delete(i, level - 1)
-            self.held.discard((i, level - 1))
+        self.slots.delete(i, level)
         del self.rngs[(i, level)]
 
     def _move(self, i: int, src: int, dst: int):
-        if src >= 1 and dst >= 1:
-            self.store.move(i, src - 1, dst - 1)
-            self.held.discard((i, src - 1))
-            self.held.add((i, dst - 1))
-        elif src == 0:
-            snap, _ = self.slots.pop(i)
-            self.store.save(i, snap, dst - 1)
-            self.held.add((i, dst - 1))
-        else:
-            loaded = self.store.load(i, src - 1)
-            snap = [t.to(d.device) for t, d in zip(loaded, self.like)]
-            self.slots[i] = (snap, [t._version for t in snap])
-            self.store.delete(i, src - 1)
-            self.held.discard((i, src - 1))
+        self.slots.move(i, src, dst,
+                        lambda loaded: [t.to(d.device) for t, d in zip(loaded, self.like)])
         self.rngs[(i, dst)] = self.rngs.pop((i, src))
 
     # -- the passes --------------------------------------------------------------------
@@ -410,7 +384,7 @@ class _Run:
             for step, level in sorted(stale):  # left by a run whose backward never ran
                 self.store.delete(step, level)
             stale.clear()
-            self.held = stale
+            self.slots.held = stale
         kinds = self.table["kind"]
         rev = (kinds == _REVERSE).nonzero()[0]
         self.split = int(rev[0]) if len(rev) else len(self.table)
@@ -544,9 +518,7 @@ class _Run:
         if store is None:
             return
         try:
-            for step, level in sorted(self.held):
-                store.delete(step, level)
-            self.held.clear()
+            self.slots.release()
         finally:
             if self.own_store:
                 store.close()

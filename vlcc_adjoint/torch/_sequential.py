@@ -72,6 +72,7 @@ import torch
 from ..schedules import ActionKind, Online, Schedule, StoreAll, simulate
 from ._recompute import (check_store, close_quietly, collect_params, get_rng, rng_devices,
                          set_rng)
+from ._slots import Slots
 from ._state import register_providers
 
 __all__ = ["checkpoint_sequential"]
@@ -196,52 +197,25 @@ class _Layers:
     def _save(self, i: int, level: int):
         if self.cur_step != i:  # pragma: no cover - simulate() validated the table
             raise RuntimeError(f"Save({i}, {level}) without the input of block {i} in hand")
-        if level == 0:
-            snap = [t.detach().clone() for t in self.cur]
-            self.slots[i] = (snap, [t._version for t in snap])
-        else:
-            self.store.save(i, [t.detach() for t in self.cur], level - 1)
-            self.held.add((i, level - 1))
+        self.slots.save(i, level, self.cur)
         self.kept[(i, level)] = (self.tree, [t.device for t in self.cur], self.rng)
 
     def _load(self, i: int, level: int):
         self.tree, devices, self.rng = self.kept[(i, level)]
-        if level == 0:
-            snap, versions = self.slots[i]
-            if [t._version for t in snap] != versions:
-                raise RuntimeError(
-                    f"checkpoint_sequential: the kept input of layer {self.bounds[i]} was "
-                    "modified in place; a layer must not modify its input in place")
-            self.cur = snap
-        else:
-            loaded = self.store.load(i, level - 1)
-            self.cur = [t.to(d) for t, d in zip(loaded, devices)]
+        self.cur = self.slots.load(
+            i, level, lambda loaded: [t.to(d) for t, d in zip(loaded, devices)],
+            f"checkpoint_sequential: the kept input of layer {self.bounds[i]} was modified in "
+            "place; a layer must not modify its input in place")
         self.cur_step = i
         self.cur_kept = True
 
     def _delete(self, i: int, level: int):
-        if level == 0:
-            del self.slots[i]
-        else:
-            self.store.delete(i, level - 1)
-            self.held.discard((i, level - 1))
+        self.slots.delete(i, level)
         del self.kept[(i, level)]
 
     def _move(self, i: int, src: int, dst: int):
-        if src >= 1 and dst >= 1:
-            self.store.move(i, src - 1, dst - 1)
-            self.held.discard((i, src - 1))
-            self.held.add((i, dst - 1))
-        elif src == 0:
-            snap, _ = self.slots.pop(i)
-            self.store.save(i, snap, dst - 1)
-            self.held.add((i, dst - 1))
-        else:
-            tree, devices, _ = self.kept[(i, src)]
-            snap = [t.to(d) for t, d in zip(self.store.load(i, src - 1), devices)]
-            self.slots[i] = (snap, [t._version for t in snap])
-            self.store.delete(i, src - 1)
-            self.held.discard((i, src - 1))
+        devices = self.kept[(i, src)][1]
+        self.slots.move(i, src, dst, lambda loaded: [t.to(d) for t, d in zip(loaded, devices)])
         self.kept[(i, dst)] = self.kept.pop((i, src))
 
     # -- the passes --------------------------------------------------------------------
@@ -270,9 +244,8 @@ class _Layers:
     def sweep(self, tree, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The forward part of the table, then the last block with grad; returns the
         output's tensors (detached)."""
-        self.slots: dict[int, tuple] = {}
-        self.kept: dict[tuple[int, int], tuple] = {}
-        self.held: set = set()
+        self.slots = Slots(self.store)  # level 0 and the store
+        self.kept: dict[tuple[int, int], tuple] = {}  # (step, level) -> (tree, devices, rng)
         self.tree, self.cur, self.cur_step = tree, [t.detach() for t in leaves], 0
         self.cur_kept = True  # the caller's input: never modified by a layer here
         self.rng = self.rng0
@@ -383,12 +356,9 @@ class _Layers:
         return [next(it) if t.requires_grad else None for t in leaves], list(got[len(wrt):])
 
     def finish(self):
-        store = self.store
-        if store is None:
+        if self.store is None:
             return
-        for step, level in sorted(self.held):
-            store.delete(step, level)
-        self.held.clear()
+        self.slots.release()
 
 
 class _Sequential(torch.autograd.Function):
