@@ -5,10 +5,15 @@
 * The tensors a step closes over (:func:`collect_params`): autograd routes
   gradients only to the inputs of a ``torch.autograd.Function``, so the
   parameters a step uses besides its argument become explicit inputs.
+* The leaves a tape reaches that are not its inputs (:func:`foreign_leaf`):
+  they would get no gradient, so the drop-ins raise naming them.
 * The random generators (:func:`rng_devices`, :func:`get_rng`,
   :func:`set_rng`): recorded with the states a schedule keeps and restored
   before a recomputation, so dropout draws the same masks.
-* The store of levels ``>= 1`` (:func:`check_store`, :func:`close_quietly`).
+* The store of levels ``>= 1`` (:func:`schedule_store`, :func:`check_store`,
+  :func:`close_quietly`).
+* The dispatch of a schedule table's rows to the interpreter's actions
+  (:func:`dispatch`).
 """
 
 from __future__ import annotations
@@ -18,8 +23,13 @@ import types
 
 import torch
 
-__all__ = ["check_store", "close_quietly", "collect_params", "get_rng", "rng_devices",
-           "set_rng"]
+from ..schedules import ActionKind
+
+__all__ = ["check_store", "close_quietly", "collect_params", "dispatch", "foreign_leaf",
+           "get_rng", "rng_devices", "schedule_store", "set_rng", "with_cotangent"]
+
+_ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
+_DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
 
 def _tensors_in(obj, out: list, depth: int = 0) -> None:
     """Tensors that require grad reachable from `obj`: a tensor, a module, a short
@@ -87,6 +97,43 @@ def collect_params(step, params) -> list[torch.Tensor]:
     return out
 
 
+def with_cotangent(out, grads) -> tuple[list, list]:
+    """``(outputs, cotangents)``: the outputs that require grad and receive a
+    cotangent (not ``None``), with theirs, for ``torch.autograd.grad``."""
+    outs, cots = [], []
+    for o, g in zip(out, grads):
+        if g is not None and o.requires_grad:
+            outs.append(o)
+            cots.append(g)
+    return outs, cots
+
+
+_WALK_LIMIT = 100_000  # autograd nodes visited when looking for foreign leaves
+
+
+def foreign_leaf(outs, ours: set, stops: set):
+    """A leaf that requires grad, reached from `outs` through the autograd graph,
+    whose ``id`` is not in `ours`; ``None`` if there is none.
+
+    A depth-first walk from the outputs' ``grad_fn`` along ``next_functions``
+    (at most 100,000 nodes), not entering the nodes in `stops` (the
+    ``grad_fn`` of non-leaf parameters: what lies behind them is the caller's
+    graph, which autograd reaches through the Function's inputs).
+    """
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    seen = set()
+    while stack and len(seen) < _WALK_LIMIT:
+        node = stack.pop()
+        if node in seen or node in stops:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)
+        if var is not None and id(var) not in ours:
+            return var
+        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+    return None
+
+
 # -- random number generators ------------------------------------------------------------
 
 
@@ -127,3 +174,50 @@ def check_store(store, levels: int):
         raise ValueError("checkpoint_sequence: build the TieredStore without plan=; its levels "
                          "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
                          "an io_plan of the whole schedule does not describe")
+
+
+def schedule_store(stats, store):
+    """The store a run of a schedule uses for its levels ``>= 1``.
+
+    **Arguments:** `stats` is :func:`~vlcc_adjoint.schedules.simulate` of the
+    schedule; `store` the caller's :class:`~vlcc_adjoint.storage.TieredStore`
+    or ``None``.
+
+    **Returns:** ``(store, own)``: the caller's store (checked), or, when the
+    schedule keeps states at a level ``>= 1`` and none was given, one
+    unbounded ``MemoryTier`` per level (``own`` is then ``True``: the run
+    closes it); the store is ``None`` when the schedule has level 0 only.
+    """
+    levels = len(stats.peak_slots)
+    own = False
+    if levels > 1 and any(stats.peak_slots[1:]):
+        if store is None:
+            from ..storage import MemoryTier, TieredStore
+
+            store = TieredStore([MemoryTier() for _ in range(levels - 1)])
+            own = True
+        else:
+            check_store(store, levels)
+    elif store is not None:
+        check_store(store, 1)
+    return (store if (own or levels > 1) else None), own
+
+
+def dispatch(run, kind, a, b, level, dst):
+    """One row of a schedule table: the interpreter's ``_advance(a, b)``,
+    ``_save(a, level)``, ``_load(a, level)``, ``_delete(a, level)``,
+    ``_move(a, level, dst)`` or ``_reverse(a)``."""
+    if kind == _ADVANCE:
+        run._advance(a, b)
+    elif kind == _SAVE:
+        run._save(a, level)
+    elif kind == _LOAD:
+        run._load(a, level)
+    elif kind == _DELETE:
+        run._delete(a, level)
+    elif kind == _MOVE:
+        run._move(a, level, dst)
+    elif kind == _REVERSE:
+        run._reverse(a)
+    else:  # pragma: no cover
+        raise ValueError(f"unknown action kind {kind} in the schedule table")

@@ -104,21 +104,18 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, simulate
-from ._recompute import (check_store, close_quietly, collect_params, get_rng, rng_devices,
-                         set_rng)
+from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, get_rng,
+                         rng_devices, schedule_store, set_rng, with_cotangent)
 from ._slots import Slots
 from ._state import register_providers
 
 __all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
 
-_ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
-_DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
+_REVERSE = int(ActionKind.REVERSE)
 
 # Records (step, store level) a run left in a user's store: the next run on
 # that store deletes them first (a forward whose backward never ran).
 _HELD: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
-
-_WALK_LIMIT = 100_000  # autograd nodes visited when checking for unlisted leaves
 
 
 @functools.lru_cache(maxsize=32)
@@ -359,21 +356,7 @@ class _Run:
         return zip(range(start, stop), t["kind"].tolist(), t["a"].tolist(), t["b"].tolist(),
                    t["level"].tolist(), t["dst"].tolist())
 
-    def _dispatch(self, kind, a, b, level, dst):
-        if kind == _ADVANCE:
-            self._advance(a, b)
-        elif kind == _SAVE:
-            self._save(a, level)
-        elif kind == _LOAD:
-            self._load(a, level)
-        elif kind == _DELETE:
-            self._delete(a, level)
-        elif kind == _MOVE:
-            self._move(a, level, dst)
-        elif kind == _REVERSE:
-            self._reverse(a)
-        else:  # pragma: no cover
-            raise ValueError(f"unknown action kind {kind} in the schedule table")
+    _dispatch = dispatch
 
     def forward(self, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.like = [t.detach() for t in leaves]
@@ -437,11 +420,7 @@ class _Run:
             out = list(leaves)
             for i in range(self.n):
                 out = self._call(i, out)
-        outs, cots = [], []
-        for o, g in zip(out, grads):
-            if g is not None and o.requires_grad:
-                outs.append(o)
-                cots.append(g)
+        outs, cots = with_cotangent(out, grads)
         xs = [self.inputs] if self.inputs is not None and self.inputs.requires_grad else []
         wrt = [t for t in leaves if t.requires_grad] + xs + self.params
         got = (torch.autograd.grad(outs, wrt, cots, allow_unused=True, create_graph=True)
@@ -460,11 +439,7 @@ class _Run:
                 raise RuntimeError(f"Reverse({j}) without u_{j} in hand")
             xin, xs, out = self._tape(j)
         self.cur, self.cur_step = None, -1
-        outs, cots = [], []
-        for o, g in zip(out, self.lam):
-            if g is not None and o.requires_grad:
-                outs.append(o)
-                cots.append(g)
+        outs, cots = with_cotangent(out, self.lam)
         if not self.checked:
             self._check_closure(out, xin, xs)
         wrt = [t for t in xin if t.requires_grad]
@@ -495,22 +470,14 @@ class _Run:
         if xs is not None:
             ours.add(id(xs))
         stops = {p.grad_fn for p in self.params if p.grad_fn is not None}
-        stack = [o.grad_fn for o in out if o.grad_fn is not None]
-        seen = set()
-        while stack and len(seen) < _WALK_LIMIT:
-            node = stack.pop()
-            if node in seen or node in stops:
-                continue
-            seen.add(node)
-            var = getattr(node, "variable", None)
-            if var is not None and id(var) not in ours:
-                raise ValueError(
-                    f"checkpoint_sequence: `step` uses a tensor of shape {tuple(var.shape)} "
-                    f"and dtype {var.dtype} that requires grad but is not an input of the "
-                    "checkpointed sequence, so it would get no gradient; pass it with "
-                    "params=[...] (module parameters are found automatically when step is "
-                    "the module, a bound method of it, or a closure/partial over it)")
-            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        var = foreign_leaf(out, ours, stops)
+        if var is not None:
+            raise ValueError(
+                f"checkpoint_sequence: `step` uses a tensor of shape {tuple(var.shape)} "
+                f"and dtype {var.dtype} that requires grad but is not an input of the "
+                "checkpointed sequence, so it would get no gradient; pass it with "
+                "params=[...] (module parameters are found automatically when step is "
+                "the module, a bound method of it, or a closure/partial over it)")
 
     def finish(self):
         """Delete what this run left in the store; close the store if it is ours."""
@@ -633,21 +600,9 @@ def checkpoint_sequence(
         for i in range(steps):
             u = step(u) if inputs is None else step(inputs[i], u)
         return u
-    stats = simulate(schedule)
-    levels = len(stats.peak_slots)
-    own_store = False
-    if levels > 1 and any(stats.peak_slots[1:]):
-        if store is None:
-            from ..storage import MemoryTier, TieredStore
-
-            store = TieredStore([MemoryTier() for _ in range(levels - 1)])
-            own_store = True
-        else:
-            check_store(store, levels)
-    elif store is not None:
-        check_store(store, 1)
-    run = _Run(step, steps, block, schedule, store if (own_store or levels > 1) else None,
-               own_store, inputs, rebuild, len(leaves), plist, preserve_rng_state)
+    store, own_store = schedule_store(simulate(schedule), store)
+    run = _Run(step, steps, block, schedule, store, own_store, inputs, rebuild, len(leaves),
+               plist, preserve_rng_state)
     tensors = [*leaves, *([inputs] if inputs is not None else []), *plist]
     try:
         out = _Sequence.apply(run, *tensors)

@@ -70,17 +70,14 @@ from collections.abc import Sequence
 import torch
 
 from ..schedules import ActionKind, Online, Schedule, StoreAll, simulate
-from ._recompute import (check_store, close_quietly, collect_params, get_rng, rng_devices,
-                         set_rng)
+from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, get_rng,
+                         rng_devices, schedule_store, set_rng, with_cotangent)
 from ._slots import Slots
 from ._state import register_providers
 
 __all__ = ["checkpoint_sequential"]
 
-_ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
-_DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
-
-_WALK_LIMIT = 100_000
+_REVERSE = int(ActionKind.REVERSE)
 
 _REENTRANT_GRAPH = (
     "checkpoint_sequential(use_reentrant=True) cannot differentiate its gradient "
@@ -225,21 +222,7 @@ class _Layers:
         return zip(t["kind"].tolist(), t["a"].tolist(), t["b"].tolist(), t["level"].tolist(),
                    t["dst"].tolist())
 
-    def _dispatch(self, kind, a, b, level, dst):
-        if kind == _ADVANCE:
-            self._advance(a, b)
-        elif kind == _SAVE:
-            self._save(a, level)
-        elif kind == _LOAD:
-            self._load(a, level)
-        elif kind == _DELETE:
-            self._delete(a, level)
-        elif kind == _MOVE:
-            self._move(a, level, dst)
-        elif kind == _REVERSE:
-            self._reverse(a)
-        else:  # pragma: no cover
-            raise ValueError(f"unknown action kind {kind} in the schedule table")
+    _dispatch = dispatch
 
     def sweep(self, tree, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The forward part of the table, then the last block with grad; returns the
@@ -287,11 +270,7 @@ class _Layers:
                 raise RuntimeError(f"Reverse({j}) without the input of block {j} in hand")
             xin, out, _ = self._tape(j)
         self.cur, self.cur_step = None, -1
-        outs, cots = [], []
-        for o, g in zip(out, self.lam):
-            if g is not None and o.requires_grad:
-                outs.append(o)
-                cots.append(g)
+        outs, cots = with_cotangent(out, self.lam)
         mine = [self.params[p] for p in self.block_params[j]]
         wrt = [t for t in xin if t.requires_grad]
         if not outs:  # the cotangent is zero from here back
@@ -312,22 +291,14 @@ class _Layers:
         """Raise if block j's tape reaches a leaf that requires grad and is not an input."""
         ours = {id(t) for t in xin} | {id(p) for p in self.params}
         stops = {p.grad_fn for p in mine if p.grad_fn is not None}
-        stack = [o.grad_fn for o in outs if o.grad_fn is not None]
-        seen = set()
-        while stack and len(seen) < _WALK_LIMIT:
-            node = stack.pop()
-            if node in seen or node in stops:
-                continue
-            seen.add(node)
-            var = getattr(node, "variable", None)
-            if var is not None and id(var) not in ours:
-                raise ValueError(
-                    f"checkpoint_sequential: layer {self.bounds[j]}..{self.bounds[j + 1] - 1} "
-                    f"uses a tensor of shape {tuple(var.shape)} that requires grad but is "
-                    "neither a parameter of the layers nor reachable from their closures, so "
-                    "it would get no gradient; make it an nn.Parameter of a layer (or pass the "
-                    "layer as an nn.Module that owns it)")
-            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        var = foreign_leaf(outs, ours, stops)
+        if var is not None:
+            raise ValueError(
+                f"checkpoint_sequential: layer {self.bounds[j]}..{self.bounds[j + 1] - 1} "
+                f"uses a tensor of shape {tuple(var.shape)} that requires grad but is "
+                "neither a parameter of the layers nor reachable from their closures, so "
+                "it would get no gradient; make it an nn.Parameter of a layer (or pass the "
+                "layer as an nn.Module that owns it)")
 
     def double_backward(self, tree, leaves, grads):
         """The gradient as a differentiable function of the inputs, the parameters and
@@ -342,11 +313,7 @@ class _Layers:
                 state = self._run_block(j, state)
         out: list = []
         _flatten(state, out)
-        outs, cots = [], []
-        for o, g in zip(out, grads):
-            if g is not None and o.requires_grad:
-                outs.append(o)
-                cots.append(g)
+        outs, cots = with_cotangent(out, grads)
         wrt = [t for t in leaves if t.requires_grad]
         if not outs:
             return [None] * len(leaves), [None] * len(self.params)
@@ -501,21 +468,9 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
         for f in layers:
             state = f(state)
         return state
-    stats = simulate(schedule)
-    levels = len(stats.peak_slots)
-    own_store = False
-    if levels > 1 and any(stats.peak_slots[1:]):
-        if store is None:
-            from ..storage import MemoryTier, TieredStore
-
-            store = TieredStore([MemoryTier() for _ in range(levels - 1)])
-            own_store = True
-        else:
-            check_store(store, levels)
-    elif store is not None:
-        check_store(store, 1)
-    run = _Layers(layers, bounds, schedule, store if (own_store or levels > 1) else None,
-                  own_store, params, block_params, preserve_rng_state, use_reentrant)
+    store, own_store = schedule_store(simulate(schedule), store)
+    run = _Layers(layers, bounds, schedule, store, own_store, params, block_params,
+                  preserve_rng_state, use_reentrant)
     try:
         out = _Sequential.apply(run, tree, len(leaves), *leaves, *params)
     except BaseException:
