@@ -454,3 +454,38 @@ def test_the_schedule_table_is_followed_action_by_action(make):
     for w in ws:
         h = torch.tanh(h * w)
     assert torch.equal(ws[0].grad, torch.autograd.grad(h.sum(), ws[0])[0])
+
+
+def test_both_drop_ins_follow_moves_between_every_pair_of_levels():
+    """A hand-written three-level table with a Move 0->1, 1->2, 2->0 and 1->0:
+    both torch interpreters give plain autograd's gradients."""
+    from vlcc_adjoint.schedules import Level, Schedule, actions_to_table, simulate
+    from vlcc_adjoint.schedules.actions import Advance, Delete, Load, Move, Reverse, Save
+    from vlcc_adjoint.torch import checkpoint_sequence
+
+    n = 4
+    acts = [Save(0, 0), Advance(0, 1), Save(1, 0), Move(1, 0, 1), Advance(1, 2), Save(2, 1),
+            Move(2, 1, 2), Advance(2, 3), Reverse(3), Move(2, 2, 0), Load(2, 0), Reverse(2),
+            Delete(2, 0), Move(1, 1, 0), Load(1, 0), Reverse(1), Delete(1, 0), Load(0, 0),
+            Reverse(0), Delete(0, 0)]
+    schedule = Schedule(actions_to_table(acts), n, [Level(None), Level(None), Level(None)])
+    simulate(schedule)  # a valid schedule by the written semantics
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 5)
+    x = torch.randn(3, 5, requires_grad=True)
+
+    def step(u):
+        return torch.tanh(lin(u))
+
+    u = x
+    for _ in range(n):
+        u = step(u)
+    want = torch.autograd.grad(u.sum(), [x, *lin.parameters()])
+    out = checkpoint_sequence(step, x, n, schedule=schedule)
+    got = torch.autograd.grad(out.sum(), [x, *lin.parameters()])
+    layers = torch.nn.Sequential(*[torch.nn.Sequential(lin, torch.nn.Tanh()) for _ in range(n)])
+    out2 = checkpoint_sequential(layers, n, x, use_reentrant=False, schedule=schedule)
+    got2 = torch.autograd.grad(out2.sum(), [x, *lin.parameters()])
+    for a, b, c in zip(want, got, got2):
+        torch.testing.assert_close(b, a)
+        torch.testing.assert_close(c, a)
