@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
-export MPLBACKEND=Agg
+export MPLBACKEND=Agg NO_MKDOCS_2_WARNING=1
 "$PYTHON" docs/gen.py
 "$PYTHON" -m mkdocs build --strict --config-file mkdocs.yml
 test -f docs/_build/html/index.html

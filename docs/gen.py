@@ -91,7 +91,7 @@ def benchmarks_page() -> str:
         title, rest, _ = split_docstring(script)
         shutil.copy2(png, figdir / png.name)
         parts += [f"## {png.stem}: {title}\n", "```bash", *bench_commands(script, rest), "```", "",
-                  f"![{png.stem}]({png.name})", "", '??? note "What it measures"',
+                  f"![{png.stem}](benchmarks/{png.name})", "", '??? note "What it measures"',
                   "    ```text", *("    " + line for line in rest.splitlines()), "    ```", ""]
     return "\n".join(parts)
 
