@@ -12,6 +12,6 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
 export MPLBACKEND=Agg NO_MKDOCS_2_WARNING=1
 "$PYTHON" docs/gen.py
-"$PYTHON" -m mkdocs build --strict --config-file mkdocs.yml
+PYTHONPATH="$PWD/docs${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m mkdocs build --strict --config-file mkdocs.yml
 test -f docs/_build/html/index.html
 echo "docs: built docs/_build/html/index.html"

@@ -2,10 +2,11 @@
 
 Copies the hand-written pages of docs/src, executes each tutorial script of
 docs/tutorials (its module docstring is the page's introduction, its source
-is shown, then what it printed and the figures it wrote), runs
+is shown, then what it printed and the figures it wrote; a warning is an
+error, as in ``mkdocs build --strict``), runs
 docs/figures.py for the concept figures, and writes the benchmarks page from
 benchmarks/results/*.png and each benchmark script's module docstring.  A
-tutorial that fails or prints to stderr a traceback fails the build.
+tutorial that fails or warns fails the build.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def run_script(script: Path, figdir: Path) -> tuple[str, float]:
     env = dict(os.environ, MPLBACKEND="Agg", VLCC_DOCS_FIGURES=str(figdir))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(script)], cwd=figdir, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=figdir, env=env, capture_output=True,
                           text=True, timeout=TUTORIAL_TIMEOUT_S)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -60,7 +61,7 @@ def tutorial_page(script: Path) -> str:
     title, intro, body = split_docstring(script)
     parts = [f"# {title}\n", intro, "",
              f'!!! success "Executed when this site was built ({seconds:.1f} s)"\n'
-             f"    The code below ran as `python docs/tutorials/{script.name}`; its output and "
+             f"    The code below ran as `python -W error docs/tutorials/{script.name}`; its output and "
              f"figures follow it.\n",
              "```python", body.rstrip(), "```", "", "**Output:**", "", "```text", stdout.rstrip(), "```", ""]
     for fig in figures:
@@ -90,7 +91,7 @@ def benchmarks_page() -> str:
             raise SystemExit(f"docs: {png.relative_to(ROOT)} has no script benchmarks/{png.stem}.py")
         title, rest, _ = split_docstring(script)
         shutil.copy2(png, figdir / png.name)
-        parts += [f"## {png.stem}: {title}\n", "```bash", *bench_commands(script, rest), "```", "",
+        parts += [f"## {png.stem}: {title.removeprefix('Benchmark: ')}\n", "```bash", *bench_commands(script, rest), "```", "",
                   f"![{png.stem}](benchmarks/{png.name})", "", '??? note "What it measures"',
                   "    ```text", *("    " + line for line in rest.splitlines()), "    ```", ""]
     return "\n".join(parts)
