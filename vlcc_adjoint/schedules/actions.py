@@ -151,6 +151,7 @@ class Reverse:
         return (ActionKind.REVERSE, self.step, -1, -1, -1)
 
 
+#: Any one of the six actions (the type of an element of a schedule).
 Action = Union[Advance, Save, Load, Delete, Move, Reverse]
 
 
