@@ -118,8 +118,9 @@ def plot_schedule(schedule: Schedule, path: str | None = None, ax=None, title: s
     ax.set_xlabel("step")
     ax.set_ylabel("action index")
     ax.set_title(title or repr(schedule))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize="small")
+    # beside the axes, so that it covers neither the actions nor the axis labels
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     if path is not None:
         ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=120)
+        ax.figure.savefig(path, dpi=120, bbox_inches="tight")
     return ax
