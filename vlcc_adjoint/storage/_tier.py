@@ -35,6 +35,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import VlccError
+
 __all__ = [
     "CorruptCheckpointError",
     "Record",
@@ -48,7 +50,7 @@ __all__ = [
 _KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
 
 
-class StorageError(RuntimeError):
+class StorageError(VlccError, RuntimeError):
     """A storage operation failed; the message names the step, tier and cause."""
 
 

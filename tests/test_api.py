@@ -1,0 +1,87 @@
+"""The public surface: one error base, deprecated aliases that still work."""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import warnings
+
+import pytest
+
+import vlcc_adjoint
+from vlcc_adjoint import VlccError
+
+#: Public modules whose exported exceptions must share :class:`VlccError`.
+#: Optional integrations are imported only when their dependency is present.
+PUBLIC = ["vlcc_adjoint", "vlcc_adjoint.schedules", "vlcc_adjoint.storage", "vlcc_adjoint.storage.format",
+          "vlcc_adjoint.storage.codecs", "vlcc_adjoint.state", "vlcc_adjoint.execute", "vlcc_adjoint.solver",
+          "vlcc_adjoint.budget", "vlcc_adjoint.lineage", "vlcc_adjoint.errors", "vlcc_adjoint.plot",
+          "vlcc_adjoint.mpi", "vlcc_adjoint.jax", "vlcc_adjoint.torch", "vlcc_adjoint.devito"]
+
+#: The builtin base each exception had before VlccError existed; users'
+#: ``except`` clauses name these, so they must keep matching.
+BUILTIN_BASE = {
+    "VlccError": Exception,
+    "InvalidScheduleError": ValueError, "UnknownStateTypeError": TypeError,
+    "StateMismatchError": ValueError, "NonFiniteError": FloatingPointError,
+    "StorageError": RuntimeError, "TierFullError": RuntimeError, "CorruptCheckpointError": RuntimeError,
+    "StoreLockedError": RuntimeError, "PlanMismatchError": RuntimeError,
+    "CollectiveTimeoutError": TimeoutError, "RankFailedError": RuntimeError, "AgreedError": RuntimeError,
+    "ScheduleMismatchError": ValueError,
+}
+
+
+def _module(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:  # an optional integration whose dependency is absent
+        pytest.skip(f"{name}: {e}")
+
+
+def _exported(mod):
+    names = getattr(mod, "__all__", None)
+    if names is None:
+        names = [n for n in vars(mod) if not n.startswith("_")]
+    return {n: getattr(mod, n) for n in names}
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_exported_exception_derives_from_vlcc_error_and_its_old_builtin(name):
+    mod = _module(name)
+    errors = {n: obj for n, obj in _exported(mod).items()
+              if isinstance(obj, type) and issubclass(obj, BaseException)
+              and obj.__module__.startswith("vlcc_adjoint")}
+    for n, cls in errors.items():
+        assert issubclass(cls, VlccError), f"{name}.{n} does not derive from VlccError"
+        assert n in BUILTIN_BASE, f"{name}.{n}: add its builtin base to BUILTIN_BASE"
+        assert issubclass(cls, BUILTIN_BASE[n]), f"{name}.{n} lost its builtin base {BUILTIN_BASE[n]}"
+
+
+def test_every_error_class_in_the_package_is_exported_somewhere():
+    seen = set()
+    for name in PUBLIC:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        seen |= {n for n, obj in _exported(mod).items() if isinstance(obj, type)}
+    assert set(BUILTIN_BASE) - {"ScheduleMismatchError", "AgreedError", "RankFailedError",
+                                "CollectiveTimeoutError"} <= seen
+
+
+def test_vlcc_error_catches_an_invalid_schedule_that_old_code_catches_as_value_error():
+    from vlcc_adjoint import Advance, Schedule, simulate
+    from vlcc_adjoint.schedules import actions_to_table
+
+    bad = Schedule(actions_to_table([Advance(0, 5)]), 3)  # advances past the last step
+    with pytest.raises(VlccError) as e:
+        simulate(bad)
+    assert isinstance(e.value, ValueError)
+    assert isinstance(e.value, vlcc_adjoint.InvalidScheduleError)
+
+
+def test_vlcc_error_is_an_exception_and_not_a_builtin_alias():
+    assert issubclass(VlccError, Exception)
+    assert VlccError.__name__ not in vars(builtins)
+    with pytest.raises(VlccError):
+        raise vlcc_adjoint.StateMismatchError("x")
