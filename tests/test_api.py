@@ -85,3 +85,49 @@ def test_vlcc_error_is_an_exception_and_not_a_builtin_alias():
     assert VlccError.__name__ not in vars(builtins)
     with pytest.raises(VlccError):
         raise vlcc_adjoint.StateMismatchError("x")
+
+
+#: (module, old name, the object it must still return, a word the warning names).
+ALIASES = [
+    ("vlcc_adjoint.storage", "LeafTable", "vlcc_adjoint.storage._dedup:LeafTable", "dedup=True"),
+    ("vlcc_adjoint.jax", "Trace", "vlcc_adjoint.schedules:Trace", "vlcc_adjoint.schedules.Trace"),
+    ("vlcc_adjoint.jax", "table_trace", "vlcc_adjoint.schedules:table_trace", "vlcc_adjoint.schedules.table_trace"),
+]
+
+
+@pytest.mark.parametrize("module, name, target, replacement", ALIASES)
+def test_a_retired_name_still_imports_warns_and_is_the_same_object(module, name, target, replacement):
+    mod = _module(module)
+    where, attr = target.split(":")
+    expected = getattr(importlib.import_module(where), attr)
+    with pytest.warns(DeprecationWarning, match=replacement.replace(".", r"\.")) as record:
+        got = getattr(mod, name)
+    assert got is expected
+    assert record[0].filename == __file__  # the warning points at the caller
+    assert name not in getattr(mod, "__all__", ())
+    with pytest.warns(DeprecationWarning):
+        exec(f"from {module} import {name} as alias", {})  # the from-import form warns too
+
+
+@pytest.mark.parametrize("module", ["vlcc_adjoint.storage", "vlcc_adjoint.jax"])
+def test_an_unknown_name_is_still_an_attribute_error(module):
+    mod = _module(module)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        mod.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["vlcc_adjoint.storage", "vlcc_adjoint.jax"])
+def test_every_name_in_all_imports_without_a_warning(module):
+    mod = _module(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for name in mod.__all__:
+            getattr(mod, name)
+
+
+def test_the_tier_protocol_helpers_stay_public():
+    from vlcc_adjoint import storage
+
+    for name in ("Tier", "Record", "make_record", "check_key"):
+        assert name in storage.__all__
+        assert getattr(storage, name).__doc__

@@ -62,7 +62,7 @@ Deduplication
 
 :func:`leaf_digest` is a content address for a leaf: xxh3-128 of its bytes,
 dtype and shape.  The store keeps a content-addressed table of leaves
-(:class:`vlcc_adjoint.storage.LeafTable`): a leaf whose digest equals one
+(the store's leaf table, ``storage/_dedup.py``): a leaf whose digest equals one
 already stored (a velocity model carried unchanged in every checkpoint, the
 frozen layers of a network) is stored once and referenced by every record
 that holds it.  With 128 bits, an accidental collision among even 10^12
