@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import math
+import re
 import warnings
 
 import pytest
@@ -92,6 +94,8 @@ ALIASES = [
     ("vlcc_adjoint.storage", "LeafTable", "vlcc_adjoint.storage._dedup:LeafTable", "dedup=True"),
     ("vlcc_adjoint.jax", "Trace", "vlcc_adjoint.schedules:Trace", "vlcc_adjoint.schedules.Trace"),
     ("vlcc_adjoint.jax", "table_trace", "vlcc_adjoint.schedules:table_trace", "vlcc_adjoint.schedules.table_trace"),
+    ("vlcc_adjoint.jax", "default_snapshots", "vlcc_adjoint.jax:_scan_default_snapshots",
+     "vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)"),
 ]
 
 
@@ -100,7 +104,7 @@ def test_a_retired_name_still_imports_warns_and_is_the_same_object(module, name,
     mod = _module(module)
     where, attr = target.split(":")
     expected = getattr(importlib.import_module(where), attr)
-    with pytest.warns(DeprecationWarning, match=replacement.replace(".", r"\.")) as record:
+    with pytest.warns(DeprecationWarning, match=re.escape(replacement)) as record:
         got = getattr(mod, name)
     assert got is expected
     assert record[0].filename == __file__  # the warning points at the caller
@@ -131,3 +135,41 @@ def test_the_tier_protocol_helpers_stay_public():
     for name in ("Tier", "Record", "make_record", "check_key"):
         assert name in storage.__all__
         assert getattr(storage, name).__doc__
+
+
+def _least_c(steps, r):
+    """Independent reading of the binomial bound: scan c upwards."""
+    return next(c for c in range(1, steps + 1) if math.comb(c + (c if r is None else r), c) >= steps)
+
+
+@pytest.mark.parametrize("repetitions", [None, 1, 2, 3])
+def test_default_snapshots_is_the_least_count_within_the_binomial_bound(repetitions):
+    from vlcc_adjoint.schedules import binomial_forward_count, default_snapshots
+
+    for steps in range(1, 400):
+        c = default_snapshots(steps, repetitions)
+        assert c == _least_c(steps, repetitions)
+        if repetitions is not None:
+            # Revolve's own count of forward steps: at most r repetitions each
+            assert binomial_forward_count(steps, c) <= repetitions * steps
+
+
+def test_default_snapshots_balanced_is_pyrevolves_and_devitos_default():
+    from vlcc_adjoint.schedules import default_snapshots
+
+    assert [default_snapshots(n) for n in (1, 2, 3, 6, 7, 20, 21, 70, 71, 1000)] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 7]
+    try:
+        from vlcc_adjoint import devito
+    except ImportError:
+        return
+    assert devito.default_snapshots is default_snapshots
+
+
+def test_default_snapshots_refuses_bad_input():
+    from vlcc_adjoint.schedules import default_snapshots
+
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="steps"):
+            default_snapshots(bad)
+    with pytest.raises(ValueError, match="repetitions"):
+        default_snapshots(10, 0)

@@ -75,7 +75,6 @@ finite differences and geophysical exploration", GMD 12 (2019).
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import threading
@@ -85,19 +84,9 @@ from typing import Any
 import numpy as np
 
 from .execute import AdjointResult, run_adjoint
-from .schedules import Revolve, Schedule, StoreAll
+from .schedules import Revolve, Schedule, StoreAll, default_snapshots
 
 __all__ = ["DevitoSolver", "Revolver", "default_snapshots"]
-
-
-def default_snapshots(steps: int) -> int:
-    """The snapshot count pyrevolve picks when given none: the least ``c``
-    with ``binom(2c, c) >= steps`` (Revolve's ``adjust``: as many snapshots
-    as each step is repeated, the balanced point of the binomial bound)."""
-    c = 1
-    while math.comb(2 * c, c) < steps:
-        c += 1
-    return c
 
 
 # ---------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from ._scan import CheckpointedStep as CheckpointedStep
 from ._scan import checkpointed as checkpointed
 from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
 from ._scan import checkpointed_scan as checkpointed_scan
-from ._scan import default_snapshots as default_snapshots
 from ._trace import jax_trace as jax_trace
 from ._state import register_provider as _register_provider
 
@@ -53,13 +52,24 @@ def _schedules_name(name):
     return load
 
 
+def _scan_default_snapshots(n: int) -> int:
+    """The snapshots :func:`checkpointed_scan` uses for a scan of length `n`
+    when given none: ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``."""
+    from ..schedules import default_snapshots
+
+    return default_snapshots(n, repetitions=2)
+
+
 #: Schedule tracing helpers once re-exported here; they live in
 #: vlcc_adjoint.schedules and still import from here with a DeprecationWarning.
 __getattr__ = _deprecated_getattr(__name__, {
-    name: (_schedules_name(name), f"vlcc_adjoint.schedules.{name}") for name in ("Trace", "table_trace")
+    **{name: (_schedules_name(name), f"vlcc_adjoint.schedules.{name}") for name in ("Trace", "table_trace")},
+    "default_snapshots": (lambda: _scan_default_snapshots,
+                          "vlcc_adjoint.schedules.default_snapshots(n, repetitions=2), "
+                          "the policy checkpointed_scan applies"),
 })
 
 __all__ = [
     "CheckpointedStep", "Program", "checkpointed", "checkpointed_fori_loop", "checkpointed_scan",
-    "compile_program", "default_snapshots", "jax_trace",
+    "compile_program", "jax_trace",
 ]

@@ -40,7 +40,6 @@ per step.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import jax
@@ -50,7 +49,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from ..schedules import Revolve, Schedule
+from ..schedules import Revolve, Schedule, default_snapshots
 from ._host import HostSession
 from ._interpret import Interpreter, _index, _update
 from ._program import SPLIT_AT_REVERSE, Program, compile_program
@@ -118,11 +117,6 @@ def _revolve_program(n: int, snapshots: int) -> Program:
     return compile_program(Revolve(n, snapshots))
 
 
-def default_snapshots(n: int) -> int:
-    """``ceil(sqrt(n))``: the default number of slots when none is given."""
-    return max(1, math.isqrt(n - 1) + 1) if n > 1 else 1
-
-
 def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program:
     if schedule is not None and snapshots is not None:
         raise ValueError(
@@ -130,7 +124,7 @@ def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program
             "(`snapshots=c` means schedule=Revolve(length, c))")
     if schedule is None:
         if snapshots is None:
-            snapshots = default_snapshots(n)
+            snapshots = default_snapshots(n, repetitions=2)
         snapshots = _static_int(
             snapshots, "snapshots",
             "the number of checkpoint slots sizes a device buffer, so it must be static "
@@ -292,7 +286,8 @@ def checkpointed_scan(
       steps (``Revolve``, ``StoreAll``, ``Periodic``, ``Online(c, steps=n)``,
       single-level ``Multistage``, or any valid table on level 0).
     - `snapshots`: instead of `schedule`: ``Revolve(n, snapshots)``.  With
-      neither, ``snapshots = ceil(sqrt(n))``.
+      neither, ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``
+      (each step recomputed at most twice; ``c ~ sqrt(2 n)``).
     - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` for schedules
       with levels >= 1 (e.g. ``Multistage`` with a host level): level 0 is
       the device buffer, level ``k >= 1`` is ``store.tiers[k - 1]``.  Build
