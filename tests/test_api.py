@@ -173,3 +173,13 @@ def test_default_snapshots_refuses_bad_input():
             default_snapshots(bad)
     with pytest.raises(ValueError, match="repetitions"):
         default_snapshots(10, 0)
+
+
+def test_the_package_ships_a_pep561_marker():
+    import importlib.resources
+    import tomllib
+    from pathlib import Path
+
+    assert importlib.resources.files("vlcc_adjoint").joinpath("py.typed").is_file()
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["vlcc_adjoint"]
