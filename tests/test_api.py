@@ -183,3 +183,15 @@ def test_the_package_ships_a_pep561_marker():
     assert importlib.resources.files("vlcc_adjoint").joinpath("py.typed").is_file()
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["vlcc_adjoint"]
+
+
+def test_a_budget_plan_given_to_tiered_store_is_refused_with_the_remedy():
+    from vlcc_adjoint import io_plan, plan
+    from vlcc_adjoint.storage import MemoryTier, TieredStore
+
+    budget_plan = plan(20, memory_bytes=5 * 800, state_bytes=800, step_seconds=1e-3, copy_seconds=1e-5)
+    with pytest.raises(TypeError, match=r"BudgetPlan.*make_store\(\).*io_plan"):
+        TieredStore([MemoryTier()], plan=budget_plan)
+    # the two remedies the message names both work
+    budget_plan.make_store().close()
+    TieredStore([MemoryTier()], plan=io_plan(budget_plan.schedule)).close()
