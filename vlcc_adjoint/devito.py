@@ -79,12 +79,16 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .execute import AdjointResult, run_adjoint
 from .schedules import Revolve, Schedule, StoreAll, default_snapshots
+
+if TYPE_CHECKING:
+    from .budget import BudgetPlan
+    from .storage import TieredStore
 
 __all__ = ["DevitoSolver", "Revolver", "default_snapshots"]
 
@@ -516,8 +520,9 @@ class Revolver:
     runs in the caller's thread, as with pyrevolve.
     """
 
-    def __init__(self, checkpoint, fwd_operator, rev_operator, n_checkpoints=None,
-                 n_timesteps=None, *, schedule=None, store=None,
+    def __init__(self, checkpoint: Any, fwd_operator: Any, rev_operator: Any, n_checkpoints: int | None = None,
+                 n_timesteps: int | None = None, *, schedule: Schedule | BudgetPlan | None = None,
+                 store: TieredStore | None = None,
                  fwd_kwargs: dict | None = None, rev_kwargs: dict | None = None,
                  recompute: bool | None = None):
         if n_timesteps is None:

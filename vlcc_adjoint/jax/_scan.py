@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,9 @@ from ..schedules import Revolve, Schedule, default_snapshots
 from ._host import HostSession
 from ._interpret import Interpreter, _index, _update
 from ._program import SPLIT_AT_REVERSE, Program, compile_program
+
+if TYPE_CHECKING:
+    from ..storage import TieredStore
 
 __all__ = ["checkpointed", "checkpointed_fori_loop", "checkpointed_scan"]
 
@@ -240,16 +244,16 @@ class _Static:
 
 def checkpointed_scan(
     f: Callable,
-    init,
-    xs=None,
+    init: Any,
+    xs: Any = None,
     length: int | None = None,
     *,
     schedule: Schedule | None = None,
     snapshots: int | None = None,
-    store=None,
+    store: TieredStore | None = None,
     unroll: int | bool = 1,
     reverse: bool = False,
-):
+) -> tuple[Any, Any]:
     """``jax.lax.scan`` whose reverse mode recomputes from a checkpoint schedule.
 
     Same signature and results as ``jax.lax.scan(f, init, xs, length,
