@@ -195,3 +195,38 @@ def test_a_budget_plan_given_to_tiered_store_is_refused_with_the_remedy():
     # the two remedies the message names both work
     budget_plan.make_store().close()
     TieredStore([MemoryTier()], plan=io_plan(budget_plan.schedule)).close()
+
+
+#: The most used public callables: every parameter and the return annotated.
+ANNOTATED = [
+    "vlcc_adjoint:run_adjoint", "vlcc_adjoint:plan", "vlcc_adjoint:timestep", "vlcc_adjoint:BudgetPlan.make_store",
+    "vlcc_adjoint:Schedule.stats", "vlcc_adjoint.schedules:default_snapshots",
+    "vlcc_adjoint.schedules:actions_to_table",
+    "vlcc_adjoint.storage:TieredStore.__init__", "vlcc_adjoint.storage:TieredStore.save",
+    "vlcc_adjoint.storage:TieredStore.load", "vlcc_adjoint.storage:TieredStore.reserve",
+    "vlcc_adjoint.storage:ZarrTier.__init__", "vlcc_adjoint.storage:CompressedMemoryTier.__init__",
+    "vlcc_adjoint.storage:make_record", "vlcc_adjoint.state:flatten", "vlcc_adjoint.state:unflatten",
+    "vlcc_adjoint.lineage:History.__init__", "vlcc_adjoint.lineage:History.checkout",
+    "vlcc_adjoint.lineage:History.load", "vlcc_adjoint.lineage:History.log", "vlcc_adjoint.lineage:History.diff",
+    "vlcc_adjoint.lineage:History.compare", "vlcc_adjoint.lineage:export_history",
+    "vlcc_adjoint.lineage:import_history", "vlcc_adjoint.mpi:run_adjoint", "vlcc_adjoint.jax:checkpointed_scan",
+    "vlcc_adjoint.torch:checkpoint_sequential", "vlcc_adjoint.devito:Revolver.__init__",
+]
+
+
+@pytest.mark.parametrize("target", ANNOTATED)
+def test_the_most_used_public_signatures_are_annotated(target):
+    import inspect
+
+    module, path = target.split(":")
+    obj = _module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    sig = inspect.signature(obj)
+    params = list(sig.parameters.values())
+    if params and params[0].name == "self":
+        params = params[1:]
+    missing = [p.name for p in params if p.annotation is inspect.Parameter.empty]
+    if obj.__name__ != "__init__" and sig.return_annotation is inspect.Signature.empty:
+        missing.append("return")
+    assert not missing, f"{target}: no annotation on {missing}"

@@ -312,7 +312,7 @@ def _auto_provider(obj, cls: type) -> _Provider:
     )
 
 
-def flatten(state) -> tuple[list[np.ndarray], dict]:
+def flatten(state: Any) -> tuple[list[np.ndarray], dict]:
     """Split `state` into C-contiguous numpy leaves and a JSON spec.
 
     **Arguments:**
@@ -332,7 +332,7 @@ def flatten(state) -> tuple[list[np.ndarray], dict]:
     return leaves, spec
 
 
-def flatten_traits(state) -> tuple[list[np.ndarray], dict, LeafTraits]:
+def flatten_traits(state: Any) -> tuple[list[np.ndarray], dict, LeafTraits]:
     """:func:`flatten`, plus what is known about each leaf's ownership.
 
     **Returns:** ``(leaves, spec, traits)``, `traits` a :class:`LeafTraits`:
@@ -415,7 +415,7 @@ def _hashable(key):
 
 
 
-def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False):
+def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -> Any:
     """Rebuild the state that :func:`flatten` described.
 
     **Arguments:**

@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class Record:
         return sum(leaf.nbytes for leaf in self.leaves)
 
 
-def make_record(spec: dict, leaves) -> Record:
+def make_record(spec: dict, leaves: Sequence[np.ndarray]) -> Record:
     """A :class:`Record` of `leaves` with their checksums computed now.
 
     **Arguments:**
