@@ -515,7 +515,7 @@ class CheckpointedStep:
     :func:`checkpointed_scan` over it.  Made by :func:`checkpointed`.
     """
 
-    def __init__(self, f: Callable, **options):
+    def __init__(self, f: Callable, **options: Any):
         self.f = f
         self.options = options
         functools.update_wrapper(self, f)
@@ -523,13 +523,14 @@ class CheckpointedStep:
     def __call__(self, carry, x=None):
         return self.f(carry, x)
 
-    def scan(self, init, xs=None, length: int | None = None):
+    def scan(self, init: Any, xs: Any = None, length: int | None = None) -> tuple[Any, Any]:
         """``checkpointed_scan(f, init, xs, length, **options)``."""
         return checkpointed_scan(self.f, init, xs, length, **self.options)
 
 
 def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
-                 snapshots: int | None = None, store=None, unroll: int = 1):
+                 snapshots: int | None = None, store: TieredStore | None = None,
+                 unroll: int = 1) -> CheckpointedStep | Callable[[Callable], CheckpointedStep]:
     """Decorate a step function ``f(carry, x) -> (carry, y)`` for checkpointed loops.
 
     ::
@@ -549,9 +550,9 @@ def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
     return CheckpointedStep(f, **options)
 
 
-def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val, *,
+def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *,
                            schedule: Schedule | None = None, snapshots: int | None = None,
-                           store=None, unroll: int = 1):
+                           store: TieredStore | None = None, unroll: int = 1) -> Any:
     """``jax.lax.fori_loop`` whose reverse mode follows a checkpoint schedule.
 
     ``body_fun(i, val) -> val`` for ``i = lower .. upper - 1``; `lower` and

@@ -99,6 +99,7 @@ import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -107,6 +108,9 @@ from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, 
                          rng_devices, schedule_store, set_rng, with_cotangent)
 from ._slots import Slots
 from ._state import register_providers
+
+if TYPE_CHECKING:
+    from ..storage import TieredStore
 
 __all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
 
@@ -525,17 +529,17 @@ class _Sequence(torch.autograd.Function):
 
 def checkpoint_sequence(
     step: Callable,
-    x,
+    x: Any,
     steps: int,
     *,
     schedule: Schedule | None = None,
     snapshots: int | None = None,
-    store=None,
+    store: TieredStore | None = None,
     block: int = 1,
     inputs: torch.Tensor | None = None,
     params: Sequence[torch.Tensor] | None = None,
     preserve_rng_state: bool = True,
-):
+) -> Any:
     """Apply `step` `steps` times, with a backward pass that follows a vlcc schedule.
 
     ``u = x; for i in range(steps): u = step(u)`` (or ``u = step(inputs[i], u)``
