@@ -221,6 +221,8 @@ ANNOTATED = [
     "vlcc_adjoint.lineage:import_history", "vlcc_adjoint.mpi:run_adjoint", "vlcc_adjoint.jax:checkpointed_scan",
     "vlcc_adjoint.torch:checkpoint_sequential", "vlcc_adjoint.torch:checkpoint_sequence",
     "vlcc_adjoint.jax:checkpointed", "vlcc_adjoint.jax:checkpointed_fori_loop", "vlcc_adjoint.jax:CheckpointedStep.scan", "vlcc_adjoint.devito:Revolver.__init__",
+    "vlcc_adjoint.devito:DevitoSolver.__init__", "vlcc_adjoint.devito:DevitoSolver.run",
+    "vlcc_adjoint.devito:DevitoSolver.forward_many", "vlcc_adjoint.devito:DevitoSolver.adjoint",
 ]
 
 
