@@ -29,7 +29,7 @@ MAX_LINES = 900
 #: Layer of each top-level part of the package; a module may import only
 #: from its own layer or below.
 LAYERS = {
-    "schedules": 0,
+    "schedules": 0, "errors": 0,
     "_files": 1, "state": 1, "_providers": 1, "_layout": 1, "_dtype_json": 1,
     "storage": 2,
     "solver": 3, "execute": 3, "_checks": 3, "_result": 3, "budget": 3, "plot": 3,

@@ -23,9 +23,9 @@ from vlcc_adjoint.jax import (  # noqa: E402
     checkpointed_scan,
     compile_program,
     jax_trace,
-    table_trace,
 )
 from vlcc_adjoint.schedules import (  # noqa: E402
+    table_trace,
     InvalidScheduleError,
     Level,
     Multistage,

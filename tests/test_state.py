@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from vlcc_adjoint.state import (Layout, UnknownStateTypeError, dtype_from_json, dtype_to_json,
                                 flatten, leaf_digest, register, unflatten)
-from vlcc_adjoint.storage import LeafTable
+from vlcc_adjoint.storage._dedup import LeafTable
 
 
 # -- a referee for "the same state" ----------------------------------------------

@@ -31,6 +31,7 @@ from .schedules import io_plan as io_plan
 from .schedules import simulate as simulate
 from .solver import Solver as Solver
 from .solver import timestep as timestep
+from .errors import VlccError as VlccError
 
 from . import state as _state
 

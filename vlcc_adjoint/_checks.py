@@ -18,16 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from .errors import VlccError
+
 __all__ = ["NonFiniteError", "StateMismatchError", "check_finite", "check_seed",
            "describe_mismatch", "matcher", "signature"]
 
 
-class StateMismatchError(ValueError):
+class StateMismatchError(VlccError, ValueError):
     """A solver returned a state whose structure, shapes or dtypes differ
     from the initial one, or the adjoint seed does not fit the state."""
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(VlccError, FloatingPointError):
     """A state or adjoint of a ``run_adjoint(..., check_finite=True)`` run
     holds nan or inf.
 

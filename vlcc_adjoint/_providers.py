@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import VlccError
+
 __all__ = [
     "LeafProvider",
     "UnknownStateTypeError",
@@ -51,7 +53,7 @@ __all__ = [
 SPEC_FORMAT = "vlcc-state/1"
 
 
-class UnknownStateTypeError(TypeError):
+class UnknownStateTypeError(VlccError, TypeError):
     """A state (or spec) holds a type no provider knows."""
 
 

@@ -27,14 +27,18 @@ optimal for the larger budget), and the explanation says so.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
+
+if TYPE_CHECKING:
+    from .storage import TieredStore
 
 __all__ = ["BudgetPlan", "plan", "slots_within"]
 
@@ -48,6 +52,11 @@ DISK_RECORD_OVERHEAD = 4096
 @dataclasses.dataclass(frozen=True)
 class BudgetPlan:
     """The schedule :func:`plan` chose, and why.
+
+    Not an :class:`~vlcc_adjoint.schedules.IOPlan` (the list of future
+    reads and writes that ``TieredStore(plan=)`` takes):
+    :meth:`make_store` builds the store for :attr:`schedule`, with its
+    IOPlan, or ``io_plan(budget_plan.schedule)`` gives the IOPlan itself.
 
     **Attributes:**
 
@@ -79,7 +88,7 @@ class BudgetPlan:
     candidates: dict
     explain: str
 
-    def make_store(self, path=None, **store_options):
+    def make_store(self, path: str | os.PathLike | None = None, **store_options: Any) -> TieredStore:
         """A :class:`~vlcc_adjoint.storage.TieredStore` for :attr:`schedule`:
         a memory tier of `memory_bytes` and, for a two-level schedule, a
         :class:`~vlcc_adjoint.storage.ZarrTier` of `disk_bytes` at `path` (a
@@ -309,7 +318,7 @@ def plan(
     copy_seconds: float | None = None,
     adjoint_cost: float | None = None,
     adj_final: Any = None,
-    disk_path=None,
+    disk_path: str | os.PathLike | None = None,
     calibration_steps: int = 3,
     verbose: bool | Callable[[str], None] = False,
 ) -> BudgetPlan:
@@ -352,7 +361,11 @@ def plan(
     cell).
 
     **Returns:** a :class:`BudgetPlan`; ``.schedule`` to run,
-    ``.make_store()`` to run it with, ``.explain`` for the reasons.
+    ``.make_store()`` to run it with, ``.explain`` for the reasons.  A
+    BudgetPlan is a choice of schedule and budget, not the
+    :class:`~vlcc_adjoint.schedules.IOPlan` that
+    ``TieredStore(plan=)`` takes: pass ``.make_store()`` as the store, or
+    ``io_plan(budget_plan.schedule)`` to a store built by hand.
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")

@@ -75,29 +75,22 @@ finite differences and geophysical exploration", GMD 12 (2019).
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .execute import AdjointResult, run_adjoint
-from .schedules import Revolve, Schedule, StoreAll
+from .schedules import Revolve, Schedule, StoreAll, default_snapshots
+
+if TYPE_CHECKING:
+    from .budget import BudgetPlan
+    from .storage import TieredStore
 
 __all__ = ["DevitoSolver", "Revolver", "default_snapshots"]
-
-
-def default_snapshots(steps: int) -> int:
-    """The snapshot count pyrevolve picks when given none: the least ``c``
-    with ``binom(2c, c) >= steps`` (Revolve's ``adjust``: as many snapshots
-    as each step is repeated, the balanced point of the binomial bound)."""
-    c = 1
-    while math.comb(2 * c, c) < steps:
-        c += 1
-    return c
 
 
 # ---------------------------------------------------------------------------
@@ -234,7 +227,7 @@ class DevitoSolver:
 
     restore_in_place = True
 
-    def __init__(self, forward, reverse, state, *, forward_kwargs: dict | None = None,
+    def __init__(self, forward: Any, reverse: Any, state: Any, *, forward_kwargs: dict | None = None,
                  reverse_kwargs: dict | None = None, recompute: bool | None = None):
         functions = list(getattr(state, "objects", state))
         if not functions:
@@ -310,13 +303,13 @@ class DevitoSolver:
             return [level % size for level in levels]
         return levels
 
-    def on_save(self, state, step: int):
+    def on_save(self, state: tuple[np.ndarray, ...], step: int) -> tuple[np.ndarray, ...]:
         """The live levels of `state` at `step`, newest first (views; the
         store copies them)."""
         return tuple(buf[s] for j, buf in enumerate(state)
                      for s in self._slots(j, step, buf.shape[0]))
 
-    def on_load(self, stored, step: int, out=None):
+    def on_load(self, stored: tuple[np.ndarray, ...], step: int, out: tuple[np.ndarray, ...] | None = None) -> tuple[np.ndarray, ...]:
         """Copy a snapshot's levels into their slots of the live buffers."""
         self._at_end = False
         it = iter(stored)
@@ -325,11 +318,11 @@ class DevitoSolver:
                 np.copyto(buf[s], next(it))
         return self.live
 
-    def copy(self, state):
+    def copy(self, state: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         return tuple(np.array(buf, copy=True) for buf in state)
 
     # -- steps ---------------------------------------------------------------
-    def forward_many(self, state, start: int, stop: int):
+    def forward_many(self, state: tuple[np.ndarray, ...], start: int, stop: int) -> tuple[np.ndarray, ...]:
         final = self.n_steps is not None and stop == self.n_steps
         if state is self.live:
             self._fwd.apply(t_start=start, t_end=stop)
@@ -354,10 +347,10 @@ class DevitoSolver:
         self._at_end = final
         return state
 
-    def forward(self, state, step: int):
+    def forward(self, state: tuple[np.ndarray, ...], step: int) -> tuple[np.ndarray, ...]:
         return self.forward_many(state, step, step + 1)
 
-    def adjoint(self, state, adj, step: int):
+    def adjoint(self, state: tuple[np.ndarray, ...], adj: Any, step: int) -> Any:
         if state is not self.live:
             for buf, src in zip(self.live, state):
                 np.copyto(buf, src)
@@ -369,7 +362,8 @@ class DevitoSolver:
         return adj
 
     # -- running -------------------------------------------------------------
-    def run(self, steps: int, schedule=None, store=None, *,
+    def run(self, steps: int, schedule: Schedule | int | BudgetPlan | None = None,
+            store: TieredStore | None = None, *,
             before_reverse: Callable[[], Any] | None = None,
             progress: bool = False) -> AdjointResult:
         """The forward sweep and the reverse sweep over `steps` steps.
@@ -527,8 +521,9 @@ class Revolver:
     runs in the caller's thread, as with pyrevolve.
     """
 
-    def __init__(self, checkpoint, fwd_operator, rev_operator, n_checkpoints=None,
-                 n_timesteps=None, *, schedule=None, store=None,
+    def __init__(self, checkpoint: Any, fwd_operator: Any, rev_operator: Any, n_checkpoints: int | None = None,
+                 n_timesteps: int | None = None, *, schedule: Schedule | BudgetPlan | None = None,
+                 store: TieredStore | None = None,
                  fwd_kwargs: dict | None = None, rev_kwargs: dict | None = None,
                  recompute: bool | None = None):
         if n_timesteps is None:

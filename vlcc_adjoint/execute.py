@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +61,9 @@ from ._checks import signature as _signature
 from ._result import AdjointResult as AdjointResult
 from .schedules import ActionKind, Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
+
+if TYPE_CHECKING:
+    from .storage import TieredStore
 
 __all__ = ["AdjointResult", "NonFiniteError", "StateMismatchError", "register_spmd",
            "run_adjoint"]
@@ -322,16 +325,16 @@ def _progress(total, enabled):
 def run_adjoint(
     solver: Solver,
     schedule: Schedule,
-    u0,
-    adj_final,
-    store=None,
+    u0: Any,
+    adj_final: Any,
+    store: TieredStore | None = None,
     progress: bool = False,
     *,
     stop: Callable[[Any, int], bool] | None = None,
     max_steps: int | None = None,
     check: bool = True,
     check_finite: bool = False,
-    comm=None,
+    comm: Any = None,
 ) -> AdjointResult:
     """Run the forward sweep and the adjoint of a time loop under `schedule`.
 

@@ -127,7 +127,7 @@ class TimestepSolver:
 
 def timestep(step: Callable | None = None, *, adjoint: Callable | None = None,
              forward_many: Callable | None = None,
-             restore_in_place: bool = False):
+             restore_in_place: bool = False) -> TimestepSolver | Callable[[Callable], TimestepSolver]:
     """Turn a plain step function into a :class:`Solver`.
 
     **Arguments:**

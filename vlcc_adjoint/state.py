@@ -62,7 +62,7 @@ Deduplication
 
 :func:`leaf_digest` is a content address for a leaf: xxh3-128 of its bytes,
 dtype and shape.  The store keeps a content-addressed table of leaves
-(:class:`vlcc_adjoint.storage.LeafTable`): a leaf whose digest equals one
+(the store's leaf table, ``storage/_dedup.py``): a leaf whose digest equals one
 already stored (a velocity model carried unchanged in every checkpoint, the
 frozen layers of a network) is stored once and referenced by every record
 that holds it.  With 128 bits, an accidental collision among even 10^12
@@ -312,7 +312,7 @@ def _auto_provider(obj, cls: type) -> _Provider:
     )
 
 
-def flatten(state) -> tuple[list[np.ndarray], dict]:
+def flatten(state: Any) -> tuple[list[np.ndarray], dict]:
     """Split `state` into C-contiguous numpy leaves and a JSON spec.
 
     **Arguments:**
@@ -332,7 +332,7 @@ def flatten(state) -> tuple[list[np.ndarray], dict]:
     return leaves, spec
 
 
-def flatten_traits(state) -> tuple[list[np.ndarray], dict, LeafTraits]:
+def flatten_traits(state: Any) -> tuple[list[np.ndarray], dict, LeafTraits]:
     """:func:`flatten`, plus what is known about each leaf's ownership.
 
     **Returns:** ``(leaves, spec, traits)``, `traits` a :class:`LeafTraits`:
@@ -415,7 +415,7 @@ def _hashable(key):
 
 
 
-def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False):
+def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -> Any:
     """Rebuild the state that :func:`flatten` described.
 
     **Arguments:**

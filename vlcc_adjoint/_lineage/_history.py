@@ -26,6 +26,8 @@ import sys
 import threading
 import weakref
 
+from typing import TYPE_CHECKING, Any
+
 import networkx as nx
 
 from ..storage import BufferPool, StorageError
@@ -39,6 +41,9 @@ from ._locks import FileLock, SharedExclusiveLock
 from ._read import Reader
 from ._refs import Refs
 from ._repo import Repository
+
+if TYPE_CHECKING:
+    from ..storage.codecs import Codec
 
 __all__ = ["History", "LeafInfo", "Usage"]
 
@@ -86,8 +91,8 @@ class History(Repository, Reader, Refs, CommitPipeline):
     a forked child must open its own.
     """
 
-    def __init__(self, path, *, mode: str = "a", chunk_bytes: int = F.DEFAULT_CHUNK_BYTES,
-                 codec=None, capture: str = "hash", durable: bool = False,
+    def __init__(self, path: str | os.PathLike, *, mode: str = "a", chunk_bytes: int = F.DEFAULT_CHUNK_BYTES,
+                 codec: Codec | None = None, capture: str = "hash", durable: bool = False,
                  max_pending_bytes: int = 1 << 30):
         if mode not in ("a", "r"):
             raise ValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
@@ -212,7 +217,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def checkout(self, ref="HEAD"):
+    def checkout(self, ref: str = "HEAD") -> Any:
         """Restore a version; a branch also becomes the current branch (HEAD).
 
         **Arguments:**
@@ -245,16 +250,16 @@ class History(Repository, Reader, Refs, CommitPipeline):
                     self._write_graph(g)
         return state
 
-    def load(self, ref="HEAD"):
+    def load(self, ref: str = "HEAD") -> Any:
         """The state of a version, without moving HEAD (see :meth:`checkout`)."""
         return self._load(self._resolve(self._sync(), ref))
 
-    def version(self, ref="HEAD") -> Version:
+    def version(self, ref: str = "HEAD") -> Version:
         """The :class:`Version` a ref names."""
         g = self._sync()
         return g.version(self._resolve(g, ref))
 
-    def leaves(self, ref="HEAD") -> list[LeafInfo]:
+    def leaves(self, ref: str = "HEAD") -> list[LeafInfo]:
         """How a version's leaves are stored (path, dtype, shape, chunks, codec, zarr array)."""
         g = self._sync()
         vid = self._resolve(g, ref)
@@ -266,7 +271,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
 
     # -- history queries ---------------------------------------------------------------
 
-    def log(self, branch=None, *, all: bool = False, limit: int | None = None) -> list[Version]:
+    def log(self, branch: str | None = None, *, all: bool = False, limit: int | None = None) -> list[Version]:
         """Versions, newest first (git log).
 
         **Arguments:**
@@ -293,12 +298,12 @@ class History(Repository, Reader, Refs, CommitPipeline):
         out = g.newest_first(ids)
         return out[:limit] if limit is not None else out
 
-    def ancestors(self, ref="HEAD") -> list[Version]:
+    def ancestors(self, ref: str = "HEAD") -> list[Version]:
         """Every version `ref` descends from (not itself), newest first."""
         g = self._sync()
         return g.newest_first(g.ancestors(self._resolve(g, ref)))
 
-    def descendants(self, ref="HEAD") -> list[Version]:
+    def descendants(self, ref: str = "HEAD") -> list[Version]:
         """Every version descending from `ref` (not itself), newest first."""
         g = self._sync()
         return g.newest_first(nx.descendants(g.g, self._resolve(g, ref)))
@@ -331,7 +336,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
 
     # -- diff and compare --------------------------------------------------------------
 
-    def diff(self, a, b) -> Diff:
+    def diff(self, a: str, b: str) -> Diff:
         """Per-leaf differences between two versions (or a version and a live state).
 
         **Arguments:**
@@ -346,7 +351,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
         """
         return diff_states(self, a, b, 0.0, 0.0, None)
 
-    def compare(self, a, b, rtol: float = 0.0, atol: float = 0.0, *, other: "History | None" = None
+    def compare(self, a: str, b: str, rtol: float = 0.0, atol: float = 0.0, *, other: "History | None" = None
                 ) -> Comparison:
         """Whether two versions agree within tolerances (a reproducibility check).
 
@@ -412,7 +417,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
         with self._lock:
             return dict(self._stats)
 
-    def export(self, out) -> str:
+    def export(self, out: str | os.PathLike) -> str:
         """Write the repository (every version, refs, deduplicated chunks) to a tar file.
 
         **Arguments:**

@@ -18,16 +18,20 @@ import os
 import stat
 import tarfile
 import time
+from typing import TYPE_CHECKING
 
 from ..storage import StorageError
 from . import _format as F
+
+if TYPE_CHECKING:
+    from ._history import History
 
 __all__ = ["export_history", "import_history"]
 
 _TOP = {"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH}
 
 
-def export_history(history, out) -> str:
+def export_history(history: History, out: str | os.PathLike) -> str:
     """Archive a repository (a :class:`History` or its path) into a tar file.
 
     A consistent snapshot: the graph is read once, and only the versions it
@@ -98,7 +102,7 @@ def _check_regular(path: str, directory: bool) -> None:
             _check_regular(entry.path, entry.is_dir(follow_symlinks=False))
 
 
-def import_history(archive, path) -> str:
+def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
     """Unpack an archive made by :func:`export_history` into a new repository at `path`.
 
     The archive is checked first: only the repository's own top-level names,

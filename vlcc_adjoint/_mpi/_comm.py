@@ -64,6 +64,8 @@ import traceback
 
 import numpy as np
 
+from ..errors import VlccError
+
 __all__ = [
     "AgreedError",
     "CollectiveTimeoutError",
@@ -91,11 +93,11 @@ def _mpi():
     return MPI
 
 
-class CollectiveTimeoutError(TimeoutError):
+class CollectiveTimeoutError(VlccError, TimeoutError):
     """A rank waited longer than the guard's timeout for the others."""
 
 
-class RankFailedError(RuntimeError):
+class RankFailedError(VlccError, RuntimeError):
     """Another rank failed; raised on every rank that was waiting for it.
 
     **Attributes:** `rank` (the failed rank), `error_type` and `error_message`
@@ -110,7 +112,7 @@ class RankFailedError(RuntimeError):
         self.error_message = error_message
 
 
-class AgreedError(RuntimeError):
+class AgreedError(VlccError, RuntimeError):
     """An error all ranks agreed on (raised identically on every rank).
 
     **Attributes:** `rank`: the first rank that failed (``None`` when the

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
@@ -38,6 +40,10 @@ from ..execute import AdjointResult, register_spmd
 from ._comm import AgreedError, Guard
 from ._store import DistributedStore
 from ._zarr import SharedZarrTier
+
+if TYPE_CHECKING:
+    from ..schedules import Schedule
+    from ..solver import Solver
 
 __all__ = ["DistributedAdjointResult", "ReducedStats", "ScheduleMismatchError", "run_adjoint",
            "schedule_fingerprint"]
@@ -210,8 +216,9 @@ def _reduce(guard: Guard, result: AdjointResult, commit_seconds: float, committe
         records_committed=committed)
 
 
-def run_adjoint(solver, schedule, u0, adj_final, store=None, progress: bool = False, *, comm,
-                stop=None, max_steps: int | None = None, check: bool = True,
+def run_adjoint(solver: Solver, schedule: Schedule, u0: Any, adj_final: Any, store: DistributedStore | None = None,
+                progress: bool = False, *, comm: Any,
+                stop: Callable[[Any, int], bool] | None = None, max_steps: int | None = None, check: bool = True,
                 check_finite: bool = False, timeout: float | None = 600.0,
                 abort_after: float | None = None) -> DistributedAdjointResult:
     """:func:`vlcc_adjoint.execute.run_adjoint` on every rank of `comm` (SPMD).

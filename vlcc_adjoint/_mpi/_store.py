@@ -39,8 +39,10 @@ set it to make records restart points during a long forward sweep.
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..state import flatten, unflatten
 from ..storage import TieredStore
@@ -167,7 +169,7 @@ class DistributedStore:
 
     # -- the TieredStore calls ----------------------------------------------------
 
-    def save(self, step: int, state, level: int = 0) -> None:
+    def save(self, step: int, state: Any, level: int = 0) -> None:
         """``TieredStore.save`` of this rank's part of ``u_step``, after moving
         misaligned blocks to their storage layout (collective then)."""
         self.guard.check()
@@ -181,7 +183,7 @@ class DistributedStore:
             if self._since >= self.commit_every:
                 self.commit()
 
-    def load(self, step: int, level: int | None = None, out=None, copy: bool = True):
+    def load(self, step: int, level: int | None = None, out: Any = None, copy: bool = True) -> Any:
         """``TieredStore.load``, moving blocks back to the solver's layout.
 
         ``copy=False`` (read-only views, for a caller that copies at once:
@@ -217,7 +219,7 @@ class DistributedStore:
     def steps(self, level: int) -> list[int]:
         return self.local.steps(level)
 
-    def reserve(self, state, count: int = 1) -> None:
+    def reserve(self, state: Any, count: int = 1) -> None:
         self.local.reserve(state, count)
 
     # -- collective ---------------------------------------------------------------
@@ -290,7 +292,7 @@ class DistributedStore:
                 f"shared levels={list(self.shared_levels)}, local={self.local!r})")
 
 
-def write_checkpoint(path, state, comm, *, step: int | None = None, key: str | None = None,
+def write_checkpoint(path: str | os.PathLike, state: Any, comm: Any, *, step: int | None = None, key: str | None = None,
                      durable: bool = False, timeout: float | None = 600.0,
                      max_chunks_per_block: int = 4) -> str:
     """Write `state` (this rank's part) as one committed record of the shared

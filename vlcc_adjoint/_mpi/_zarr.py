@@ -77,6 +77,7 @@ import os
 import secrets
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -183,7 +184,7 @@ class SharedZarrTier(Tier):
 
     persistent = True  # committed records survive the run
 
-    def __init__(self, path, comm, capacity_bytes: int | None = None, *, durable: bool = False,
+    def __init__(self, path: str | os.PathLike, comm: Any, capacity_bytes: int | None = None, *, durable: bool = False,
                  timeout: float | None = 600.0, name: str | None = None):
         from ._comm import Guard
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -143,7 +144,7 @@ def place(out, origin, chunk, idx, chunk_shape, global_shape) -> None:
     out[tuple(dst)] = chunk[tuple(src)]
 
 
-def list_checkpoints(path) -> list[dict]:
+def list_checkpoints(path: str | os.PathLike) -> list[dict]:
     """The committed records of a distributed hierarchy, oldest first.
 
     **Returns:** one dict per record: ``name`` (the directory), ``key``,
@@ -177,9 +178,9 @@ def list_checkpoints(path) -> list[dict]:
     return out
 
 
-def read_checkpoint(path, name: str | None = None, *, step: int | None = None, comm=None,
+def read_checkpoint(path: str | os.PathLike, name: str | None = None, *, step: int | None = None, comm: Any = None,
                     rank: int | None = None,
-                    decomposition: Decomposition | Callable | None = None):
+                    decomposition: Decomposition | Callable | None = None) -> Any:
     """Restore a committed record on this rank: any number of ranks, or serially.
 
     Each rank reads only the chunks that overlap its block, verifies their

@@ -22,22 +22,54 @@ Forward mode (``jax.jvp``) runs as ``lax.scan``; second-order reverse mode
 
 Also :func:`checkpointed` (a decorator for step functions) and
 :func:`checkpointed_fori_loop`.  :func:`compile_program` shows what the
-backward pass will execute; :func:`table_trace` / :func:`jax_trace` compare
-the JAX interpreter with the schedule's semantics.
+backward pass will execute; :func:`jax_trace` records what the JAX interpreter
+ran, to compare with :func:`vlcc_adjoint.schedules.table_trace` (the
+schedule's semantics).
 
 Importing this module imports JAX; ``import vlcc_adjoint`` does not.
 """
 
 from ._program import Program as Program
-from ..schedules import Trace as Trace
 from ._program import compile_program as compile_program
-from ..schedules import table_trace as table_trace
 from ._scan import CheckpointedStep as CheckpointedStep
 from ._scan import checkpointed as checkpointed
 from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
 from ._scan import checkpointed_scan as checkpointed_scan
-from ._scan import default_snapshots as default_snapshots
 from ._trace import jax_trace as jax_trace
 from ._state import register_provider as _register_provider
 
 _register_provider()
+
+from ..errors import deprecated_getattr as _deprecated_getattr  # noqa: E402
+
+
+def _schedules_name(name):
+    def load():
+        from .. import schedules
+
+        return getattr(schedules, name)
+
+    return load
+
+
+def _scan_default_snapshots(n: int) -> int:
+    """The snapshots :func:`checkpointed_scan` uses for a scan of length `n`
+    when given none: ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``."""
+    from ..schedules import default_snapshots
+
+    return default_snapshots(n, repetitions=2)
+
+
+#: Schedule tracing helpers once re-exported here; they live in
+#: vlcc_adjoint.schedules and still import from here with a DeprecationWarning.
+__getattr__ = _deprecated_getattr(__name__, {
+    **{name: (_schedules_name(name), f"vlcc_adjoint.schedules.{name}") for name in ("Trace", "table_trace")},
+    "default_snapshots": (lambda: _scan_default_snapshots,
+                          "vlcc_adjoint.schedules.default_snapshots(n, repetitions=2), "
+                          "the policy checkpointed_scan applies"),
+})
+
+__all__ = [
+    "CheckpointedStep", "Program", "checkpointed", "checkpointed_fori_loop", "checkpointed_scan",
+    "compile_program", "jax_trace",
+]

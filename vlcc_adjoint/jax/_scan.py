@@ -40,8 +40,8 @@ per step.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -50,10 +50,13 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from ..schedules import Revolve, Schedule
+from ..schedules import Revolve, Schedule, default_snapshots
 from ._host import HostSession
 from ._interpret import Interpreter, _index, _update
 from ._program import SPLIT_AT_REVERSE, Program, compile_program
+
+if TYPE_CHECKING:
+    from ..storage import TieredStore
 
 __all__ = ["checkpointed", "checkpointed_fori_loop", "checkpointed_scan"]
 
@@ -118,11 +121,6 @@ def _revolve_program(n: int, snapshots: int) -> Program:
     return compile_program(Revolve(n, snapshots))
 
 
-def default_snapshots(n: int) -> int:
-    """``ceil(sqrt(n))``: the default number of slots when none is given."""
-    return max(1, math.isqrt(n - 1) + 1) if n > 1 else 1
-
-
 def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program:
     if schedule is not None and snapshots is not None:
         raise ValueError(
@@ -130,7 +128,7 @@ def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program
             "(`snapshots=c` means schedule=Revolve(length, c))")
     if schedule is None:
         if snapshots is None:
-            snapshots = default_snapshots(n)
+            snapshots = default_snapshots(n, repetitions=2)
         snapshots = _static_int(
             snapshots, "snapshots",
             "the number of checkpoint slots sizes a device buffer, so it must be static "
@@ -246,16 +244,16 @@ class _Static:
 
 def checkpointed_scan(
     f: Callable,
-    init,
-    xs=None,
+    init: Any,
+    xs: Any = None,
     length: int | None = None,
     *,
     schedule: Schedule | None = None,
     snapshots: int | None = None,
-    store=None,
+    store: TieredStore | None = None,
     unroll: int | bool = 1,
     reverse: bool = False,
-):
+) -> tuple[Any, Any]:
     """``jax.lax.scan`` whose reverse mode recomputes from a checkpoint schedule.
 
     Same signature and results as ``jax.lax.scan(f, init, xs, length,
@@ -292,7 +290,8 @@ def checkpointed_scan(
       steps (``Revolve``, ``StoreAll``, ``Periodic``, ``Online(c, steps=n)``,
       single-level ``Multistage``, or any valid table on level 0).
     - `snapshots`: instead of `schedule`: ``Revolve(n, snapshots)``.  With
-      neither, ``snapshots = ceil(sqrt(n))``.
+      neither, ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``
+      (each step recomputed at most twice; ``c ~ sqrt(2 n)``).
     - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` for schedules
       with levels >= 1 (e.g. ``Multistage`` with a host level): level 0 is
       the device buffer, level ``k >= 1`` is ``store.tiers[k - 1]``.  Build
@@ -516,7 +515,7 @@ class CheckpointedStep:
     :func:`checkpointed_scan` over it.  Made by :func:`checkpointed`.
     """
 
-    def __init__(self, f: Callable, **options):
+    def __init__(self, f: Callable, **options: Any):
         self.f = f
         self.options = options
         functools.update_wrapper(self, f)
@@ -524,13 +523,14 @@ class CheckpointedStep:
     def __call__(self, carry, x=None):
         return self.f(carry, x)
 
-    def scan(self, init, xs=None, length: int | None = None):
+    def scan(self, init: Any, xs: Any = None, length: int | None = None) -> tuple[Any, Any]:
         """``checkpointed_scan(f, init, xs, length, **options)``."""
         return checkpointed_scan(self.f, init, xs, length, **self.options)
 
 
 def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
-                 snapshots: int | None = None, store=None, unroll: int = 1):
+                 snapshots: int | None = None, store: TieredStore | None = None,
+                 unroll: int = 1) -> CheckpointedStep | Callable[[Callable], CheckpointedStep]:
     """Decorate a step function ``f(carry, x) -> (carry, y)`` for checkpointed loops.
 
     ::
@@ -550,9 +550,9 @@ def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
     return CheckpointedStep(f, **options)
 
 
-def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val, *,
+def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *,
                            schedule: Schedule | None = None, snapshots: int | None = None,
-                           store=None, unroll: int = 1):
+                           store: TieredStore | None = None, unroll: int = 1) -> Any:
     """``jax.lax.fori_loop`` whose reverse mode follows a checkpoint schedule.
 
     ``body_fun(i, val) -> val`` for ``i = lower .. upper - 1``; `lower` and

@@ -16,6 +16,7 @@ from ._multistage import Multistage as Multistage
 from ._online import Online as Online
 from ._revolve import Revolve as Revolve
 from ._revolve import binomial_forward_count as binomial_forward_count
+from ._revolve import default_snapshots as default_snapshots
 from ._schedule import Level as Level
 from ._schedule import Schedule as Schedule
 from ._simulate import InvalidScheduleError as InvalidScheduleError

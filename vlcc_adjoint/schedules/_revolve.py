@@ -43,13 +43,15 @@ table, byte for byte, on both sides of the threshold.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._jit import PythonBudget, njit
 from ._schedule import Level, Schedule, check_positive_int
 from .actions import ACTION_DTYPE
 
-__all__ = ["Revolve", "binomial_forward_count"]
+__all__ = ["Revolve", "binomial_forward_count", "default_snapshots"]
 
 
 @njit(cache=True, nogil=True)
@@ -251,6 +253,51 @@ def binomial_forward_count(steps: int, snapshots: int) -> int:
     while comb(c + r, c) < n:
         r += 1
     return r * n - comb(c + r, c + 1)
+
+
+def default_snapshots(steps: int, repetitions: int | None = None) -> int:
+    """The number of Revolve snapshots to use when the caller gives none.
+
+    One policy, from Revolve's binomial bound: with ``c`` snapshots and each
+    forward step repeated at most ``r`` times, Revolve reverses up to
+    ``beta(c, r) = binom(c + r, c)`` steps (Griewank 1992; Griewank and
+    Walther 2000, Proposition 1).  The default is the least ``c >= 1`` with
+    ``beta(c, r) >= steps``:
+
+    - ``repetitions=None`` (balanced, ``r = c``): the least ``c`` with
+      ``binom(2c, c) >= steps``.  Memory and recomputation both grow like
+      ``log(steps)``; this is Revolve's own ``adjust`` and pyrevolve's
+      default, so :class:`vlcc_adjoint.devito.Revolver` (a pyrevolve drop-in)
+      and :class:`~vlcc_adjoint.devito.DevitoSolver` use it: PDE states are
+      large, and memory is what runs out.
+    - ``repetitions=2``: no step runs more than twice after its first forward
+      sweep, with ``c ~ sqrt(2 steps)`` snapshots, the rule of
+      ``equinox.internal.checkpointed_while_loop`` (Stumm and Walther 2010,
+      eq. 2.2).  :func:`vlcc_adjoint.jax.checkpointed_scan` and the torch
+      drop-ins use it: their states are small and recomputation on the
+      accelerator is what costs.
+
+    **Arguments:**
+
+    - `steps`: forward steps ``n >= 1``.
+    - `repetitions`: the most times a step may be recomputed (``>= 1``), or
+      ``None`` for the balanced point ``r = c``.
+
+    **Returns:** the snapshot count ``c`` (``>= 1``; at most ``steps``).
+
+    References: A. Griewank, "Achieving logarithmic growth of temporal and
+    spatial complexity in reverse automatic differentiation", Optim. Methods
+    Softw. 1 (1992); A. Griewank and A. Walther, "Algorithm 799: revolve",
+    ACM TOMS 26 (2000); P. Stumm and A. Walther, "New algorithms for optimal
+    online checkpointing", SIAM J. Sci. Comput. 32 (2010).
+    """
+    steps = check_positive_int(steps, "steps")
+    if repetitions is not None:
+        repetitions = check_positive_int(repetitions, "repetitions")
+    c = 1
+    while c < steps and math.comb(c + (c if repetitions is None else repetitions), c) < steps:
+        c += 1
+    return c
 
 
 class Revolve(Schedule):

@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .actions import ACTION_DTYPE, Action, action_from_row
+
+if TYPE_CHECKING:
+    from ._simulate import ScheduleStats
 
 __all__ = ["Level", "Schedule", "check_positive_int"]
 
@@ -119,7 +123,7 @@ class Schedule:
             return [action_from_row(row) for row in self.table[index]]
         return action_from_row(self.table[index])
 
-    def stats(self):
+    def stats(self) -> ScheduleStats:
         """Replay the schedule symbolically: see :func:`simulate`."""
         from ._simulate import simulate
 

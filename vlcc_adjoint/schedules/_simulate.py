@@ -17,6 +17,7 @@ from ._jit import PythonBudget, njit
 import numpy as np
 
 from ._interrupt import call_kernel
+from ..errors import VlccError
 from ._schedule import Schedule
 from .actions import ActionKind, action_from_row
 
@@ -27,7 +28,7 @@ THREADED_ROWS = 100_000
 __all__ = ["InvalidScheduleError", "ScheduleStats", "simulate"]
 
 
-class InvalidScheduleError(ValueError):
+class InvalidScheduleError(VlccError, ValueError):
     """A schedule breaks the rules of :mod:`vlcc_adjoint.schedules.actions`.
 
     ``index`` is the offending action's row in the table (or the table's

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from typing import Union
 
 import numpy as np
@@ -173,7 +174,7 @@ def action_from_row(row: np.void) -> Action:
     raise ValueError(f"unknown action kind {kind}; expected one of {list(ActionKind)}")
 
 
-def actions_to_table(actions) -> np.ndarray:
+def actions_to_table(actions: Iterable[Action]) -> np.ndarray:
     """Pack an iterable of action objects into a table of :data:`ACTION_DTYPE`."""
     rows = []
     for action in actions:

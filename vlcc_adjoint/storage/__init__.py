@@ -4,6 +4,10 @@ A :class:`Tier` is one storage level (memory, compressed memory, zarr on
 disk); :class:`TieredStore` runs them as a hierarchy, capturing behind the
 computation and prefetching ahead of it from a schedule's
 :func:`~vlcc_adjoint.schedules.io_plan`.
+
+A new tier implements the :class:`Tier` protocol; :class:`Record`,
+:func:`make_record` and :func:`check_key` are part of that protocol (what
+``get`` returns, how to build it, which keys are valid) and stay public.
 """
 
 from ._tier import CorruptCheckpointError as CorruptCheckpointError
@@ -22,5 +26,25 @@ from ._memory import MemoryTier as MemoryTier
 from ._compressed import CompressedMemoryTier as CompressedMemoryTier
 from ._zarr import ZarrTier as ZarrTier
 from .format import StoreLockedError as StoreLockedError
-from ._dedup import LeafTable as LeafTable
 from . import codecs as codecs
+
+from ..errors import deprecated_getattr as _deprecated_getattr
+
+
+def _leaf_table():
+    from ._dedup import LeafTable
+
+    return LeafTable
+
+
+#: Internals once exported here; still importable, with a DeprecationWarning.
+__getattr__ = _deprecated_getattr(__name__, {
+    "LeafTable": (_leaf_table, "TieredStore(..., dedup=True), which owns its leaf table "
+                               "(the class itself is internal: vlcc_adjoint.storage._dedup.LeafTable)"),
+})
+
+__all__ = [
+    "BufferPool", "CompressedMemoryTier", "CorruptCheckpointError", "MemoryTier", "PlanMismatchError", "Record",
+    "StorageError", "StoreLockedError", "StoreStats", "Tier", "TierFullError", "TierStats", "TieredStore",
+    "ZarrTier", "check_key", "codecs", "make_record",
+]

@@ -34,12 +34,16 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._checksum import (bytes_checksum, check_capacity, check_record, corrupt, encode_spec, full,
                         leaf_checksum, step_of)
 from ._tier import Record, Tier
+
+if TYPE_CHECKING:
+    from .codecs import Codec
 
 __all__ = ["CompressedMemoryTier"]
 
@@ -95,7 +99,7 @@ class CompressedMemoryTier(Tier):
 
     fresh_gets = True  # get decodes into new arrays
 
-    def __init__(self, codec=None, capacity_bytes: int | None = None, *,
+    def __init__(self, codec: Codec | None = None, capacity_bytes: int | None = None, *,
                  name: str = "compressed-memory"):
         from .codecs import Lossless
 

@@ -8,7 +8,7 @@ leaves) work.  What it does do:
 * encode the spec to JSON once (so every tier accepts exactly the same specs,
   and ``get`` returns a fresh dict the caller may modify);
 * account bytes per distinct array object.  An array object held by several
-  records (a deduplicated leaf from :class:`~vlcc_adjoint.storage.LeafTable`,
+  records (a deduplicated leaf from the store's leaf table in ``storage/_dedup.py``,
   handed to several ``put`` calls) is counted once and kept until its last
   record is deleted;
 * verify every leaf's checksum on ``get``, so a buffer that was modified

@@ -31,9 +31,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from ..errors import VlccError
 
 __all__ = [
     "CorruptCheckpointError",
@@ -48,7 +50,7 @@ __all__ = [
 _KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
 
 
-class StorageError(RuntimeError):
+class StorageError(VlccError, RuntimeError):
     """A storage operation failed; the message names the step, tier and cause."""
 
 
@@ -108,7 +110,7 @@ class Record:
         return sum(leaf.nbytes for leaf in self.leaves)
 
 
-def make_record(spec: dict, leaves) -> Record:
+def make_record(spec: dict, leaves: Sequence[np.ndarray]) -> Record:
     """A :class:`Record` of `leaves` with their checksums computed now.
 
     **Arguments:**

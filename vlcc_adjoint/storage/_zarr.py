@@ -149,7 +149,7 @@ class ZarrTier(Tier):
 
     persistent = fresh_gets = True  # records outlive the process; get reads into new arrays
 
-    def __init__(self, path, capacity_bytes: int | None = None, *, mode: str = "a",
+    def __init__(self, path: str | os.PathLike, capacity_bytes: int | None = None, *, mode: str = "a",
                  durable: bool = False, recycle: int = 8, name: str | None = None):
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)

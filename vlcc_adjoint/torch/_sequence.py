@@ -97,17 +97,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, simulate
+from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, default_snapshots, simulate
 from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, get_rng,
                          rng_devices, schedule_store, set_rng, with_cotangent)
 from ._slots import Slots
 from ._state import register_providers
+
+if TYPE_CHECKING:
+    from ..storage import TieredStore
 
 __all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
 
@@ -126,7 +129,7 @@ def _default_schedule(n: int, snapshots: int) -> Schedule:
 def _resolve_schedule(schedule, snapshots, n_blocks: int) -> Schedule:
     if schedule is None:
         if snapshots is None:
-            snapshots = max(1, math.isqrt(n_blocks - 1) + 1) if n_blocks > 1 else 1
+            snapshots = default_snapshots(n_blocks, repetitions=2)
         if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
             raise ValueError(f"snapshots must be an int >= 1, got {snapshots!r}")
         return _default_schedule(n_blocks, min(snapshots, n_blocks))
@@ -526,17 +529,17 @@ class _Sequence(torch.autograd.Function):
 
 def checkpoint_sequence(
     step: Callable,
-    x,
+    x: Any,
     steps: int,
     *,
     schedule: Schedule | None = None,
     snapshots: int | None = None,
-    store=None,
+    store: TieredStore | None = None,
     block: int = 1,
     inputs: torch.Tensor | None = None,
     params: Sequence[torch.Tensor] | None = None,
     preserve_rng_state: bool = True,
-):
+) -> Any:
     """Apply `step` `steps` times, with a backward pass that follows a vlcc schedule.
 
     ``u = x; for i in range(steps): u = step(u)`` (or ``u = step(inputs[i], u)``
@@ -557,7 +560,9 @@ def checkpoint_sequence(
     - `schedule`: a :class:`~vlcc_adjoint.schedules.Schedule` for
       ``ceil(steps / block)`` steps (``Revolve``, ``Multistage``, ``StoreAll``,
       ...).  Default: ``Revolve(ceil(steps / block), snapshots)``.
-    - `snapshots`: the default Revolve's slots (default ``ceil(sqrt(n))``).
+    - `snapshots`: the default Revolve's slots (default
+      ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``: each block
+      recomputed at most twice).
     - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` (without ``plan=``)
       whose tier ``k - 1`` holds the schedule's level ``k >= 1``; default:
       unbounded memory tiers.  Level 0 is always tensors on the state's

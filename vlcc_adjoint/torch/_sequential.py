@@ -65,7 +65,8 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -74,6 +75,9 @@ from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, 
                          rng_devices, schedule_store, set_rng, with_cotangent)
 from ._slots import Slots
 from ._state import register_providers
+
+if TYPE_CHECKING:
+    from ..storage import TieredStore
 
 __all__ = ["checkpoint_sequential"]
 
@@ -377,9 +381,10 @@ def _layers(functions) -> list:
     return layers
 
 
-def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool | None = None,
-                          *, schedule: Schedule | None = None, store=None,
-                          preserve_rng_state: bool = True, **kwargs):
+def checkpoint_sequential(functions: torch.nn.Sequential | torch.nn.ModuleList | Sequence[Callable],
+                          segments: int, input: Any, use_reentrant: bool | None = None,
+                          *, schedule: Schedule | None = None, store: TieredStore | None = None,
+                          preserve_rng_state: bool = True, **kwargs: Any) -> Any:
     """``torch.utils.checkpoint.checkpoint_sequential``, optionally under a vlcc schedule.
 
     **Arguments:**

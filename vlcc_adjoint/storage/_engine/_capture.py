@@ -23,7 +23,7 @@ structure repeats, which skips re-deriving the spec) and decides per leaf:
 **Deduplication** (``dedup=``).  Leaves with equal content digests
 (:func:`vlcc_adjoint.state.leaf_digest`) are stored once and referenced
 from every record holding them, through a reference-counted
-:class:`~vlcc_adjoint.storage.LeafTable`.  ``dedup=True`` hashes after the
+the store's leaf table (``storage/_dedup.py``).  ``dedup=True`` hashes after the
 capture (on the worker for slower levels); ``dedup="eager"`` hashes in
 ``save`` before copying and skips the copy of a leaf seen before.
 

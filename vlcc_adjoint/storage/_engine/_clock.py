@@ -94,6 +94,10 @@ class PlanClock:
         self._lock = lock
         if plan is None:
             return
+        if hasattr(plan, "make_store") and hasattr(plan, "schedule"):
+            raise TypeError("TieredStore(plan=) takes an IOPlan, not the BudgetPlan vlcc_adjoint.plan() "
+                            "returns; use budget_plan.make_store() (the store its schedule needs), or "
+                            "TieredStore(tiers, plan=io_plan(budget_plan.schedule))")
         if not all(hasattr(plan, a) for a in ("levels", "records", "record_of_action")):
             raise TypeError(f"plan must be an IOPlan, got {type(plan).__name__}; pass "
                             "vlcc_adjoint.schedules.io_plan(schedule)")

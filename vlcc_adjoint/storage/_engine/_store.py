@@ -7,6 +7,10 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # storage reads an IOPlan's arrays; it does not import schedules
+    from ...schedules import IOPlan
 
 from .._stats import StoreStats
 from .._tier import StorageError, Tier
@@ -35,7 +39,10 @@ class TieredStore:
       :class:`~vlcc_adjoint.storage.CompressedMemoryTier`,
       :class:`~vlcc_adjoint.storage.ZarrTier` or any :class:`Tier`.
     - `plan`: the schedule's :class:`~vlcc_adjoint.schedules.IOPlan`
-      (``io_plan(schedule)``): enables plan checking, prefetching and
+      (``io_plan(schedule)``), *not* the
+      :class:`~vlcc_adjoint.budget.BudgetPlan` that
+      :func:`vlcc_adjoint.plan` returns (for that, ``budget_plan.make_store()``
+      builds the store, tiers and IO plan included): enables plan checking, prefetching and
       foresight eviction.  ``None``: every call is accepted, nothing is
       prefetched.  A plan of fewer levels than tiers draws a ``UserWarning``
       naming the tiers it never reaches, unless ``policy="spill"``.
@@ -62,7 +69,7 @@ class TieredStore:
     Use it as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, tiers: Sequence[Tier], plan=None, prefetch_bytes: int = 256 * _MiB, *,
+    def __init__(self, tiers: Sequence[Tier], plan: IOPlan | None = None, prefetch_bytes: int = 256 * _MiB, *,
                  staging_bytes: int = 512 * _MiB, workers: int | None = None,
                  policy: str = "raise",
                  dedup: bool | str = False, prefetch_levels: Sequence[int] | None = None,
@@ -131,7 +138,7 @@ class TieredStore:
                 stacklevel=3)
 
     @property
-    def plan(self):
+    def plan(self) -> IOPlan | None:
         """The :class:`~vlcc_adjoint.schedules.IOPlan` the store follows, or ``None``."""
         return self._clock.plan
 
@@ -163,7 +170,7 @@ class TieredStore:
 
     # ------------------------------------------------------------------ API
 
-    def save(self, step: int, state, level: int = 0) -> None:
+    def save(self, step: int, state: Any, level: int = 0) -> None:
         """Store `state` as ``u_step`` on `level`; returns once the store owns it.
 
         **Arguments:**
@@ -235,7 +242,7 @@ class TieredStore:
                 self._writer.write_inline(entry)
             self._jobs.after_inline()
 
-    def load(self, step: int, level: int | None = None, out=None, copy: bool = True):
+    def load(self, step: int, level: int | None = None, out: Any = None, copy: bool = True) -> Any:
         """The stored ``u_step``.
 
         **Arguments:**
@@ -468,7 +475,7 @@ class TieredStore:
         with self._shared.lock:
             return sorted(s for s, k in self._shared.index if k == level)
 
-    def reserve(self, state, count: int = 1) -> None:
+    def reserve(self, state: Any, count: int = 1) -> None:
         """Allocate and touch capture buffers for `count` states shaped like
         `state` ahead of time, so the first saves do not pay page faults."""
         self._capture.reserve(state, count)
