@@ -36,10 +36,11 @@ LINK = re.compile(r"\[`?(\w+)`?\]\[([\w.]+)\]")
 
 
 def public_names(module: types.ModuleType) -> list[str]:
-    """``__all__``, or the names the module binds without a leading underscore (submodules excepted)."""
+    """``__all__``, or the names the module binds without a leading underscore;
+    submodules excepted either way (a public submodule has a page of its own)."""
     names = getattr(module, "__all__", None)
     if names is not None:
-        return list(names)
+        return [n for n in names if not isinstance(getattr(module, n, None), types.ModuleType)]
     return sorted(n for n, v in vars(module).items()
                   if not n.startswith("_") and not isinstance(v, types.ModuleType))
 
