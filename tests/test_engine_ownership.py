@@ -27,7 +27,7 @@ class PlainTier(Tier):
 
     @property
     def used_bytes(self):
-        return sum(r.nbytes for r in self.records.values())
+        return sum(r.nbytes for r in list(self.records.values()))
 
     def put(self, key, record):
         from vlcc_adjoint.storage import make_record
