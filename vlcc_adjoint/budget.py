@@ -184,7 +184,7 @@ def _time_steps(solver, u0, steps: int, max_steps: int, adj_final=None,
 
     **Returns:** ``(forward seconds, adjoint seconds or None)``.
     """
-    from .execute import _copy_state
+    from ._run import _copy_state
 
     copy = getattr(solver, "copy", None) or _copy_state
     state = copy(u0)
@@ -242,7 +242,7 @@ def _time_memory(u0, state_bytes: int, slots: int, solver=None) -> float:
     **Returns:** the mean of one ``save`` (with its ``delete``) and one
     ``load``, the price of one memory write or read in the cost model.
     """
-    from .execute import _copy_state
+    from ._run import _copy_state
     from .storage import MemoryTier, TieredStore
 
     if u0 is not None:

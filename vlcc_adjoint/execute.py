@@ -44,22 +44,19 @@ tested for nan/inf, and the first one found is named
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ._checks import NonFiniteError as NonFiniteError
 from ._checks import StateMismatchError as StateMismatchError
 from ._checks import check_finite as _check_finite
 from ._checks import check_seed as _check_seed
-from ._checks import describe_mismatch as _describe_mismatch
 from ._checks import matcher as _matcher
 from ._checks import signature as _signature
 from ._result import AdjointResult as AdjointResult
-from .schedules import ActionKind, Online, Schedule, ScheduleStats, io_plan, simulate
+from ._run import _Run, _run_online
+from .schedules import Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
 
 if TYPE_CHECKING:
@@ -67,8 +64,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AdjointResult", "NonFiniteError", "StateMismatchError", "register_spmd",
            "run_adjoint"]
-
-_CHUNK = 1 << 16  # table rows converted to Python ints at a time
 
 _spmd_runner: Callable[..., Any] | None = None
 
@@ -91,209 +86,6 @@ def register_spmd(runner: Callable[..., Any]) -> None:
     if not callable(runner):
         raise TypeError(f"register_spmd needs a callable runner, got {type(runner).__name__}")
     _spmd_runner = runner
-
-
-def _copy_state(state):
-    """An independent copy of a state of arrays, containers and scalars."""
-    from .state import flatten, unflatten
-
-    leaves, spec = flatten(state)
-    return unflatten(spec, [np.array(leaf, copy=True) for leaf in leaves])
-
-
-# ---------------------------------------------------------------------------
-# the interpreter
-# ---------------------------------------------------------------------------
-
-class _Run:
-    """The machine of :mod:`~vlcc_adjoint.schedules.actions`, driving a solver
-    and a store.  One instance per :func:`run_adjoint` call.
-
-    What the run is doing is kept as a template (:attr:`where`) and its
-    arguments (:attr:`at`), formatted only when an error needs the text:
-    formatting a message every step costs more than the step of a small
-    state."""
-
-    def __init__(self, solver, store, n, adj, check, progress_bar, check_finite=False):
-        self.solver = solver
-        self.store = store
-        self.n = n
-        self.adj = adj  # lambda_n, or a callable of u_n
-        self.check = check
-        self.check_finite = check_finite
-        self.bar = progress_bar
-        self.u = None  # the state in hand
-        self.spare = None  # a consumed state whose buffers a Load may reuse
-        self.final_state = None
-        self.signature = None
-        self.adj_signature = None
-        self.matches = self.adj_matches = None  # _matcher of each signature
-        self.forward_steps = 0
-        self.t_forward = self.t_adjoint = self.t_store = 0.0
-        # Step by step under check_finite: forward_many would hide which step blew up.
-        self.forward_many = None if check_finite else getattr(solver, "forward_many", None)
-        self.on_save = getattr(solver, "on_save", None)
-        self.on_load = getattr(solver, "on_load", None)
-        self.in_place = bool(getattr(solver, "restore_in_place", False))
-        self.copy = getattr(solver, "copy", None) or _copy_state
-        self.where, self.at = "", ()  # what the run is doing, for error notes
-
-    def where_text(self) -> str:
-        at = self.at if isinstance(self.at, tuple) else (self.at,)
-        return self.where.format(*at)
-
-    # -- forward ---------------------------------------------------------
-    def _mismatch(self, state, what: str) -> None:
-        sig = _signature(state)
-        if sig != self.signature:
-            raise StateMismatchError(
-                f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
-                "(as in u_0). A solver must return states of one structure, shape and "
-                "dtype; check the step function's output, or convert it (e.g. "
-                "np.asarray(..., dtype=...))"
-            )
-
-    def advance(self, a, b):
-        u = self.u
-        check = self.check
-        t0 = time.perf_counter()
-        if self.forward_many is not None:
-            self.where, self.at = "the solver's forward_many({0}, {1})", (a, b)
-            u = self.forward_many(u, a, b)
-            if check and not self.matches(u):
-                self._mismatch(u, f"forward_many({a}, {b})")
-        else:
-            forward = self.solver.forward
-            matches = self.matches
-            finite = self.check_finite
-            self.where = "the solver's forward step {0}"
-            for i in range(a, b):
-                self.at = i
-                u = forward(u, i)
-                if check and not matches(u):
-                    self._mismatch(u, f"forward step {i}")
-                if finite:
-                    _check_finite(u, "forward", i)
-        self.t_forward += time.perf_counter() - t0
-        self.forward_steps += b - a
-        self.u = u
-        if b == self.n and self.final_state is None:
-            # The sweep reached u_n (Online does): keep it before a Load
-            # restores into these buffers.
-            self.final_state = self.copy(u)
-
-    # -- storage ---------------------------------------------------------
-    def save(self, i, level):
-        self.where, self.at = "saving u_{0} on level {1}", (i, level)
-        state = self.on_save(self.u, i) if self.on_save is not None else self.u
-        t0 = time.perf_counter()
-        self.store.save(i, state, level=level)
-        self.t_store += time.perf_counter() - t0
-
-    def load(self, i, level):
-        self.where, self.at = "loading u_{0} from level {1}", (i, level)
-        out = self.u if self.u is not None else self.spare
-        t0 = time.perf_counter()
-        if self.on_load is not None:
-            # on_load copies what was stored into the solver's own buffers
-            # (the Devito adapter): read-only views of the record spare a copy.
-            # They stay valid until the record's Delete, a later action.
-            stored = self.store.load(i, level=level, copy=False)
-            self.t_store += time.perf_counter() - t0
-            self.u = self.on_load(stored, i, out)
-        else:
-            target = out if (self.in_place and out is not None) else None
-            self.u = self.store.load(i, level=level, out=target)
-            self.t_store += time.perf_counter() - t0
-        self.spare = None
-
-    def delete(self, i, level):
-        self.where, self.at = "deleting u_{0} from level {1}", (i, level)
-        t0 = time.perf_counter()
-        self.store.delete(i, level=level)
-        self.t_store += time.perf_counter() - t0
-
-    def move(self, i, src, dst):
-        self.where, self.at = "moving u_{0} from level {1} to level {2}", (i, src, dst)
-        t0 = time.perf_counter()
-        self.store.move(i, src, dst)
-        self.t_store += time.perf_counter() - t0
-
-    # -- adjoint ---------------------------------------------------------
-    def _seed(self, i):
-        """Before adjoint step n-1: u_n (computed if the sweep did not reach
-        it) and the seed lambda_n, checked."""
-        if self.final_state is None:
-            self.where, self.at = "the solver's forward step {0} (computing u_n)", i
-            t0 = time.perf_counter()
-            u_n = self.solver.forward(self.copy(self.u), i)
-            self.t_forward += time.perf_counter() - t0
-            self.forward_steps += 1
-            if self.check and not self.matches(u_n):
-                self._mismatch(u_n, f"forward step {i}")
-            if self.check_finite:
-                _check_finite(u_n, "forward", i)
-            self.final_state = u_n
-        if callable(self.adj):
-            self.where, self.at = "adj_final(u_n)", ()
-            self.adj = self.adj(self.copy(self.final_state))
-            if self.check:
-                _check_seed(self.adj, self.signature, "adj_final(u_n)")
-            if self.check_finite:
-                _check_finite(self.adj, "seed", None)
-        self.adj_signature = _signature(self.adj)
-        self.adj_matches = _matcher(self.adj_signature)
-
-    def reverse(self, i):
-        if i == self.n - 1:
-            self._seed(i)
-        self.where, self.at = "the solver's adjoint step {0}", i
-        t0 = time.perf_counter()
-        adj = self.solver.adjoint(self.u, self.adj, i)
-        self.t_adjoint += time.perf_counter() - t0
-        if self.check and not self.adj_matches(adj):
-            sig = _signature(adj)
-            if sig != self.adj_signature:
-                raise StateMismatchError(
-                    f"adjoint step {i} returned an adjoint whose "
-                    f"{_describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
-                    "adj_final). An adjoint step must return lambda_i with the structure, "
-                    "shapes and dtypes of lambda_{i+1}"
-                )
-        if self.check_finite:
-            _check_finite(adj, "adjoint", i)
-        self.adj = adj
-        self.spare, self.u = self.u, None
-
-    # -- the table ---------------------------------------------------------
-    def handlers(self) -> dict:
-        """``{kind: handler(a, b, level, dst)}``: one dictionary lookup an
-        action, instead of a chain of comparisons."""
-        return {
-            int(ActionKind.ADVANCE): lambda a, b, level, dst: self.advance(a, b),
-            int(ActionKind.SAVE): lambda a, b, level, dst: self.save(a, level),
-            int(ActionKind.LOAD): lambda a, b, level, dst: self.load(a, level),
-            int(ActionKind.DELETE): lambda a, b, level, dst: self.delete(a, level),
-            int(ActionKind.MOVE): lambda a, b, level, dst: self.move(a, level, dst),
-            int(ActionKind.REVERSE): lambda a, b, level, dst: self.reverse(a),
-        }
-
-    def run_table(self, table: np.ndarray, offset: int = 0):
-        """Execute the rows of ``table`` (``offset``: index of its first row in
-        the whole schedule, for messages)."""
-        handlers = self.handlers()
-        for start in range(0, len(table), _CHUNK):
-            chunk = table[start : start + _CHUNK]
-            rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
-                       chunk["level"].tolist(), chunk["dst"].tolist())
-            for index, (kind, a, b, level, dst) in enumerate(rows, offset + start):
-                self.index = index
-                handler = handlers.get(kind)
-                if handler is None:
-                    raise ValueError(f"unknown action kind {kind} in the schedule table")
-                handler(a, b, level, dst)
-            if self.bar is not None:
-                self.bar.update(len(chunk))
 
 
 def _state_nbytes(state) -> int:
@@ -489,41 +281,3 @@ def _close_after_error(store, error: BaseException) -> None:
         store.close()
     except Exception as close_error:  # the run's error stays the one raised
         error.add_note(f"closing the store afterwards also failed: {close_error!r}")
-
-
-def _run_online(run: _Run, online: Online, stop, max_steps):
-    """The forward sweep of an :class:`Online` schedule, stopped by ``stop``,
-    then the backward part of the schedule it turned out to be."""
-    from .schedules import Delete, Save
-
-    i = 0
-    limit = math.inf if max_steps is None else max_steps
-    while True:
-        if i >= 1:
-            run.where, run.at = "the stop criterion at step {0}", i
-            if stop(run.u, i):
-                break
-            if i >= limit:
-                raise RuntimeError(
-                    f"the stop criterion did not hold within max_steps={max_steps} steps; "
-                    "raise max_steps or check the criterion"
-                )
-        for action in online.capture(i):
-            if isinstance(action, Save):
-                run.save(action.step, action.level)
-            elif isinstance(action, Delete):
-                run.delete(action.step, action.level)
-            else:  # pragma: no cover - capture only saves and deletes
-                raise AssertionError(action)
-        run.n = math.inf  # u_n is not known yet: don't snapshot a final state
-        run.advance(i, i + 1)
-        i += 1
-        if run.bar is not None:
-            run.bar.update(1)
-    n = i
-    run.n = n
-    run.final_state = run.copy(run.u)
-    full = online.stop(n)
-    run.schedule = full
-    run.run_table(full.table[full.reverse_start:], offset=full.reverse_start)
-    return full, simulate(full)

@@ -115,6 +115,25 @@ class Schedule:
         for row in self.table:
             yield action_from_row(row)
 
+    def blocks(self, rows: int = 1 << 16, start: int = 0) -> Iterator[np.ndarray]:
+        """The table from row `start` on, as consecutive read-only blocks of at
+        most `rows` rows each (same dtype as :attr:`table`).
+
+        Interpreters consume a schedule this way, so that a schedule which
+        produces its actions in blocks never needs its whole table at once.
+
+        **Arguments:**
+
+        - `rows`: the largest block (>= 1).
+        - `start`: the first row (>= 0); ``blocks(start=s)`` yields
+          ``table[s:]``.
+        """
+        rows = check_positive_int(rows, "rows")
+        start = check_positive_int(start, "start", minimum=0)
+        table = self.table
+        for first in range(start, len(table), rows):
+            yield table[first : first + rows]
+
     def __len__(self) -> int:
         return len(self.table)
 
