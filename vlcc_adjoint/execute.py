@@ -229,7 +229,7 @@ def run_adjoint(
                 capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
         else:
             store = _default_store(schedule, stats, u0, solver)
-    total = None if online else len(schedule.table)
+    total = None if online else len(schedule)
     bar = _progress(total, progress)
     run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar,
                check_finite)
@@ -242,7 +242,10 @@ def run_adjoint(
         if online:
             schedule, stats = _run_online(run, schedule, stop, max_steps)
         else:
-            run.run_table(schedule.table)
+            offset = 0
+            for block in schedule.blocks():
+                run.run_table(block, offset)
+                offset += len(block)
         run.where, run.at = "flushing the store", ()
         t0 = time.perf_counter()
         store.wait()
