@@ -5,20 +5,24 @@ docs/tutorials (its module docstring is the page's introduction, its source
 is shown, then what it printed and the figures it wrote; a warning is an
 error, as in ``mkdocs build --strict``), runs
 docs/figures.py for the concept figures, and writes the benchmarks page from
-benchmarks/results/*.png and each benchmark script's module docstring.  A
-tutorial that fails or warns fails the build.
+benchmarks/results/ (docs/benchpage.py).  A tutorial that fails or warns
+fails the build.  A tutorial ``NN_name.py`` may come with files of its own in
+``docs/tutorials/NN_name/`` (a script it launches under ``mpiexec``, say):
+they are shown on its page before its own code.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchpage  # noqa: E402  (docs/benchpage.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -62,38 +66,18 @@ def tutorial_page(script: Path) -> str:
     parts = [f"# {title}\n", intro, "",
              f'!!! success "Executed when this site was built ({seconds:.1f} s)"\n'
              f"    The code below ran as `python -W error docs/tutorials/{script.name}`; its output and "
-             f"figures follow it.\n",
-             "```python", body.rstrip(), "```", "", "**Output:**", "", "```text", stdout.rstrip(), "```", ""]
+             f"figures follow it.\n"]
+    companions = script.with_suffix("")
+    if companions.is_dir():
+        for path in sorted(p for p in companions.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            lang = "python" if path.suffix == ".py" else "text"
+            parts += [f"`{path.relative_to(DOCS).as_posix()}`:", "", f"```{lang}", path.read_text().rstrip(),
+                      "```", ""]
+        parts += [f"`tutorials/{script.name}`:", ""]
+    parts += ["```python", body.rstrip(), "```", "", "**Output:**", "", "```text", stdout.rstrip(), "```", ""]
     for fig in figures:
         parts += [f"![{fig.stem}](figures/{fig.name})", ""]
     print(f"docs: {script.name} ran in {seconds:.1f} s", flush=True)
-    return "\n".join(parts)
-
-
-def bench_commands(script: Path, doc: str) -> list[str]:
-    """The reproducing commands a benchmark's docstring lists, or the plain invocation."""
-    pattern = re.compile(r"^(?:[A-Z_]+=\S+\s+)*python3?\s+benchmarks/" + re.escape(script.name) + r"\b")
-    found = [line.strip() for line in doc.splitlines() if pattern.match(line.strip())]
-    return found or [f"python benchmarks/{script.name}"]
-
-
-def benchmarks_page() -> str:
-    results = ROOT / "benchmarks" / "results"
-    figdir = OUT / "benchmarks"
-    figdir.mkdir(parents=True, exist_ok=True)
-    parts = ["# Benchmarks\n",
-             "Each figure is `benchmarks/results/<name>.png`, written by the benchmark script with "
-             "its JSON next to it; the command under each title reproduces it.  The text is the "
-             "script's own description.  `python benchmarks/run_all.py` runs them all.\n"]
-    for png in sorted(results.glob("bench_*.png")):
-        script = ROOT / "benchmarks" / f"{png.stem}.py"
-        if not script.exists():
-            raise SystemExit(f"docs: {png.relative_to(ROOT)} has no script benchmarks/{png.stem}.py")
-        title, rest, _ = split_docstring(script)
-        shutil.copy2(png, figdir / png.name)
-        parts += [f"## {png.stem}: {title.removeprefix('Benchmark: ')}\n", "```bash", *bench_commands(script, rest), "```", "",
-                  f"![{png.stem}](benchmarks/{png.name})", "", '??? note "What it measures"',
-                  "    ```text", *("    " + line for line in rest.splitlines()), "    ```", ""]
     return "\n".join(parts)
 
 
@@ -106,7 +90,7 @@ def main() -> None:
     run_script(DOCS / "figures.py", figdir)
     for script in sorted((DOCS / "tutorials").glob("*.py")):
         (OUT / "tutorials" / f"{script.stem}.md").write_text(tutorial_page(script))
-    (OUT / "benchmarks.md").write_text(benchmarks_page())
+    (OUT / "benchmarks.md").write_text(benchpage.page(OUT))
 
 
 if __name__ == "__main__":
