@@ -243,3 +243,178 @@ def test_the_most_used_public_signatures_are_annotated(target):
     if obj.__name__ != "__init__" and sig.return_annotation is inspect.Signature.empty:
         missing.append("return")
     assert not missing, f"{target}: no annotation on {missing}"
+
+
+# ---------------------------------------------------------------------------
+# Every public callable is fully annotated
+# ---------------------------------------------------------------------------
+
+def _public_modules() -> list[str]:
+    """``vlcc_adjoint`` and every submodule with no ``_`` component in its dotted name."""
+    import pkgutil
+
+    names = [m.name for m in pkgutil.walk_packages(vlcc_adjoint.__path__, "vlcc_adjoint.")
+             if not any(part.startswith("_") for part in m.name.split("."))]
+    return ["vlcc_adjoint"] + sorted(names)
+
+
+def _ours(obj) -> bool:
+    return isinstance(getattr(obj, "__module__", None), str) and obj.__module__.startswith("vlcc_adjoint")
+
+
+def _unannotated(func, bound: bool, init: bool) -> list[str] | None:
+    """The parameters (and ``"return"``) of `func` without an annotation; ``None``
+    when `func` has no signature or is not defined in this package's source."""
+    import inspect
+    from pathlib import Path
+
+    try:
+        source = inspect.getsourcefile(inspect.unwrap(func))
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    if source is None or Path(vlcc_adjoint.__file__).parent not in Path(source).resolve().parents:
+        return None
+    params = list(sig.parameters.values())[1 if bound else 0:]
+    missing = [p.name for p in params if p.annotation is inspect.Parameter.empty]
+    if not init and sig.return_annotation is inspect.Signature.empty:
+        missing.append("return")
+    return missing
+
+
+def annotation_gaps(modules) -> dict[str, list[str]]:
+    """``public.path.name[.method]`` -> its unannotated parameters, for every
+    callable a public module exports (``__all__``, or its public names of this
+    package when it has none): functions, and classes' ``__init__``,
+    ``__call__``, public methods, class/static methods and properties,
+    inherited ones from this package's bases included."""
+    import inspect
+    import types
+
+    gaps: dict[str, list[str]] = {}
+    seen: set[int] = set()
+
+    def check(func, label, bound, init=False):
+        missing = _unannotated(func, bound, init)
+        if missing:
+            gaps[label] = missing
+
+    for module in modules:
+        names = getattr(module, "__all__", None)
+        if names is None:
+            names = [n for n, v in vars(module).items() if not n.startswith("_") and _ours(v)]
+        for name in names:
+            obj = getattr(module, name)
+            if id(obj) in seen or isinstance(obj, types.ModuleType) or not _ours(obj):
+                continue
+            seen.add(id(obj))
+            label = f"{module.__name__}.{name}"
+            if inspect.isclass(obj):
+                done = set()
+                for klass in obj.__mro__:
+                    if not _ours(klass):
+                        continue
+                    for attr_name, attr in vars(klass).items():
+                        if attr_name in done or (attr_name.startswith("_")
+                                                 and attr_name not in ("__init__", "__call__")):
+                            continue
+                        if attr_name == "__init__" and klass is not obj:
+                            continue  # a base's __init__ is checked where it is exported
+                        done.add(attr_name)
+                        where = f"{label}.{attr_name}"
+                        if isinstance(attr, staticmethod):
+                            check(attr.__func__, where, False)
+                        elif isinstance(attr, classmethod):
+                            check(attr.__func__, where, True)
+                        elif isinstance(attr, property):
+                            if attr.fget is not None:
+                                check(attr.fget, where, True)
+                        elif inspect.isfunction(attr):
+                            check(attr, where, True, init=attr_name == "__init__")
+            elif callable(obj):
+                check(obj, label, False)
+    return gaps
+
+
+#: Public callables not yet fully annotated, each in a module maintained
+#: elsewhere; remove an entry when its annotations are complete (the test
+#: below fails on a stale entry, so this list only shrinks).
+NOT_YET_ANNOTATED = {
+    "vlcc_adjoint.lineage.History.branch", "vlcc_adjoint.lineage.History.commit",
+    "vlcc_adjoint.lineage.History.resolve", "vlcc_adjoint.lineage.History.tag",
+    "vlcc_adjoint.lineage.KeepPolicy.select",
+    "vlcc_adjoint.state.Layout.__init__", "vlcc_adjoint.state.Layout.leaves", "vlcc_adjoint.state.Layout.of",
+    "vlcc_adjoint.state.dtype_from_json",
+    "vlcc_adjoint.storage.format.check_capacity", "vlcc_adjoint.storage.BufferPool.reserve",
+    "vlcc_adjoint.storage.BufferPool.take",
+    "vlcc_adjoint.storage.codecs.FixedRate.encoded_nbytes",
+    "vlcc_adjoint.storage.format.array_metadata", "vlcc_adjoint.storage.format.canonical_json",
+    "vlcc_adjoint.storage.format.check_leaf", "vlcc_adjoint.storage.format.chunk_key",
+    "vlcc_adjoint.storage.format.digest", "vlcc_adjoint.storage.format.encode_spec",
+    "vlcc_adjoint.storage.format.open_group", "vlcc_adjoint.storage.format.read_into",
+    "vlcc_adjoint.storage.format.read_json", "vlcc_adjoint.storage.format.step_of",
+    "vlcc_adjoint.storage.format.unseal", "vlcc_adjoint.storage.format.write_all",
+    "vlcc_adjoint.storage.format.write_file", "vlcc_adjoint.storage.format.write_json",
+    "vlcc_adjoint.jax.CheckpointedStep.__call__", "vlcc_adjoint.jax.jax_trace",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.__init__", "vlcc_adjoint.torch.VlccCheckpointEngine.attach",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.commit", "vlcc_adjoint.torch.VlccCheckpointEngine.create",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.get_commit_info",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.guard", "vlcc_adjoint.torch.VlccCheckpointEngine.history",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.is_data_parallel_writer",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.load", "vlcc_adjoint.torch.VlccCheckpointEngine.makedirs",
+    "vlcc_adjoint.torch.VlccCheckpointEngine.save", "vlcc_adjoint.torch.VlccCheckpointEngine.set_commit_info",
+}
+
+
+def _importable(names):
+    out = []
+    for name in names:
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError:  # an optional integration whose dependency is absent
+            pass
+    return out
+
+
+def test_every_public_callable_has_complete_annotations():
+    modules = _importable(_public_modules())
+    gaps = annotation_gaps(modules)
+    new = {k: v for k, v in gaps.items() if k not in NOT_YET_ANNOTATED}
+    assert not new, "public callables without full annotations (parameters, return): " + "; ".join(
+        f"{k}: {v}" for k, v in sorted(new.items()))
+    loaded = {m.__name__ for m in modules}
+
+    def home(label):  # the public module a label names (the longest matching prefix)
+        return max((m for m in _public_modules() if label.startswith(m + ".")), key=len)
+
+    stale = sorted(k for k in NOT_YET_ANNOTATED - set(gaps) if home(k) in loaded)
+    assert not stale, f"annotated now: remove from NOT_YET_ANNOTATED: {stale}"
+
+
+def test_the_annotation_check_reports_what_is_missing():
+    import types
+
+    mod = types.ModuleType("vlcc_adjoint.fake")
+    exec('''
+__all__ = ["full", "bare", "Thing"]
+def full(a: int, *args: int, b: str = "", **kw: float) -> None: ...
+def bare(a, b: int = 1): ...
+class Thing:
+    def __init__(self, x, y: int) -> None: ...
+    def method(self, z: int): ...
+    def _private(self, w): ...
+    @property
+    def size(self): ...
+    @classmethod
+    def make(cls, v: int) -> "Thing": ...
+''', vars(mod))
+    # the check only trusts source files of this package: pretend these are
+    import inspect
+    real = inspect.getsourcefile
+    try:
+        inspect.getsourcefile = lambda obj: vlcc_adjoint.__file__
+        gaps = annotation_gaps([mod])
+    finally:
+        inspect.getsourcefile = real
+    assert gaps == {"vlcc_adjoint.fake.bare": ["a", "return"], "vlcc_adjoint.fake.Thing.__init__": ["x"],
+                    "vlcc_adjoint.fake.Thing.method": ["return"], "vlcc_adjoint.fake.Thing.size": ["return"]}

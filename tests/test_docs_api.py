@@ -139,3 +139,65 @@ def test_the_docstring_check_fails_on_undocumented_objects():
     assert not has_docstring(type("E", (ValueError,), {}), "E")   # ValueError's doc is not its own
     assert has_docstring(Documented, "Documented")
     assert not attribute_has_doc("NO_SUCH_CONSTANT_ANYWHERE_123")
+
+
+# ---------------------------------------------------------------------------
+# the Benchmarks page (docs/benchpage.py), generated from benchmarks/results/
+# ---------------------------------------------------------------------------
+
+def _benchpage():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import benchpage
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    return benchpage
+
+
+def test_benchmarks_page_has_a_section_per_results_file_naming_its_script(tmp_path):
+    bp = _benchpage()
+    text = bp.page(tmp_path)
+    for result in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        assert f"{{#{result.stem}}}" in text, result.name
+        assert f"Produced by `benchmarks/{result.stem}.py`" in text, result.name
+        assert f"`{result.name}#/" in text, result.name      # its numbers, with pointers
+    for png in (ROOT / "benchmarks" / "results").glob("*.png"):
+        assert (tmp_path / "benchmarks" / png.name).is_file()
+        assert f"](benchmarks/{png.name})" in text
+
+
+def test_benchmarks_page_picks_up_new_files_and_refuses_results_without_a_script(tmp_path,
+                                                                               monkeypatch):
+    bp = _benchpage()
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(bp, "RESULTS", results)
+    monkeypatch.setattr(bp, "QUOTING", {})
+    # a file named after no script, but naming the script that wrote it
+    (results / "bench_tiers_rerun.json").write_text(
+        '{"benchmark": "bench_tiers", "x": {"a/b": 1.5, "long": [1,2,3,4,5,6,7,8,9,10]}}')
+    text = bp.page(tmp_path / "out")
+    assert "{#bench_tiers_rerun}" in text and "Produced by `benchmarks/bench_tiers.py`" in text
+    assert "| `bench_tiers_rerun.json#/x/a~1b` | 1.5 |" in text        # RFC 6901 escaping
+    assert "10 numbers, 1 .. 10" in text
+    (results / "bench_no_such_script.json").write_text("{}")
+    with pytest.raises(SystemExit, match="bench_no_such_script"):
+        bp.page(tmp_path / "out")
+
+
+def test_benchmarks_page_resolves_the_quoted_sources_at_build_time(tmp_path, monkeypatch):
+    bp = _benchpage()
+    monkeypatch.setattr(bp, "RESULTS", tmp_path)
+    (tmp_path / "bench_x.json").write_text('{"r": [6.2, 2.0], "b": 134217728}')
+    doc = tmp_path / "paper.md"
+    doc.write_text("3.1x<!-- bench_x.json#/r/0 / #/r/1 --> and 128<!-- bench_x.json#/b in MiB --> "
+                   "MiB; 7<!-- bench_x.json#/gone -->; 2<!-- external: measured by hand on a laptop -->")
+    monkeypatch.setattr(bp, "QUOTING", {"paper": doc})
+    entries = bp.quoted_sources()["bench_x.json"]
+    got = {bp.source_text(e): (bp.evaluate(e), e["quoted"]) for e in entries}
+    assert got["bench_x.json#/r/0 / #/r/1"] == ("3.1", "3.1x")
+    assert got["bench_x.json#/b in MiB"] == ("128 MiB", "128")
+    assert got["bench_x.json#/gone"][0].startswith("**missing**")
+    assert len(entries) == 3                                   # the external one is not a file's

@@ -10,9 +10,14 @@ extra).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .schedules import ActionKind, Schedule
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["check_figure_path", "plot_schedule"]
 
@@ -70,7 +75,8 @@ def check_figure_path(path: str, what: str = "the figure") -> None:
         raise ValueError(f"{what} {path}: the file exists and is not writable")
 
 
-def plot_schedule(schedule: Schedule, path: str | None = None, ax=None, title: str | None = None):
+def plot_schedule(schedule: Schedule, path: str | None = None, ax: Axes | None = None,
+                  title: str | None = None) -> Axes:
     """Plot `schedule`; save to `path` if given; return the matplotlib axes.
 
     Tables of more than 200,000 actions are refused: a picture of them shows

@@ -99,7 +99,7 @@ class TimestepSolver:
     def forward(self, state: State, step: int) -> State:
         return self._step(state, step)
 
-    def adjoint(self, state, adj=_DECORATOR, step=_DECORATOR):
+    def adjoint(self, state: Any, adj: Any = _DECORATOR, step: Any = _DECORATOR) -> Any:
         """The adjoint step ``adjoint(state, adj, i) -> adj``.
 
         Called with one function instead, ``@step.adjoint`` declares it.

@@ -61,8 +61,11 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import VlccError
 
@@ -124,7 +127,7 @@ class AgreedError(VlccError, RuntimeError):
         self.rank = rank
 
 
-def active_guard(comm) -> "Guard | None":
+def active_guard(comm: Any) -> Guard | None:
     """The guard of the SPMD run now using `comm` (``None`` outside a run)."""
     try:
         key = comm.py2f()
@@ -176,7 +179,7 @@ class Guard:
     See the module docstring for the protocol.
     """
 
-    def __init__(self, comm, timeout: float | None = 600.0, abort_after: float | None = None):
+    def __init__(self, comm: Any, timeout: float | None = 600.0, abort_after: float | None = None):
         MPI = _mpi()
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
@@ -234,7 +237,7 @@ class Guard:
             self.remote = err
             raise err
 
-    def wait(self, requests, what: str, timeout: float | None = None) -> None:
+    def wait(self, requests: Sequence[Any], what: str, timeout: float | None = None) -> None:
         """Complete `requests` (MPI requests), watching the error channel.
 
         Raises :class:`RankFailedError` when another rank fails meanwhile,
@@ -268,7 +271,7 @@ class Guard:
     def barrier(self, what: str) -> None:
         self.wait([self.comm.Ibarrier()], what)
 
-    def allreduce(self, values, op: str, what: str) -> np.ndarray:
+    def allreduce(self, values: ArrayLike, op: str, what: str) -> np.ndarray:
         """Element-wise ``min``, ``max`` or ``sum`` of `values` over ranks."""
         MPI = _mpi()
         send = np.ascontiguousarray(values)
@@ -277,7 +280,7 @@ class Guard:
         self.wait([self.comm.Iallreduce(send, recv, op=mpi_op)], what)
         return recv
 
-    def allgather(self, values, what: str) -> np.ndarray:
+    def allgather(self, values: ArrayLike, what: str) -> np.ndarray:
         """``(size, len(values))``: every rank's `values`."""
         send = np.ascontiguousarray(values)
         recv = np.empty((self.size,) + send.shape, send.dtype)
@@ -391,7 +394,7 @@ class Guard:
     # -- lifetime ---------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def active(self):
+    def active(self) -> Iterator[Guard]:
         """Make this the guard of its communicator while the block runs."""
         key = self.parent.py2f()
         with _ACTIVE_LOCK:

@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -269,7 +270,7 @@ class Decomposition:
         return {"global_shape": list(self.global_shape), "bounds": [list(b) for b in self.bounds]}
 
     @classmethod
-    def from_json(cls, doc) -> Decomposition:
+    def from_json(cls, doc: Any) -> Decomposition:
         """The decomposition :meth:`to_json` wrote (validated)."""
         if not (isinstance(doc, dict) and isinstance(doc.get("bounds"), list)
                 and isinstance(doc.get("global_shape"), list)):
@@ -379,10 +380,10 @@ class DistributedArray:
         return self.decomposition.slices(self.rank)
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return self.local.dtype
 
-    def gather(self, comm, root: int = 0) -> np.ndarray | None:
+    def gather(self, comm: Any, root: int = 0) -> np.ndarray | None:
         """The global array on rank `root` (``None`` on the others).  Collective."""
         from ._comm import gather_blocks
 

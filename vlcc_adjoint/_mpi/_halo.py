@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ._comm import _mpi, active_guard, poll
 from ._decomp import Decomposition
@@ -90,7 +92,7 @@ class HaloExchange:
     that each halo comes from one neighbour.
     """
 
-    def __init__(self, comm, decomposition: Decomposition, width: Sequence[int] | int,
+    def __init__(self, comm: Any, decomposition: Decomposition, width: Sequence[int] | int,
                  *, timeout: float | None = 600.0):
         if decomposition.nranks != comm.Get_size():
             raise ValueError(f"the decomposition has {decomposition.nranks} ranks but the "
@@ -143,7 +145,7 @@ class HaloExchange:
         """The block inside a padded array (a view)."""
         return arr[tuple(slice(x, x + n) for n, x in zip(self.shape, self.width))]
 
-    def empty(self, dtype=np.float64) -> np.ndarray:
+    def empty(self, dtype: DTypeLike = np.float64) -> np.ndarray:
         """A zero padded array."""
         return np.zeros(self.padded_shape, dtype)
 

@@ -106,7 +106,7 @@ class DistributedAdjointResult(AdjointResult):
     reduced: ReducedStats | None = None
 
 
-def schedule_fingerprint(schedule) -> int:
+def schedule_fingerprint(schedule: Schedule) -> int:
     """xxh3-64 of a schedule: class, steps, levels, costs and action table."""
     h = xxhash.xxh3_64()
     h.update(type(schedule).__name__.encode())

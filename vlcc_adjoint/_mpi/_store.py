@@ -42,13 +42,17 @@ import inspect
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..state import flatten, unflatten
 from ..storage import TieredStore
 from ._comm import Guard, redistribute
 from ._decomp import Decomposition, distributed_nodes, storage_layout
 from ._zarr import SharedZarrTier
+
+if TYPE_CHECKING:
+    from ..schedules import IOPlan
+    from ..storage import StoreStats, Tier
 
 __all__ = ["DistributedStore", "write_checkpoint"]
 
@@ -140,9 +144,10 @@ class DistributedStore:
     would then end in the others' timeout rather than at once).
     """
 
-    def __init__(self, comm, tiers: Sequence, plan=None, *, timeout: float | None = 600.0,
+    def __init__(self, comm: Any, tiers: Sequence[Tier], plan: IOPlan | None = None, *,
+                 timeout: float | None = 600.0,
                  abort_after: float | None = None, commit_every: int | None = None,
-                 max_chunks_per_block: int = 4, **options):
+                 max_chunks_per_block: int = 4, **options: Any):
         if commit_every is not None and (not isinstance(commit_every, int) or commit_every < 1):
             raise ValueError(f"commit_every must be an int >= 1 or None, got {commit_every!r}")
         self.comm = comm
@@ -213,7 +218,7 @@ class DistributedStore:
         """Flush this rank's pending writes (not collective)."""
         self.local.wait()
 
-    def stats(self):
+    def stats(self) -> StoreStats:
         return self.local.stats()
 
     def steps(self, level: int) -> list[int]:

@@ -77,7 +77,7 @@ import os
 import secrets
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
@@ -90,6 +90,9 @@ from ..storage.format import (check_capacity, check_record, corrupt, encode_spec
 from ._decomp import Decomposition, distributed_nodes
 from ._zarr_read import (ATTRS, FORMATS, HIERARCHY, RECORD, list_checkpoints, place,
                          read_checkpoint, read_chunk, xxh)
+
+if TYPE_CHECKING:
+    from ._comm import Guard
 
 __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
 
@@ -448,7 +451,7 @@ class SharedZarrTier(Tier):
 
     # -- the collective commit --------------------------------------------------------
 
-    def commit(self, guard, final: bool = False) -> list[str]:
+    def commit(self, guard: Guard, final: bool = False) -> list[str]:
         """Publish every record all ranks have written.  Collective.
 
         Call on every rank after the ranks' writes are flushed (the store's

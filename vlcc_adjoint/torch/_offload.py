@@ -63,11 +63,16 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ._state import _NAME_OF, numpy_to_tensor, register_providers, tensor_to_numpy
+
+if TYPE_CHECKING:
+    from ..storage import Tier
 
 __all__ = ["OffloadStats", "offload_saved_tensors"]
 
@@ -184,7 +189,8 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     - `workers`: the store's writer threads (default 1).
     """
 
-    def __init__(self, budget_bytes: int, *, tiers=None, directory=None,
+    def __init__(self, budget_bytes: int, *, tiers: Sequence[Tier] | None = None,
+                 directory: str | os.PathLike | None = None,
                  threshold_bytes: int = 1 << 20, keep_bytes: int | None = None,
                  staging_bytes: int | None = None, prefetch_bytes: int | None = None,
                  workers: int = 1):

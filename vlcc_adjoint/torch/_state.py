@@ -51,6 +51,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+from typing import Any
 
 import numpy as np
 import torch
@@ -253,8 +254,8 @@ def register_providers() -> None:
 # -- training states ---------------------------------------------------------------------
 
 
-def training_state(model=None, optimizer=None, scheduler=None, *, rng: bool = False,
-                   **extra) -> dict:
+def training_state(model: torch.nn.Module | None = None, optimizer: Any = None, scheduler: Any = None, *,
+                   rng: bool = False, **extra: Any) -> dict:
     """The state of a training loop as one checkpointable dict.
 
     **Arguments:**
@@ -285,8 +286,8 @@ def training_state(model=None, optimizer=None, scheduler=None, *, rng: bool = Fa
     return out
 
 
-def restore_training_state(state: dict, model=None, optimizer=None, scheduler=None, *,
-                           strict: bool = True) -> dict:
+def restore_training_state(state: dict, model: torch.nn.Module | None = None, optimizer: Any = None,
+                           scheduler: Any = None, *, strict: bool = True) -> dict:
     """Load a :func:`training_state` back into live objects.
 
     **Arguments:** `state` (as read back from a store or ``History``),
