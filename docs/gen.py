@@ -71,9 +71,9 @@ def tutorial_page(script: Path) -> str:
     if companions.is_dir():
         for path in sorted(p for p in companions.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             lang = "python" if path.suffix == ".py" else "text"
-            parts += [f"`{path.relative_to(DOCS).as_posix()}`:", "", f"```{lang}", path.read_text().rstrip(),
+            parts += [f"`{path.relative_to(ROOT).as_posix()}`:", "", f"```{lang}", path.read_text().rstrip(),
                       "```", ""]
-        parts += [f"`tutorials/{script.name}`:", ""]
+        parts += [f"`docs/tutorials/{script.name}`:", ""]
     parts += ["```python", body.rstrip(), "```", "", "**Output:**", "", "```text", stdout.rstrip(), "```", ""]
     for fig in figures:
         parts += [f"![{fig.stem}](figures/{fig.name})", ""]

@@ -11,7 +11,7 @@ write a restart point on `P` ranks and read it on any number of ranks, here
 on one.
 
 The script `heat_adjoint.py` (shown first) is a 1-D reaction-diffusion
-equation, `u' = u + A L u - DT u^3`, with `J = |u_n|^2 / 2`; its adjoint
+equation, `u_{i+1} = u_i + A L u_i - DT u_i^3`, with `J = |u_n|^2 / 2`; its adjoint
 step uses the same halo exchange, since the stencil `L` is symmetric.  This
 page's script launches it with `mpiexec -n 2` and shows what it printed;
 rank 0 checks the gathered gradient against the same loop run serially on

@@ -25,6 +25,8 @@ import warnings
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"(torch|deepspeed)\b")
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|deepspeed)\b")
 
+os.environ.setdefault("DS_ACCELERATOR", "cpu")      # no accelerator to look for
+
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
 
@@ -77,7 +79,7 @@ with tempfile.TemporaryDirectory() as ckpt:
     fresh = make_engine(seed=123)                          # other initial weights
     fresh.checkpoint_engine = VlccCheckpointEngine()
     path, client = fresh.load_checkpoint(ckpt)             # unchanged DeepSpeed call
-    print("loaded", os.path.basename(path), "client state", client["epoch"])
+    print("loaded", os.path.relpath(path, ckpt), "with client state epoch =", client["epoch"])
     resumed = train(fresh, batches[6:])
     fresh.checkpoint_engine.close()
     fresh.destroy()
