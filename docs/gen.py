@@ -56,6 +56,23 @@ def run_script(script: Path, figdir: Path) -> tuple[str, float]:
     return proc.stdout, seconds
 
 
+def missing_modules(scripts: list[Path]) -> list[str]:
+    """``module (needed by script)`` for each top-level import of `scripts` that is not installed."""
+    import importlib.util
+
+    missing = []
+    for script in scripts:
+        for node in ast.walk(ast.parse(script.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                root = name.partition(".")[0]
+                if root in sys.stdlib_module_names or importlib.util.find_spec(root) is not None:
+                    continue
+                missing.append(f"{root} (needed by {script.relative_to(ROOT)})")
+    return sorted(set(missing))
+
+
 def tutorial_page(script: Path) -> str:
     figdir = OUT / "tutorials" / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
@@ -85,10 +102,15 @@ def main() -> None:
     if OUT.exists():
         shutil.rmtree(OUT)
     shutil.copytree(DOCS / "src", OUT)
+    tutorials = sorted((DOCS / "tutorials").glob("*.py"))
+    missing = missing_modules(tutorials + sorted((DOCS / "tutorials").glob("*/*.py")) + [DOCS / "figures.py"])
+    if missing:
+        raise SystemExit("docs: the tutorials import modules that are not installed: " + ", ".join(missing)
+                         + '; install them with pip install -e ".[docs]"')
     figdir = OUT / "figures"
     figdir.mkdir(exist_ok=True)
     run_script(DOCS / "figures.py", figdir)
-    for script in sorted((DOCS / "tutorials").glob("*.py")):
+    for script in tutorials:
         (OUT / "tutorials" / f"{script.stem}.md").write_text(tutorial_page(script))
     (OUT / "benchmarks.md").write_text(benchpage.page(OUT))
 

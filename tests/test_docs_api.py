@@ -201,3 +201,20 @@ def test_benchmarks_page_resolves_the_quoted_sources_at_build_time(tmp_path, mon
     assert got["bench_x.json#/b in MiB"] == ("128 MiB", "128")
     assert got["bench_x.json#/gone"][0].startswith("**missing**")
     assert len(entries) == 3                                   # the external one is not a file's
+
+
+def test_the_build_names_the_modules_a_tutorial_needs_and_lacks(tmp_path, monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import gen
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    monkeypatch.setattr(gen, "ROOT", tmp_path)
+    script = tmp_path / "t.py"
+    script.write_text("import os, numpy\nimport no_such_module_abc.sub\nfrom also_missing_xyz import f\n"
+                      "from . import relative_is_ignored\n")
+    assert gen.missing_modules([script]) == ["also_missing_xyz (needed by t.py)",
+                                             "no_such_module_abc (needed by t.py)"]
+    assert gen.missing_modules(sorted((ROOT / "docs" / "tutorials").glob("*.py"))) == []
