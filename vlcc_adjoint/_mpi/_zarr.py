@@ -77,7 +77,7 @@ import os
 import secrets
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -87,12 +87,10 @@ from ..storage import Record, StorageError, Tier
 from ..storage import format as F
 from ..storage.format import (check_capacity, check_record, corrupt, encode_spec, full,
                               leaf_checksum, step_of)
+from ._comm import AgreedError, Guard
 from ._decomp import Decomposition, distributed_nodes
 from ._zarr_read import (ATTRS, FORMATS, HIERARCHY, RECORD, list_checkpoints, place,
                          read_checkpoint, read_chunk, xxh)
-
-if TYPE_CHECKING:
-    from ._comm import Guard
 
 __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
 
@@ -189,8 +187,6 @@ class SharedZarrTier(Tier):
 
     def __init__(self, path: str | os.PathLike, comm: Any, capacity_bytes: int | None = None, *, durable: bool = False,
                  timeout: float | None = 600.0, name: str | None = None):
-        from ._comm import Guard
-
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.durable = bool(durable)
@@ -494,8 +490,6 @@ class SharedZarrTier(Tier):
         lo = guard.allreduce(v, "min", what)
         hi = guard.allreduce(v, "max", what)
         if not np.array_equal(lo, hi):
-            from ._comm import AgreedError
-
             raise AgreedError(
                 f"the ranks hold different checkpoint records to commit to {self.path} (names, "
                 "decompositions or replicated leaves differ); every rank must save the same "
