@@ -41,7 +41,7 @@ class ChunkedTable:
 
     - `fill`: ``fill(out, write, state, limit) -> rows`` (module docstring).
     - `state`: the emitter's initial state (copied, not modified).
-    - `limit`: rows per chunk at most.
+    - `limit`: rows per chunk at most (default :data:`CHUNK_ROWS`).
 
     **Attributes:**
 
@@ -49,9 +49,9 @@ class ChunkedTable:
       number of rows as its last entry.
     """
 
-    def __init__(self, fill: Callable, state: np.ndarray, limit: int = CHUNK_ROWS):
+    def __init__(self, fill: Callable, state: np.ndarray, limit: int | None = None):
         self._fill = fill
-        self._limit = int(limit)
+        self._limit = int(CHUNK_ROWS if limit is None else limit)
         state = np.array(state, np.int64)
         dummy = np.empty(1, ACTION_DTYPE)
         starts = [0]

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._chunks import CHUNK_ROWS, ChunkedTable, rechunk
+from . import _chunks
+from ._chunks import ChunkedTable, rechunk
 from .actions import ACTION_DTYPE, Action, action_from_row
 
 if TYPE_CHECKING:
@@ -151,17 +152,20 @@ class Schedule:
         65,536 each); :meth:`chunk` returns one, in any order.
         """
         source = self.__dict__.get("_source")
-        if source is not None and not self.materialised:
+        if source is not None:
             return source.starts
         m = len(self.table)
-        return np.append(np.arange(0, m, CHUNK_ROWS, dtype=np.int64), np.int64(m))
+        return np.append(np.arange(0, m, _chunks.CHUNK_ROWS, dtype=np.int64), np.int64(m))
 
     def chunk(self, k: int) -> np.ndarray:
         """Rows ``chunk_starts()[k] .. chunk_starts()[k + 1] - 1``, read-only."""
         source = self.__dict__.get("_source")
-        if source is not None and not self.materialised:
+        if source is not None:
+            if self.materialised:
+                return self.table[source.starts[k] : source.starts[k + 1]]
             return source.chunk(k)
-        return self.table[k * CHUNK_ROWS : (k + 1) * CHUNK_ROWS]
+        size = _chunks.CHUNK_ROWS
+        return self.table[k * size : (k + 1) * size]
 
     def __iter__(self) -> Iterator[Action]:
         for block in self.blocks():
