@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _chunks
-from ._chunks import ChunkedTable, rechunk
+from ._chunks import ChunkedTable
 from .actions import ACTION_DTYPE, Action, action_from_row
 
 if TYPE_CHECKING:
@@ -130,8 +130,7 @@ class Schedule:
             source = self.__dict__.get("_source")
             if source is None:
                 raise AttributeError(f"{type(self).__name__} has no table")
-            parts = [source.chunk(k) for k in range(source.chunks)]
-            table = np.concatenate(parts) if parts else np.empty(0, ACTION_DTYPE)
+            table = _chunks.concatenate([source.chunk(k) for k in range(source.chunks)])
             table.flags.writeable = False
             self.__dict__["table"] = table
         return table
@@ -174,12 +173,12 @@ class Schedule:
 
     def blocks(self, rows: int = 1 << 16, start: int = 0) -> Iterator[np.ndarray]:
         """The table from row `start` on, as consecutive read-only blocks of
-        `rows` rows each, the last one possibly shorter (same dtype as
-        :attr:`table`).
+        at most `rows` rows each (same dtype as :attr:`table`).
 
         Interpreters consume a schedule this way: a schedule that produces its
-        actions in chunks never holds its whole table, and the blocks are the
-        same rows as :attr:`table`'s, byte for byte.
+        rows in chunks never holds its whole table, and its blocks are views
+        of one chunk each (a block ends where a chunk does), the same rows as
+        :attr:`table`'s, byte for byte.
 
         **Arguments:**
 
@@ -194,7 +193,9 @@ class Schedule:
             for first in range(start, len(table), rows):
                 yield table[first : first + rows]
             return
-        yield from rechunk(self._pieces(start), rows)
+        for piece in self._pieces(start):
+            for first in range(0, len(piece), rows):
+                yield piece[first : first + rows]
 
     def _pieces(self, start: int) -> Iterator[np.ndarray]:
         starts = self.chunk_starts()
@@ -223,8 +224,12 @@ class Schedule:
                 return [action_from_row(row) for row in self.table[index]]
             if stop <= first:
                 return []
-            block = next(self.blocks(rows=stop - first, start=first))
-            return [action_from_row(row) for row in block]
+            out = []
+            for block in self.blocks(rows=stop - first, start=first):
+                out.extend(action_from_row(row) for row in block[: stop - first - len(out)])
+                if len(out) == stop - first:
+                    break
+            return out
         i = int(index)
         if i < 0:
             i += m
