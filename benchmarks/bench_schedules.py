@@ -56,9 +56,25 @@ What is timed (nothing executes a schedule; only the action list is built):
   ``--only cold`` runs this part alone; ``--cold-root DIR`` times another
   checkout (before/after).
 
+* Memory (``benchmarks/_schedule_memory.py``, JSON key ``memory``): the
+  peak resident set size (``ru_maxrss``) of a fresh process, as growth over
+  its baseline after the imports and every kernel loaded, after each phase:
+  building ``Revolve(n, c)`` (c = 10, 100; n in 1e5..1e7) or Multistage A
+  and B (n in 1e4, 1e5), reading all its ``blocks()``, ``stats()``,
+  ``io_plan``, reading the plan through ``plan.windows()``, and building the
+  plan's arrays (n <= 1e6); with each phase's wall time and the bytes the
+  schedule object holds (``held_MiB``).  ``--only memory`` runs this part
+  alone; ``--memory-root DIR`` measures another checkout (before/after).
+
 ``--quick``: Revolve at n = 1e3, 1e4 only, cs.Revolve at (500, 10) only,
-Multistage at n = 300 only, cold first calls at n = 1e2..1e4; at most 3
-repeats within 5 s per case.
+Multistage at n = 300 only, cold first calls at n = 1e2..1e4, memory at
+n = 1e5, 1e6 (Revolve) and 1e4 (Multistage); at most 3 repeats within 5 s
+per case.
+
+``--update-results`` writes ``benchmarks/results/bench_schedules.json``
+instead of ``--out``; with ``--only`` it replaces only that part of the
+file (the rows of that problem, or the ``cold_start`` or ``memory`` list)
+and records the partial run under ``meta.partial_updates``.
 
 Protocol. Every (size, tool) runs in a fresh Python subprocess: imports, then
 a warm-up call on a tiny size (for ours it triggers numba compilation, or
@@ -615,7 +631,15 @@ def main(argv=None):
     ap.add_argument("--mem-cap", type=float, default=None,
                     help="skip the extra tracemalloc run of a peer whose run takes more than "
                          "a third of this (s); ours: more than 3 times this (30; quick 5)")
-    ap.add_argument("--only", choices=["revolve", "multistage", "cold"], default=None)
+    ap.add_argument("--only", choices=["revolve", "multistage", "cold", "memory"], default=None)
+    ap.add_argument("--memory-sizes", default=None,
+                    help="comma-separated n of Revolve in the memory part (1e5..1e7; quick "
+                         "1e5, 1e6)")
+    ap.add_argument("--memory-root", default=str(ROOT),
+                    help="source tree whose vlcc_adjoint the memory part imports")
+    ap.add_argument("--update-results", action="store_true",
+                    help="write benchmarks/results/bench_schedules.json (with --only: only "
+                         "that part of it)")
     ap.add_argument("--cold-sizes", default=None,
                     help="comma-separated n of the cold first-call part (1e2..1e5; quick 1e2..1e4)")
     ap.add_argument("--cold-repeats", type=int, default=5,
@@ -632,12 +656,12 @@ def main(argv=None):
     args.budget = args.budget or (5.0 if args.quick else 20.0)
     if args.mem_cap is None:
         args.mem_cap = 5.0 if args.quick else 30.0
-    out = Path(args.out)
+    out = ROOT / "benchmarks" / "results" if args.update_results else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
-    if args.only == "cold":
-        compile_info = {"skipped": "--only cold"}
+    if args.only in ("cold", "memory"):
+        compile_info = {"skipped": f"--only {args.only}"}
     else:
         print("cold numba compile ...", flush=True)
         cache = tempfile.mkdtemp(prefix="bench_numba_cache_")
@@ -689,6 +713,10 @@ def main(argv=None):
         cold = _cold_start.measure(cold_sizes, c=10, repeats=args.cold_repeats,
                                    root=args.cold_root, say=lambda line: print(line, flush=True))
 
+    memory = []
+    if args.only in (None, "memory"):
+        memory = _memory_part(args)
+
     rows = runner.rows
     checks = postprocess(rows)
     if rows:
@@ -712,14 +740,59 @@ def main(argv=None):
         configs=CONFIGS, source_sha256=_sources(), wall_s=time.perf_counter() - t_start,
         started=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
+    result = dict(meta=meta, compile=compile_info, rows=rows, forward_checks=checks,
+                  cold_start=cold, memory=memory)
+    if args.only is not None and (out / "bench_schedules.json").exists():
+        result = _merge(json.loads((out / "bench_schedules.json").read_text()), result, args.only)
     with open(out / "bench_schedules.json", "w") as f:
-        json.dump(dict(meta=meta, compile=compile_info, rows=rows, forward_checks=checks,
-                       cold_start=cold), f, indent=1)
+        json.dump(result, f, indent=1)
     written = [out / "bench_schedules.json"]
-    if rows:
+    if rows and not (args.update_results and args.only):  # a partial update keeps the figure
         plot(rows, out / "bench_schedules.png")
         written.append(out / "bench_schedules.png")
     print(f"\nwrote {' and '.join(map(str, written))} ({meta['wall_s']:.0f} s)")
+
+
+def _memory_part(args):
+    """The memory section (module docstring): one fresh process per case."""
+    import _schedule_memory
+
+    sizes = ([int(float(x)) for x in args.memory_sizes.split(",")] if args.memory_sizes
+             else [10**5, 10**6] if args.quick else [10**5, 10**6, 10**7])
+    cases = []
+    for c in (10, 100):
+        for n in sizes:
+            cases.append((f"Revolve c={c}", "revolve", n, dict(c=c, arrays=n <= 10**6)))
+    for cfg in ("A", "B"):
+        conf = CONFIGS[cfg]
+        for n in ([10**4] if args.quick else [10**4, 10**5]):
+            if cfg == "B" and n > 10**4:
+                continue  # minutes of dynamic program (bench_multistage.py times it)
+            cases.append((f"Multistage {cfg}", "multistage", n,
+                          dict(levels=conf["levels"], fwd=conf["forward_cost"],
+                               adj=conf["adjoint_cost"])))
+    print(f"Memory (fresh process each; peak RSS growth in MiB over the process after its "
+          f"imports and kernels, and seconds, after each phase; root {args.memory_root}):")
+    print(_schedule_memory.HEADER, flush=True)
+    return _schedule_memory.measure(cases, args.memory_root, say=lambda line: print(line, flush=True))
+
+
+def _merge(old, new, only):
+    """`old` results with the part `only` replaced by `new`'s."""
+    merged = dict(old)
+    if only in ("revolve", "multistage"):
+        merged["rows"] = [r for r in old.get("rows", []) if r["problem"] != only] + new["rows"]
+        if only == "revolve":
+            merged["forward_checks"] = new["forward_checks"]
+    else:
+        merged[{"cold": "cold_start", "memory": "memory"}[only]] = new[
+            {"cold": "cold_start", "memory": "memory"}[only]]
+    meta = dict(old.get("meta", {}))
+    meta.setdefault("partial_updates", []).append(
+        dict(only=only, command=new["meta"]["command"], started=new["meta"]["started"],
+             wall_s=new["meta"]["wall_s"], source_sha256=new["meta"]["source_sha256"]))
+    merged["meta"] = meta
+    return merged
 
 
 def _sources():

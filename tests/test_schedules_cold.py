@@ -237,8 +237,8 @@ def test_first_small_schedule_runs_no_numba_kernel():
         s = vlcc_adjoint.Revolve(100, 10)
         s.stats()
         vlcc_adjoint.io_plan(s)
-        print(_revolve._emit_revolve.loaded, _simulate._replay_kernel.loaded,
-              _io_plan._scan_kernel.loaded)
+        print(_revolve._revolve_fill.loaded, _simulate._replay_block.loaded,
+              _io_plan._scan_block.loaded)
     """)
     assert out.split() == ["False", "False", "False"]
 

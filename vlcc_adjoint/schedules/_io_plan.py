@@ -25,6 +25,7 @@ that a small schedule never waits for numba to load (:mod:`._jit`).
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from ._jit import PythonBudget, njit
 import numpy as np
@@ -82,9 +83,12 @@ class LevelIO:
         return self.index[i : i + k], self.step[i : i + k]
 
 
-@dataclasses.dataclass(frozen=True)
 class IOPlan:
     """Everything a store needs to know ahead about a schedule's I/O.
+
+    **Attributes** (built from the schedule on first access, in
+    ``O(len(schedule) + n L)`` memory, and kept; :meth:`windows` reads the
+    same plan in bounded memory):
 
     - `levels`: one :class:`LevelIO` per storage level.
     - `records`: one row per stored record (:data:`RECORD_DTYPE`), in the
@@ -92,11 +96,45 @@ class IOPlan:
     - `record_of_action`: for each action that writes or reads a level, the
       record it touches (the destination record for a ``Move``); -1 for
       ``Advance`` and ``Reverse``.
+    - `n_levels`: the number of storage levels (without building anything).
+    - `schedule`: the schedule planned for (``None`` for a plan built from
+      arrays).
     """
 
-    levels: tuple[LevelIO, ...]
-    records: np.ndarray
-    record_of_action: np.ndarray
+    def __init__(self, levels=None, records=None, record_of_action=None, *, schedule=None):
+        self.schedule = schedule
+        if schedule is None:
+            self._arrays = (tuple(levels), records, record_of_action)
+            self.n_levels = len(self._arrays[0])
+        else:
+            self._arrays = None
+            self.n_levels = len(schedule.levels)
+        self._lock = threading.Lock()
+        self._windows = None
+
+    @property
+    def materialised(self) -> bool:
+        """Whether the per-record and per-read arrays are built."""
+        return self._arrays is not None
+
+    def _get(self):
+        if self._arrays is None:
+            with self._lock:
+                if self._arrays is None:
+                    self._arrays = _build(self.schedule)
+        return self._arrays
+
+    @property
+    def levels(self) -> tuple[LevelIO, ...]:
+        return self._get()[0]
+
+    @property
+    def records(self) -> np.ndarray:
+        return self._get()[1]
+
+    @property
+    def record_of_action(self) -> np.ndarray:
+        return self._get()[2]
 
     def next_use(self, record: int, after: int) -> int:
         """The action index of ``record``'s first read at or after ``after``,
@@ -110,30 +148,35 @@ class IOPlan:
             q = lv.next_read_of_record[q]
         return int(lv.index[q])
 
+    def windows(self, start: int = 0):
+        """The plan as consecutive :class:`PlanWindow` s, one per chunk of
+        the schedule (about 65,536 actions), from the one holding action
+        `start` on: see :mod:`._plan_windows`."""
+        from ._plan_windows import plan_windows
+
+        return plan_windows(self, start)
+
+    def __repr__(self) -> str:
+        state = "built" if self.materialised else "not built"
+        return f"IOPlan({self.n_levels} levels, {state}, schedule={self.schedule!r})"
+
 
 @njit(cache=True, nogil=True)
-def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
-    m = kind.shape[0]
-    live = np.full((nlv, n + 1), -1, np.int64)  # the record each level holds for a step
-    rec_step = np.empty(nsaves, np.int64)
-    rec_level = np.empty(nsaves, np.int8)
-    rec_start = np.empty(nsaves, np.int64)
-    rec_end = np.full(nsaves, m, np.int64)
-    rec_first = np.full(nsaves, -1, np.int64)
-    rec_last = np.full(nsaves, -1, np.int64)
-    rec_reads = np.zeros(nsaves, np.int64)
-    rec_of_action = np.full(m, -1, np.int64)
-    read_action = np.empty(nloads, np.int64)
-    read_record = np.empty(nloads, np.int64)
-    nrec = 0
-    nread = 0
-    for i in range(m):
-        k = kind[i]
-        s = a[i]
+def _scan_block(kind, a, level, dst, offset, live, rec_step, rec_level, rec_start, rec_end,
+                rec_first, rec_last, rec_reads, rec_of_action, read_action, read_record, count):
+    """Scan one block of rows (the first at action index `offset`), carrying
+    ``live`` (the record each level holds for a step) and ``count = [records,
+    reads]`` from block to block; ``rec_of_action`` covers the whole table."""
+    nrec = count[0]
+    nread = count[1]
+    for t in range(kind.shape[0]):
+        i = offset + t
+        k = kind[t]
+        s = a[t]
         if k == 1 or k == 4:  # Save, or Move into dst
-            lv = level[i] if k == 1 else dst[i]
+            lv = level[t] if k == 1 else dst[t]
             if k == 4:
-                src = live[level[i], s]
+                src = live[level[t], s]
                 read_action[nread] = i
                 read_record[nread] = src
                 nread += 1
@@ -142,7 +185,7 @@ def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
                 rec_last[src] = i
                 rec_reads[src] += 1
                 rec_end[src] = i
-                live[level[i], s] = -1
+                live[level[t], s] = -1
             rec_step[nrec] = s
             rec_level[nrec] = lv
             rec_start[nrec] = i
@@ -150,7 +193,7 @@ def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
             rec_of_action[i] = nrec
             nrec += 1
         elif k == 2:  # Load
-            r = live[level[i], s]
+            r = live[level[t], s]
             read_action[nread] = i
             read_record[nread] = r
             nread += 1
@@ -160,19 +203,57 @@ def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
             rec_reads[r] += 1
             rec_of_action[i] = r
         elif k == 3:  # Delete
-            r = live[level[i], s]
+            r = live[level[t], s]
             rec_end[r] = i
-            live[level[i], s] = -1
+            live[level[t], s] = -1
             rec_of_action[i] = r
-    # Link each read to the next read of the same record (scan backwards).
+    count[0] = nrec
+    count[1] = nread
+
+
+@njit(cache=True, nogil=True)
+def _link(read_record, nread, nrec):
+    """Link each read to the next read of the same record (scan backwards)."""
     nxt = np.full(nread, -1, np.int64)
     last_seen = np.full(nrec, -1, np.int64)
     for q in range(nread - 1, -1, -1):
         r = read_record[q]
         nxt[q] = last_seen[r]
         last_seen[r] = q
-    return (nrec, nread, rec_step, rec_level, rec_start, rec_end, rec_first, rec_last,
-            rec_reads, rec_of_action, read_action, read_record, nxt)
+    return nxt
+
+
+def _scan_arrays(m, n, nlv, nsaves, nloads):
+    """The scan's state and outputs, for a table of `m` rows."""
+    return (np.full((nlv, n + 1), -1, np.int64), np.empty(nsaves, np.int64),
+            np.empty(nsaves, np.int8), np.empty(nsaves, np.int64), np.full(nsaves, m, np.int64),
+            np.full(nsaves, -1, np.int64), np.full(nsaves, -1, np.int64),
+            np.zeros(nsaves, np.int64), np.full(m, -1, np.int64), np.empty(nloads, np.int64),
+            np.empty(nloads, np.int64), np.zeros(2, np.int64))
+
+
+def _scan_pieces(pieces, m, n, nlv, nsaves, nloads):
+    """Scan consecutive pieces of a table of `m` rows with the kernel; the
+    same arrays as :func:`_scan_python`."""
+    (live, step, level, start, end, first, last, reads, rec_of_action, read_action,
+     read_record, count) = _scan_arrays(m, n, nlv, nsaves, nloads)
+    offset = 0
+    for piece in pieces:
+        _scan_block(piece["kind"], piece["a"], piece["level"], piece["dst"], offset, live, step,
+                    level, start, end, first, last, reads, rec_of_action, read_action,
+                    read_record, count)
+        offset += len(piece)
+    nrec, nread = int(count[0]), int(count[1])
+    nxt = _link(read_record, nread, nrec)
+    return (nrec, nread, step, level, start, end, first, last, reads, rec_of_action, read_action,
+            read_record, nxt)
+
+
+def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
+    """Scan a whole table with the kernel (one block)."""
+    piece = np.empty(len(kind), [("kind", "u1"), ("a", "i8"), ("level", "i1"), ("dst", "i1")])
+    piece["kind"], piece["a"], piece["level"], piece["dst"] = kind, a, level, dst
+    return _scan_pieces([piece], len(kind), n, nlv, nsaves, nloads)
 
 
 def _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads):
@@ -240,13 +321,6 @@ def _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads):
 _python_rows = PythonBudget(200_000)
 
 
-def _scan(kind, a, level, dst, n, nlv, nsaves, nloads):
-    """Scan in Python or in the kernel (:data:`_python_rows`); same result."""
-    if _python_rows.take(len(kind), _scan_kernel):
-        return _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads)
-    return _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads)
-
-
 def io_plan(schedule: Schedule) -> IOPlan:
     """Derive the future reads and record lifetimes of `schedule`.
 
@@ -255,20 +329,37 @@ def io_plan(schedule: Schedule) -> IOPlan:
     - `schedule`: a valid :class:`~vlcc_adjoint.schedules.Schedule` (the
       schedule is validated with :func:`simulate` first).
 
-    **Returns:** an :class:`IOPlan`; ``O(len(table) + n L)`` time and memory.
+    **Returns:** an :class:`IOPlan`.  Its arrays are built on first access,
+    ``O(len(schedule) + n L)`` time and memory, by one scan of the
+    schedule's chunks (never its whole table); :meth:`IOPlan.windows` reads
+    the same plan in bounded memory.
     """
     from ._simulate import simulate
 
     simulate(schedule)  # io_plan trusts the table from here on
-    t = schedule.table
+    return IOPlan(schedule=schedule)
+
+
+def _build(schedule: Schedule):
+    """The arrays of :class:`IOPlan`: one scan of the schedule's chunks."""
+    from ._simulate import _pieces, simulate
+
+    stats = simulate(schedule)
+    m = len(schedule)
     nlv = len(schedule.levels)
-    kind = t["kind"]
-    nsaves = int(np.count_nonzero((kind == ActionKind.SAVE) | (kind == ActionKind.MOVE)))
-    nloads = int(np.count_nonzero((kind == ActionKind.LOAD) | (kind == ActionKind.MOVE)))
+    n = schedule.n_steps
+    nsaves = int(sum(stats.writes))  # Saves and Moves (their destination)
+    nloads = int(sum(stats.reads))  # Loads and Moves (their source)
+    if _python_rows.take(m, _scan_block):
+        parts = list(_pieces(schedule))
+        t = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        out = _scan_python(t["kind"], t["a"], t["level"], t["dst"], n, nlv, nsaves, nloads)
+    else:
+        # On a worker thread: Ctrl-C-safe on long tables (_interrupt).
+        out = call_kernel(lambda: _scan_pieces(_pieces(schedule), m, n, nlv, nsaves, nloads),
+                          threaded=m > THREADED_ROWS)
     (nrec, nread, step, level, start, end, first, last, reads, rec_of_action,
-     read_action, read_record, nxt) = call_kernel(
-        _scan, t["kind"], t["a"], t["level"], t["dst"], schedule.n_steps, nlv, nsaves, nloads,
-        threaded=len(t) > THREADED_ROWS)  # Ctrl-C-safe on long tables (_interrupt)
+     read_action, read_record, nxt) = out
     records = np.empty(nrec, RECORD_DTYPE)
     for name, column in (("step", step), ("level", level), ("start", start), ("end", end),
                          ("first_read", first), ("last_read", last), ("reads", reads)):
@@ -290,4 +381,4 @@ def io_plan(schedule: Schedule) -> IOPlan:
             record=read_record[sel],
             next_read_of_record=np.where(glob_next >= 0, local[np.maximum(glob_next, 0)], -1),
         ))
-    return IOPlan(levels=tuple(levels), records=records, record_of_action=rec_of_action)
+    return tuple(levels), records, rec_of_action

@@ -100,11 +100,13 @@ i.e. about ``n^1`` for A and ``n^1.2`` to ``n^1.4`` for B (the windows left
 after the bounds widen slowly with ``n``; the rest is ``O(n L P)``
 bookkeeping, bound by memory latency at large ``n``), and memory ``8 n L P``
 bytes for ``F`` (``P = prod(slots + 1)``; 370 MB for B at ``10^5``) plus
-``n L P / 2`` for the block extremes.  The schedule is
-emitted from ``F`` by re-running the splits along the optimal path.  The
-split search (the three steps above) lives in :mod:`._multistage_split`;
-this module holds the dynamic program, the dominance between levels and the
-emission of the table.
+``n L P / 2`` for the block extremes, all freed once the schedule is
+built.  The schedule re-runs the splits along the optimal path and keeps one
+decision per distinct segment of it, from which it produces its rows chunk
+by chunk (:mod:`._multistage_emit`: a few kilobytes where the table would
+take about 90 bytes a step).  The split search (the three steps above)
+lives in :mod:`._multistage_split`; this module holds the dynamic program
+and the dominance between levels.
 """
 
 from __future__ import annotations
@@ -115,16 +117,12 @@ import numpy as np
 
 from ._interrupt import call_kernel, stop_flag
 from ._jit import njit
-from ._multistage_split import _BLOCK, _DEPTH, _PMAX, _RETRY, _SAMPLE, _bisect, _grow, _split
-from ._revolve import _put, build_table
+from ._multistage_split import _BLOCK, _DEPTH, _PMAX, _RETRY, _SAMPLE, _grow, _split
+from ._chunks import ChunkedTable
+from ._multistage_emit import Decisions, _decide, _digit
 from ._schedule import Level, Schedule, check_cost, check_positive_int
 
 __all__ = ["Multistage"]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _digit(a, k, strides, slots):
-    return (a // strides[k]) % (slots[k] + 1)
 
 
 @njit(cache=True, nogil=True)
@@ -349,109 +347,6 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     return F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax
 
 
-@njit(cache=True, nogil=True)
-def _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strides, write, read, fwd, work,
-          fwork):
-    """``B(l, k, A)``: its value, the save level (-1: no save) and the split."""
-    P = F.shape[0] // slots.shape[0]
-    best = read[k] * (l - 1) + fwd * l * (l - 1) / 2.0
-    best_j = -1
-    best_m = 0
-    for j in range(slots.shape[0]):
-        if _digit(a, j, strides, slots) == 0:
-            continue
-        c = write[j] + read[k]
-        v, m = _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k * P + a, j * P + a - strides[j], fwd,
-                       best - c, -1, 1, l - 1, 0.0, work, fwork)
-        if m > 0:
-            best = v + c
-            best_j = j
-            best_m = m
-    return best, best_j, best_m
-
-
-@njit(cache=True, nogil=True)
-def _emit(out, write_rows, n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop,
-          bmin, bmax):
-    L = slots.shape[0]
-    P = F.shape[0] // L
-    work = np.empty((_DEPTH, 2), np.int64)
-    fwork = np.empty((_DEPTH, 2))
-    pos = 0
-    if n == 1:
-        return _put(out, pos, write_rows, 5, 0, -1, -1)
-    full = 0
-    for k in range(L):
-        full += slots[k] * strides[k]
-    best = np.inf
-    k0 = -1
-    for j in range(L):
-        if slots[j] > 0:
-            v = write[j] + F[j * P + full - strides[j], n]
-            if v < best:
-                best = v
-                k0 = j
-    pos = _put(out, pos, write_rows, 1, 0, -1, k0)  # Save u_0
-    total = 0
-    for k in range(L):
-        total += slots[k]
-    depth = 2 * total + 8
-    st = np.empty((depth, 5), np.int64)  # s, l, k, a, in_hand
-    st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4] = 0, n, k0, full - strides[k0], 1
-    top = 1
-    while top > 0:
-        top -= 1
-        s, l, k, a, h = st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4]
-        if h == 0:
-            pos = _put(out, pos, write_rows, 2, s, -1, k)  # Load
-        if l == 1:
-            pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
-            pos = _put(out, pos, write_rows, 5, s, -1, -1)  # Reverse
-            continue
-        b, bj, bm = _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strides, write, read, fwd,
-                          work, fwork)
-        if _digit(a, k, strides, slots) < slots[k]:
-            # Moving the base may pay off: to the level whose segment is cheapest.
-            target = -1
-            tj = -1
-            tm = 0
-            for j in range(L):
-                if j != k and _digit(a, j, strides, slots) > 0:
-                    a2 = a - strides[j] + strides[k]
-                    v = write[j] + F[j * P + a2, l]
-                    if v < b:
-                        b2, bj2, bm2 = _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, j, a2, slots, strides,
-                                             write, read, fwd, work, fwork)
-                        if write[j] + b2 < b:
-                            b = write[j] + b2
-                            target, tj, tm = j, bj2, bm2
-            if target >= 0:
-                pos = _put(out, pos, write_rows, 1, s, -1, target)  # Save
-                pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
-                a = a - strides[target] + strides[k]
-                k = target
-                bj = tj
-                bm = tm
-        if bj < 0:
-            # No further save: restart from the base for every step.
-            for i in range(s + l - 1, s - 1, -1):
-                if i < s + l - 1:
-                    pos = _put(out, pos, write_rows, 2, s, -1, k)
-                if i == s:
-                    pos = _put(out, pos, write_rows, 3, s, -1, k)
-                else:
-                    pos = _put(out, pos, write_rows, 0, s, i, -1)
-                pos = _put(out, pos, write_rows, 5, i, -1, -1)
-            continue
-        pos = _put(out, pos, write_rows, 0, s, s + bm, -1)  # Advance
-        pos = _put(out, pos, write_rows, 1, s + bm, -1, bj)  # Save
-        st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4] = s, bm, k, a, 0
-        st[top + 1, 0], st[top + 1, 1], st[top + 1, 2] = s + bm, l - bm, bj
-        st[top + 1, 3], st[top + 1, 4] = a - strides[bj], 1
-        top += 2
-    return pos
-
-
 def _quantum(n: int, values) -> float:
     """A ``q = 2**-e`` of which every cost is an exact multiple, with all sums of
     them exact in float64 up to the no-save cost of ``n`` steps; 0 if none."""
@@ -534,9 +429,15 @@ class Multistage(Schedule):
             min(write[j] + F[j * P + full - strides[j], n]
                 for j in range(len(levels)) if slots[j] > 0)
         ) + n * adjoint_cost if n > 1 else n * adjoint_cost
-        table = build_table(_emit, n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk,
-                            stkv, ntop, bmin, bmax)
-        super().__init__(table, n, levels, fwd, adjoint_cost)
+        # Keep one decision per distinct segment, not F nor the table: the
+        # rows are regenerated from them chunk by chunk (:mod:`._chunks`).
+        k0, keys, target, save, split = call_kernel(
+            _decide, n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop,
+            bmin, bmax)
+        del F, rec, recv, stk, stkv, bmin, bmax
+        self.decisions = Decisions(n, slots, strides, k0, keys, target, save, split)
+        super().__init__(ChunkedTable(self.decisions.fill, self.decisions.state), n, levels, fwd,
+                         adjoint_cost)
 
     def _params(self) -> str:
         return f"steps={self.n_steps}, levels={list(self.levels)}"

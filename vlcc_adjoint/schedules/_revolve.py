@@ -35,10 +35,15 @@ microseconds to milliseconds, not the few hundred milliseconds of loading
 numba and its cached kernels (or seconds of compiling them on a fresh
 install).  For large ``n`` (and once a process has built enough steps in
 Python, or has the kernel loaded already: :data:`_python_steps`) a numba
-kernel, loaded on first use (:mod:`._jit`), runs the recursion twice, once
-to count the actions and once to write them into the table, so ten million
-steps cost no Python objects.  The tests check that both give the same
-table, byte for byte, on both sides of the threshold.
+kernel, loaded on first use (:mod:`._jit`), runs the recursion as a
+resumable emitter (:func:`_revolve_fill`): the schedule keeps the emitter's
+state (the stack, ``O(c + r)`` words) at the start of every chunk of 65,536
+rows, found by one counting run at construction, and regenerates any chunk
+from it on demand (:mod:`._chunks`), so ten million steps cost neither
+Python objects nor a table: ``Revolve(10**7, 100)`` holds about 5 MB of
+states instead of 840 MiB of rows.  The tests check that the Python rows,
+the whole-table kernel (:func:`_emit_revolve`) and the concatenated chunks
+agree byte for byte, on both sides of the threshold.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import math
 
 import numpy as np
 
+from ._chunks import ChunkedTable
 from ._jit import PythonBudget, njit
 from ._schedule import Level, Schedule, check_positive_int
 from .actions import ACTION_DTYPE
@@ -150,6 +156,92 @@ def _emit_revolve(out, write, n, c):
     return emit_segment(out, pos, write, 0, n, c, True, 0)
 
 
+# The resumable emitter (:mod:`._chunks`).  Its state is one int64 array:
+# registers, then the stack of segments (s, l, c, in_hand), four words each.
+_TOP, _LEAF, _LEAF_S, _LEAF_HI, _LEAF_J, _PHASE, _N, _C = range(8)
+_REGS = 8
+#: Most rows one unit of the emitter writes: a Load, an Advance and a Save
+#: (a split), or a Load, an Advance or Delete and a Reverse (a restart).
+_UNIT = 3
+
+
+def revolve_state(n: int, c: int) -> np.ndarray:
+    """The initial state of :func:`_revolve_fill` for ``n`` steps, ``c`` slots."""
+    # Below a segment with c slots the stack holds only segments with more
+    # slots (a split pushes its left part, c slots, under its right part,
+    # c - 1), so it never holds more than c + 1 segments.
+    depth = c + 2
+    state = np.zeros(_REGS + 4 * depth, np.int64)
+    state[_N] = n
+    state[_C] = c
+    return state
+
+
+@njit(cache=True, nogil=True)
+def _revolve_fill(out, write, state, limit):
+    """Continue the Revolve recursion from `state`: :func:`emit_segment` of
+    the whole schedule, paused after any unit once fewer than ``_UNIT`` rows
+    of room are left below `limit`.  Returns the rows produced."""
+    pos = 0
+    phase = state[5]
+    if phase == 2:
+        return 0
+    if phase == 0:
+        n = state[6]
+        if n == 1:
+            state[5] = 2
+            return _put(out, pos, write, 5, 0, -1, -1)  # Reverse(0)
+        pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
+        state[0] = 1
+        state[8], state[9], state[10], state[11] = 0, n, state[7], 1
+        state[5] = 1
+    top = state[0]
+    while True:
+        if state[1] != 0:
+            # Restart from the base for every step, top down.
+            s = state[2]
+            hi = state[3]
+            j = state[4]
+            while j >= s:
+                if pos + 3 > limit:
+                    state[4] = j
+                    state[0] = top
+                    return pos
+                if j < hi:
+                    pos = _put(out, pos, write, 2, s, -1, 0)  # Load
+                if j == s:
+                    pos = _put(out, pos, write, 3, s, -1, 0)  # Delete
+                else:
+                    pos = _put(out, pos, write, 0, s, j, -1)  # Advance
+                pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
+                j -= 1
+            state[1] = 0
+        if top == 0:
+            state[5] = 2
+            break
+        if pos + 3 > limit:
+            break
+        top -= 1
+        b = 8 + 4 * top
+        s, l, c, h = state[b], state[b + 1], state[b + 2], state[b + 3]
+        if h == 0:
+            pos = _put(out, pos, write, 2, s, -1, 0)  # Load
+        if l == 1 or c == 1:
+            state[1], state[2], state[3], state[4] = 1, s, s + l - 1, s + l - 1
+            continue
+        if b + 8 > state.shape[0]:  # pragma: no cover - the depth bound above
+            return -1
+        m = _split(l, c)
+        pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
+        pos = _put(out, pos, write, 1, s + m, -1, 0)  # Save
+        # Left part (the rest of this segment) waits below the right part.
+        state[b], state[b + 1], state[b + 2], state[b + 3] = s, m, c, 0
+        state[b + 4], state[b + 5], state[b + 6], state[b + 7] = s + m, l - m, c - 1, 1
+        top += 2
+    state[0] = top
+    return pos
+
+
 #: Steps of Revolve tables built in plain Python per process (ski rental,
 #: :class:`._jit.PythonBudget`).  A step costs about 4 rows; a schedule's
 #: first build, replay and I/O plan in Python cost about as long as loading
@@ -223,14 +315,24 @@ def revolve_table(n: int, c: int, python: bool | None = None) -> np.ndarray:
     numba kernel, ``None`` as :data:`_python_steps` decides.
     """
     if python is None:
-        python = _python_steps.take(n, _emit_revolve)
+        python = _python_steps.take(n, _revolve_fill)
     if not python:
         return build_table(_emit_revolve, n, c)
+    return _python_table(n, c)
+
+
+def _python_table(n: int, c: int) -> np.ndarray:
     if n == 1:
         return np.array([(5, 0, -1, -1, -1)], ACTION_DTYPE)
     rows = [(1, 0, -1, 0, -1)]  # Save u_0
     segment_rows(rows, 0, n, c, True, 0)
     return np.array(rows, ACTION_DTYPE)
+
+
+def revolve_chunks(n: int, c: int) -> ChunkedTable:
+    """The Revolve rows for ``n`` steps, ``c <= max(n - 1, 1)`` slots, as a
+    :class:`._chunks.ChunkedTable` of the numba emitter."""
+    return ChunkedTable(_revolve_fill, revolve_state(n, c))
 
 
 def build_table(emit, *args) -> np.ndarray:
@@ -309,16 +411,23 @@ class Revolve(Schedule):
     - `snapshots`: slots for stored states, ``u_0``'s included (>= 1).
 
     The forward count is Griewank's optimum ``t(n, c)`` (see the module
-    docstring); peak slot use is ``min(c, n - 1)``; every table is built in
-    ``O(len(table))`` time and memory, by plain Python for small ``n`` and
-    by a numba kernel for large ``n`` (the module docstring).
+    docstring); peak slot use is ``min(c, n - 1)``.  Small schedules hold
+    their table, built in plain Python; large ones (the module docstring)
+    hold the emitter's state every 65,536 rows, ``O((c + r) len / 65536)``
+    words, and produce :meth:`blocks` with a numba kernel in ``O(len)``
+    time; ``.table`` materialises all rows (19 bytes each) on first access.
     """
 
     def __init__(self, steps: int, snapshots: int):
         n = check_positive_int(steps, "steps")
         c = check_positive_int(snapshots, "snapshots")
         self.snapshots = c
-        super().__init__(revolve_table(n, min(c, max(n - 1, 1))), n, (Level(c),))
+        slots = min(c, max(n - 1, 1))
+        if _python_steps.take(n, _revolve_fill):
+            rows = _python_table(n, slots)
+        else:
+            rows = revolve_chunks(n, slots)
+        super().__init__(rows, n, (Level(c),))
 
     def _params(self) -> str:
         return f"steps={self.n_steps}, snapshots={self.snapshots}"

@@ -3,7 +3,10 @@
 One pass over the table in a numba kernel, following the rules of
 :mod:`vlcc_adjoint.schedules.actions` exactly; each stored step carries a
 bit mask of the levels that hold it, so a replay costs ``O(len(table) +
-n)`` time and ``n + 1`` bytes of state, whatever the number of slots.
+n)`` time and ``n + 1`` bytes of state, whatever the number of slots.  The
+replay reads the schedule chunk by chunk (:meth:`Schedule.chunk`) with its
+state carried across, so a schedule that produces its rows in chunks is
+checked without its table.
 Short tables are replayed by a plain-Python twin of the kernel, so a small
 schedule never waits for numba to load (:mod:`._jit`); the tests check that
 both give the same result on valid and broken tables.
@@ -83,45 +86,69 @@ _ERRORS = {
 }
 
 
-@njit(cache=True, nogil=True)
-def _replay_kernel(kind, a, b, level, dst, n, slots):
-    """Replay the table; return (error, index, counts...)."""
-    nlv = slots.shape[0]
+# The replay's state, carried from one block of rows to the next: ``mask``
+# (a bit per level for each step, ``n + 1`` bytes) and ``regs``: the state in
+# hand, the adjoint step due, the forward and adjoint counts, then ``used``,
+# ``peak``, ``reads``, ``writes`` (one word per level each).
+_CUR, _DUE, _FWD, _ADJ = range(4)
+
+
+def _replay_state(n, nlv):
     mask = np.zeros(n + 1, dtype=np.uint8)
-    used = np.zeros(nlv, dtype=np.int64)
-    peak = np.zeros(nlv, dtype=np.int64)
-    reads = np.zeros(nlv, dtype=np.int64)
-    writes = np.zeros(nlv, dtype=np.int64)
-    cur = 0
-    due = n - 1
-    fwd = 0
-    adj = 0
+    regs = np.zeros(4 + 4 * nlv, dtype=np.int64)
+    regs[_DUE] = n - 1
+    return mask, regs
+
+
+@njit(cache=True, nogil=True)
+def _replay_block(kind, a, b, level, dst, n, slots, mask, regs):
+    """Replay one block of rows from the state ``(mask, regs)``, updating it;
+    return ``(error, row of the block)``, ``(0, -1)`` if the block is valid."""
+    nlv = slots.shape[0]
+    used = regs[4 : 4 + nlv]
+    peak = regs[4 + nlv : 4 + 2 * nlv]
+    reads = regs[4 + 2 * nlv : 4 + 3 * nlv]
+    writes = regs[4 + 3 * nlv : 4 + 4 * nlv]
+    cur = regs[0]
+    due = regs[1]
+    fwd = regs[2]
+    adj = regs[3]
+    err = 0
+    i = 0
     for i in range(kind.shape[0]):
         k = kind[i]
         s = a[i]
         lv = level[i]
         if s < 0 or s > n:
-            return 15, i, cur, due, fwd, adj, peak, reads, writes
+            err = 15
+            break
         if k == 1 or k == 2 or k == 3 or k == 4:
             if lv < 0 or lv >= nlv:
-                return 13, i, cur, due, fwd, adj, peak, reads, writes
+                err = 13
+                break
         if k == 0:  # Advance
             if cur < 0:
-                return 1, i, cur, due, fwd, adj, peak, reads, writes
+                err = 1
+                break
             if cur != s:
-                return 2, i, cur, due, fwd, adj, peak, reads, writes
+                err = 2
+                break
             if b[i] <= s or b[i] > n:
-                return 3, i, cur, due, fwd, adj, peak, reads, writes
+                err = 3
+                break
             fwd += b[i] - s
             cur = b[i]
         elif k == 1:  # Save
             bit = np.uint8(1 << lv)
             if cur != s:
-                return 4, i, cur, due, fwd, adj, peak, reads, writes
+                err = 4
+                break
             if mask[s] & bit:
-                return 5, i, cur, due, fwd, adj, peak, reads, writes
+                err = 5
+                break
             if used[lv] >= slots[lv]:
-                return 6, i, cur, due, fwd, adj, peak, reads, writes
+                err = 6
+                break
             mask[s] |= bit
             used[lv] += 1
             writes[lv] += 1
@@ -129,27 +156,33 @@ def _replay_kernel(kind, a, b, level, dst, n, slots):
                 peak[lv] = used[lv]
         elif k == 2:  # Load
             if not mask[s] & np.uint8(1 << lv):
-                return 7, i, cur, due, fwd, adj, peak, reads, writes
+                err = 7
+                break
             reads[lv] += 1
             cur = s
         elif k == 3:  # Delete
             bit = np.uint8(1 << lv)
             if not mask[s] & bit:
-                return 8, i, cur, due, fwd, adj, peak, reads, writes
+                err = 8
+                break
             mask[s] &= ~bit
             used[lv] -= 1
         elif k == 4:  # Move
             d = dst[i]
             if d < 0 or d >= nlv:
-                return 13, i, cur, due, fwd, adj, peak, reads, writes
+                err = 13
+                break
             bit = np.uint8(1 << lv)
             dbit = np.uint8(1 << d)
             if not mask[s] & bit:
-                return 9, i, cur, due, fwd, adj, peak, reads, writes
+                err = 9
+                break
             if mask[s] & dbit:
-                return 10, i, cur, due, fwd, adj, peak, reads, writes
+                err = 10
+                break
             if used[d] >= slots[d]:
-                return 6, i, cur, due, fwd, adj, peak, reads, writes
+                err = 6
+                break
             mask[s] = (mask[s] & ~bit) | dbit
             used[lv] -= 1
             used[d] += 1
@@ -159,32 +192,37 @@ def _replay_kernel(kind, a, b, level, dst, n, slots):
                 peak[d] = used[d]
         elif k == 5:  # Reverse
             if cur != s:
-                return 11, i, cur, due, fwd, adj, peak, reads, writes
+                err = 11
+                break
             if s != due:
-                return 12, i, cur, due, fwd, adj, peak, reads, writes
+                err = 12
+                break
             adj += 1
             due -= 1
             cur = -1
         else:
-            return 14, i, cur, due, fwd, adj, peak, reads, writes
-    if due >= 0:
-        return 16, kind.shape[0], cur, due, fwd, adj, peak, reads, writes
-    return 0, -1, cur, due, fwd, adj, peak, reads, writes
+            err = 14
+            break
+    regs[0] = cur
+    regs[1] = due
+    regs[2] = fwd
+    regs[3] = adj
+    if err:
+        return err, i
+    return 0, -1
 
 
-def _replay_python(kind, a, b, level, dst, n, slots):
-    """:func:`_replay_kernel` in plain Python: the same checks, the same result."""
+def _replay_block_python(kind, a, b, level, dst, n, slots, mask, regs):
+    """:func:`_replay_block` in plain Python: the same checks, the same result."""
     nlv = len(slots)
     limit = [int(x) for x in slots]
-    mask = bytearray(n + 1)
-    used = [0] * nlv
-    peak = [0] * nlv
-    reads = [0] * nlv
-    writes = [0] * nlv
-    cur = 0
-    due = n - 1
-    fwd = 0
-    adj = 0
+    used = regs[4:4 + nlv].tolist()
+    peak = regs[4 + nlv:4 + 2 * nlv].tolist()
+    reads = regs[4 + 2 * nlv:4 + 3 * nlv].tolist()
+    writes = regs[4 + 3 * nlv:4 + 4 * nlv].tolist()
+    cur, due, fwd, adj = (int(x) for x in regs[:4])
+    state = mask
+    mask = bytearray(state.tobytes())  # indexed faster than the array
     err = 0
     i = 0
     for i, (k, s, e, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), b.tolist(),
@@ -261,12 +299,33 @@ def _replay_python(kind, a, b, level, dst, n, slots):
             err = 14
         if err:
             break
-    counts = (np.array(peak, np.int64), np.array(reads, np.int64), np.array(writes, np.int64))
+    regs[:] = [cur, due, fwd, adj] + used + peak + reads + writes
+    state[:] = np.frombuffer(mask, np.uint8)
     if err:
-        return (err, i, cur, due, fwd, adj) + counts
-    if due >= 0:
-        return (16, len(kind), cur, due, fwd, adj) + counts
-    return (0, -1, cur, due, fwd, adj) + counts
+        return err, i
+    return 0, -1
+
+
+def _whole(block, kind, a, b, level, dst, n, slots):
+    mask, regs = _replay_state(n, len(slots))
+    err, i = block(kind, a, b, level, dst, n, slots, mask, regs)
+    if not err and regs[_DUE] >= 0:
+        err, i = 16, len(kind)
+    nlv = len(slots)
+    return ((int(err), int(i) if err else -1) + tuple(int(x) for x in regs[:4])
+            + (regs[4 + nlv:4 + 2 * nlv].copy(), regs[4 + 2 * nlv:4 + 3 * nlv].copy(),
+               regs[4 + 3 * nlv:4 + 4 * nlv].copy()))
+
+
+def _replay_kernel(kind, a, b, level, dst, n, slots):
+    """Replay a whole table with the kernel; return ``(error, index, cur, due,
+    fwd, adj, peak, reads, writes)``."""
+    return _whole(_replay_block, kind, a, b, level, dst, n, slots)
+
+
+def _replay_python(kind, a, b, level, dst, n, slots):
+    """:func:`_replay_kernel` in plain Python: the same checks, the same result."""
+    return _whole(_replay_block_python, kind, a, b, level, dst, n, slots)
 
 
 #: Ski rental between the two replays: tables are replayed in Python until
@@ -276,11 +335,31 @@ def _replay_python(kind, a, b, level, dst, n, slots):
 _python_rows = PythonBudget(200_000)
 
 
-def _replay(kind, a, b, level, dst, n, slots):
-    """Replay in Python or in the kernel (:data:`_python_rows`); same result."""
-    if _python_rows.take(len(kind), _replay_kernel):
-        return _replay_python(kind, a, b, level, dst, n, slots)
-    return _replay_kernel(kind, a, b, level, dst, n, slots)
+def _pieces(schedule: Schedule):
+    """The schedule's rows in the pieces cheapest to read: the table itself
+    when it is held, else its chunks (:meth:`Schedule.chunk`)."""
+    if schedule.materialised:
+        yield schedule.table
+        return
+    for k in range(len(schedule.chunk_starts()) - 1):
+        yield schedule.chunk(k)
+
+
+def _replay_schedule(schedule: Schedule, slots, block):
+    """Replay every piece of `schedule` through `block`; return the error
+    code, the global index, the offending row (or None) and the registers."""
+    n = schedule.n_steps
+    mask, regs = _replay_state(n, len(slots))
+    offset = 0
+    for piece in _pieces(schedule):
+        err, i = block(piece["kind"], piece["a"], piece["b"], piece["level"], piece["dst"], n,
+                       slots, mask, regs)
+        if err:
+            return int(err), offset + int(i), piece[i], regs
+        offset += len(piece)
+    if regs[_DUE] >= 0:
+        return 16, offset, None, regs
+    return 0, -1, None, regs
 
 
 def simulate(schedule: Schedule) -> ScheduleStats:
@@ -303,21 +382,27 @@ def simulate(schedule: Schedule) -> ScheduleStats:
             f"simulate takes a Schedule, got {type(schedule).__name__}; wrap a raw "
             "table as Schedule(table, n_steps, levels)"
         )
-    t = schedule.table
+    cached = schedule.__dict__.get("_simulated")
+    if cached is not None:
+        return cached
     n = schedule.n_steps
+    m = len(schedule)
     big = np.iinfo(np.int64).max
     slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
+    nlv = len(slots)
+    block = (_replay_block_python if _python_rows.take(m, _replay_block) else _replay_block)
     # Long tables replay on a worker thread, so that Ctrl-C is clean (_interrupt).
-    err, index, cur, due, fwd, adj, peak, reads, writes = call_kernel(
-        _replay, t["kind"], t["a"], t["b"], t["level"], t["dst"], n, slots,
-        threaded=len(t) > THREADED_ROWS,
-    )
+    err, index, row, regs = call_kernel(_replay_schedule, schedule, slots, block,
+                                        threaded=m > THREADED_ROWS)
+    cur, due, fwd, adj = (int(x) for x in regs[:4])
+    peak = regs[4 + nlv:4 + 2 * nlv]
+    reads = regs[4 + 2 * nlv:4 + 3 * nlv]
+    writes = regs[4 + 3 * nlv:4 + 4 * nlv]
     if err:
-        fields = dict(n=n, cur=cur, due=due, nlv_1=len(slots) - 1,
+        fields = dict(n=n, cur=cur, due=due, nlv_1=nlv - 1,
                       curtext=("nothing" if cur < 0 else f"u_{cur}"))
         where = ""
-        if index < len(t):
-            row = t[index]
+        if row is not None:
             fields.update(a=int(row["a"]), b=int(row["b"]), lv=int(row["level"]),
                           dst=int(row["dst"]), kind=int(row["kind"]))
             lv = int(row["dst"]) if row["kind"] == ActionKind.MOVE and err == 6 else int(row["level"])
@@ -335,9 +420,9 @@ def simulate(schedule: Schedule) -> ScheduleStats:
         + sum(w * lv.write_cost + r * lv.read_cost
               for w, r, lv in zip(writes, reads, schedule.levels))
     )
-    return ScheduleStats(
+    stats = ScheduleStats(
         n_steps=n,
-        actions=len(t),
+        actions=m,
         forward_count=int(fwd),
         adjoint_count=int(adj),
         peak_slots=tuple(int(p) for p in peak),
@@ -345,3 +430,7 @@ def simulate(schedule: Schedule) -> ScheduleStats:
         writes=tuple(int(w) for w in writes),
         predicted_time=float(predicted),
     )
+    if "_source" in schedule.__dict__:
+        # Its rows are a function of its parameters: replay them once.
+        schedule.__dict__["_simulated"] = stats
+    return stats
