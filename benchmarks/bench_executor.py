@@ -171,8 +171,12 @@ def main(argv=None):
                         "(the 'before' version), run side by side with this tree")
     parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
                         help="folder for bench_executor.json (default: $TMPDIR/vlcc-bench-results)")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write bench_executor.json into benchmarks/results/ (the tracked results)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.update_results:
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     if args.child:
         print(json.dumps(child(args.steps, args.slots)))
         return

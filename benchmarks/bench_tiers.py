@@ -395,8 +395,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (~15 s)")
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write bench_tiers.json into benchmarks/results/ (the tracked results)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     args = parser.parse_args(argv)
+    if args.update_results:
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
     import zarr
 

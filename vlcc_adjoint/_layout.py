@@ -14,6 +14,13 @@ leaf, dtype *identity*, shape and C-contiguity.  When all of them match,
 difference (or anything the walk does not model: scalars, leaves of
 registered leaf providers, user providers) sends the caller to ``flatten``
 itself.
+
+The way back is compiled too: :meth:`Layout.build` rebuilds a state of the
+layout from its leaves, as :func:`~vlcc_adjoint.state.unflatten` would from
+the spec, with the spec's nodes read once (when the layout is made) instead
+of on every restore, and each leaf checked against the dtype and shape the
+spec records by identity and tuple comparison instead of by parsing the
+dtype's JSON text.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import operator
 
 import numpy as np
 
-from ._providers import _BY_TYPE, SPEC_FORMAT
+from ._providers import _BY_NAME, _BY_TYPE, SPEC_FORMAT
 
 __all__ = ["Layout"]
 
@@ -38,14 +45,16 @@ class Layout:
     the layout: read-only, never modify them.
     """
 
-    __slots__ = ("tree", "leaf_specs", "nbytes", "_walk", "_n")
+    __slots__ = ("tree", "leaf_specs", "nbytes", "infos", "_walk", "_n", "_build")
 
-    def __init__(self, tree, leaf_specs, nbytes, walk, n):
+    def __init__(self, tree, leaf_specs, nbytes, walk, n, infos, build):
         self.tree = tree
         self.leaf_specs = leaf_specs
         self.nbytes = nbytes
+        self.infos = infos  # per leaf: (dtype, shape)
         self._walk = walk
         self._n = n
+        self._build = build
 
     @classmethod
     def of(cls, state, leaves=None, spec=None) -> Layout | None:
@@ -58,8 +67,10 @@ class Layout:
         walk = _compile(state, spec["tree"], leaves)
         if walk is None:
             return None
+        build = _compile_build(spec["tree"])
+        infos = tuple((leaf.dtype, leaf.shape) for leaf in leaves)
         return cls(spec["tree"], spec["leaves"], sum(leaf.nbytes for leaf in leaves), walk,
-                   len(leaves))
+                   len(leaves), infos, build)
 
     def leaves(self, state) -> list[np.ndarray] | None:
         """The leaves of `state` if it has this layout, else ``None``."""
@@ -67,6 +78,28 @@ class Layout:
         if self._walk(state, out) and len(out) == self._n:
             return out
         return None
+
+    def build(self, leaves):
+        """The state of this layout around `leaves` (``unflatten(self.spec(),
+        leaves)``, the leaves going into the state uncopied).
+
+        Each leaf must be a numpy array of the dtype (byte order included)
+        and shape of the layout's leaf; if one is not, the spec's own
+        :func:`~vlcc_adjoint.state.unflatten` rebuilds it, raising its error.
+        """
+        if len(leaves) != self._n:
+            return self._unflatten(leaves)
+        for leaf, (dtype, shape) in zip(leaves, self.infos):
+            if type(leaf) is not np.ndarray or leaf.shape != shape or (
+                    leaf.dtype is not dtype
+                    and (leaf.dtype != dtype or leaf.dtype.str != dtype.str)):
+                return self._unflatten(leaves)
+        return self._build(leaves)
+
+    def _unflatten(self, leaves):
+        from .state import unflatten  # state imports this module
+
+        return unflatten(self.spec(), leaves)
 
     def spec(self) -> dict:
         """A spec of this layout (a new top-level dict; its parts are shared)."""
@@ -174,3 +207,52 @@ def _compile(obj, node, leaves):
         return True
     return walk
 
+
+
+def _compile_build(node):
+    """``build(leaves) -> state`` for a spec tree of a layout (array leaves,
+    str-keyed dicts, lists, tuples and registered container types): the
+    dispatch of ``state._unflatten`` on each node done once, here.  A
+    registered type's provider is looked up by name at every call, as
+    ``unflatten`` does (``register`` may replace it)."""
+    if "leaf" in node:
+        i = node["leaf"]
+        return lambda leaves: leaves[i]
+    if "dict" in node:
+        keys = tuple(node["dict"])
+        subs = tuple(_compile_build(v) for v in node["items"])
+        if all("leaf" in v for v in node["items"]):
+            idx = tuple(v["leaf"] for v in node["items"])
+            return lambda leaves: {k: leaves[i] for k, i in zip(keys, idx)}
+        return lambda leaves: {k: sub(leaves) for k, sub in zip(keys, subs)}
+    if "list" in node or "tuple" in node:
+        seq = list if "list" in node else tuple
+        subs = tuple(_compile_build(v) for v in node[seq.__name__])
+        return lambda leaves: seq([sub(leaves) for sub in subs])
+    name, aux = node["type"], node["aux"]
+    subs = tuple(_compile_build(v) for v in node["items"])
+    if all("leaf" in v for v in node["items"]):
+        idx = tuple(v["leaf"] for v in node["items"])
+
+        def build_type_of_leaves(leaves):
+            provider = _BY_NAME.get(name)
+            if provider is None:
+                return _missing(name)
+            return provider.unflatten(aux, [leaves[i] for i in idx])
+        return build_type_of_leaves
+
+    def build_type(leaves):
+        provider = _BY_NAME.get(name)
+        if provider is None:
+            return _missing(name)
+        return provider.unflatten(aux, [sub(leaves) for sub in subs])
+    return build_type
+
+
+def _missing(name):
+    from ._providers import UnknownStateTypeError
+
+    raise UnknownStateTypeError(
+        f"the checkpoint holds a {name!r}, which this process has not registered; call "
+        "vlcc_adjoint.state.register(cls) (dataclasses, named tuples) or register(cls, "
+        "flatten_fn, unflatten_fn) before loading (types are never imported from a checkpoint)")

@@ -69,6 +69,9 @@ class _Run:
         self.in_place = bool(getattr(solver, "restore_in_place", False))
         self.copy = getattr(solver, "copy", None) or _copy_state
         self.where, self.at = "", ()  # what the run is doing, for error notes
+        self.index = -1  # the schedule action being run (recorded when one fails)
+        # (shape, dtype) when the state is one numpy array: its check inlined
+        self.array = None
 
     def where_text(self) -> str:
         at = self.at if isinstance(self.at, tuple) else (self.at,)
@@ -95,17 +98,8 @@ class _Run:
             if check and not self.matches(u):
                 self._mismatch(u, f"forward_many({a}, {b})")
         else:
-            forward = self.solver.forward
-            matches = self.matches
-            finite = self.check_finite
-            self.where = "the solver's forward step {0}"
-            for i in range(a, b):
-                self.at = i
-                u = forward(u, i)
-                if check and not matches(u):
-                    self._mismatch(u, f"forward step {i}")
-                if finite:
-                    _check_finite(u, "forward", i)
+            self.where, self.at = "the solver's forward step {0}", a
+            u = self._steps(u, a, b)
         self.t_forward += time.perf_counter() - t0
         self.forward_steps += b - a
         self.u = u
@@ -113,6 +107,46 @@ class _Run:
             # The sweep reached u_n (Online does): keep it before a Load
             # restores into these buffers.
             self.final_state = self.copy(u)
+
+    def _steps(self, u, a, b):
+        """Forward steps ``a .. b-1`` one at a time, each output checked.
+
+        The step being run is recorded (``self.at``) only if one fails: a
+        store per step would cost more than a small state's step.  For a
+        state that is one numpy array the check is inlined: type, shape
+        and dtype identity, with the full matcher asked only when the
+        dtype object differs (an equal dtype built anew)."""
+        forward = self.solver.forward
+        i = a
+        try:
+            if self.check_finite:
+                matches = self.matches if self.check else None
+                for i in range(a, b):
+                    u = forward(u, i)
+                    if matches is not None and not matches(u):
+                        self._mismatch(u, f"forward step {i}")
+                    _check_finite(u, "forward", i)
+            elif not self.check:
+                for i in range(a, b):
+                    u = forward(u, i)
+            elif self.array is not None:
+                ndarray, (shape, dtype) = np.ndarray, self.array
+                matches = self.matches
+                for i in range(a, b):
+                    u = forward(u, i)
+                    if type(u) is not ndarray or u.shape != shape or u.dtype is not dtype:
+                        if not matches(u):
+                            self._mismatch(u, f"forward step {i}")
+            else:
+                matches = self.matches
+                for i in range(a, b):
+                    u = forward(u, i)
+                    if not matches(u):
+                        self._mismatch(u, f"forward step {i}")
+        except BaseException:
+            self.at = i
+            raise
+        return u
 
     # -- storage ---------------------------------------------------------
     def save(self, i, level):
@@ -198,34 +232,52 @@ class _Run:
         self.spare, self.u = self.u, None
 
     # -- the table ---------------------------------------------------------
-    def handlers(self) -> dict:
-        """``{kind: handler(a, b, level, dst)}``: one dictionary lookup an
-        action, instead of a chain of comparisons."""
-        return {
-            int(ActionKind.ADVANCE): lambda a, b, level, dst: self.advance(a, b),
-            int(ActionKind.SAVE): lambda a, b, level, dst: self.save(a, level),
-            int(ActionKind.LOAD): lambda a, b, level, dst: self.load(a, level),
-            int(ActionKind.DELETE): lambda a, b, level, dst: self.delete(a, level),
-            int(ActionKind.MOVE): lambda a, b, level, dst: self.move(a, level, dst),
-            int(ActionKind.REVERSE): lambda a, b, level, dst: self.reverse(a),
-        }
-
     def run_table(self, table: np.ndarray, offset: int = 0):
         """Execute the rows of ``table`` (``offset``: index of its first row in
-        the whole schedule, for messages)."""
-        handlers = self.handlers()
-        for start in range(0, len(table), _CHUNK):
-            chunk = table[start : start + _CHUNK]
-            rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
-                       chunk["level"].tolist(), chunk["dst"].tolist())
-            for index, (kind, a, b, level, dst) in enumerate(rows, offset + start):
-                self.index = index
-                handler = handlers.get(kind)
-                if handler is None:
-                    raise ValueError(f"unknown action kind {kind} in the schedule table")
-                handler(a, b, level, dst)
-            if self.bar is not None:
-                self.bar.update(len(chunk))
+        the whole schedule, for messages).
+
+        One loop with the action kinds tested in the order of their
+        frequency in a schedule; the index of the action being run is
+        recorded (``self.index``) only when it fails."""
+        if self.array is None and self.check and self.signature is not None \
+                and self.signature[0] == "array" and self.u is not None \
+                and type(self.u) is np.ndarray and self.matches(self.u):
+            self.array = (self.u.shape, self.u.dtype)
+        advance, reverse, load, save, delete, move = (self.advance, self.reverse, self.load,
+                                                      self.save, self.delete, self.move)
+        ADVANCE, REVERSE, LOAD, SAVE, DELETE, MOVE = _KINDS
+        index = offset - 1
+        try:
+            for start in range(0, len(table), _CHUNK):
+                chunk = table[start : start + _CHUNK]
+                rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
+                           chunk["level"].tolist(), chunk["dst"].tolist())
+                for kind, a, b, level, dst in rows:
+                    index += 1
+                    if kind == ADVANCE:
+                        advance(a, b)
+                    elif kind == REVERSE:
+                        reverse(a)
+                    elif kind == LOAD:
+                        load(a, level)
+                    elif kind == SAVE:
+                        save(a, level)
+                    elif kind == DELETE:
+                        delete(a, level)
+                    elif kind == MOVE:
+                        move(a, level, dst)
+                    else:
+                        raise ValueError(f"unknown action kind {kind} in the schedule table")
+                if self.bar is not None:
+                    self.bar.update(len(chunk))
+        except BaseException:
+            self.index = index
+            raise
+        self.index = index
+
+
+_KINDS = tuple(int(k) for k in (ActionKind.ADVANCE, ActionKind.REVERSE, ActionKind.LOAD,
+                                ActionKind.SAVE, ActionKind.DELETE, ActionKind.MOVE))
 
 
 def _run_online(run: _Run, online: Online, stop, max_steps):

@@ -42,6 +42,7 @@ import re
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import xxhash
@@ -49,7 +50,7 @@ import xxhash
 from ..state import byte_view
 from ._tier import CorruptCheckpointError, Record, TierFullError, check_key
 
-__all__ = ["bytes_checksum", "copy_checksum", "leaf_checksum"]
+__all__ = ["bytes_checksum", "copy_checksum", "direct_hash", "leaf_checksum"]
 
 # xxhash holds the GIL while it hashes: hashing in slices of this many bytes
 # bounds the time other threads (the engine's workers, the solver) wait.
@@ -103,6 +104,21 @@ def leaf_checksum(arr: np.ndarray) -> str:
         except (BufferError, TypeError, ValueError):
             pass
     return bytes_checksum(byte_view(arr))
+
+
+def direct_hash(dtype: np.dtype, shape: tuple) -> Callable[[np.ndarray], str] | None:
+    """``xxhash``'s own hex digest function if :func:`leaf_checksum` of a
+    C-contiguous array of `dtype` and `shape` is exactly that call (a leaf
+    below :data:`KERNEL_MIN_BYTES` whose dtype exports a buffer), else
+    ``None``.  A store decides this once per state structure and then
+    hashes each small leaf with one C call."""
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize >= KERNEL_MIN_BYTES:
+        return None
+    try:
+        xxhash.xxh3_64_hexdigest(np.empty(shape, dtype))
+    except (BufferError, TypeError, ValueError):
+        return None
+    return xxhash.xxh3_64_hexdigest
 
 
 def copy_checksum(src: np.ndarray, dst: np.ndarray, *, stream: bool = False) -> str:

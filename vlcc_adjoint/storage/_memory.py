@@ -92,23 +92,26 @@ class MemoryTier(Tier):
 
     def _insert(self, key, spec, leaves, checksums) -> None:
         with self._lock:
-            if key in self._records:
+            records, objects = self._records, self._objects
+            if key in records:
                 raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
-            new = {}
-            for leaf in leaves:
-                if id(leaf) not in self._objects:
-                    new[id(leaf)] = leaf.nbytes
-            need = sum(new.values())
+            need = 0
+            seen = ()
+            for leaf in leaves:  # bytes of the array objects not held yet, each once
+                i = id(leaf)
+                if i not in objects and i not in seen:
+                    need += leaf.nbytes
+                    seen = (*seen, i)
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
                 raise full(key, self.name, need, self._used, self.capacity_bytes)
             for leaf in leaves:
-                entry = self._objects.get(id(leaf))
-                if entry is None:
-                    self._objects[id(leaf)] = [leaf, 1]
+                holder = objects.get(id(leaf))
+                if holder is None:
+                    objects[id(leaf)] = [leaf, 1]
                 else:
-                    entry[1] += 1
+                    holder[1] += 1
             self._used += need
-            self._records[key] = (spec, leaves, checksums)
+            records[key] = (spec, leaves, checksums)
 
     def get(self, key: str) -> Record:
         """The record under `key`, checksums verified; leaves are read-only views."""
@@ -127,12 +130,14 @@ class MemoryTier(Tier):
             entry = self._records.pop(key, None)
             if entry is None:
                 raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            objects = self._objects
             for leaf in entry[1]:
-                holder = self._objects[id(leaf)]
-                holder[1] -= 1
-                if holder[1] == 0:
-                    del self._objects[id(leaf)]
+                holder = objects[id(leaf)]
+                if holder[1] == 1:
+                    del objects[id(leaf)]
                     self._used -= leaf.nbytes
+                else:
+                    holder[1] -= 1
 
     def keys(self) -> Iterator[str]:
         with self._lock:

@@ -78,6 +78,19 @@ class BufferPool:
             self.allocated += 1
         return np.empty(shape, dtype)
 
+    def take_key(self, key: tuple) -> np.ndarray:
+        """:meth:`take` for a key ``(dtype, shape)`` made once by the caller
+        (a ``np.dtype`` and a tuple of ints)."""
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                arr = free.pop()
+                self.free_bytes -= arr.nbytes
+                self.reused += 1
+                return arr
+            self.allocated += 1
+        return np.empty(key[1], key[0])
+
     def reserve(self, dtype, shape, count: int) -> None:
         """Allocate and touch `count` buffers ahead of time (moves the
         first-touch cost out of the time loop), within `max_free_bytes`."""

@@ -223,6 +223,15 @@ class Capture:
                 give.pop()  # freed, not pooled
         self.pool.recycle(give)
 
+    def release_owned(self, leaves: list, nbytes: int) -> None:
+        """:meth:`release` of a record's arrays that are all the store's own
+        capture buffers, shared with no other record (`nbytes` in all)."""
+        limit = self.hold_limit
+        if limit is not None and self.held() + nbytes > limit:
+            self.release(leaves, [True] * len(leaves), None)  # pools only what fits
+            return
+        self.pool.recycle(leaves)
+
     def reserve(self, state, count: int) -> None:
         """Allocate and touch capture buffers for `count` states shaped like
         `state`, so the first saves do not pay page faults."""

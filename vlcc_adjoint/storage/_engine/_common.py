@@ -92,7 +92,7 @@ class Entry:
     __slots__ = ("step", "level", "tier", "key", "seq", "spec", "nbytes", "leaves", "owned",
                  "digests", "checksums", "staged_bytes", "state", "cancel", "done", "error",
                  "slot", "record", "read_q", "move_src", "delete_after", "reserved",
-                 "reserved_tier", "lent")
+                 "reserved_tier", "lent", "shape")
 
     def __init__(self, step, level, tier, seq, spec, nbytes, record):
         self.step = step
@@ -119,6 +119,7 @@ class Entry:
         self.reserved = 0
         self.reserved_tier = -1
         self.lent = False  # read-only views of its arrays were handed out (load(copy=False))
+        self.shape = None  # the planned structure of its state (_inline.Shape), if known
 
 
 class TierCounters:

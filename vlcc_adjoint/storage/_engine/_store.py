@@ -19,6 +19,7 @@ from ._capture import Capture
 from ._clock import PlanClock
 from ._common import (DELETE, LOAD, MOVE, SAVE, STORED, Entry, Shared, check_int, check_level,
                       check_step, snapshot, tier_name)
+from ._inline import InlinePath
 from ._jobs import Jobs
 from ._placement import Placement
 from ._restore import Restore
@@ -122,7 +123,10 @@ class TieredStore:
                                 int(prefetch_bytes), int(lookahead))
         self._writer.cache = self._cache
         self._restore = Restore(sh, self._clock, self._capture, self._cache)
+        self._inline = InlinePath(sh, self._clock, self._capture, self._placement, self._jobs,
+                                  self._writer, self._cache)
         self._capture.held = self._held
+        self._retaining = [t for t, r in zip(tiers, sh.retains) if r]
 
     def _warn_unused_tiers(self):
         """A plan of fewer levels than tiers never reaches the slower ones
@@ -191,13 +195,21 @@ class TieredStore:
         action.
         """
         with self._api:
-            self._enter()
             sh, clock, capture, placement = self._shared, self._clock, self._capture, \
                 self._placement
-            step, level = check_step(step), self._check_level(level)
+            if sh.closed or self._jobs.failures:
+                self._enter()
+            if type(step) is not int or step < 0:
+                step = check_step(step)
+            if type(level) is not int or not 0 <= level < sh.nlv:
+                level = self._check_level(level)
             if (step, level) in sh.index:
                 raise StorageError(f"step {step} is already stored on level {level}; delete it "
                                    "first (schedules Save a step once per level)")
+            if self._inline.save(step, state, level):
+                if sh.workers == 0:
+                    self._jobs.raise_failures()
+                return
             leaves, spec, traits = capture.flatten(state)
             spec["step"] = step
             mark = clock.mark()
@@ -224,6 +236,9 @@ class TieredStore:
             entry = Entry(step, level, tier, next(sh.seq), spec, nbytes, record)
             entry.leaves, entry.owned, entry.checksums, entry.digests = out, owned, sums, digests
             entry.reserved, entry.reserved_tier = reserved, tier
+            layout = capture.layout
+            if layout is not None and spec["tree"] is layout.tree:  # a state of that layout
+                entry.shape = self._inline.shape_of(layout)
             out = None
             with sh.lock:
                 sh.t["capture"] += t1 - t0
@@ -272,13 +287,27 @@ class TieredStore:
         integrity check, :class:`PlanMismatchError` off-plan.
         """
         with self._api:
-            self._enter()
             sh, clock = self._shared, self._clock
-            step = check_step(step)
+            if sh.closed or self._jobs.failures:
+                self._enter()
+            if type(step) is not int or step < 0:
+                step = check_step(step)
             if level is None:
                 level = self._default_level(step, LOAD)
-            level = self._check_level(level)
-            entry = self._lookup(step, level)
+            if type(level) is not int or not 0 <= level < sh.nlv:
+                level = self._check_level(level)
+            entry = sh.index.get((step, level)) or self._lookup(step, level)
+            shape = entry.shape
+            if shape is not None and shape.small and out is None and copy \
+                    and entry.state == STORED and entry.slot is None and sh.direct[entry.tier] \
+                    and entry.leaves is not None and entry.checksums is not None \
+                    and entry.key in sh.tiers[entry.tier]:
+                # A memory record of a known structure: the short path.
+                clock.follow(LOAD, step, level)
+                state = self._inline.load(entry, self._restore.verify)
+                if sh.workers == 0:
+                    self._jobs.raise_failures()
+                return state
             if not copy and out is not None:
                 raise ValueError("load(copy=False) returns read-only views of the stored record; "
                                  "it cannot restore into out= as well (pass one or the other)")
@@ -304,9 +333,11 @@ class TieredStore:
         """Forget the stored ``u_step`` on `level` (``None``: the plan's level,
         or without a plan every level holding it)."""
         with self._api:
-            self._enter()
             sh = self._shared
-            step = check_step(step)
+            if sh.closed or self._jobs.failures:
+                self._enter()
+            if type(step) is not int or step < 0:
+                step = check_step(step)
             if level is None:
                 if self._clock.plan is not None:
                     level = self._default_level(step, DELETE)
@@ -317,9 +348,15 @@ class TieredStore:
                     for k in levels:
                         self.delete(step, k)
                     return
-            level = self._check_level(level)
-            entry = self._lookup(step, level)
+            if type(level) is not int or not 0 <= level < sh.nlv:
+                level = self._check_level(level)
+            entry = sh.index.get((step, level)) or self._lookup(step, level)
             self._clock.follow(DELETE, step, level)
+            if entry.state == STORED and sh.inline[entry.tier] and entry.slot is None:
+                self._inline.delete(entry)  # now, in the caller: buffers back to the pool
+                if sh.workers == 0:
+                    self._jobs.raise_failures()
+                return
             with sh.lock:
                 sh.n["deletes"] += 1
                 self._unregister(entry)
@@ -368,6 +405,7 @@ class TieredStore:
                 raise
             new = Entry(step, dst, tier, next(sh.seq), old.spec, old.nbytes, record)
             new.reserved, new.reserved_tier = reserved, tier
+            new.shape = old.shape
             with sh.lock:
                 sh.n["moves"] += 1
                 self._unregister(old)
@@ -498,10 +536,11 @@ class TieredStore:
     def _held(self) -> int:
         """Bytes of buffers the store holds: staged, cached, pooled, and in
         the tiers that keep them."""
-        sh = self._shared
-        return self._placement.staging_used + self._cache.used_bytes + \
-            self._capture.pool.free_bytes + sum(
-                t.used_bytes for t, r in zip(self.tiers, sh.retains) if r)
+        held = self._placement.staging_used + self._cache.used_bytes + \
+            self._capture.pool.free_bytes
+        for tier in self._retaining:
+            held += tier.used_bytes
+        return held
 
     def _check_open(self):
         if self._shared.closed:

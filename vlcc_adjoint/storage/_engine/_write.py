@@ -63,21 +63,27 @@ class Writer:
             self.put(entry, Record(entry.spec, tuple(entry.leaves), tuple(entry.checksums)),
                      adopt=True)
         except BaseException as exc:
-            with sh.lock:
-                entry.state = FAILED
-                entry.error = exc
-                jobs.tier_jobs[entry.tier] -= 1
-                release = self.finish_write(entry)
-                jobs.record("save", entry, exc)
-            self.capture.release(*release)
-            jobs.raise_failures()
-            raise  # pragma: no cover - raise_failures raised
+            self.inline_failed(entry, exc)
         with sh.lock:
             entry.state = STORED
             sh.count_put(entry)
             jobs.tier_jobs[entry.tier] -= 1  # entry.tier: where it ended up (a spill moves it)
             release = self.finish_write(entry, stored=True, notify=False)
         self.capture.release(*release)
+
+    def inline_failed(self, entry, exc) -> None:
+        """The put of an inline write failed: the record is lost; raise
+        naming the step."""
+        sh, jobs = self.shared, self.jobs
+        with sh.lock:
+            entry.state = FAILED
+            entry.error = exc
+            jobs.tier_jobs[entry.tier] -= 1
+            release = self.finish_write(entry)
+            jobs.record("save", entry, exc)
+        self.capture.release(*release)
+        jobs.raise_failures()
+        raise exc  # pragma: no cover - raise_failures raised
 
     def run_write(self, entry) -> None:
         """Worker: the background write of a staged capture or of a Move."""
