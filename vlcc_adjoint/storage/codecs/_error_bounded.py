@@ -174,12 +174,11 @@ class ErrorBounded(Codec):
         sc = self._scratch
         codes = sc.get("codes", np.uint8, 8 * nb)
         codes[n:] = 0
-        recon = sc.get("recon" + x.dtype.char, x.dtype, n)
         esc = sc.get("esc", np.int64, n)
         exc = sc.get("exc", np.int64, n)
-        pb = sc.get("pb", np.float64, max(nz, ny, nx))
-        _, n_esc, n_exc = sweep(x, recon, nz, ny, nx, self.step, self.abs_error, codes, esc,
-                                exc, pb, True)
+        bufa, bufb, pb, xs, rs = self._buffers(x.dtype, nz, ny, nx)
+        _, n_esc, n_exc = sweep(x, bufb, nz, ny, nx, self.step, self.abs_error, codes, esc, exc,
+                                bufa, bufb, pb, xs, rs, True)
         if n_exc > n // 4:
             return self._encode_lossless(header, array)
         widths = sc.get("widths", np.uint8, nb)
@@ -197,6 +196,18 @@ class ErrorBounded(Codec):
                               n_esc, n_exc, len(wpart), 8 * nwords, len(epart), len(xpart))
         return b"".join((header, params, wpart, b"\0" * pad, words[:nwords].view(np.uint8).data,
                          epart, xpart))
+
+    def _buffers(self, dtype: np.dtype, nz: int, ny: int, nx: int):
+        """This thread's work arrays for :func:`sweep` on an ``(nz, ny, nx)`` view:
+        the two level buffers (``nz ny ceil(nx / 2)`` values of ``dtype``) and
+        the three row buffers (``ceil(nx / 2) + 1`` values)."""
+        sc = self._scratch
+        half = nz * ny * ((nx + 1) // 2)
+        row = (nx + 1) // 2 + 1
+        c = dtype.char
+        return (sc.get("a" + c, dtype, half), sc.get("b" + c, dtype, half),
+                sc.get("pb", np.float64, row), sc.get("xs" + c, dtype, row),
+                sc.get("rs" + c, dtype, row))
 
     def _encode_lossless(self, header: bytes, array: np.ndarray) -> bytes:
         inner = self._lossless.encode(array)
@@ -273,9 +284,9 @@ class ErrorBounded(Codec):
             esc[:n_esc] = (zz >> np.uint64(1)).view(np.int64) ^ -(zz & np.uint64(1)).view(np.int64)
         offset += nb_esc
         flat = result.reshape(-1)
-        _, used, _ = sweep(readonly(flat), flat, nz, ny, nx, step, 0.0, codes,
-                           esc[:n_esc], sc.get("exc", np.int64, 1), sc.get(
-                               "pb", np.float64, max(nz, ny, nx)), False)
+        bufa, bufb, pb, xs, rs = self._buffers(dtype, nz, ny, nx)
+        _, used, _ = sweep(readonly(flat), flat, nz, ny, nx, step, 0.0, codes, esc[:n_esc],
+                           sc.get("exc", np.int64, 1), bufa, bufb, pb, xs, rs, False)
         if used != n_esc:
             raise ValueError(f"corrupt ErrorBounded blob: the codes use {used} of {n_esc} escapes")
         if n_exc:

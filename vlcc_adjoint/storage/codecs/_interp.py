@@ -74,90 +74,100 @@ def levels(nz, ny, nx):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _kind(i, s, n):
-    """0 cubic, 1 linear, 2 constant: what the neighbours of ``i`` allow."""
-    if i + s >= n:
+def _kind(i, n):
+    """0 cubic, 1 linear, 2 constant: what the neighbours of the odd index
+    ``i`` (grid units) on an axis of length ``n`` allow."""
+    if i + 1 >= n:
         return 2
-    if i >= 3 * s and i + 3 * s < n:
+    if i >= 3 and i + 3 < n:
         return 0
     return 1
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _dim(n, lev):
+    """The length of an axis of ``n`` points on the grid of stride ``2^lev``."""
+    return (n + (1 << lev) - 1) >> lev
+
+
 @numba.njit(cache=True, nogil=True)
-def _predict(r, pb, base, sx, m, o1, kind):
-    """``pb[j]``, ``j < m``: the prediction of point ``base + j sx`` from its
-    neighbours at ``-+o1`` and ``-+3 o1`` (all of the same ``kind``)."""
-    o3 = _U(3 * o1)
-    u1 = _U(o1)
-    ub = _U(base)
-    us = _U(sx)
+def _predict_rows(a, b, c, d, pb, m, kind):
+    """``pb[:m]``: the prediction from the rows ``a, b, c, d`` at ``-3, -1, +1,
+    +3`` grid units (``a``, ``d`` unused unless cubic, ``c`` if constant)."""
     if kind == 0:
         for j in range(m):
-            i = ub + _U(j) * us
-            pb[j] = ((np.float64(r[i - u1]) + np.float64(r[i + u1])) * 9.0
-                     - (np.float64(r[i - o3]) + np.float64(r[i + o3]))) * 0.0625
+            pb[j] = ((np.float64(b[j]) + np.float64(c[j])) * 9.0
+                     - (np.float64(a[j]) + np.float64(d[j]))) * 0.0625
     elif kind == 1:
         for j in range(m):
-            i = ub + _U(j) * us
-            pb[j] = (np.float64(r[i - u1]) + np.float64(r[i + u1])) * 0.5
+            pb[j] = (np.float64(b[j]) + np.float64(c[j])) * 0.5
     else:
         for j in range(m):
-            pb[j] = np.float64(r[ub + _U(j) * us - u1])
+            pb[j] = np.float64(b[j])
 
 
 @numba.njit(cache=True, nogil=True)
-def _predict_x(r, pb, base, s, nx):
-    """Predictions for the pass along x of one row at ``base``: points
-    ``x = s, 3s, 5s, ...``; the cubic in the interior, the edges apart.
-    **Returns** the number of points."""
-    m = (nx - s + 2 * s - 1) // (2 * s) if nx > s else 0
-    if m == 0:
-        return 0
-    # j = 0 (x = s) has no neighbour at x - 3s
-    _predict(r, pb, base + s, 2 * s, 1, s, _kind(s, s, nx))
-    # cubic for x + 3s < nx, i.e. j <= (nx - 1 - 4s) / (2s)
-    hi = (nx - 1 - 4 * s) // (2 * s) if nx - 1 - 4 * s >= 0 else 0
-    hi = min(hi, m - 1)
-    if hi >= 1:
-        _predict(r, pb[1:], base + 3 * s, 2 * s, hi, s, 0)
-    for j in range(max(hi + 1, 1), m):
-        xx = s + 2 * s * j
-        _predict(r, pb[j:], base + xx, 2 * s, 1, s, _kind(xx, s, nx))
-    return m
+def _predict_odd(e, pb, mo, mx):
+    """``pb[:mo]``: the predictions of the odd points ``i = 2j + 1`` of a row
+    of ``mx`` points from its even points ``e`` (``e[j]`` at ``2j``)."""
+    if mo == 0:
+        return
+    # i = 1 has no neighbour at -3; the cubic needs i + 3 < mx, i.e. 2j + 4 < mx
+    hi = min((mx - 5) // 2 if mx >= 5 else 0, mo - 1)
+    for j in range(1, hi + 1):
+        pb[j] = ((np.float64(e[j]) + np.float64(e[j + 1])) * 9.0
+                 - (np.float64(e[j - 1]) + np.float64(e[j + 2]))) * 0.0625
+    j = 0  # then the right edge: j = 0 and hi < j < mo are linear or constant
+    while j < mo:
+        if _kind(2 * j + 1, mx) == 2:
+            pb[j] = np.float64(e[j])
+        else:
+            pb[j] = (np.float64(e[j]) + np.float64(e[j + 1])) * 0.5
+        j = max(j + 1, hi + 1)
 
 
 @numba.njit(cache=True, nogil=True)
-def _encode_row(x, r, pb, base, sx, m, step, inv, eb, codes, k, esc, ne, exc, nexc):
-    """Quantise the ``m`` points ``base + j sx`` against ``pb``, write their
-    reconstructions into ``r`` and their codes at ``codes[k:]``.
-    **Returns** ``(escapes, exceptions)`` counts after the row."""
+def _gather(x, xs, base, st, m):
+    """``xs[j] = x[base + j st]``, ``j < m``."""
+    if st == 2:  # the finest level: a constant stride, which LLVM vectorises
+        xb = x[base:base + 2 * m]
+        for j in range(m):
+            xs[j] = xb[2 * j]
+        return
     ub = _U(base)
-    us = _U(sx)
-    cs = codes[k:k + m]
+    us = _U(st)
+    for j in range(m):
+        xs[j] = x[ub + _U(j) * us]
+
+
+@numba.njit(cache=True, nogil=True)
+def _encode_row(xs, rs, pb, m, step, inv, eb, cs, esc, ne, exc, nexc, base, st):
+    """Quantise ``xs[:m]`` against ``pb``: reconstructions into ``rs``, codes
+    into ``cs``; escapes and exceptions (flat index ``base + j st``) appended.
+    **Returns** ``(escapes, exceptions)`` counts after the row."""
     bad = 0
     big = 0
     for j in range(m):
-        i = ub + _U(j) * us
-        v = np.float64(x[i])
+        v = np.float64(xs[j])
         p = pb[j]
         t = (v - p) * inv
         ok = abs(t) <= LIMIT  # NaN fails the test too
         q = np.rint(t if ok else 0.0)
-        r[i] = p + q * step
-        e = abs(v - np.float64(r[i]))
+        rs[j] = p + q * step
+        e = abs(v - np.float64(rs[j]))
         bad += 0 if e <= eb else 1
-        qi = np.int64(q)
-        z = _U((qi << 1) ^ (qi >> 63))
-        big += 1 if z >= _U(ESCAPE) else 0
-        cs[j] = np.uint8(min(z, _U(ESCAPE)))
+        # the zigzag in float arithmetic (exact: |q| <= 2^50), so that the loop
+        # vectorises without 64-bit float <-> integer conversions
+        z = max(2.0 * q, -2.0 * q - 1.0)
+        big += 1 if z >= ESCAPE else 0
+        cs[j] = np.uint8(np.int32(min(z, np.float64(ESCAPE))))
     if bad or big:  # rare: exceptions first (they take q = 0), then escapes
         for j in range(m):
-            i = ub + _U(j) * us
-            v = np.float64(x[i])
-            if not abs(v - np.float64(r[i])) <= eb:
-                r[i] = pb[j] + 0.0 * step
+            v = np.float64(xs[j])
+            if not abs(v - np.float64(rs[j])) <= eb:
+                rs[j] = pb[j] + 0.0 * step
                 cs[j] = 0
-                exc[nexc] = np.int64(i)
+                exc[nexc] = base + j * st
                 nexc += 1
             elif cs[j] == ESCAPE:
                 esc[ne] = np.int64(np.rint((v - pb[j]) * inv))
@@ -166,74 +176,114 @@ def _encode_row(x, r, pb, base, sx, m, step, inv, eb, codes, k, esc, ne, exc, ne
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode_row(r, pb, base, sx, m, step, codes, k, esc, ne):
+def _decode_row(rs, pb, m, step, cs, esc, ne):
     """Inverse of :func:`_encode_row` (exceptions are patched later).
     **Returns** the escapes used after the row, or -1 if the list runs out."""
-    ub = _U(base)
-    us = _U(sx)
-    cs = codes[k:k + m]
     big = 0
     for j in range(m):
-        c = _U(cs[j])
-        q = np.int64(c >> _U(1)) ^ -np.int64(c & _U(1))
-        r[ub + _U(j) * us] = pb[j] + np.float64(q) * step
-        big += 1 if c == _U(ESCAPE) else 0
+        c = np.int32(cs[j])  # 32-bit: the conversion to float64 vectorises
+        rs[j] = pb[j] + np.float64((c >> 1) ^ -(c & 1)) * step
+        big += 1 if c == ESCAPE else 0
     if big:
         if ne + big > esc.size:
             return -1
         for j in range(m):
             if cs[j] == ESCAPE:
-                r[ub + _U(j) * us] = pb[j] + np.float64(esc[ne]) * step
+                rs[j] = pb[j] + np.float64(esc[ne]) * step
                 ne += 1
     return ne
 
 
 @numba.njit(cache=True, nogil=True)
-def sweep(x, r, nz, ny, nx, step, eb, codes, esc, exc, pb, encode):
+def _interleave(dst, e, o, me, mo):
+    """``dst[2j] = e[j]`` (``j < me``), ``dst[2j + 1] = o[j]`` (``j < mo``)."""
+    for j in range(mo):
+        dst[2 * j] = e[j]
+        dst[2 * j + 1] = o[j]
+    if me > mo:
+        dst[2 * mo] = e[mo]
+
+
+@numba.njit(cache=True, nogil=True)
+def sweep(x, out, nz, ny, nx, step, eb, codes, esc, exc, bufa, bufb, pb, xs, rs, encode):
     """Visit every point in the order of the module docstring, encoding
-    (``x`` -> ``r``, ``codes``, ``esc``, ``exc``) or decoding (``codes``,
-    ``esc`` -> ``r``; ``x``, ``exc`` unused).  ``pb`` is float64 scratch of
-    ``max(nz, ny, nx)`` values.  **Returns** ``(codes written, escapes,
-    exceptions)``; escapes is -1 when decoding runs out of them."""
+    (``x`` -> ``codes``, ``esc``, ``exc``; ``out`` unused) or decoding
+    (``codes``, ``esc`` -> ``out``; ``x``, ``exc`` unused).  ``bufa``,
+    ``bufb``: x's dtype, ``nz ny ceil(nx / 2)`` values each; ``pb`` (float64),
+    ``xs``, ``rs`` (x's dtype): ``ceil(nx / 2) + 1`` values each.
+    **Returns** ``(codes written, escapes, exceptions)``; escapes is -1 when
+    decoding runs out of them."""
     inv = 1.0 / step
     ne = np.int64(0)
     nexc = np.int64(0)
+    top = levels(nz, ny, nx)
+    # the origin: G_top has one point, the first even point of XE_{top-1}
     pb[0] = 0.0
+    first = out if top == 0 else bufa
     if encode:
-        ne, nexc = _encode_row(x, r, pb, 0, 1, 1, step, inv, eb, codes, 0, esc, ne, exc, nexc)
+        xs[0] = x[0]
+        ne, nexc = _encode_row(xs, rs, pb, 1, step, inv, eb, codes, esc, ne, exc, nexc, 0, 1)
     else:
-        ne = _decode_row(r, pb, 0, 1, 1, step, codes, 0, esc, ne)
+        ne = _decode_row(rs, pb, 1, step, codes, esc, ne)
+    first[0] = rs[0]
     k = np.int64(1)
-    plane = ny * nx
-    for lev in range(levels(nz, ny, nx), 0, -1):
-        s = 1 << (lev - 1)
-        for d in range(3):
-            if d == 0:
-                zs, z0, ys, y0, x0 = 2 * s, s, 2 * s, 0, 0
-            elif d == 1:
-                zs, z0, ys, y0, x0 = s, 0, 2 * s, s, 0
-            else:
-                zs, z0, ys, y0, x0 = s, 0, s, 0, s
-            for z in range(z0, nz, zs):
-                for y in range(y0, ny, ys):
-                    base = z * plane + y * nx
-                    if d == 2:
-                        m = _predict_x(r, pb, base, s, nx)
-                        base += s
+    cur, nxt = bufa, bufb
+    for lev in range(top, 0, -1):
+        s = 1 << (lev - 1)  # stride of G_{lev-1} in the array
+        mz, my, mx = _dim(nz, lev - 1), _dim(ny, lev - 1), _dim(nx, lev - 1)
+        me, mo = (mx + 1) // 2, mx // 2
+        # pass 0 (along z) and pass 1 (along y): rows of XE_{lev-1} in `cur`
+        for d in range(2):
+            for z in range(1 if d == 0 else 0, mz, 2 if d == 0 else 1):
+                for y in range(0 if d == 0 else 1, my, 2):
+                    if d == 0:
+                        kind = _kind(z, mz)
+                        o1 = my * me
                     else:
-                        m = (nx + 2 * s - 1) // (2 * s)
-                        if d == 0:
-                            _predict(r, pb, base, 2 * s, m, s * plane, _kind(z, s, nz))
-                        else:
-                            _predict(r, pb, base, 2 * s, m, s * nx, _kind(y, s, ny))
-                    if m == 0:
-                        continue
+                        kind = _kind(y, my)
+                        o1 = me
+                    r0 = (z * my + y) * me
+                    a = cur[max(r0 - 3 * o1, 0):]
+                    d_ = cur[r0 + 3 * o1:] if kind == 0 else a
+                    _predict_rows(a, cur[r0 - o1:], cur[r0 + o1:] if kind < 2 else a, d_, pb,
+                                  me, kind)
+                    row = cur[r0:r0 + me]
+                    cs = codes[k:k + me]
                     if encode:
-                        ne, nexc = _encode_row(x, r, pb, base, 2 * s, m, step, inv, eb, codes,
-                                               k, esc, ne, exc, nexc)
+                        base = (z * s * ny + y * s) * nx
+                        _gather(x, xs, base, 2 * s, me)
+                        ne, nexc = _encode_row(xs, row, pb, me, step, inv, eb, cs, esc, ne,
+                                               exc, nexc, base, 2 * s)
                     else:
-                        ne = _decode_row(r, pb, base, 2 * s, m, step, codes, k, esc, ne)
+                        ne = _decode_row(row, pb, me, step, cs, esc, ne)
                         if ne < 0:
                             return k, ne, nexc
-                    k += m
+                    k += me
+        # pass 2 (along x): the odd points of every row, then the whole row of
+        # G_{lev-1} goes to its place: the output, or row (2z, 2y) of XE_{lev-2}
+        nmy, nme = _dim(ny, lev - 2) if lev > 1 else ny, mx
+        for z in range(mz):
+            for y in range(my):
+                r0 = (z * my + y) * me
+                e = cur[r0:r0 + me]
+                if mo:
+                    _predict_odd(e, pb, mo, mx)
+                    cs = codes[k:k + mo]
+                    if encode:
+                        base = (z * s * ny + y * s) * nx + s
+                        _gather(x, xs, base, 2 * s, mo)
+                        ne, nexc = _encode_row(xs, rs, pb, mo, step, inv, eb, cs, esc, ne, exc,
+                                               nexc, base, 2 * s)
+                    else:
+                        ne = _decode_row(rs, pb, mo, step, cs, esc, ne)
+                        if ne < 0:
+                            return k, ne, nexc
+                    k += mo
+                if lev > 1:
+                    t0 = (2 * z * nmy + 2 * y) * nme
+                    _interleave(nxt[t0:t0 + mx], e, rs, me, mo)
+                elif not encode:
+                    t0 = (z * ny + y) * nx
+                    _interleave(out[t0:t0 + mx], e, rs, me, mo)
+        cur, nxt = nxt, cur
     return k, ne, nexc
