@@ -35,7 +35,9 @@ Every other numeric dtype (bool, integers, float16, complex, big-endian
 floats) is stored *exactly* with :class:`Lossless` inside an ErrorBounded
 blob (trivially within the bound); so is a float array whose exceptions
 exceed a quarter of its values, or whose lossy encoding would not be smaller
-than its raw bytes.
+than its raw bytes.  When more than an eighth of the codes escape (data with
+little to predict, such as noise), the encoder also tries format 1 and keeps
+the smaller blob.
 
 Shapes: length-1 axes are dropped first; the predictor runs on a 1-, 2- or
 3-D view, more dimensions merged into the leading axis of a 3-D view; 0-d
@@ -190,6 +192,12 @@ class ErrorBounded(Codec):
         pad = -(len(header) + _PARAMS.size + len(wpart)) % 8
         size = (len(header) + _PARAMS.size + len(wpart) + pad + 8 * nwords + len(epart)
                 + len(xpart))
+        if n_esc > n // 8:
+            # Codes too large for bytes (noise-like data at a tight bound): the
+            # format-1 coder, whose bit widths follow the codes, may do better.
+            v1 = self._encode_v1(array)
+            if len(v1) < size:
+                return v1
         if size >= array.nbytes:
             return self._encode_lossless(header, array)
         params = _PARAMS.pack(_MODE_INTERP, 0, 0, 0, self.abs_error, self.step, nz, ny, nx,
