@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 from vlcc_adjoint.storage import codecs
 from vlcc_adjoint.storage.codecs import (ErrorBounded, FixedRate, Lossless, codec_from_config,
                                          decode)
-from vlcc_adjoint.storage.codecs import (_bitpack, _bytepack, _error_bounded, _fixed_rate,
+from vlcc_adjoint.storage.codecs import (_bitpack, _bytepack, _fixed_rate,
                                          _interp, _lossless)
 
 SETTINGS = settings(max_examples=60, deadline=None,
