@@ -13,7 +13,8 @@ from hypothesis.extra import numpy as hnp
 from vlcc_adjoint.storage import codecs
 from vlcc_adjoint.storage.codecs import (ErrorBounded, FixedRate, Lossless, codec_from_config,
                                          decode)
-from vlcc_adjoint.storage.codecs import _bitpack, _error_bounded, _fixed_rate, _lossless
+from vlcc_adjoint.storage.codecs import (_bitpack, _bytepack, _fixed_rate,
+                                         _interp, _lossless)
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -248,7 +249,7 @@ def test_lossy_kernels_compile_one_specialisation_per_float_dtype():
         codec.decode(codec.encode(a), out=out)
         codec.decode(bytearray(codec.encode(a)))  # a writable buffer, too
         FixedRate(9).decode(FixedRate(9).encode(a), out=out)
-    for kernel in (_error_bounded._encode, _error_bounded._decode, _fixed_rate._encode,
+    for kernel in (_interp.sweep, _bytepack.pack8, _bytepack.unpack8, _fixed_rate._encode,
                    _fixed_rate._decode):
         assert len(kernel.signatures) <= 2, kernel.signatures
     # (helpers: one each, shared by both codecs; listed only when compiled in

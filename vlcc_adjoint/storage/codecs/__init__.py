@@ -4,8 +4,9 @@ Each codec turns a numeric ndarray into a self-describing blob (magic, codec
 id and version, dtype, shape, parameters; never pickled) and back:
 
 - :class:`Lossless`: byte shuffle + LZ4 through C-Blosc2, exact.
-- :class:`ErrorBounded`: SZ-style Lorenzo prediction and linear
-  quantisation in numba, ``|x - x'| <= abs_error`` for every finite value.
+- :class:`ErrorBounded`: SZ3-style multilevel spline-interpolation
+  prediction and linear quantisation in numba, ``|x - x'| <= abs_error`` for
+  every finite value (blobs of the earlier Lorenzo format still decode).
 - :class:`FixedRate`: block floating point at ``bits`` bits per value, a
   known size and an error relative to each block's largest value.
 

@@ -6,7 +6,7 @@ Blob layout (all integers little-endian; a blob is never pickled)::
     0       4          magic b"VLCZ"
     4       1          header format version (1)
     5       1          codec id (1 Lossless, 2 ErrorBounded, 3 FixedRate)
-    6       1          codec format version
+    6       1          codec format version (ErrorBounded: 1 or 2)
     7       1          ndim (0..32)
     8       8          dtype as numpy's ``dtype.str`` ("<f4", "|u1", ...), NUL padded
     16      8 * ndim   shape (uint64 each)
@@ -205,8 +205,15 @@ def _peek_codec_id(blob) -> int:
 _NUMERIC_KINDS = "biufc"
 
 
-def read_header(blob, codec_id: int, version: int):
+def read_header(blob, codec_id: int, version: int | tuple[int, ...]):
     """Parse and validate the common header.
+
+    **Arguments:**
+
+    - `blob`: bytes-like.
+    - `codec_id`: the codec that must have written it.
+    - `version`: the codec format version this build reads, or a tuple of
+      them (the codec then reads the version from byte 6 of the blob).
 
     **Returns:** ``(view, dtype, shape, offset)``: the blob as a byte
     memoryview, the dtype, the shape and the offset of the codec's part.
@@ -219,10 +226,11 @@ def read_header(blob, codec_id: int, version: int):
             f"{_BY_ID[codec_id].__name__}; decode it with that codec or with codecs.decode(blob)"
         )
     _, _, _, cver, ndim, dstr = _FIXED.unpack_from(view, 0)
-    if cver != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    if cver not in versions:
         raise ValueError(
             f"unsupported {_BY_ID[codec_id].__name__} format version {cver} "
-            f"(this build reads {version})"
+            f"(this build reads {', '.join(map(str, versions))})"
         )
     if ndim > MAX_NDIM:
         raise ValueError(f"corrupt blob header: ndim {ndim} > {MAX_NDIM}")

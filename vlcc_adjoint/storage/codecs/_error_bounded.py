@@ -1,78 +1,30 @@
-"""ErrorBounded: SZ-style lossy compression with a guaranteed absolute error.
+"""ErrorBounded: SZ3-style lossy compression with a guaranteed absolute error.
 
-References:
+The stages (format 2; the format-1 Lorenzo codec of earlier releases is
+still decoded, :mod:`._lorenzo`):
 
-- S. Di and F. Cappello, "Fast error-bounded lossy HPC data compression
-  with SZ", IPDPS 2016 (prediction + linear quantisation, the SZ scheme).
-- D. Tao, S. Di, Z. Chen and F. Cappello, "Significantly improving lossy
-  compression for scientific data sets based on multidimensional prediction
-  and error-controlled quantization", IPDPS 2017 (SZ-1.4: the Lorenzo
-  predictor on reconstructed values, in 1, 2 and 3 dimensions).
-- X. Liang, S. Di, D. Tao, S. Li, S. Li, H. Guo, Z. Chen and F. Cappello,
-  "Error-controlled lossy compression optimized for high compression ratios
-  of scientific datasets", IEEE BigData 2018 (SZ2).
-- J. Tian, S. Di, K. Zhao, C. Rivera, M. H. Fulp, R. Underwood, S. Jin,
-  X. Liang, J. Calhoun, D. Tao and F. Cappello, "cuSZ: an efficient GPU-based
-  error-bounded lossy compression framework", PACT 2020 (dual quantisation,
-  used here to take the serial dependency out of the encoder).
-
-The scheme.  With the bound ``eb`` and the lattice step ``s = 2 eb (1 - mu)``,
-``mu = 2^-8``:
-
-1. *Quantise every value to the lattice*: ``p = rint(x * fl(1/s))`` (an
-   integer, ``|p| <= 2^50``).  The reconstruction is ``x' = cast(p * s)``,
-   the product computed in float64 and rounded once to the array's dtype,
-   by the encoder and the decoder alike.  ``|x - p s| <= s / 2`` up to the
-   rounding of ``x / s``, and the margin ``eb mu`` absorbs every rounding:
-
-       |x - x'| <= s/2 + |x| 2^-51.4 + (|x| + s) (2^-53 + 2^-24 [float32 only])
-
-   which is ``<= eb`` whenever ``|x| <= T``, ``T = 2^15 eb`` for float32
-   (the float32 term is then at most ``eb 2^-9``) and ``T = 2^40 eb`` for
-   float64 (provided ``eb`` is far above the subnormals: ``eb >= 2^-100``,
-   resp. ``2^-1000``; otherwise ``T = 0``).  The encoder tracks ``max |x|``
-   over each chunk of 2048 values; only in a chunk whose maximum exceeds
-   ``T`` (or holding a non-finite value) does it reconstruct each value as
-   the decoder will and test ``|x - x'| <= eb`` one by one.  The margin
-   costs ``log2(1 / (1 - mu)) = 0.006`` bits per value.
-
-2. *Predict with Lorenzo on the lattice*: the code of ``p[z, y, x]`` is the
-   Lorenzo residual
-
-       r = p - p[x-1] - p[y-1] - p[z-1] + p[x-1,y-1] + p[x-1,z-1] + p[y-1,z-1]
-             - p[x-1,y-1,z-1]
-
-   (neighbours outside the array count as 0; 2-D and 1-D drop the terms of
-   the missing axes).  Because the prediction ``p - r`` is itself a lattice
-   point, this is exactly SZ-1.4's "predict from the *reconstructed*
-   neighbours, quantise the prediction error with step ``s``":
-   ``rint((x - s (p - r)) / s) = p - (p - r) = r``.  Quantising first and
-   predicting on integers (cuSZ's dual quantisation) gives the same codes
-   without SZ's value-by-value feedback loop, so every pass over the data is
-   a vectorisable loop, and the decoder inverts it exactly with integer
-   prefix sums.  The residual is separable: ``r = D_z D_y D_x p`` with
-   backward differences ``D``, which is how the kernel computes it, one row
-   at a time, keeping the previous row's ``D_x p`` (2-D) and the previous
-   plane's ``D_y D_x p`` (3-D).
-
-3. *Pack the codes*: zigzag (``2r`` for ``r >= 0``, ``-2r - 1`` otherwise),
-   blocks of 32 codes in C order, each block packed at the bit width of its
-   largest code (see ``_bitpack.py``); the widths are stored apart, 4 bits
-   each when all are below 16 (the usual case), else a byte each.  Smooth
-   data gives codes of a few bits; quiet regions give width-0 blocks that
-   cost 4 bits per 32 values.  Blocks of 32 rather than 128: on the
-   benchmark wavefield the per-block widths follow the local amplitude
-   closely enough to save a quarter of the payload (4.3 -> 3.3 bits per
-   value).  An LZ stage (LZ4 or Zstd through Blosc2) on the packed codes
-   was measured and does not pay: LZ4 gains nothing, Zstd 12% at three
-   times the encoding time.
-
-4. *Exceptions*: every value whose reconstruction, computed exactly as the
-   decoder will, is not within ``eb`` of it (NaN, +-inf, ``|x / s| > 2^50``,
-   or a rounding failure at the bound) is stored verbatim (index and value,
-   compressed with :class:`Lossless`) and patched in after decoding.  NaN
-   payloads and infinities come back bit for bit.  Non-finite and
-   out-of-range values take ``p = 0`` in the prediction.
+1. *Predict and quantise* (:mod:`._interp`): multilevel cubic-spline
+   interpolation on the array's own shape, coarse to fine, each value
+   predicted from already reconstructed neighbours and quantised on the
+   lattice of step ``s = 2 eb (1 - 2^-8)`` around its prediction (Zhao et al.,
+   ICDE 2021; Liang et al., IEEE TBD 2022: SZ3's interpolation predictor with
+   its linear-scaling quantisation).  The encoder reconstructs every value
+   exactly as the decoder will and checks ``|x - x'| <= eb`` in float64.
+2. *Codes*: one byte per value, ``zigzag(q)`` below 255, else 255 and ``q`` in
+   an escape list.
+3. *Entropy stage*: the bytes are packed in blocks of 8 at the bit width of
+   their largest code (:mod:`._bytepack`), and the block widths, a byte per 8
+   values, are compressed with Zstd through C-Blosc2.  SZ3 Huffman-codes its
+   quantisation codes and runs Zstd over the result; here Zstd (whose
+   literals are Huffman-coded) sees only the widths, an eighth of the bytes,
+   which is what makes the stage fast.  On the benchmark wavefield at 1e-4 of
+   its range the codes cost 1.15 bits per value and the widths 0.21.
+4. *Exceptions*: the values that fail the check (NaN, +-inf, ``|x - p| / s >
+   2^50``, a rounding failure at the bound) take the code 0, so that the
+   values predicted from them see the same ``x' = dtype(p)`` in the encoder
+   and the decoder, and are stored verbatim (index and value, compressed with
+   :class:`Lossless`) and patched in after decoding.  NaN payloads and
+   infinities come back bit for bit.
 
 Guarantee: ``|x - x'| <= abs_error`` for every finite element, computed in
 float64 from the stored dtype (the tests check it on adversarial data);
@@ -80,21 +32,38 @@ non-finite values round-trip exactly.
 
 Dtypes: float32 and float64 (native byte order) are compressed as above.
 Every other numeric dtype (bool, integers, float16, complex, big-endian
-floats) is stored *exactly* with
-:class:`Lossless` inside an ErrorBounded blob (trivially within the bound);
-so is a float array whose exceptions exceed a quarter of its values, or
-whose lossy encoding would not be smaller than its raw bytes.
+floats) is stored *exactly* with :class:`Lossless` inside an ErrorBounded
+blob (trivially within the bound); so is a float array whose exceptions
+exceed a quarter of its values, or whose lossy encoding would not be smaller
+than its raw bytes.  When more than an eighth of the codes escape (data with
+little to predict, such as noise), the encoder also tries format 1 and keeps
+the smaller blob.
 
-Ratios and speeds against zfp and SZ3 are measured by
-``benchmarks/bench_codecs.py`` (results in ``benchmarks/results/``).  First
-use compiles the kernels; numba caches them on disk (next to the sources,
-or in ``NUMBA_CACHE_DIR`` / the user cache when that is read-only), so later
-processes only load them.
+Shapes: length-1 axes are dropped first; the predictor runs on a 1-, 2- or
+3-D view, more dimensions merged into the leading axis of a 3-D view; 0-d
+arrays are 1 value; empty arrays have no payload.  Non-contiguous input is
+copied to C order first.
 
-Shapes: length-1 axes are dropped first; 1-, 2- and 3-D arrays use the
-Lorenzo predictor of their dimension; more dimensions are merged into the
-leading axis of a 3-D view; 0-d arrays are 1 value; empty arrays have no
-payload.
+Layout after the common header (``_codec.py``), format 2::
+
+    _PARAMS    mode (0 interpolation, 1 lossless), flags (0), reserved,
+               abs_error, step, nz, ny, nx, escapes, exceptions, and the
+               byte lengths of the four parts below
+    widths     Lossless (Zstd) blob of the block widths, uint8 (ceil(n/8),)
+    padding    to a multiple of 8 bytes from the blob's start
+    words      the packed codes (uint64 words, the pad word included)
+    escapes    Lossless (Zstd) blob of the escaped codes, zigzagged, uint64
+               (escapes,); or empty
+    table      the exception table (``_lossy.py``); or empty
+
+The decoder checks every length against the shape before it allocates or
+reads: the parts must add up to the blob's length, each inner blob must
+declare exactly the dtype and shape the header implies, the widths must be
+<= 8 and imply the words' length, and the codes must use every escape.
+
+Ratios and speeds against zfp and SZ3, at equal measured error, are measured
+by ``benchmarks/bench_codecs.py`` (results in ``benchmarks/results/``).
+First use compiles the kernels; numba caches them on disk.
 """
 
 from __future__ import annotations
@@ -103,238 +72,44 @@ import math
 import struct
 from typing import Any
 
-import numba
 import numpy as np
 
-from ._bitpack import finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
+from ._bitpack import words_for_bits
+from ._bytepack import pack8, unpack8
 from ._codec import (ERROR_BOUNDED_ID, Codec, Scratch, check_numeric, from_bytes,
                      little_endian_host, need, output, read_header, readonly, write_header)
-from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
+from ._interp import sweep
+from ._lorenzo import decode_v1, encode_v1, lorenzo_shape
 from ._lossless import Lossless
+from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
 
 __all__ = ["ErrorBounded"]
 
-_B = 32  # codes per packed block (one width each)
-_CH = 2048  # values per pass of the row loop: its buffers stay in L1
-_LIMIT = 2.0**50  # |x / s| beyond this is an exception (codes stay < 2^55)
 _MARGIN = 1.0 - 2.0**-8  # s = 2 eb * _MARGIN
-_ABS = np.uint64(0x7FFF_FFFF_FFFF_FFFF)  # float64 bits without the sign
 _MAX_STEP = 2.0**1000
 
-
-# -- kernels -----------------------------------------------------------------------
-# Inner loops index slices from 0 (``xs[j]``, not ``x[base + j]``): numba
-# wraps negative indices, and only when LLVM can prove an index >= 0 does the
-# loop vectorise with plain loads instead of gathers.  Constants passed to
-# other kernels are wrapped (``np.int64(_B)``): numba would otherwise compile
-# the callee once per literal value it is called with.
-
-
-@numba.njit(cache=True, nogil=True)
-def _flush_blocks(rbuf, fill, final, widths, nb, words, pos, acc, shift):
-    """Pack the complete blocks of ``rbuf[:fill]`` (and, if ``final``, the
-    zero-padded rest) and move what is left to the front.
-    Returns ``(fill, nb, pos, acc, shift)``."""
-    if final and fill % _B:
-        for i in range(fill, fill + _B - fill % _B):
-            rbuf[i] = 0
-        fill += _B - fill % _B
-    done = fill - fill % _B
-    nb, pos, acc, shift = pack_blocks(rbuf, done, np.int64(_B), np.int64(-1), widths, nb,
-                                      words, pos, acc, shift)
-    for i in range(fill - done):
-        rbuf[i] = rbuf[done + i]
-    return fill - done, nb, pos, acc, shift
-
-
-@numba.njit(cache=True, nogil=True)
-def _encode(x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1, d2, exc):
-    """Quantise, predict and pack ``x`` (flat, C order, shape ``(nz, ny, nx)``).
-
-    ``tmp`` (x's dtype, ``_CH``), ``pbuf`` (int64, ``_CH + 1``), ``rbuf``
-    (uint64, ``_CH + _B``), ``d1`` (int64, ``nx`` if ``ny > 1``), ``d2``
-    (int64, ``ny * nx`` if ``nz > 1``) are scratch.  Writes the block widths
-    and the packed stream, and the flat indices of exceptions into ``exc`` (as
-    many as fit).  ``safe`` holds the IEEE bits of the largest ``|x|`` whose
-    reconstruction provably meets the bound (:func:`_safe_magnitude`).
-    Returns ``(words used, number of exceptions)``.
-    """
-    inv = 1.0 / step
-    nb = np.int64(0)
-    pos = np.int64(0)
-    acc = np.uint64(0)
-    shift = np.int64(0)
-    fill = np.int64(0)
-    n_exc = np.int64(0)
-    cap = exc.size
-    if nz > 1:
-        d2[:] = 0
-    k = np.int64(0)
-    for z in range(nz):
-        if ny > 1:
-            d1[:] = 0
-        for y in range(ny):
-            pbuf[0] = 0  # p left of the row
-            for j0 in range(0, nx, _CH):
-                m = min(_CH, nx - j0)
-                xs = x[k + j0:k + j0 + m]
-                # Pass 1 (vectorised): the lattice index; count what is out of
-                # range and track max |x| (as IEEE bits: an integer max vectorises).
-                bad = 0
-                mb = np.int64(0)
-                for j in range(m):
-                    v = np.float64(xs[j])
-                    t = v * inv
-                    ok = abs(t) <= _LIMIT  # NaN fails the test too
-                    q = np.rint(t if ok else 0.0)
-                    pbuf[j + 1] = np.int64(q)
-                    bad += 0 if ok else 1
-                    mb = max(mb, np.int64(float_bits(v) & _ABS))  # signed: vectorises
-                # Pass 1b, only if some |x| exceeds `safe`: reconstruct every value
-                # exactly as the decoder will (the store into tmp rounds to x's
-                # dtype) and record those that miss the bound.
-                if bad or mb > safe:  # (an int64 holding IEEE bits)
-                    bad = 0
-                    for j in range(m):
-                        tmp[j] = np.float64(pbuf[j + 1]) * step
-                        e = abs(np.float64(xs[j]) - np.float64(tmp[j]))
-                        bad += 0 if e <= eb else 1
-                    if bad:
-                        for j in range(m):
-                            if not abs(np.float64(xs[j]) - np.float64(tmp[j])) <= eb:
-                                if n_exc < cap:
-                                    exc[n_exc] = k + j0 + j
-                                n_exc += 1
-                # Pass 2 (vectorised): Lorenzo residual D_z D_y D_x p, zigzagged.
-                rb = rbuf[fill:fill + m]
-                if nz > 1:
-                    d1s = d1[j0:j0 + m]
-                    d2s = d2[y * nx + j0:y * nx + j0 + m]
-                    for j in range(m):
-                        r1 = pbuf[j + 1] - pbuf[j]
-                        r2 = r1 - d1s[j]
-                        d1s[j] = r1
-                        r = r2 - d2s[j]
-                        d2s[j] = r2
-                        rb[j] = np.uint64((r << 1) ^ (r >> 63))
-                elif ny > 1:
-                    d1s = d1[j0:j0 + m]
-                    for j in range(m):
-                        r1 = pbuf[j + 1] - pbuf[j]
-                        r = r1 - d1s[j]
-                        d1s[j] = r1
-                        rb[j] = np.uint64((r << 1) ^ (r >> 63))
-                else:
-                    for j in range(m):
-                        r = pbuf[j + 1] - pbuf[j]
-                        rb[j] = np.uint64((r << 1) ^ (r >> 63))
-                pbuf[0] = pbuf[m]
-                fill, nb, pos, acc, shift = _flush_blocks(rbuf, fill + m, np.bool_(False), widths,
-                                                          nb, words, pos, acc, shift)
-            k += nx
-    fill, nb, pos, acc, shift = _flush_blocks(rbuf, fill, np.bool_(True), widths, nb, words, pos,
-                                              acc, shift)
-    return finish(words, pos, acc, shift), n_exc
-
-
-@numba.njit(cache=True, nogil=True)
-def _decode(widths, words, out, nz, ny, nx, step, rbuf, pbuf, d1, d2):
-    """Inverse of :func:`_encode` (without the exceptions): unpack, undo the
-    differences with prefix sums, scale by ``step`` into ``out`` (flat).
-
-    The serial part (the running sum along a row) is a loop of its own, one
-    integer add per value; undoing ``D_z`` and ``D_y`` and the scaling are
-    vectorised loops around it.
-    """
-    nb = np.int64(0)
-    bit = np.int64(0)
-    avail = np.int64(0)
-    if nz > 1:
-        d2[:] = 0
-    k = np.int64(0)
-    for z in range(nz):
-        if ny > 1:
-            d1[:] = 0
-        for y in range(ny):
-            p = np.int64(0)
-            for j0 in range(0, nx, _CH):
-                m = min(_CH, nx - j0)
-                if avail < m:
-                    more = (m - avail + _B - 1) // _B
-                    bit = unpack_blocks(words, bit, more, np.int64(_B), np.int64(-1), widths, nb,
-                                        rbuf, avail)
-                    nb += more
-                    avail += more * _B
-                # Undo the zigzag, then D_z and D_y (vectorised, one loop).
-                if nz > 1:
-                    d1s = d1[j0:j0 + m]
-                    d2s = d2[y * nx + j0:y * nx + j0 + m]
-                    for j in range(m):
-                        c = rbuf[j]
-                        r = (np.int64(c >> np.uint64(1)) ^ -np.int64(c & np.uint64(1))) + d2s[j]
-                        d2s[j] = r
-                        r += d1s[j]
-                        d1s[j] = r
-                        pbuf[j] = r
-                elif ny > 1:
-                    d1s = d1[j0:j0 + m]
-                    for j in range(m):
-                        c = rbuf[j]
-                        r = (np.int64(c >> np.uint64(1)) ^ -np.int64(c & np.uint64(1))) + d1s[j]
-                        d1s[j] = r
-                        pbuf[j] = r
-                else:
-                    for j in range(m):
-                        c = rbuf[j]
-                        pbuf[j] = np.int64(c >> np.uint64(1)) ^ -np.int64(c & np.uint64(1))
-                # Undo D_x: the running sum, the one serial loop (an add per value).
-                for j in range(m):
-                    p += pbuf[j]
-                    pbuf[j] = p
-                outs = out[k + j0:k + j0 + m]
-                for j in range(m):
-                    outs[j] = np.float64(pbuf[j]) * step
-                for i in range(avail - m):
-                    rbuf[i] = rbuf[m + i]
-                avail -= m
-            k += nx
-
-
-# -- codec -------------------------------------------------------------------------
-
-# mode, flags, reserved, abs_error, step, nz, ny, nx, n_exc, words bytes, exceptions bytes
-_PARAMS = struct.Struct("<BBHIddQQQQQQ")
-_NIBBLES = 1  # flag: the block widths are 4-bit (two per byte, low nibble first)
-_MODE_LORENZO = 0
+# mode, flags, reserved, reserved, abs_error, step, nz, ny, nx, escapes, exceptions,
+# bytes of: widths, words, escapes, exception table
+_PARAMS = struct.Struct("<BBHIddQQQQQQQQQ")
+_MODE_INTERP = 0
 _MODE_LOSSLESS = 1
+_V1, _V2 = 1, 2
 
 
-def _safe_magnitude(eb: float, dtype: np.dtype) -> np.int64:
-    """IEEE bits of ``T``: every ``|x| <= T`` reconstructs within ``eb`` (module
-    docstring, step 1), so the encoder checks values one by one only in
-    chunks holding a larger (or a non-finite) value.  0 turns the shortcut off."""
-    if dtype == np.float32:
-        t = eb * 2.0**15 if eb >= 2.0**-100 else 0.0
-    else:
-        t = eb * 2.0**40 if eb >= 2.0**-1000 else 0.0
-    return np.array(min(t, 1e300)).view(np.int64)[()]
-
-
-def lorenzo_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """The ``(nz, ny, nx)`` view the predictor runs on (see the module docstring)."""
-    dims = [s for s in shape if s != 1]
-    if len(dims) > 3:
-        dims = [math.prod(dims[:-2]), dims[-2], dims[-1]]
-    dims = [1] * (3 - len(dims)) + dims
-    return dims[0], dims[1], dims[2]
+def _zigzag(q: np.ndarray) -> np.ndarray:
+    """``2q`` for ``q >= 0``, ``-2q - 1`` otherwise, as uint64 (small magnitudes
+    of either sign become small numbers, whose high bytes compress away)."""
+    return ((q << 1) ^ (q >> 63)).view(np.uint64)
 
 
 class ErrorBounded(Codec):
     """Lossy compression with ``|x - x'| <= abs_error`` for every finite value.
 
-    SZ-style: Lorenzo prediction on the quantisation lattice, linear
-    quantisation, per-block bit packing; numba kernels without the GIL.  See
-    the module docstring for the algorithm, the guarantee and the dtypes.
+    SZ3-style: multilevel cubic-spline interpolation on the array's shape,
+    linear quantisation around each prediction, byte codes packed in blocks of
+    8 with Zstd-coded block widths; numba kernels without the GIL.  See the
+    module docstring for the algorithm, the guarantee, the dtypes and the
+    format (blobs of the earlier Lorenzo format 1 still decode).
 
     **Arguments:**
 
@@ -348,8 +123,8 @@ class ErrorBounded(Codec):
 
     name = "vlcc_error_bounded"
     codec_id = ERROR_BOUNDED_ID
-    version = 1
-    lossless = False  # decode(encode(x)) == x for every input
+    version = _V2  # writes format 2; decodes 1 and 2
+    lossless = False  # within abs_error, not bit for bit
 
     def __init__(self, abs_error: float):
         try:
@@ -361,6 +136,8 @@ class ErrorBounded(Codec):
         self.abs_error = eb
         self._scratch = Scratch()
         self._lossless = Lossless()
+        self._zstd = Lossless(clevel=1, compressor="zstd", shuffle="none")
+        self._zstd_bytes = Lossless(clevel=1, compressor="zstd", shuffle="byte")
 
     def _parameters(self) -> dict[str, Any]:
         return {"abs_error": self.abs_error}
@@ -382,10 +159,10 @@ class ErrorBounded(Codec):
         - `array`: a numeric ndarray; float32/float64 are compressed lossily,
           other dtypes exactly.
 
-        **Returns:** a self-describing blob (bytes).
+        **Returns:** a self-describing blob (bytes, format 2).
         """
         array = check_numeric(array)
-        header = write_header(self.codec_id, self.version, array.dtype, array.shape)
+        header = write_header(self.codec_id, _V2, array.dtype, array.shape)
         if not compresses(array.dtype):
             return self._encode_lossless(header, array)
         little_endian_host()
@@ -393,53 +170,61 @@ class ErrorBounded(Codec):
         n = x.size
         nz, ny, nx = lorenzo_shape(array.shape)
         if n == 0:
-            return header + _PARAMS.pack(_MODE_LORENZO, 0, 0, 0, self.abs_error, self.step,
-                                         nz, ny, nx, 0, 0, 0)
-        nblocks = -(-n // _B)
+            return header + _PARAMS.pack(_MODE_INTERP, 0, 0, 0, self.abs_error, self.step,
+                                         nz, ny, nx, 0, 0, 0, 0, 0, 0)
+        nb = -(-n // 8)
         sc = self._scratch
-        widths = sc.get("widths", np.uint8, nblocks)
-        words = sc.get("words", np.uint64, words_for_bits(64 * _B * nblocks))
-        tmp = sc.get("tmp" + x.dtype.char, x.dtype, _CH)
-        pbuf = sc.get("pbuf", np.int64, _CH + 1)
-        rbuf = sc.get("rbuf", np.uint64, _CH + _B)
-        d1 = sc.get("d1", np.int64, nx if ny > 1 else 1)
-        d2 = sc.get("d2", np.int64, ny * nx if nz > 1 else 1)
-        exc = sc.get("exc", np.int64, 256 + n // 256)
-        safe = _safe_magnitude(self.abs_error, x.dtype)
-        nwords, n_exc = _encode(x, nz, ny, nx, self.step, self.abs_error, safe, widths, words,
-                                tmp, pbuf, rbuf, d1, d2, exc)
+        codes = sc.get("codes", np.uint8, 8 * nb)
+        codes[n:] = 0
+        esc = sc.get("esc", np.int64, n)
+        exc = sc.get("exc", np.int64, n)
+        bufa, bufb, pb, xs, rs = self._buffers(x.dtype, nz, ny, nx)
+        _, n_esc, n_exc = sweep(x, bufb, nz, ny, nx, self.step, self.abs_error, codes, esc, exc,
+                                bufa, bufb, pb, xs, rs, True)
         if n_exc > n // 4:
             return self._encode_lossless(header, array)
-        if n_exc > exc.size:
-            exc = sc.get("exc", np.int64, n_exc)
-            nwords, n_exc = _encode(x, nz, ny, nx, self.step, self.abs_error, safe, widths,
-                                    words, tmp, pbuf, rbuf, d1, d2, exc)
-        exc_part = pack_exceptions(self._lossless, exc[:n_exc], x)
-        flags = 0
-        if widths.max() < 16:  # the usual case: two widths per byte
-            flags |= _NIBBLES
-            nib = sc.get("nibbles", np.uint8, (nblocks + 1) // 2)
-            nib[:nblocks // 2] = widths[0:nblocks - 1:2] | (widths[1::2] << 4)
-            if nblocks % 2:
-                nib[-1] = widths[-1]
-            widths = nib
-        pad = -(len(header) + _PARAMS.size + widths.size) % 8
-        size = len(header) + _PARAMS.size + widths.size + pad + 8 * nwords + len(exc_part)
+        widths = sc.get("widths", np.uint8, nb)
+        words = sc.get("words", np.uint64, words_for_bits(64 * nb))
+        nwords = pack8(codes.view(np.uint64), nb, widths, words)
+        wpart = self._zstd.encode(widths)
+        epart = self._zstd_bytes.encode(_zigzag(esc[:n_esc])) if n_esc else b""
+        xpart = pack_exceptions(self._lossless, np.sort(exc[:n_exc]), x)
+        pad = -(len(header) + _PARAMS.size + len(wpart)) % 8
+        size = (len(header) + _PARAMS.size + len(wpart) + pad + 8 * nwords + len(epart)
+                + len(xpart))
+        if n_esc > n // 8:
+            # Codes too large for bytes (noise-like data at a tight bound): the
+            # format-1 coder, whose bit widths follow the codes, may do better.
+            v1 = self._encode_v1(array)
+            if len(v1) < size:
+                return v1
         if size >= array.nbytes:
             return self._encode_lossless(header, array)
-        params = _PARAMS.pack(_MODE_LORENZO, flags, 0, 0, self.abs_error, self.step, nz, ny, nx,
-                              n_exc, 8 * nwords, len(exc_part))
-        return b"".join((header, params, widths.data, b"\0" * pad,
-                         words[:nwords].view(np.uint8).data, exc_part))
+        params = _PARAMS.pack(_MODE_INTERP, 0, 0, 0, self.abs_error, self.step, nz, ny, nx,
+                              n_esc, n_exc, len(wpart), 8 * nwords, len(epart), len(xpart))
+        return b"".join((header, params, wpart, b"\0" * pad, words[:nwords].view(np.uint8).data,
+                         epart, xpart))
+
+    def _buffers(self, dtype: np.dtype, nz: int, ny: int, nx: int):
+        """This thread's work arrays for :func:`sweep` on an ``(nz, ny, nx)`` view:
+        the two level buffers (``nz ny ceil(nx / 2)`` values of ``dtype``) and
+        the three row buffers (``ceil(nx / 2) + 1`` values)."""
+        sc = self._scratch
+        half = nz * ny * ((nx + 1) // 2)
+        row = (nx + 1) // 2 + 1
+        c = dtype.char
+        return (sc.get("a" + c, dtype, half), sc.get("b" + c, dtype, half),
+                sc.get("pb", np.float64, row), sc.get("xs" + c, dtype, row),
+                sc.get("rs" + c, dtype, row))
 
     def _encode_lossless(self, header: bytes, array: np.ndarray) -> bytes:
         inner = self._lossless.encode(array)
-        return b"".join((header, _PARAMS.pack(_MODE_LOSSLESS, 0, 0, 0, self.abs_error,
-                                              self.step, 0, 0, 0, 0, 0, len(inner)), inner))
+        return b"".join((header, _PARAMS.pack(_MODE_LOSSLESS, 0, 0, 0, self.abs_error, self.step,
+                                              0, 0, 0, 0, 0, 0, 0, 0, len(inner)), inner))
 
     def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
         """Decompress a blob written by :meth:`encode` (any ``abs_error``: the
-        blob carries its own).
+        blob carries its own; format 1 and 2).
 
         **Arguments:**
 
@@ -449,56 +234,76 @@ class ErrorBounded(Codec):
 
         **Returns:** the array (``out`` when given).
         """
-        view, dtype, shape, offset = read_header(blob, self.codec_id, self.version)
+        view, dtype, shape, offset = read_header(blob, self.codec_id, (_V1, _V2))
+        if view[6] == _V1:
+            return decode_v1(view, offset, dtype, shape, out, self._scratch)
         need(view, offset + _PARAMS.size, "the ErrorBounded parameters")
-        (mode, flags, _, _, eb, step, nz, ny, nx, n_exc, nbytes_words,
-         nbytes_exc) = _PARAMS.unpack_from(view, offset)
+        (mode, flags, _, _, _, step, nz, ny, nx, n_esc, n_exc, nb_widths, nb_words, nb_esc,
+         nb_exc) = _PARAMS.unpack_from(view, offset)
         offset += _PARAMS.size
         if mode == _MODE_LOSSLESS:
-            return decode_fallback(view, offset, nbytes_exc, out, dtype, shape, "ErrorBounded")
-        if mode != _MODE_LORENZO:
-            raise ValueError(f"corrupt ErrorBounded blob: unknown mode {mode}")
+            return decode_fallback(view, offset, nb_exc, out, dtype, shape, "ErrorBounded")
+        if mode != _MODE_INTERP or flags:
+            raise ValueError(f"corrupt ErrorBounded blob: unknown mode {mode} or flags {flags}")
         if not compresses(dtype):
             raise ValueError(f"corrupt ErrorBounded blob: a lossy payload for dtype {dtype}")
         if not (math.isfinite(step) and step > 0):
             raise ValueError(f"corrupt ErrorBounded blob: quantisation step {step}")
-        n = math.prod(shape)
         if (nz, ny, nx) != lorenzo_shape(shape):
-            raise ValueError(
-                "corrupt ErrorBounded blob: its Lorenzo shape does not match its shape")
-        if flags & ~_NIBBLES:
-            raise ValueError(f"corrupt ErrorBounded blob: unknown flags {flags}")
-        nblocks = -(-n // _B)
-        nwb = (nblocks + 1) // 2 if flags & _NIBBLES else nblocks
-        pad = -(offset + nwb) % 8 if n else 0
-        end = offset + (nwb + pad + nbytes_words + nbytes_exc if n else 0)
+            raise ValueError("corrupt ErrorBounded blob: its 3-D view does not match its shape")
+        n = math.prod(shape)
+        if n_esc > n or n_exc > n or (n_esc == 0) != (nb_esc == 0) or (
+                n_exc == 0) != (nb_exc == 0):
+            raise ValueError(f"corrupt ErrorBounded blob: {n_esc} escapes and {n_exc} "
+                             f"exceptions ({nb_esc} and {nb_exc} bytes) in {n} values")
+        pad = -(offset + nb_widths) % 8 if n else 0
+        end = offset + nb_widths + pad + nb_words + nb_esc + nb_exc
         need(view, end, "the ErrorBounded payload")
         if len(view) != end:
             raise ValueError("corrupt ErrorBounded blob: trailing bytes after the payload")
-        result = output(out, dtype, shape)  # only now: the sizes agree with the shape
         if n == 0:
-            return result
-        little_endian_host()
+            if end != offset:
+                raise ValueError("corrupt ErrorBounded blob: a payload for an empty array")
+            return output(out, dtype, shape)
+        nb = -(-n // 8)
         sc = self._scratch
-        widths = from_bytes(view, np.uint8, nwb, offset)
-        if flags & _NIBBLES:
-            full = sc.get("widths", np.uint8, 2 * nwb)
-            full[0::2] = widths & 15
-            full[1::2] = widths >> 4
-            widths = readonly(full[:nblocks])
-        offset += nwb + pad
-        if (widths.max() > 64 or
-                8 * words_for_bits(_B * int(widths.sum(dtype=np.int64))) != nbytes_words):
+        widths = sc.get("widths", np.uint8, nb)
+        try:  # decoded into a buffer of the size the shape implies, or refused
+            self._zstd.decode(view[offset:offset + nb_widths], out=widths)
+        except ValueError as err:
+            raise ValueError(f"corrupt ErrorBounded blob: block widths: {err}") from None
+        offset += nb_widths + pad
+        if widths.max() > 8 or 8 * words_for_bits(8 * int(widths.sum(dtype=np.int64))) != nb_words:
             raise ValueError(
                 "corrupt ErrorBounded blob: block widths do not match the payload size")
-        words = from_bytes(view, np.uint64, nbytes_words // 8, offset)
-        offset += nbytes_words
-        rbuf = sc.get("rbuf", np.uint64, _CH + _B)
-        pbuf = sc.get("pbuf", np.int64, _CH + 1)
-        d1 = sc.get("d1", np.int64, nx if ny > 1 else 1)
-        d2 = sc.get("d2", np.int64, ny * nx if nz > 1 else 1)
+        little_endian_host()
+        result = output(out, dtype, shape)  # only now: the sizes agree with the shape
+        words = from_bytes(view, np.uint64, nb_words // 8, offset)
+        offset += nb_words
+        codes = sc.get("codes", np.uint8, 8 * nb)
+        unpack8(words, widths, nb, codes.view(np.uint64))
+        esc = sc.get("esc", np.int64, n_esc)
+        if n_esc:
+            zz = esc[:n_esc].view(np.uint64)
+            try:
+                self._zstd_bytes.decode(view[offset:offset + nb_esc], out=zz)
+            except ValueError as err:
+                raise ValueError(f"corrupt ErrorBounded blob: escapes: {err}") from None
+            esc[:n_esc] = (zz >> np.uint64(1)).view(np.int64) ^ -(zz & np.uint64(1)).view(np.int64)
+        offset += nb_esc
         flat = result.reshape(-1)
-        _decode(widths, words, flat, nz, ny, nx, step, rbuf, pbuf, d1, d2)
+        bufa, bufb, pb, xs, rs = self._buffers(dtype, nz, ny, nx)
+        _, used, _ = sweep(readonly(flat), flat, nz, ny, nx, step, 0.0, codes, esc[:n_esc],
+                           sc.get("exc", np.int64, 1), bufa, bufb, pb, xs, rs, False)
+        if used != n_esc:
+            raise ValueError(f"corrupt ErrorBounded blob: the codes use {used} of {n_esc} escapes")
         if n_exc:
-            patch_exceptions(view, offset, nbytes_exc, n_exc, flat, "ErrorBounded")
+            patch_exceptions(view, offset, nb_exc, n_exc, flat, "ErrorBounded")
         return result
+
+    def _encode_v1(self, array: np.ndarray) -> bytes:
+        """A format-1 (Lorenzo) blob of ``array``: what earlier releases wrote."""
+        array = check_numeric(array)
+        header = write_header(self.codec_id, _V1, array.dtype, array.shape)
+        return encode_v1(array, header, self.abs_error, self.step, self._scratch,
+                         self._lossless)

@@ -65,12 +65,18 @@ def patch_exceptions(view: memoryview, offset: int, nbytes: int, n_exc: int, fla
     (la,) = struct.unpack_from("<Q", view, offset)
     if 8 + la > nbytes:
         raise ValueError(f"corrupt {who} blob: bad exception table")
+    if not 0 < n_exc <= flat.size:
+        raise ValueError(f"corrupt {who} blob: {n_exc} exceptions in {flat.size} values")
     lossless = Lossless._decoder()
-    deltas = lossless.decode(view[offset + 8:offset + 8 + la])
-    values = lossless.decode(view[offset + 8 + la:offset + nbytes])
-    if (deltas.dtype != np.int64 or deltas.shape != (n_exc,) or values.dtype != flat.dtype
-            or values.shape != (n_exc,)):
-        raise ValueError(f"corrupt {who} blob: bad exception table")
+    # decoded into arrays of the declared size: a table claiming more is refused
+    # before anything is allocated for it
+    deltas = np.empty(n_exc, np.int64)
+    values = np.empty(n_exc, flat.dtype)
+    try:
+        lossless.decode(view[offset + 8:offset + 8 + la], out=deltas)
+        lossless.decode(view[offset + 8 + la:offset + nbytes], out=values)
+    except ValueError as err:
+        raise ValueError(f"corrupt {who} blob: bad exception table ({err})") from None
     idx = np.cumsum(deltas)
     if idx[0] < 0 or idx[-1] >= flat.size or np.any(deltas[1:] <= 0):
         raise ValueError(f"corrupt {who} blob: exception indices out of range")
