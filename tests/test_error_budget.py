@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vlcc_adjoint import run_adjoint
-from vlcc_adjoint._error_budget import (MAX_RUNS, ErrorBudgetError, ErrorBudgetReport,
+from vlcc_adjoint._error_budget import (MAX_RUNS, _ErrorBudgetNotMet, ErrorBudgetReport,
                                         controlled_run, lossy_levels)
 from vlcc_adjoint._examples import BurgersProblem, SeismicProblem
 from vlcc_adjoint.schedules import Revolve
@@ -218,7 +218,7 @@ def test_a_posteriori_estimate_triggers_a_tighter_rerun():
 
 def test_an_error_that_does_not_fall_with_the_bound_is_an_error():
     g, tier, run, read = _model(lambda tau: 1e-2 / tau)  # error 1e-2, whatever the bound
-    with pytest.raises(ErrorBudgetError, match="lossless checkpoints"):
+    with pytest.raises(_ErrorBudgetNotMet, match="lossless checkpoints"):
         controlled_run(run, [tier], 1e-3, read, None)
 
 

@@ -71,7 +71,7 @@ The controller
    and gives the run's estimate ``K_hat t*``.
    If that exceeds ``rtol``, the run is repeated at the tighter
    ``rtol / (SAFETY K_hat)``, at most :data:`MAX_RUNS` runs in all; then
-   :class:`ErrorBudgetError`.
+   a ``RuntimeError`` (a :class:`~vlcc_adjoint.VlccError`).
 
 ``SAFETY`` covers the run-to-run spread of ``K`` (the factor ~3 above);
 the estimate is first order, so it is an estimate, not a bound: the tests
@@ -109,7 +109,7 @@ import numpy as np
 
 from .errors import VlccError
 
-__all__ = ["BudgetRun", "ErrorBudgetError", "ErrorBudgetReport", "check_rtol", "controlled_run",
+__all__ = ["BudgetRun", "ErrorBudgetReport", "check_rtol", "controlled_run",
            "lossy_levels"]
 
 #: The chosen bound predicts an error this many times below the budget.
@@ -125,8 +125,9 @@ MIN_PAIR_RATIO = 1.5
 MAX_RUNS = 6
 
 
-class ErrorBudgetError(VlccError):
-    """The gradient's error could not be brought within the budget."""
+class _ErrorBudgetNotMet(VlccError, RuntimeError):
+    """The gradient's error could not be brought within the budget (catch it
+    as ``RuntimeError`` or :class:`~vlcc_adjoint.VlccError`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +274,7 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
 
     def attempt(bound: float):
         if len(runs) >= MAX_RUNS:
-            raise ErrorBudgetError(
+            raise _ErrorBudgetNotMet(
                 f"the gradient's estimated relative error stayed above gradient_rtol={rtol:g} "
                 f"after {MAX_RUNS} runs (bounds and estimates: "
                 + ", ".join(f"{r.bound:.3g}: {r.error_estimate}" for r in runs)
@@ -300,7 +301,7 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
         bound, g = grads[index]
         norm = _norm(g)
         if norm == 0.0:
-            raise ErrorBudgetError(
+            raise _ErrorBudgetNotMet(
                 "the gradient is zero, so its relative error is undefined; gradient_rtol needs "
                 "a nonzero gradient (check the objective and the seed adj_final)")
         pairs = [(other, h) for other, h in grads[:index]

@@ -63,7 +63,6 @@ from ._checks import check_finite as _check_finite
 from ._checks import check_seed as _check_seed
 from ._checks import matcher as _matcher
 from ._checks import signature as _signature
-from ._error_budget import ErrorBudgetError as ErrorBudgetError
 from ._error_budget import ErrorBudgetReport as ErrorBudgetReport
 from ._error_budget import check_rtol as _check_rtol
 from ._error_budget import controlled_run as _controlled_run
@@ -75,7 +74,7 @@ from .solver import Solver
 if TYPE_CHECKING:
     from .storage import TieredStore
 
-__all__ = ["AdjointResult", "ErrorBudgetError", "ErrorBudgetReport", "NonFiniteError",
+__all__ = ["AdjointResult", "ErrorBudgetReport", "NonFiniteError",
            "StateMismatchError", "register_spmd", "run_adjoint"]
 
 _spmd_runner: Callable[..., Any] | None = None
@@ -237,8 +236,9 @@ def run_adjoint(
     the wrong shape or dtype, or the part of `adj_final` that does not fit
     the state; :class:`NonFiniteError` (with `check_finite`);
     ``ValueError`` for a `gradient_rtol` outside (0, 1) or a store without
-    an ``ErrorBounded`` level; :class:`ErrorBudgetError` if the estimate
-    stays above the budget; any exception
+    an ``ErrorBounded`` level; a ``RuntimeError`` (a
+    :class:`~vlcc_adjoint.VlccError`) if the estimate stays above the
+    budget; any exception
     of the solver or the store, unchanged, with a note naming the step and
     the schedule action.
     """
