@@ -280,3 +280,27 @@ def test_set_error_bound_refuses_bad_input():
     for value in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="finite number > 0"):
             tier.set_error_bound(relative=value)
+
+
+# -- plan(..., gradient_rtol=...) ---------------------------------------------------------
+
+
+def test_plan_with_a_gradient_budget_builds_a_lossy_memory_level(burgers):
+    from vlcc_adjoint import plan
+
+    p, exact = burgers
+    state_bytes = p.n_cells * 8
+    bp = plan(p.n_steps, 10 * state_bytes, state_bytes=state_bytes, step_seconds=1e-4,
+              copy_seconds=1e-5, gradient_rtol=1e-3)
+    assert bp.gradient_rtol == 1e-3 and "gradient_rtol=0.001" in bp.explain
+    store = bp.make_store()
+    assert store.tiers[0].lossy
+    result = run_adjoint(p, bp.schedule, p.initial_state(), p.final_adjoint, store=store,
+                         gradient_rtol=bp.gradient_rtol)
+    assert _relative_error(result.adjoint, exact) <= 1e-3
+    exact_store = plan(p.n_steps, 10 * state_bytes, state_bytes=state_bytes, step_seconds=1e-4,
+                       copy_seconds=1e-5).make_store()
+    assert not isinstance(exact_store.tiers[0], CompressedMemoryTier)
+    with pytest.raises(ValueError, match="gradient_rtol must be"):
+        plan(p.n_steps, 10 * state_bytes, state_bytes=state_bytes, step_seconds=1e-4,
+             copy_seconds=1e-5, gradient_rtol=0.0)
