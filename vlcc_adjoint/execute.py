@@ -57,6 +57,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._checks import NonFiniteError as NonFiniteError
 from ._checks import StateMismatchError as StateMismatchError
 from ._checks import check_finite as _check_finite
@@ -67,7 +69,7 @@ from ._error_budget import ErrorBudgetReport as ErrorBudgetReport
 from ._error_budget import check_rtol as _check_rtol
 from ._error_budget import controlled_run as _controlled_run
 from ._result import AdjointResult as AdjointResult
-from ._run import _Run, _run_online
+from ._run import _copy_state, _Run, _run_online
 from .schedules import Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
 
@@ -138,6 +140,33 @@ def _budget_store(tiers, plan, store):
     dedup = False if store is None else store.dedup
     return TieredStore(tiers, plan=plan, workers=0, policy=policy, dedup=dedup,
                        close_tiers=False)
+
+
+def _restarter(solver, u0):
+    """``start() -> u_0`` for each run under the budget.
+
+    A solver may advance states, and update the seed, in place, so every
+    run starts from a copy of the original.  A solver that restores in
+    place and owns its buffers (Devito's fields) gets its own arrays back,
+    refilled, when they are plain numpy arrays."""
+    from .state import flatten
+
+    copy = getattr(solver, "copy", None) or _copy_state
+    pristine = copy(u0)
+    own = flatten(pristine)[0]
+    in_place = bool(getattr(solver, "restore_in_place", False))
+
+    def start():
+        # flattened each time: a step may have swapped the state's arrays
+        leaves = flatten(u0)[0]
+        if in_place and all(isinstance(x, np.ndarray) and x.flags.writeable and x.shape == y.shape
+                            for x, y in zip(leaves, own)):
+            for dst, src in zip(leaves, own):
+                np.copyto(dst, src)
+            return u0
+        return copy(pristine)
+
+    return start
 
 
 def _clear(tiers, kept: list[set]) -> None:
@@ -330,17 +359,13 @@ def _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop, ma
         lossy_levels(tiers)  # a clear error before anything runs
         kept = [set(t.keys()) for t in tiers]
 
-        # A solver may advance states, and update the seed, in place: every
-        # run starts from copies of the originals.
-        from ._run import _copy_state
-
+        start = _restarter(solver, u0)
         copy = getattr(solver, "copy", None) or _copy_state
-        pristine = copy(u0)
         seed = adj_final if callable(adj_final) else copy(adj_final)
 
         def run_once():
             try:
-                return _run_once(solver, schedule, copy(pristine),
+                return _run_once(solver, schedule, start(),
                                  seed if callable(seed) else copy(seed),
                                  _budget_store(tiers, plan, store), progress, stop, max_steps,
                                  check, check_finite, signature)
