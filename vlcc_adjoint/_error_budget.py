@@ -59,11 +59,10 @@ The controller
    ``t_b = t_a / PILOT_RATIO``, giving ``K_hat`` by (2).
 2. *Choice*: the largest bound with a predicted error ``SAFETY`` times
    below the budget, ``t* = rtol / (SAFETY K_hat)`` (at most
-   ``MAX_BOUND``).  If the second pilot is already within a factor 2 below
-   ``t*``, or ``t* > t_a`` (the gradient hardly reacts, ``K_hat = 0``
-   included: the lossy checkpoints did not change it), the second pilot is
-   the result: it is the run that ran last, so a gradient the solver
-   accumulates is its gradient.
+   ``MAX_BOUND``; ``K_hat = 0``, when the lossy checkpoints did not change
+   the gradient, gives ``MAX_BOUND``).  If the second pilot is already
+   within a factor 2 below ``t*``, it is the result: it is the run that ran
+   last, so a gradient the solver accumulates is its gradient.
 3. *Run and check a posteriori*: a run at ``t*``; (2) over the pairs of it
    and each earlier run (bounds at least ``MIN_PAIR_RATIO`` apart) updates
    ``K_hat`` (the largest estimate is kept: a sensitivity that grows as
@@ -317,7 +316,7 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
     runs.append(BudgetRun(t_b, k_hat * t_b, ratio, seconds))
     bound = t_b
     target = MAX_BOUND if k_hat == 0.0 else min(rtol / (SAFETY * k_hat), MAX_BOUND)
-    if not (k_hat == 0.0 or target / 2.0 <= t_b <= target or target > t_a):
+    if not target / 2.0 <= t_b <= target:
         while True:
             bound = target
             result, ratio, seconds = attempt(bound)
