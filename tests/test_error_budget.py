@@ -304,3 +304,31 @@ def test_plan_with_a_gradient_budget_builds_a_lossy_memory_level(burgers):
     with pytest.raises(ValueError, match="gradient_rtol must be"):
         plan(p.n_steps, 10 * state_bytes, state_bytes=state_bytes, step_seconds=1e-4,
              copy_seconds=1e-5, gradient_rtol=0.0)
+
+
+# -- the Devito drop-in ----------------------------------------------------------------------
+
+
+def test_devito_solver_run_meets_the_budget_in_a_process_of_its_own():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("devito")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    done = subprocess.run([sys.executable, str(root / "tests" / "devito_budget_case.py"), "1e-3"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "error" in done.stdout
+
+
+def test_devito_solver_run_needs_the_gradient_field():
+    pytest.importorskip("devito")
+    from vlcc_adjoint.devito import DevitoSolver
+
+    solver = DevitoSolver.__new__(DevitoSolver)  # the check comes before any operator runs
+    with pytest.raises(ValueError, match="gradient="):
+        solver.run(10, 3, gradient_rtol=1e-3)
