@@ -205,14 +205,14 @@ def test_controller_meets_the_budget_of_a_linear_model():
 
 
 def test_a_posteriori_estimate_triggers_a_tighter_rerun():
-    # The pilots (bounds >= 1e-3) see a sensitivity of 1; below, it is 50:
+    # The pilots (bounds >= 1e-3) see a sensitivity of 1; below, it is 500:
     # the run at the bound chosen from the pilots misses the budget, and
     # its a-posteriori estimate says so.
-    g, tier, run, read = _model(lambda tau: 1.0 if tau >= 1e-3 else 50.0)
+    g, tier, run, read = _model(lambda tau: 1.0 if tau >= 1e-3 else 500.0)
     _, report = controlled_run(run, [tier], 1e-3, read, None)
     assert len(report.runs) >= 4
     assert report.runs[2].error_estimate > 1e-3  # the first try, rejected
-    assert 50.0 * report.bound <= 1e-3  # the accepted one is within budget
+    assert 500.0 * report.bound <= 1e-3  # the accepted one is within budget
     assert report.error_estimate <= 1e-3
 
 

@@ -31,10 +31,10 @@ constant over the range of bounds where (1) holds.  The noise assumption
 needs the dither of :class:`CompressedMemoryTier`'s relative bounds (each
 checkpoint quantised on its own lattice, see its module): without it the
 errors of smooth regions are coherent biases and ``K`` jumps between
-neighbouring bounds.  Measured on the
-examples' seismic and Burgers problems, ``||g~ - g|| / (||g|| tau)`` stays
-within a factor of about 3 over eight decades of ``tau``, and ``K`` differs
-by a factor of a thousand between them: no fixed bound suits both.
+neighbouring bounds.  Measured on the examples' seismic and Burgers
+problems, ``||g~ - g|| / (||g|| tau)`` stays within a factor of 3 to 8
+over eight decades of ``tau`` (no trend, a spread), and ``K`` differs by a
+factor of a thousand between them: no fixed bound suits both.
 
 Estimating K without the exact gradient
 ---------------------------------------
@@ -72,10 +72,18 @@ The controller
    ``rtol / (SAFETY K_hat)``, at most :data:`MAX_RUNS` runs in all; then
    a ``RuntimeError`` (a :class:`~vlcc_adjoint.VlccError`).
 
-``SAFETY`` covers the run-to-run spread of ``K`` (the factor ~3 above);
-the estimate is first order, so it is an estimate, not a bound: the tests
-check the achieved error against exact runs on both examples at budgets
-``1e-2 .. 1e-4``.  The cost is two to four runs of the schedule instead of
+``SAFETY`` covers the spread of ``K`` from one bound to the next: each
+run's error is one draw of a sum dominated by a few checkpoints, and on a
+seismic problem with 6 snapshots over 250 steps ``K`` ranged over
+85 .. 640 across 25 bounds from 1e-1 to 1e-7.  With ``SAFETY = 8``, 42
+controlled runs (six Burgers and seismic configurations, budgets 3e-2 ..
+1e-5) all met their budget, the largest error 0.67 of it; with 4, three
+exceeded it by up to 10%.  The estimate is first order, so it is an
+estimate, not a bound: the tests check the achieved error against exact
+runs on both examples at budgets ``1e-2 .. 1e-4``.  The a-posteriori check
+sees a sensitivity that grows below the pilots' bounds only when the run's
+error outgrows the pilots' (its difference to them then exceeds what (1)
+allows); a smaller jump is left to ``SAFETY``.  The cost is two to four runs of the schedule instead of
 one (the pilots compress more, so they fit wherever the final run does).
 Each run writes synchronously (``TieredStore(workers=0)``): every
 checkpoint on a lossy level is then read back decoded, so the estimate
@@ -111,8 +119,9 @@ from .errors import VlccError
 __all__ = ["BudgetRun", "ErrorBudgetReport", "check_rtol", "controlled_run",
            "lossy_levels"]
 
-#: The chosen bound predicts an error this many times below the budget.
-SAFETY = 4.0
+#: The chosen bound predicts an error this many times below the budget
+#: (the spread of ``K`` between neighbouring bounds, measured up to 7.5x).
+SAFETY = 8.0
 #: Ratio of the two pilot bounds, and of the first pilot bound to ``rtol``.
 PILOT_RATIO = 10.0
 #: The largest relative bound used (beyond it the first-order model fails).
