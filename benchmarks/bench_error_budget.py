@@ -210,17 +210,17 @@ def plot(rows, path):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller problems")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"folder for the results (default: {_default_out()})")
+    parser.add_argument("--out", type=Path, default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"), help="folder for the results")
     parser.add_argument("--update-results", action="store_true",
                         help="write into benchmarks/results/, the results the paper quotes")
     args = parser.parse_args(argv)
-    if args.update_results and args.out is not None:
+    explicit = args.out != Path(_default_out())
+    if args.update_results and explicit:
         parser.error("--update-results writes benchmarks/results/; drop --out")
     if args.update_results:
         out = RESULTS
     else:
-        out = args.out or _default_out()
+        out = args.out
         if out.resolve() == RESULTS.resolve() or RESULTS.resolve() in out.resolve().parents:
             parser.error("--out is inside benchmarks/results/; pass --update-results to "
                          "rewrite the tracked results")
