@@ -301,7 +301,14 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
         ratio = (after[0] - before[0]) / enc if enc > 0 else None
         totals["forward"] += result.forward_steps
         totals["seconds"] += seconds
-        grads.append((bound, _leaves(gradient(result))))
+        value = gradient(result)
+        if value is None:
+            raise ValueError(
+                "gradient_rtol measures the gradient, and this run returned none (lambda_0 is "
+                "None: the solver keeps its adjoint in its own fields): pass gradient=lambda: "
+                "... (the gradient's data) and reset_gradient=... (zero it and the adjoint "
+                "fields before each run)")
+        grads.append((bound, _leaves(value)))
         return result, ratio, seconds
 
     def estimate(index: int) -> float:

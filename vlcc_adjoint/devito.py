@@ -384,28 +384,16 @@ class DevitoSolver:
         - `before_reverse`: called once between the sweeps, when every
           forward step has run (compute the data residual here).
         - `progress`: a progress bar over the schedule's actions.
-        - `gradient_rtol`: a budget on the gradient's relative L2 error
-          against exact checkpoints (see
-          :func:`~vlcc_adjoint.execute.run_adjoint`): the store's
-          ``CompressedMemoryTier(ErrorBounded(...))`` levels get the bound
-          it allows (default store: one such level per schedule level), and
-          the sweeps run two to four times.  The gradient lives in the
-          reverse operator's fields, so it needs:
-        - `gradient`: ``gradient() -> array``, the gradient field's data
-          (e.g. ``lambda: grad.data``), read after each run; and
-        - `reset_gradient`: zero the gradient and the adjoint wavefields
-          before each run (e.g. ``grad.data.fill(0); v.data.fill(0)``).
+        - `gradient_rtol`, `gradient`, `reset_gradient`: a budget on the
+          gradient's relative error, as for :func:`~vlcc_adjoint.run_adjoint`
+          (lossy ``ErrorBounded`` levels, two to four sweeps); here both
+          hooks are required: the gradient field's data (``lambda:
+          grad.data``) and a reset of it and the adjoint wavefields.
 
         **Returns:** :func:`~vlcc_adjoint.execute.run_adjoint`'s
         :class:`~vlcc_adjoint.execute.AdjointResult`; the gradient is in the
         reverse operator's fields.
         """
-        if gradient_rtol is not None and (gradient is None or reset_gradient is None):
-            raise ValueError(
-                "gradient_rtol needs gradient= (the gradient field's data, e.g. lambda: "
-                "grad.data) and reset_gradient= (zero the gradient and the adjoint wavefields, "
-                "e.g. lambda: (grad.data.fill(0), v.data.fill(0))): the sweeps run several times "
-                "and the gradient lives in the reverse operator's fields")
         schedule, store, scratch = _resolve_schedule(schedule, steps, store)
         self.n_steps = schedule.n_steps
         self._at_end = False
@@ -417,10 +405,9 @@ class DevitoSolver:
 
         try:
             # check=False: the states are always the same buffers.
-            budget = {} if gradient_rtol is None else dict(
-                gradient_rtol=gradient_rtol, gradient=gradient, reset_gradient=reset_gradient)
             return run_adjoint(self, schedule, self.live, between, store, progress, check=False,
-                               **budget)
+                               gradient_rtol=gradient_rtol, gradient=gradient,
+                               reset_gradient=reset_gradient)
         finally:
             _remove(scratch)
 
