@@ -325,7 +325,7 @@ def test_devito_solver_run_meets_the_budget_in_a_process_of_its_own():
     assert "error" in done.stdout
 
 
-def test_a_run_without_lambda_0_needs_the_gradient_hook(burgers):
+def test_a_run_without_lambda_0_needs_the_gradient_hook():
     # A solver that keeps its adjoint in its own fields (the Devito drop-in)
     # returns lambda_0 = None: the budget cannot measure it.
     class FieldSolver:

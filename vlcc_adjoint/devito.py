@@ -365,9 +365,9 @@ class DevitoSolver:
     def run(self, steps: int, schedule: Schedule | int | BudgetPlan | None = None,
             store: TieredStore | None = None, *,
             before_reverse: Callable[[], Any] | None = None,
-            progress: bool = False, gradient_rtol: float | None = None,
-            gradient: Callable[[], Any] | None = None,
-            reset_gradient: Callable[[], None] | None = None) -> AdjointResult:
+            progress: bool = False, gradient_rtol: float | None = None, gradient: Callable[
+                [], Any] | None = None, reset_gradient: Callable[[], None] | None = None,
+            ) -> AdjointResult:
         """The forward sweep and the reverse sweep over `steps` steps.
 
         **Arguments:**
@@ -384,11 +384,8 @@ class DevitoSolver:
         - `before_reverse`: called once between the sweeps, when every
           forward step has run (compute the data residual here).
         - `progress`: a progress bar over the schedule's actions.
-        - `gradient_rtol`, `gradient`, `reset_gradient`: a budget on the
-          gradient's relative error, as for :func:`~vlcc_adjoint.run_adjoint`
-          (lossy ``ErrorBounded`` levels, two to four sweeps); here both
-          hooks are required: the gradient field's data (``lambda:
-          grad.data``) and a reset of it and the adjoint wavefields.
+        - `gradient_rtol`, `gradient`, `reset_gradient`: as for :func:`~vlcc_adjoint.run_adjoint`
+          (``gradient=lambda: grad.data``; reset zeroes grad and the adjoint fields).
 
         **Returns:** :func:`~vlcc_adjoint.execute.run_adjoint`'s
         :class:`~vlcc_adjoint.execute.AdjointResult`; the gradient is in the
