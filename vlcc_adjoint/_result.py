@@ -32,6 +32,13 @@ class AdjointResult:
     - `stall_seconds`: time the executor waited in store calls (save, load,
       delete, move, and the final flush).
     - `wall_seconds`: the whole run.
+    - `error_estimate`: with ``gradient_rtol``, the estimated relative L2
+      error of the gradient against exact checkpoints; else ``None``.
+    - `compression_ratio`: with ``gradient_rtol``, raw over encoded bytes
+      of the checkpoints the lossy levels stored in this run; else ``None``.
+    - `error_budget`: with ``gradient_rtol``, the controller's
+      :class:`~vlcc_adjoint.execute.ErrorBudgetReport` (the bound chosen,
+      every run, the totals); else ``None``.
     """
 
     adjoint: Any
@@ -43,6 +50,9 @@ class AdjointResult:
     adjoint_seconds: float
     stall_seconds: float
     wall_seconds: float
+    error_estimate: float | None = None
+    compression_ratio: float | None = None
+    error_budget: Any = None
 
     @property
     def n_steps(self) -> int:
@@ -53,9 +63,11 @@ class AdjointResult:
         parts = [f"n_steps={self.n_steps}"]
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if value is None and field.name in _BUDGET_FIELDS:
+                continue  # a run without a gradient budget
             if field.name in ("adjoint", "final_state"):
                 text = summary(value)
-            elif field.name in ("schedule_stats", "store_stats"):
+            elif field.name in ("schedule_stats", "store_stats", "error_budget"):
                 text = f"<{type(value).__name__}>"
             elif isinstance(value, float):
                 text = f"{value:.4g}"
@@ -65,6 +77,7 @@ class AdjointResult:
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
+_BUDGET_FIELDS = ("error_estimate", "compression_ratio", "error_budget")
 _SUMMARY_ITEMS = 8  # container entries shown before "..."
 
 

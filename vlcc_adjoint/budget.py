@@ -18,6 +18,15 @@ those budgets into a schedule, and a store to run it with:
    and disk; the least predicted time wins.
 
 The decision and the numbers behind it are kept in :attr:`BudgetPlan.explain`.
+
+With ``gradient_rtol``, the memory level of :meth:`BudgetPlan.make_store`
+holds lossy checkpoints (``CompressedMemoryTier(ErrorBounded(...))``) whose
+bound ``run_adjoint(..., gradient_rtol=budget_plan.gradient_rtol)`` chooses
+from the gradient's error budget (:mod:`vlcc_adjoint._error_budget`).  The
+slots are still counted at the uncompressed state size: the ratio the
+budget allows is known only after the pilot runs, so the lossy level makes
+the plan's memory budget a bound that is kept with room to spare, not more
+slots.  The disk level stays lossless.
 The exact two-level dynamic program costs ``O(n (m + 1) (d + 1))`` time and
 memory; beyond a few hundred million states the disk slots offered to it are
 capped (a schedule with fewer disk slots is still valid, just not proven
@@ -71,6 +80,8 @@ class BudgetPlan:
     - `predicted_seconds`: the schedule's predicted run time.
     - `candidates`: ``{name: predicted seconds}`` of every schedule weighed.
     - `explain`: the decision in words.
+    - `gradient_rtol`: the gradient-error budget the memory level is lossy
+      for (pass it on to :func:`~vlcc_adjoint.run_adjoint`), or ``None``.
     """
 
     schedule: Schedule
@@ -87,17 +98,30 @@ class BudgetPlan:
     predicted_seconds: float
     candidates: dict
     explain: str
+    gradient_rtol: float | None = None
 
     def make_store(self, path: str | os.PathLike | None = None, **store_options: Any) -> TieredStore:
         """A :class:`~vlcc_adjoint.storage.TieredStore` for :attr:`schedule`:
-        a memory tier of `memory_bytes` and, for a two-level schedule, a
+        a memory tier of `memory_bytes` (error-bounded compressed memory
+        with :attr:`gradient_rtol`; its bound is set by ``run_adjoint(...,
+        gradient_rtol=...)``) and, for a two-level schedule, a
         :class:`~vlcc_adjoint.storage.ZarrTier` of `disk_bytes` at `path` (a
         new temporary directory by default), with the schedule's I/O plan for
         prefetching."""
         from .schedules import io_plan
         from .storage import MemoryTier, TieredStore, ZarrTier
 
-        tiers = [MemoryTier(capacity_bytes=self.memory_slots * self.state_bytes)]
+        capacity = self.memory_slots * self.state_bytes
+        if self.gradient_rtol is None:
+            tiers = [MemoryTier(capacity_bytes=capacity)]
+        else:
+            from .storage import CompressedMemoryTier
+            from .storage.codecs import ErrorBounded
+
+            # An encoded record is at most a few headers larger than the state
+            # (a leaf that does not compress is stored exactly).
+            tiers = [CompressedMemoryTier(ErrorBounded(1e-3), capacity_bytes=capacity
+                                          + self.memory_slots * DISK_RECORD_OVERHEAD)]
         if len(self.schedule.levels) > 1:
             if path is None:
                 path = tempfile.mkdtemp(prefix="vlcc-disk-")
@@ -321,6 +345,7 @@ def plan(
     disk_path: str | os.PathLike | None = None,
     calibration_steps: int = 3,
     verbose: bool | Callable[[str], None] = False,
+    gradient_rtol: float | None = None,
 ) -> BudgetPlan:
     """Choose a schedule for `steps` steps within memory and disk budgets.
 
@@ -353,6 +378,11 @@ def plan(
       :data:`CALIBRATION_SECONDS` of wall time each (at most `steps`).
     - `verbose`: print what is being calibrated, as it starts (or hand
       each line to `verbose`, if it is a callable).
+    - `gradient_rtol`: a budget on the gradient's relative error, in
+      (0, 1): :meth:`BudgetPlan.make_store` then makes the memory level
+      lossy (error-bounded compression); run with
+      ``run_adjoint(..., store=bp.make_store(),
+      gradient_rtol=bp.gradient_rtol)``, which chooses its bound.
 
     Measured costs are rounded to powers of ``2^(1/4)`` forward steps
     (:func:`round_cost`) before the schedule is chosen and its time
@@ -369,6 +399,10 @@ def plan(
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if gradient_rtol is not None:
+        from ._error_budget import check_rtol
+
+        gradient_rtol = check_rtol(gradient_rtol)
     for name, value in (("memory_bytes", memory_bytes), ("disk_bytes", disk_bytes)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f"{name} must be an integer number of bytes >= 0, got {value!r}")
@@ -483,11 +517,16 @@ def plan(
         notes.append(f"{name}: predicted {seconds:.3g} s" + ("  <- chosen" if name == best else ""))
     if m >= n - 1:
         notes.append("memory holds every state, so nothing is recomputed")
+    if gradient_rtol is not None:
+        notes.append(f"the memory level stores lossy checkpoints: pass gradient_rtol="
+                     f"{gradient_rtol:g} to run_adjoint, which chooses their error bound "
+                     "(slots are counted uncompressed, so the memory budget holds with room "
+                     "to spare)")
     return BudgetPlan(
         schedule=schedule, memory_bytes=int(memory_bytes), disk_bytes=int(disk_bytes),
         memory_slots=m, disk_slots=d, state_bytes=int(state_bytes),
         step_seconds=step_seconds, write_seconds=write_seconds, read_seconds=read_seconds,
         copy_seconds=copy_seconds, adjoint_cost=adjoint_cost, predicted_seconds=predicted,
         candidates={k: v[1] for k, v in candidates.items()},
-        explain="\n".join(notes),
+        explain="\n".join(notes), gradient_rtol=gradient_rtol,
     )

@@ -365,7 +365,9 @@ class DevitoSolver:
     def run(self, steps: int, schedule: Schedule | int | BudgetPlan | None = None,
             store: TieredStore | None = None, *,
             before_reverse: Callable[[], Any] | None = None,
-            progress: bool = False) -> AdjointResult:
+            progress: bool = False, gradient_rtol: float | None = None, gradient: Callable[
+                [], Any] | None = None, reset_gradient: Callable[[], None] | None = None,
+            ) -> AdjointResult:
         """The forward sweep and the reverse sweep over `steps` steps.
 
         **Arguments:**
@@ -382,6 +384,8 @@ class DevitoSolver:
         - `before_reverse`: called once between the sweeps, when every
           forward step has run (compute the data residual here).
         - `progress`: a progress bar over the schedule's actions.
+        - `gradient_rtol`, `gradient`, `reset_gradient`: as for :func:`~vlcc_adjoint.run_adjoint`
+          (``gradient=lambda: grad.data``; reset zeroes grad and the adjoint fields).
 
         **Returns:** :func:`~vlcc_adjoint.execute.run_adjoint`'s
         :class:`~vlcc_adjoint.execute.AdjointResult`; the gradient is in the
@@ -398,7 +402,9 @@ class DevitoSolver:
 
         try:
             # check=False: the states are always the same buffers.
-            return run_adjoint(self, schedule, self.live, between, store, progress, check=False)
+            return run_adjoint(self, schedule, self.live, between, store, progress, check=False,
+                               gradient_rtol=gradient_rtol, gradient=gradient,
+                               reset_gradient=reset_gradient)
         finally:
             _remove(scratch)
 

@@ -40,6 +40,15 @@ input, as it happens; the work of a check is planned once per structure
 it fails.  With ``check_finite=True`` every state and adjoint is also
 tested for nan/inf, and the first one found is named
 (:class:`NonFiniteError`).
+
+Lossy checkpoints under a gradient-error budget.  With ``gradient_rtol``
+the store's ``ErrorBounded`` levels get error bounds chosen so that the
+gradient's relative L2 error against exact checkpoints stays within the
+budget: two pilot runs measure the gradient's sensitivity to the bound, a
+run at the bound it allows follows, checked a posteriori and repeated
+tighter if needed (:mod:`vlcc_adjoint._error_budget` has the model, the
+estimate and the references).  The result then carries ``error_estimate``,
+``compression_ratio`` and the whole ``error_budget`` report.
 """
 
 from __future__ import annotations
@@ -48,22 +57,27 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._checks import NonFiniteError as NonFiniteError
 from ._checks import StateMismatchError as StateMismatchError
 from ._checks import check_finite as _check_finite
 from ._checks import check_seed as _check_seed
 from ._checks import matcher as _matcher
 from ._checks import signature as _signature
+from ._error_budget import ErrorBudgetReport as ErrorBudgetReport
+from ._error_budget import check_rtol as _check_rtol
+from ._error_budget import controlled_run as _controlled_run
 from ._result import AdjointResult as AdjointResult
-from ._run import _Run, _run_online
+from ._run import _copy_state, _Run, _run_online
 from .schedules import Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
 
 if TYPE_CHECKING:
     from .storage import TieredStore
 
-__all__ = ["AdjointResult", "NonFiniteError", "StateMismatchError", "register_spmd",
-           "run_adjoint"]
+__all__ = ["AdjointResult", "ErrorBudgetReport", "NonFiniteError",
+           "StateMismatchError", "register_spmd", "run_adjoint"]
 
 _spmd_runner: Callable[..., Any] | None = None
 
@@ -106,6 +120,63 @@ def _default_store(schedule: Schedule, stats: ScheduleStats, u0, solver):
     return TieredStore(tiers, plan=plan)
 
 
+def _lossy_tiers(levels: int) -> list:
+    """The default levels under a gradient budget: error-bounded compressed
+    memory (the controller sets their bounds), unbounded (an encoded record
+    is at most a header larger than the state)."""
+    from .storage import CompressedMemoryTier
+    from .storage.codecs import ErrorBounded
+
+    return [CompressedMemoryTier(ErrorBounded(1e-3)) for _ in range(max(levels, 1))]
+
+
+def _budget_store(tiers, plan, store):
+    """A store over `tiers` for one run under the budget: synchronous
+    writes (every lossy checkpoint is read back decoded), the user's
+    store's policy and dedup, the tiers left open for the next run."""
+    from .storage import TieredStore
+
+    policy = "raise" if store is None else store.policy
+    dedup = False if store is None else store.dedup
+    return TieredStore(tiers, plan=plan, workers=0, policy=policy, dedup=dedup,
+                       close_tiers=False)
+
+
+def _restarter(solver, u0):
+    """``start() -> u_0`` for each run under the budget.
+
+    A solver may advance states, and update the seed, in place, so every
+    run starts from a copy of the original.  A solver that restores in
+    place and owns its buffers (Devito's fields) gets its own arrays back,
+    refilled, when they are plain numpy arrays."""
+    from .state import flatten
+
+    copy = getattr(solver, "copy", None) or _copy_state
+    pristine = copy(u0)
+    own = flatten(pristine)[0]
+    in_place = bool(getattr(solver, "restore_in_place", False))
+
+    def start():
+        # flattened each time: a step may have swapped the state's arrays
+        leaves = flatten(u0)[0]
+        if in_place and all(isinstance(x, np.ndarray) and x.flags.writeable and x.shape == y.shape
+                            for x, y in zip(leaves, own)):
+            for dst, src in zip(leaves, own):
+                np.copyto(dst, src)
+            return u0
+        return copy(pristine)
+
+    return start
+
+
+def _clear(tiers, kept: list[set]) -> None:
+    """Delete what a run left in `tiers` beyond the keys in `kept`."""
+    for tier, before in zip(tiers, kept):
+        for key in list(tier.keys()):
+            if key not in before:
+                tier.delete(key)
+
+
 def _progress(total, enabled):
     if not enabled:
         return None
@@ -127,6 +198,9 @@ def run_adjoint(
     check: bool = True,
     check_finite: bool = False,
     comm: Any = None,
+    gradient_rtol: float | None = None,
+    gradient: Callable[[], Any] | None = None,
+    reset_gradient: Callable[[], None] | None = None,
 ) -> AdjointResult:
     """Run the forward sweep and the adjoint of a time loop under `schedule`.
 
@@ -164,16 +238,57 @@ def run_adjoint(
       partition, through the runner an integration registered with
       :func:`register_spmd` (:func:`vlcc_adjoint.mpi.run_adjoint`, once
       ``vlcc_adjoint.mpi`` is imported).
+    - `gradient_rtol`: a budget on the gradient's relative L2 error against
+      exact checkpoints, in (0, 1), e.g. ``1e-3``: the levels of `store`
+      with an ``ErrorBounded`` codec (a
+      ``CompressedMemoryTier(ErrorBounded(...))``; with ``store=None``,
+      every level is one) get the largest relative error bound whose
+      estimated gradient error is within it.  The schedule then runs two
+      to four times (two pilots, the run, a tighter rerun if its a
+      posteriori estimate exceeds the budget); the result is the last run's.
+      The store's tiers serve every run, each through a synchronous
+      ``TieredStore`` with the store's plan, policy and dedup.
+      ``result.error_estimate`` is the estimate, ``result.error_budget``
+      the report (:mod:`vlcc_adjoint._error_budget`: the model, the
+      estimate and its references).
+    - `gradient`: with `gradient_rtol`, ``gradient() -> array or pytree``:
+      the gradient under the budget, read after each run, for a solver that
+      accumulates a parameter gradient in its adjoint steps (e.g.
+      ``lambda: problem.gradient``).  Default: ``lambda_0``.
+    - `reset_gradient`: with `gradient`, called before each run to zero
+      that accumulator; default the solver's ``reset_gradient`` method.
 
     **Returns:** an :class:`AdjointResult`; ``result.adjoint`` is
     ``lambda_0``.
 
     **Raises:** :class:`StateMismatchError` naming the step whose output has
     the wrong shape or dtype, or the part of `adj_final` that does not fit
-    the state; :class:`NonFiniteError` (with `check_finite`); any exception
+    the state; :class:`NonFiniteError` (with `check_finite`);
+    ``ValueError`` for a `gradient_rtol` outside (0, 1) or a store without
+    an ``ErrorBounded`` level; a ``RuntimeError`` (a
+    :class:`~vlcc_adjoint.VlccError`) if the estimate stays above the
+    budget; any exception
     of the solver or the store, unchanged, with a note naming the step and
     the schedule action.
     """
+    if gradient_rtol is not None:
+        gradient_rtol = _check_rtol(gradient_rtol)
+        if comm is not None:
+            raise ValueError("gradient_rtol does not apply to SPMD runs (comm=...) yet: run "
+                             "with exact checkpoints there, or without comm")
+        if gradient is not None and not callable(gradient):
+            raise TypeError(f"gradient must be a callable returning the gradient, got "
+                            f"{type(gradient).__name__}")
+        if gradient is not None and reset_gradient is None:
+            reset_gradient = getattr(solver, "reset_gradient", None)
+            if not callable(reset_gradient):
+                raise ValueError(
+                    "gradient_rtol with gradient= runs the schedule several times, and the "
+                    "gradient the solver accumulates must start from zero each time: pass "
+                    "reset_gradient=... (or give the solver a reset_gradient() method)")
+    elif gradient is not None or reset_gradient is not None:
+        raise ValueError("gradient= and reset_gradient= say what gradient_rtol controls; "
+                         "pass gradient_rtol=... too, or leave them out")
     if comm is not None:
         if _spmd_runner is None:
             raise RuntimeError(
@@ -218,6 +333,67 @@ def run_adjoint(
         if not callable(adj_final):
             _check_finite(adj_final, "seed", None)
 
+    if gradient_rtol is not None:
+        return _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop,
+                                 max_steps, check, check_finite, signature, gradient_rtol,
+                                 gradient, reset_gradient)
+    return _run_once(solver, schedule, u0, adj_final, store, progress, stop, max_steps, check,
+                     check_finite, signature)
+
+
+def _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop, max_steps, check,
+                      check_finite, signature, rtol, gradient, reset):
+    """`run_adjoint` under a gradient-error budget: every run on a store of
+    its own over the tiers of `store` (or default lossy tiers)."""
+    import dataclasses
+
+    from ._error_budget import lossy_levels
+
+    online = isinstance(schedule, Online) and schedule.n_steps is None
+    if store is None:
+        tiers = _lossy_tiers(1 if online else len(simulate(schedule).peak_slots))
+        plan = None if online or schedule.table is None else io_plan(schedule)
+    else:
+        tiers, plan = list(store.tiers), store.plan
+    try:
+        lossy_levels(tiers)  # a clear error before anything runs
+        kept = [set(t.keys()) for t in tiers]
+
+        start = _restarter(solver, u0)
+        copy = getattr(solver, "copy", None) or _copy_state
+        seed = adj_final if callable(adj_final) else copy(adj_final)
+
+        def run_once():
+            try:
+                return _run_once(solver, schedule, start(),
+                                 seed if callable(seed) else copy(seed),
+                                 _budget_store(tiers, plan, store), progress, stop, max_steps,
+                                 check, check_finite, signature)
+            finally:
+                _clear(tiers, kept)
+
+        def read(result):
+            return result.adjoint if gradient is None else gradient()
+
+        result, report = _controlled_run(run_once, tiers, rtol, read, reset)
+    except BaseException as error:
+        if store is not None:
+            _close_after_error(store, error)
+        raise
+    if store is not None:
+        store.close()
+    else:
+        for tier in tiers:
+            tier.close()
+    return dataclasses.replace(result, error_estimate=report.error_estimate,
+                               compression_ratio=report.compression_ratio,
+                               error_budget=report)
+
+
+def _run_once(solver, schedule, u0, adj_final, store, progress, stop, max_steps, check,
+              check_finite, signature) -> AdjointResult:
+    """One run of the schedule (checks already done); closes the store."""
+    online = isinstance(schedule, Online) and schedule.n_steps is None
     t_start = time.perf_counter()
     stats = None if online else simulate(schedule)
     own_store = store is None
