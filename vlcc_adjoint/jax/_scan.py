@@ -50,7 +50,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from ..schedules import Revolve, Schedule, default_snapshots
+from ..schedules import Revolve, Schedule, default_snapshots, io_plan
 from ._host import HostSession
 from ._interpret import Interpreter, _index, _update
 from ._program import SPLIT_AT_REVERSE, Program, compile_program
@@ -365,7 +365,8 @@ def checkpointed_scan(
                 "jax.vmap: its io_callbacks sit under lax.cond, which JAX refuses to batch "
                 "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
                 "over the batch")
-        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves])
+        plan = io_plan(schedule)  # the future reads: drives the read-ahead
+        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=plan)
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
 
     run = _make_custom_vjp(program, step, n, unroll, y_avals, host)
