@@ -34,9 +34,9 @@ from ._host import HostIOStats as HostIOStats
 from ._host import host_io_stats as host_io_stats
 from ._program import Program as Program
 from ._program import compile_program as compile_program
-from ._scan import CheckpointedStep as CheckpointedStep
-from ._scan import checkpointed as checkpointed
-from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
+from ._loops import CheckpointedStep as CheckpointedStep
+from ._loops import checkpointed as checkpointed
+from ._loops import checkpointed_fori_loop as checkpointed_fori_loop
 from ._scan import checkpointed_scan as checkpointed_scan
 from ._trace import jax_trace as jax_trace
 from ._state import register_provider as _register_provider
