@@ -23,6 +23,11 @@ contenders, all differentiating the same step function in one process:
   checkpoints=K)`` (the loop under diffrax's ``RecursiveCheckpointAdjoint``);
 * ``ours K``: ``vlcc_adjoint.jax.checkpointed_scan(snapshots=K)``
   (Revolve with ``K`` device slots);
+* ``ours K segments``: ``checkpointed_scan(snapshots=K, segment="auto")``:
+  the memory of ``K`` slots (plus one step's residuals) spent on fewer
+  slots and segments reversed with their residuals kept;
+* ``ours segments MxB``: ``segment=B`` with ``M = n / B`` slots, nested
+  remat's own layout run by our loops;
 * ``ours Multistage K``: the same ``K`` slots planned by ``Multistage``
   with a cost of 0.3 forward steps per Save and Load and 3 per adjoint step
   (Revolve's recomputation count, fewer Saves; its planning time is in the
@@ -126,6 +131,11 @@ def make_contenders(problem, observed, n, ks):
         schedule = Revolve(n, K)
         return lambda f, init: checkpointed_scan(f, init, xs, schedule=schedule)
 
+    def ours_segments(K, segment="auto"):
+        # segment="auto": the K slots' memory (plus one step's residuals)
+        # spent on fewer slots and segments whose residuals are kept.
+        return lambda f, init: checkpointed_scan(f, init, xs, snapshots=K, segment=segment)
+
     def ours_multistage(K):
         # The same K slots, planned by Multistage with a cost for each Save
         # and Load (0.3 forward steps: on this problem a checkpoint copy
@@ -146,6 +156,9 @@ def make_contenders(problem, observed, n, ks):
         out[f"ours K={K}"] = misfit(ours_k(K))
         if K >= 100:
             out[f"ours Multistage K={K}"] = misfit(ours_multistage(K))
+        out[f"ours K={K} segments"] = misfit(ours_segments(K))
+    # Nested remat's own layout (n/k states, k steps' residuals) run by ours.
+    out[f"ours segments {n // k}x{k}"] = misfit(ours_segments(n // k, k))
     return out, misfit(plain), plan_s
 
 
@@ -252,8 +265,8 @@ def report(case, ks):
         ours = c.get(f"ours K={K}")
         if ours is None:
             continue
-        checks.append((f"ours K={K}: forward with captures <= 1.1 x forward",
-                       ours["forward_captures_over_forward_cpu"], 1.1))
+        checks.append((f"ours K={K}: forward with captures <= 1.05 x forward",
+                       ours["forward_captures_over_forward_cpu"], 1.05))
         resid = None
         if "lax.scan" in c and c["lax.scan"]["temp_bytes"]:
             resid = c["lax.scan"]["temp_bytes"] / n  # one step's residuals, about
@@ -274,7 +287,32 @@ def report(case, ks):
         if eq:
             checks.append((f"ours K={K}: gradient time <= 0.5 x equinox K={K}",
                            ours["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
-        checks.append((f"ours K={K}: compile <= 5 s", ours["compile_s"], 5.0))
+        checks.append((f"ours K={K}: compile <= 3 s", ours["compile_s"], 3.0))
+    # Segments (checkpointed_scan(segment=...)): appended, so that the
+    # targets above keep their positions in the JSON.
+    for K in ks:
+        seg = c.get(f"ours K={K} segments")
+        if seg is None:
+            continue
+        if K >= 100 and nested:
+            checks.append((f"ours K={K} segments: gradient time <= nested remat's",
+                           seg["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+            checks.append((f"ours K={K} segments: working memory <= nested remat's",
+                           seg["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+        eq = c.get(f"equinox K={K}")
+        if eq:
+            checks.append((f"ours K={K} segments: gradient time <= 0.5 x equinox K={K}",
+                           seg["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
+        checks.append((f"ours K={K} segments: forward with captures <= 1.05 x forward",
+                       seg["forward_captures_over_forward_cpu"], 1.05))
+        checks.append((f"ours K={K} segments: compile <= 3 s", seg["compile_s"], 3.0))
+    same = next((k for k in c if k.startswith("ours segments ")), None)
+    if same and nested:
+        checks.append((f"{same} (nested remat's layout): gradient time <= nested remat's",
+                       c[same]["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+        checks.append((f"{same} (nested remat's layout): working memory <= nested remat's",
+                       c[same]["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+        checks.append((f"{same}: compile <= 3 s", c[same]["compile_s"], 3.0))
     print("  targets (measured / bound):")
     for text, value, bound in checks:
         verdict = "met" if value <= bound else f"MISSED by {value / bound:.2f}x"
@@ -321,14 +359,17 @@ def main(argv=None):
     parser.add_argument("--ks", type=int, nargs="*", default=[100, 10])
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    parser.add_argument("--update-results", action="store_true",
+                        help="write into benchmarks/results/ (the tracked results)")
     parser.add_argument("--threads", default="1",
                         help="XLA CPU threads (1: single-threaded kernels, the default; "
                              "0: XLA's own default)")
     args = parser.parse_args(argv)
     steps = args.steps or ([1000] if args.quick else [1000, 10_000])
     rounds = args.rounds or (3 if args.quick else 5)
-    out = Path(args.out)
+    out = HERE / "results" if args.update_results else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
     cases = []
     for n in steps:
         print(f"n = {n}, grid {args.grid}^2, K in {args.ks}, {rounds} rounds", flush=True)
@@ -343,6 +384,7 @@ def main(argv=None):
         "memory_method": "compiled.memory_analysis().temp_size_in_bytes",
         "time_method": "median of interleaved rounds; CPU = time.process_time (all threads)",
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
     }
     (out / "bench_jax.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
     print(f"wrote {out / 'bench_jax.json'}")
