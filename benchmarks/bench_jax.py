@@ -23,6 +23,11 @@ contenders, all differentiating the same step function in one process:
   checkpoints=K)`` (the loop under diffrax's ``RecursiveCheckpointAdjoint``);
 * ``ours K``: ``vlcc_adjoint.jax.checkpointed_scan(snapshots=K)``
   (Revolve with ``K`` device slots);
+* ``ours K segments``: ``checkpointed_scan(snapshots=K, segment="auto")``:
+  the memory of ``K`` slots (plus one step's residuals) spent on fewer
+  slots and segments reversed with their residuals kept;
+* ``ours segments MxB``: ``segment=B`` with ``M = n / B`` slots, nested
+  remat's own layout run by our loops;
 * ``ours Multistage K``: the same ``K`` slots planned by ``Multistage``
   with a cost of 0.3 forward steps per Save and Load and 3 per adjoint step
   (Revolve's recomputation count, fewer Saves; its planning time is in the
@@ -45,6 +50,7 @@ machines these run on are shared, and wall time absorbs other jobs' load.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -126,6 +132,11 @@ def make_contenders(problem, observed, n, ks):
         schedule = Revolve(n, K)
         return lambda f, init: checkpointed_scan(f, init, xs, schedule=schedule)
 
+    def ours_segments(K, segment="auto"):
+        # segment="auto": the K slots' memory (plus one step's residuals)
+        # spent on fewer slots and segments whose residuals are kept.
+        return lambda f, init: checkpointed_scan(f, init, xs, snapshots=K, segment=segment)
+
     def ours_multistage(K):
         # The same K slots, planned by Multistage with a cost for each Save
         # and Load (0.3 forward steps: on this problem a checkpoint copy
@@ -146,6 +157,9 @@ def make_contenders(problem, observed, n, ks):
         out[f"ours K={K}"] = misfit(ours_k(K))
         if K >= 100:
             out[f"ours Multistage K={K}"] = misfit(ours_multistage(K))
+        out[f"ours K={K} segments"] = misfit(ours_segments(K))
+    # Nested remat's own layout (n/k states, k steps' residuals) run by ours.
+    out[f"ours segments {n // k}x{k}"] = misfit(ours_segments(n // k, k))
     return out, misfit(plain), plan_s
 
 
@@ -234,6 +248,130 @@ def run_case(grid: int, n: int, ks, rounds: int, skip=()):
     }
 
 
+def _rss_sampler():
+    """Start a thread sampling this process's resident set; returns (stop, peak)."""
+    import threading
+
+    peak = [0]
+    done = threading.Event()
+
+    def rss():
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def loop():
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], rss())
+
+    peak[0] = rss()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+
+    def stop():
+        done.set()
+        thread.join()
+        return max(peak[0], rss())
+
+    return stop
+
+
+def out_of_core_schedule(n: int, device: int, host: int):
+    """Device -> host -> disk: ``Multistage`` (three levels) while it plans
+    quickly, else checkpoints every ~sqrt(n) steps on disk, each interval
+    reversed from device slots (``Periodic``)."""
+    from vlcc_adjoint.schedules import Periodic
+
+    if n <= 300:
+        return Multistage(n, [Level(device, 0.0, 0.0), Level(host, 0.2, 0.2),
+                              Level(n, 2.0, 2.0)])
+    return Periodic(n, max(2, math.isqrt(n)), level=2, buffer_level=0)
+
+
+def out_of_core_gradient(grid: int, n: int, path, device: int = 4, host: int = 8,
+                         in_memory: bool = False):
+    """The wave gradient with its checkpoints on device, host memory and a ZarrTier
+    (`in_memory`: the same period, every checkpoint in device memory)."""
+    from vlcc_adjoint.jax import host_io_stats
+    from vlcc_adjoint.schedules import simulate
+    from vlcc_adjoint.storage import MemoryTier, TieredStore, ZarrTier
+
+    problem = make_problem(grid, n)
+    c0, init, step, xs = problem["c0"], problem["init"], problem["step"], problem["xs"]
+    observed = jax.jit(lambda c: lax.scan(lambda u, x: step(u, x, c), init, xs)[1])(
+        problem["c_true"])
+    schedule = out_of_core_schedule(n, device, host)
+    if in_memory:
+        from vlcc_adjoint.schedules import Periodic
+
+        schedule = Periodic(n, max(2, math.isqrt(n)), level=0, buffer_level=0)
+    stats = simulate(schedule)
+    with TieredStore([MemoryTier(), ZarrTier(path, mode="w")]) as store:
+        host_io_stats(store, reset=True)
+
+        def loss(c, u0):
+            _, tr = checkpointed_scan(lambda u, x: step(u, x, c), u0, xs, schedule=schedule,
+                                      store=None if in_memory else store)
+            return 0.5 * jnp.sum((tr - observed) ** 2)
+
+        grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        t0 = time.perf_counter()
+        compiled = grad.lower(c0, init).compile()
+        compile_s = time.perf_counter() - t0
+        stop = _rss_sampler()
+        w0, p0 = time.perf_counter(), time.process_time()
+        value, (g, _) = jax.block_until_ready(compiled(c0, init))
+        wall, cpu = time.perf_counter() - w0, time.process_time() - p0
+        peak = stop()
+        io = host_io_stats(store)
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(init))
+    return dict(grid=grid, n=n, schedule=repr(schedule), state_bytes=state_bytes,
+                states_total_bytes=state_bytes * (n + 1), compile_s=compile_s,
+                grad_wall_s=wall, grad_cpu_s=cpu, peak_rss_bytes=peak,
+                reads=list(stats.reads), writes=list(stats.writes),
+                forward_count=stats.forward_count, io=dataclasses.asdict(io),
+                loss=float(value)), (g, loss, c0, init)
+
+
+def run_out_of_core(grid, n, ref_grid, ref_n, path, rss_budget_gib):
+    """Beyond memory: the gradient with states spilled to disk, checked at a small size."""
+    # 1. Exactness at a size where plain lax.scan fits.
+    # (Two device and two host slots: the reference spills to the disk level.)
+    ref, (g, loss, c0, init) = out_of_core_gradient(ref_grid, ref_n, Path(path) / "ref",
+                                                    device=2, host=2)
+    plain = jax.jit(jax.grad(_plain_loss(ref_grid, ref_n)))(c0, init)
+    ref["grad_rel_err_vs_lax_scan"] = float(jnp.max(jnp.abs(g - plain)) / jnp.max(jnp.abs(plain)))
+    # 2. The large run.
+    big, _ = out_of_core_gradient(grid, n, Path(path) / "big")
+    # 3. The in-memory per-step cost, same grid, same period, fewer steps.
+    n_mem = max(2, min(n, 4 * max(2, math.isqrt(n))))
+    mem, _ = out_of_core_gradient(grid, n_mem, Path(path) / "mem", in_memory=True)
+    per_step = mem["grad_cpu_s"] / n_mem
+    big["in_memory_cpu_per_step_s"] = per_step
+    big["time_over_extrapolated_cpu"] = big["grad_cpu_s"] / (per_step * n)
+    big["rss_budget_bytes"] = int(rss_budget_gib * 2**30)
+    big["rss_within_budget"] = big["peak_rss_bytes"] <= big["rss_budget_bytes"]
+    print(f"out of core {grid}^2 x {n}: states {big['states_total_bytes'] / 2**30:.1f} GiB, "
+          f"grad {big['grad_wall_s']:.1f} s wall, peak RSS {big['peak_rss_bytes'] / 2**30:.2f} GiB "
+          f"(budget {rss_budget_gib} GiB), {big['time_over_extrapolated_cpu']:.2f}x the in-memory "
+          f"per-step cost; stall {big['io']['stall_s']:.2f} s over {big['io']['loads']} restores "
+          f"({big['io']['prefetched']} read ahead); reference grad error "
+          f"{ref['grad_rel_err_vs_lax_scan']:.1e}", flush=True)
+    return {"reference": ref, "large": big, "in_memory": mem}
+
+
+def _plain_loss(grid, n):
+    problem = make_problem(grid, n)
+    step, xs, init = problem["step"], problem["xs"], problem["init"]
+    observed = jax.jit(lambda c: lax.scan(lambda u, x: step(u, x, c), init, xs)[1])(
+        problem["c_true"])
+
+    def loss(c, u0):
+        _, tr = lax.scan(lambda u, x: step(u, x, c), u0, xs)
+        return 0.5 * jnp.sum((tr - observed) ** 2)
+
+    return loss
+
+
 def report(case, ks):
     n, sb = case["n"], case["state_bytes"]
     print(f"\n2-D wave {case['grid']}^2 float32, n = {n}: forward {case['forward_cpu_s']:.3f} s CPU "
@@ -252,8 +390,8 @@ def report(case, ks):
         ours = c.get(f"ours K={K}")
         if ours is None:
             continue
-        checks.append((f"ours K={K}: forward with captures <= 1.1 x forward",
-                       ours["forward_captures_over_forward_cpu"], 1.1))
+        checks.append((f"ours K={K}: forward with captures <= 1.05 x forward",
+                       ours["forward_captures_over_forward_cpu"], 1.05))
         resid = None
         if "lax.scan" in c and c["lax.scan"]["temp_bytes"]:
             resid = c["lax.scan"]["temp_bytes"] / n  # one step's residuals, about
@@ -274,7 +412,32 @@ def report(case, ks):
         if eq:
             checks.append((f"ours K={K}: gradient time <= 0.5 x equinox K={K}",
                            ours["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
-        checks.append((f"ours K={K}: compile <= 5 s", ours["compile_s"], 5.0))
+        checks.append((f"ours K={K}: compile <= 3 s", ours["compile_s"], 3.0))
+    # Segments (checkpointed_scan(segment=...)): appended, so that the
+    # targets above keep their positions in the JSON.
+    for K in ks:
+        seg = c.get(f"ours K={K} segments")
+        if seg is None:
+            continue
+        if K >= 100 and nested:
+            checks.append((f"ours K={K} segments: gradient time <= nested remat's",
+                           seg["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+            checks.append((f"ours K={K} segments: working memory <= nested remat's",
+                           seg["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+        eq = c.get(f"equinox K={K}")
+        if eq:
+            checks.append((f"ours K={K} segments: gradient time <= 0.5 x equinox K={K}",
+                           seg["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
+        checks.append((f"ours K={K} segments: forward with captures <= 1.05 x forward",
+                       seg["forward_captures_over_forward_cpu"], 1.05))
+        checks.append((f"ours K={K} segments: compile <= 3 s", seg["compile_s"], 3.0))
+    same = next((k for k in c if k.startswith("ours segments ")), None)
+    if same and nested:
+        checks.append((f"{same} (nested remat's layout): gradient time <= nested remat's",
+                       c[same]["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+        checks.append((f"{same} (nested remat's layout): working memory <= nested remat's",
+                       c[same]["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+        checks.append((f"{same}: compile <= 3 s", c[same]["compile_s"], 3.0))
     print("  targets (measured / bound):")
     for text, value, bound in checks:
         verdict = "met" if value <= bound else f"MISSED by {value / bound:.2f}x"
@@ -321,16 +484,28 @@ def main(argv=None):
     parser.add_argument("--ks", type=int, nargs="*", default=[100, 10])
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    parser.add_argument("--update-results", action="store_true",
+                        help="write into benchmarks/results/ (the tracked results)")
     parser.add_argument("--threads", default="1",
                         help="XLA CPU threads (1: single-threaded kernels, the default; "
                              "0: XLA's own default)")
+    parser.add_argument("--out-of-core", action="store_true",
+                        help="slow: also the gradient with its states on disk, beyond memory")
+    parser.add_argument("--ooc-grid", type=int, default=1024)
+    parser.add_argument("--ooc-steps", type=int, default=8000)
+    parser.add_argument("--ooc-ref", type=int, nargs=2, default=[64, 200],
+                        help="grid and steps of the exactness check against lax.scan")
+    parser.add_argument("--ooc-dir", default=None, help="disk level (default: under --out)")
+    parser.add_argument("--ooc-rss-gib", type=float, default=4.0, help="the stated RSS budget")
+    parser.add_argument("--skip-scan", action="store_true", help="only the out-of-core case")
     args = parser.parse_args(argv)
     steps = args.steps or ([1000] if args.quick else [1000, 10_000])
     rounds = args.rounds or (3 if args.quick else 5)
-    out = Path(args.out)
+    out = HERE / "results" if args.update_results else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
     cases = []
-    for n in steps:
+    for n in ([] if args.skip_scan else steps):
         print(f"n = {n}, grid {args.grid}^2, K in {args.ks}, {rounds} rounds", flush=True)
         # At n = 10,000 every contender costs ~10 s a call; 3 rounds suffice.
         case = run_case(args.grid, n, args.ks, rounds if n <= 1000 else min(rounds, 3))
@@ -343,10 +518,24 @@ def main(argv=None):
         "memory_method": "compiled.memory_analysis().temp_size_in_bytes",
         "time_method": "median of interleaved rounds; CPU = time.process_time (all threads)",
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
     }
-    (out / "bench_jax.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
-    print(f"wrote {out / 'bench_jax.json'}")
-    plot(cases, out / "bench_jax.png")
+    result = {"meta": meta, "cases": cases}
+    if args.out_of_core:
+        import shutil
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="vlcc-ooc-", dir=args.ooc_dir or out))
+        try:
+            result["out_of_core"] = run_out_of_core(args.ooc_grid, args.ooc_steps, *args.ooc_ref,
+                                                    root, args.ooc_rss_gib)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)  # the disk level's states
+    name = "bench_jax_ooc.json" if args.skip_scan else "bench_jax.json"
+    (out / name).write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / name}")
+    if cases:
+        plot(cases, out / "bench_jax.png")
 
 
 if __name__ == "__main__":

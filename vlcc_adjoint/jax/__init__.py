@@ -22,18 +22,21 @@ Forward mode (``jax.jvp``) runs as ``lax.scan``; second-order reverse mode
 
 Also :func:`checkpointed` (a decorator for step functions) and
 :func:`checkpointed_fori_loop`.  :func:`compile_program` shows what the
-backward pass will execute; :func:`jax_trace` records what the JAX interpreter
+backward pass will execute; :func:`host_io_stats` reports what the host
+levels did (restores read ahead, time the program stalled); :func:`jax_trace` records what the JAX interpreter
 ran, to compare with :func:`vlcc_adjoint.schedules.table_trace` (the
 schedule's semantics).
 
 Importing this module imports JAX; ``import vlcc_adjoint`` does not.
 """
 
+from ._host import HostIOStats as HostIOStats
+from ._host import host_io_stats as host_io_stats
 from ._program import Program as Program
 from ._program import compile_program as compile_program
-from ._scan import CheckpointedStep as CheckpointedStep
-from ._scan import checkpointed as checkpointed
-from ._scan import checkpointed_fori_loop as checkpointed_fori_loop
+from ._loops import CheckpointedStep as CheckpointedStep
+from ._loops import checkpointed as checkpointed
+from ._loops import checkpointed_fori_loop as checkpointed_fori_loop
 from ._scan import checkpointed_scan as checkpointed_scan
 from ._trace import jax_trace as jax_trace
 from ._state import register_provider as _register_provider

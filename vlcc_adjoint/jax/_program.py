@@ -239,6 +239,8 @@ class Program:
         default_factory=lambda: np.zeros((0, 4), np.int64))
     rev_row_coded: np.ndarray | None = None
     rows: int = 0
+    host_index: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def rev_row(self) -> np.ndarray:
@@ -319,6 +321,7 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     on_host = ((kinds == ActionKind.MOVE)
                | (np.isin(kinds, [ActionKind.SAVE, ActionKind.LOAD, ActionKind.DELETE])
                   & (t["level"] != 0)))
+    host_index = np.flatnonzero(on_host).astype(np.int64)
     rows = t[on_host]
     host_actions = np.stack([rows["kind"].astype(np.int64), rows["a"], rows["level"].astype(
         np.int64), rows["dst"].astype(np.int64)], axis=1) if len(rows) else np.zeros((0, 4), np.int64)
@@ -328,10 +331,10 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     assert slots == (stats.peak_slots[0] if stats.peak_slots else 0), (slots, stats.peak_slots)
     assert split >= 0 and np.all(np.diff(bounds) >= 0)
     code, bounds, rev_row, rows = _reverse_from_buffer(code, bounds, int(slots), n)
-    for a in (code, bounds, rev_row):
+    for a in (code, bounds, rev_row, host_actions, host_index):
         a.flags.writeable = False
     return Program(code, bounds, int(split_kind), int(slots), n, forward, host_actions,
-                   rev_row, rows)
+                   rev_row, rows, host_index)
 
 
 def _reverse_from_buffer(code, bounds, slots, n):

@@ -50,15 +50,16 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from ..schedules import Revolve, Schedule, default_snapshots
+from ..schedules import Revolve, Schedule, default_snapshots, io_plan
 from ._host import HostSession
 from ._interpret import Interpreter, _index, _update
 from ._program import SPLIT_AT_REVERSE, Program, compile_program
+from ._segments import check_segment, choose_segment, residual_bytes, segmented_scan
 
 if TYPE_CHECKING:
     from ..storage import TieredStore
 
-__all__ = ["checkpointed", "checkpointed_fori_loop", "checkpointed_scan"]
+__all__ = ["checkpointed_scan"]
 
 
 # ---------------------------------------------------------------------------
@@ -253,6 +254,7 @@ def checkpointed_scan(
     store: TieredStore | None = None,
     unroll: int | bool = 1,
     reverse: bool = False,
+    segment: int | str = 1,
 ) -> tuple[Any, Any]:
     """``jax.lax.scan`` whose reverse mode recomputes from a checkpoint schedule.
 
@@ -300,6 +302,14 @@ def checkpointed_scan(
     - `unroll`: forward steps per loop iteration, as in ``lax.scan``.
     - `reverse`: scan from the end, as ``lax.scan(..., reverse=True)``:
       step ``k`` reads ``xs[n - 1 - k]`` and writes ``ys[n - 1 - k]``.
+    - `segment`: steps per segment (see :mod:`vlcc_adjoint.jax._segments`).
+      ``1`` (default): the schedule runs over steps.  ``B > 1``: it runs
+      over the ``length // B`` segments of ``B`` steps (a given `schedule`
+      is for that many), each reversed by the VJP of a ``lax.scan`` that
+      keeps its ``B`` steps' residuals; the remaining steps form one more
+      segment.  ``"auto"``: ``B`` and the slots that minimise the forward
+      count within the memory ``segment=1`` would use with `snapshots`
+      slots (the slots plus one step's residuals, measured).
 
     **Returns:** ``(final_carry, ys)``.
 
@@ -330,9 +340,11 @@ def checkpointed_scan(
         # with the outputs reversed back.
         carry, ys = checkpointed_scan(
             f, init, jax.tree.map(lambda x: jnp.flip(jnp.asarray(x), 0), xs), n,
-            schedule=schedule, snapshots=snapshots, store=store, unroll=unroll)
+            schedule=schedule, snapshots=snapshots, store=store, unroll=unroll, segment=segment)
         return carry, jax.tree.map(lambda y: jnp.flip(y, 0), ys)
-    program = _resolve_program(n, schedule, snapshots, host=store is not None)
+    if not (isinstance(segment, (int, np.integer)) and not isinstance(segment, bool)
+            and segment == 1):
+        segment = check_segment(segment, n, schedule)
     if unroll == 0:  # unroll=True: fully, as lax.scan
         unroll = n
     xs_leaves = [jnp.asarray(x) for x in xs_leaves]
@@ -357,6 +369,23 @@ def checkpointed_scan(
                       tree_unflatten(xs_tree, x_leaves), *k_leaves)
         return tree_flatten(c)[0], tree_flatten(y)[0]
 
+    if segment == "auto":
+        if snapshots is None:
+            snapshots = default_snapshots(n, repetitions=2)
+        snapshots = _static_int(
+            snapshots, "snapshots",
+            "the number of checkpoint slots sizes a device buffer, so it must be static "
+            "(mark it static in jax.jit with static_argnames)")
+        if snapshots < 1:
+            raise ValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
+        state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in init_leaves)
+        segment, snapshots = choose_segment(
+            n, snapshots, state_bytes, residual_bytes(step, init_leaves, xs_leaves, consts))
+    if segment > 1:
+        return segmented_scan(checkpointed_scan, f, init, xs, n, segment, schedule=schedule,
+                              snapshots=snapshots, store=store, unroll=unroll)
+    program = _resolve_program(n, schedule, snapshots, host=store is not None)
+
     host = None
     if program.levels > 1:
         if any(_batched(x) for x in [*init_leaves, *xs_leaves, *consts]):
@@ -365,7 +394,8 @@ def checkpointed_scan(
                 "jax.vmap: its io_callbacks sit under lax.cond, which JAX refuses to batch "
                 "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
                 "over the batch")
-        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves])
+        plan = io_plan(schedule)  # the future reads: drives the read-ahead
+        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=plan)
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
 
     run = _make_custom_vjp(program, step, n, unroll, y_avals, host)
@@ -502,79 +532,3 @@ def _merge(diff_values, all_values, mask):
     """``all_values`` with the entries where `mask` is set taken from `diff_values`."""
     it = iter(diff_values)
     return [next(it) if m else v for v, m in zip(all_values, mask)]
-
-
-# ---------------------------------------------------------------------------
-# Conveniences
-
-
-class CheckpointedStep:
-    """A step function ``f(carry, x) -> (carry, y)`` with a checkpointed loop.
-
-    Calling it runs one step (``f`` itself); :meth:`scan` runs
-    :func:`checkpointed_scan` over it.  Made by :func:`checkpointed`.
-    """
-
-    def __init__(self, f: Callable, **options: Any):
-        self.f = f
-        self.options = options
-        functools.update_wrapper(self, f)
-
-    def __call__(self, carry, x=None):
-        return self.f(carry, x)
-
-    def scan(self, init: Any, xs: Any = None, length: int | None = None) -> tuple[Any, Any]:
-        """``checkpointed_scan(f, init, xs, length, **options)``."""
-        return checkpointed_scan(self.f, init, xs, length, **self.options)
-
-
-def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
-                 snapshots: int | None = None, store: TieredStore | None = None,
-                 unroll: int = 1) -> CheckpointedStep | Callable[[Callable], CheckpointedStep]:
-    """Decorate a step function ``f(carry, x) -> (carry, y)`` for checkpointed loops.
-
-    ::
-
-        @checkpointed(snapshots=10)
-        def step(u, x):
-            return u + dt * rhs(u, x), None
-
-        u_n, _ = step.scan(u_0, xs)      # == checkpointed_scan(step, u_0, xs, snapshots=10)
-
-    The decorated object still runs one step when called.  **Arguments:** as
-    :func:`checkpointed_scan`.  **Returns:** a :class:`CheckpointedStep`.
-    """
-    options = dict(schedule=schedule, snapshots=snapshots, store=store, unroll=unroll)
-    if f is None:
-        return lambda g: CheckpointedStep(g, **options)
-    return CheckpointedStep(f, **options)
-
-
-def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *,
-                           schedule: Schedule | None = None, snapshots: int | None = None,
-                           store: TieredStore | None = None, unroll: int = 1) -> Any:
-    """``jax.lax.fori_loop`` whose reverse mode follows a checkpoint schedule.
-
-    ``body_fun(i, val) -> val`` for ``i = lower .. upper - 1``; `lower` and
-    `upper` must be Python ints (the step count sizes the schedule).  The
-    loop index travels in the carry, so it is checkpointed with the state.
-
-    **Arguments:** as :func:`jax.lax.fori_loop`, plus `schedule`,
-    `snapshots`, `store`, `unroll` as :func:`checkpointed_scan` (the
-    schedule is for ``upper - lower`` steps).  **Returns:** the final value.
-    """
-    lower = _static_int(lower, "lower", "use jax.lax.fori_loop for traced bounds, "
-                        "or make the bounds static")
-    upper = _static_int(upper, "upper", "use jax.lax.fori_loop for traced bounds, "
-                        "or make the bounds static")
-    if upper <= lower:
-        return init_val
-
-    def f(carry, _):
-        i, val = carry
-        return (i + 1, body_fun(i, val)), None
-
-    (_, val), _ = checkpointed_scan(
-        f, (jnp.asarray(lower, jnp.int32), init_val), None, upper - lower,
-        schedule=schedule, snapshots=snapshots, store=store, unroll=unroll)
-    return val

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..schedules import Schedule
+from ..schedules import Schedule, io_plan
 from ._host import HostSession
 from ._interpret import Interpreter
 from ..schedules import Trace
@@ -39,7 +39,10 @@ def jax_trace(schedule: Schedule, store=None) -> Trace:
     n = program.n_steps
     host = None
     if program.levels > 1:
-        host = HostSession(program, store, [jax.ShapeDtypeStruct((), jnp.int32)])
+        # With the read-ahead on: a restore collected from a read started
+        # early must still hand over the right state.
+        host = HostSession(program, store, [jax.ShapeDtypeStruct((), jnp.int32)],
+                           plan=io_plan(schedule))
     i32 = jnp.int32
 
     def step(c, x, k):
