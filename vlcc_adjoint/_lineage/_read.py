@@ -172,6 +172,8 @@ class Reader:
         rel = F.chunk_relpath(addr)
         path = self._p(rel)
         n = layout.chunk_nbytes
+        if self._deltas:
+            return self._read_resolved(m, where, j, addr, layout, cfg, out)
         bound = n + n // 8 + 4096  # a compressed chunk's most bytes (Blosc1: n + 16 + header)
         if cfg is not None:
             self._check_alloc(m, bound + (n if out is None else 0), f"{where}, chunk {j}")
@@ -205,6 +207,30 @@ class Reader:
             raise self._corrupt(m, f"{where}, chunk {j} ({rel}) has checksum {got}, its address "
                                 f"says {addr}", path)
         return data
+
+    def _read_resolved(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
+                       out: memoryview | None) -> Any:
+        """:meth:`_read_chunk` in a repository with delta chunks: the chain of delta
+        objects is resolved and verified (:class:`._delta.Resolver`)."""
+        rel = F.chunk_relpath(addr)
+        path = self._p(rel)
+        n = layout.chunk_nbytes
+        self._check_alloc(m, 3 * n + n // 8 + 4096, f"{where}, chunk {j}")
+        try:
+            raw, _, _ = self._resolver.get(addr, n, cfg)
+        except FileNotFoundError as err:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) or a base it needs is "
+                                f"missing", err.filename or path) from None
+        except CorruptCheckpointError as err:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}",
+                                err.path or path) from None
+        except OSError as err:
+            raise StorageError(f"reading {where}, chunk {j} of version {m.id} from {path} "
+                               f"failed: {err}") from err
+        if out is None:
+            return raw
+        out[:] = raw
+        return out
 
     def _read_leaf(self, m: F.Manifest, i: int, path: str) -> np.ndarray:
         layout, cfg, addrs = m.leaves[i]
