@@ -408,7 +408,8 @@ class CommitPipeline:
 
     def _delta_blob(self, addr: str, data, cfg, base: str, layout) -> bytes | None:
         """The delta object for chunk `addr` against `base`, or ``None`` when a full
-        chunk is better (the delta is not below half a chunk, or its chain too long)."""
+        chunk is better (the delta is above :data:`._delta.MAX_FRACTION` of a chunk, or its
+        chain too long)."""
         n = layout.chunk_nbytes
         try:
             braw, depth, chain = self._resolver.get(base, n, cfg, _delta.MAX_DEPTH)
@@ -417,7 +418,7 @@ class CommitPipeline:
         if depth + 1 > _delta.MAX_DEPTH:
             return None
         blob = _delta.encode(data, braw, base, depth, chain, layout.dtype.itemsize)
-        if 2 * len(blob) > n or chain + len(blob) > 2 * n:
+        if len(blob) > _delta.MAX_FRACTION * n or chain + len(blob) > 2 * n:
             return None
         self._resolver.remember(addr, data, depth + 1, chain + len(blob))
         return blob

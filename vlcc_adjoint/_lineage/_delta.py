@@ -25,7 +25,7 @@ groups are unchanged.  Its file::
 
 ``depth`` is the number of delta objects from here to a full chunk (1: the
 base is full); ``chain bytes`` the sum of their sizes.  A delta is stored only
-when it is smaller than half a chunk, its depth at most :data:`MAX_DEPTH` and
+when it is at most :data:`MAX_FRACTION` (3/4) of a chunk, its depth at most :data:`MAX_DEPTH` and
 its chain's bytes at most two chunks', else the full chunk is (a rebase): a
 checkout reads at most ``MAX_DEPTH + 1`` objects per chunk and at most three
 chunks' bytes.  (A chain bound of one chunk's bytes rebases most chunks once
@@ -34,7 +34,7 @@ size, and checks the resolved chunk's address, so damage anywhere in a chain
 raises :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file.
 
 A delta file is told from a full chunk by its magic and size: a raw chunk
-file has exactly the chunk's size, which a delta (below half of it) never
+file has exactly the chunk's size, which a delta (at most 3/4 of it) never
 has; a compressed chunk starts with the Blosc version byte, never ``V``.
 
 The trade: plain ``zarr.open_group`` reads a version whose chunks are all full
@@ -63,6 +63,8 @@ __all__ = ["MAGIC", "MAX_DEPTH", "encode", "parse", "is_delta", "Resolver",
 MAGIC = b"VLCDELTA"
 #: Longest chain of delta objects a writer builds (a reader accepts up to READ_DEPTH).
 MAX_DEPTH = 32
+#: A delta is stored only when it is at most this fraction of a chunk's raw bytes.
+MAX_FRACTION = 0.75
 READ_DEPTH = 64
 _HEAD = struct.Struct("<8sBBHQQQ32s")
 _DIGEST = 16

@@ -87,7 +87,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
       hold; ``commit`` waits for the background writer beyond it.  Also the
       most memory kept for reuse by later captures (freed by ``close``).
     - `deltas`: ``True`` stores a changed chunk as the compressed XOR with
-      the parent version's chunk at its place when that is less than half a
+      the parent version's chunk at its place when that is at most 3/4 of a
       chunk (:mod:`._delta`); recorded in the repository's root, so every
       process then writes deltas.  Such versions are no longer readable by
       plain zarr, only by ``History``.  ``None`` (default): as the repository
