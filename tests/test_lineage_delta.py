@@ -186,3 +186,23 @@ def test_full_training_step_roundtrips(tmp_path):
     with History(str(tmp_path / "h")) as h:
         for vid, s in zip(ids, states):
             assert h.checkout(vid)["x"].tobytes() == s.tobytes()
+
+
+def test_crafted_chains_are_refused(tmp_path):
+    """A delta naming itself as its base, or claiming a wrong depth, is damage."""
+    path = str(tmp_path / "h")
+    ids, x, y = _two_versions(path)
+    delta = _files(path)[1][0]
+    addr = os.path.basename(os.path.dirname(delta)) + os.path.basename(delta)
+    with open(delta, "rb") as f:
+        blob = f.read()
+    base, depth, chain, payload = D.parse(blob, CHUNK)
+    for new_base, new_depth in ((addr, 1), (base, 2), (base, D.READ_DEPTH + 1)):
+        crafted = D.encode(np.zeros(CHUNK, np.uint8), np.zeros(CHUNK, np.uint8), new_base,
+                           new_depth - 1, 0, 4)
+        os.unlink(delta)  # a new inode: the version's hard link keeps the original
+        with open(delta, "wb") as f:
+            f.write(crafted)
+        with History(path) as h, pytest.raises(CorruptCheckpointError) as err:
+            h.checkout(ids[1])
+        assert err.value.path == delta

@@ -411,6 +411,8 @@ class CommitPipeline:
         chunk is better (the delta is above :data:`._delta.MAX_FRACTION` of a chunk, or its
         chain too long)."""
         n = layout.chunk_nbytes
+        if not os.path.lexists(self._p(F.chunk_relpath(base))):
+            return None  # removed by gc (the resolver may still cache it): store in full
         try:
             braw, depth, chain = self._resolver.get(base, n, cfg, _delta.MAX_DEPTH)
         except (FileNotFoundError, CorruptCheckpointError):
