@@ -189,7 +189,8 @@ def test_full_training_step_roundtrips(tmp_path):
 
 
 def test_crafted_chains_are_refused(tmp_path):
-    """A delta naming itself as its base, or claiming a wrong depth, is damage."""
+    """A well-formed delta that resolves to other bytes, names itself as its base, or
+    claims a wrong depth is damage, blamed on its file."""
     path = str(tmp_path / "h")
     ids, x, y = _two_versions(path)
     delta = _files(path)[1][0]
@@ -197,7 +198,7 @@ def test_crafted_chains_are_refused(tmp_path):
     with open(delta, "rb") as f:
         blob = f.read()
     base, depth, chain, payload = D.parse(blob, CHUNK)
-    for new_base, new_depth in ((addr, 1), (base, 2), (base, D.READ_DEPTH + 1)):
+    for new_base, new_depth in ((base, 1), (addr, 1), (base, 2), (base, D.READ_DEPTH + 1)):
         crafted = D.encode(np.zeros(CHUNK, np.uint8), np.zeros(CHUNK, np.uint8), new_base,
                            new_depth - 1, 0, 4)
         os.unlink(delta)  # a new inode: the version's hard link keeps the original

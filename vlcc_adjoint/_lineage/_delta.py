@@ -119,16 +119,6 @@ def parse(blob, n: int) -> tuple[str, int, int, bytes]:
     return base, depth, chain, bytes(body[_HEAD.size:])
 
 
-def _apply(base, payload: bytes, n: int, out=None):
-    cfg = {"name": "blosc", "configuration": {}}
-    x = F.decode_chunk(payload, cfg, n)
-    res = np.bitwise_xor(np.frombuffer(base, np.uint8), np.frombuffer(x, np.uint8))
-    if out is not None:
-        np.frombuffer(out, np.uint8)[:] = res
-        return out
-    return res.tobytes()
-
-
 class Resolver:
     """Reads chunks of a delta repository: full chunks and delta chains, verified,
     with a small cache of resolved chunks (`cache_bytes`) that commits and checkouts share.
@@ -160,44 +150,77 @@ class Resolver:
             ) -> tuple[bytes, int, int]:
         """(raw bytes, depth, chain bytes) of chunk `addr`, verified.
 
+        The chain is walked down to a full (or cached) chunk, then the XORs
+        are applied upwards into one buffer, each level's address checked.
         Raises :class:`CorruptCheckpointError` naming the damaged file, or
         ``FileNotFoundError`` naming the missing one.
         """
-        with self.lock:
-            hit = self.cache.get(addr)
-            if hit is not None:
-                self.cache.move_to_end(addr)
-                return hit
-        h = self.h
-        path = h._p(F.chunk_relpath(addr))
-        h._chunk_dir(addr[:2])
-        blob = SF.read_limited(path, n + n // 8 + 4096)
         tag = F.codec_tag(cfg)
-        try:
-            if is_delta(blob, n, cfg):
-                base, depth, chain, payload = parse(blob, n)
-                if depth > depth_left or base == addr:
-                    raise ValueError(f"delta chain of depth {depth} is too long or cyclic")
-                braw, bdepth, _ = self.get(base, n, cfg, depth - 1)
-                if bdepth != depth - 1:
-                    raise ValueError(f"its base {base} has depth {bdepth}, it says {depth - 1}")
-                raw = _apply(braw, payload, n)
-            else:
-                depth, chain = 0, 0
+        h = self.h
+        chain: list[tuple[str, str, bytes, int, int]] = []  # (addr, path, payload, depth, bytes)
+        cur, limit = addr, depth_left
+        while True:
+            with self.lock:
+                hit = self.cache.get(cur)
+                if hit is not None:
+                    self.cache.move_to_end(cur)
+            if hit is not None:
+                raw, depth, total = hit
+                break
+            path = h._p(F.chunk_relpath(cur))
+            h._chunk_dir(cur[:2])
+            blob = SF.read_limited(path, n + n // 8 + 4096)
+            try:
+                if is_delta(blob, n, cfg):
+                    base, depth, total, payload = parse(blob, n)
+                    if depth > limit or base == cur or any(base == c[0] for c in chain):
+                        raise ValueError(f"delta chain of depth {depth} is too long or cyclic")
+                    chain.append((cur, path, payload, depth, total))
+                    cur, limit = base, depth - 1
+                    continue
+                depth, total = 0, 0
                 if cfg is None:
                     if len(blob) != n:
                         raise ValueError(f"{len(blob)} bytes, its metadata says {n}")
                     raw = blob
                 else:
                     raw = bytes(F.decode_chunk(blob, cfg, n))
-        except ValueError as err:
-            raise CorruptCheckpointError(f"{path} is damaged: {err}", path=path) from None
-        got = F.address_of(raw, tag)
-        if got != addr:
-            raise CorruptCheckpointError(f"{path} resolves to bytes with checksum {got}, its "
-                                         f"address says {addr}", path=path)
-        self.remember(addr, raw, depth, chain)
-        return raw, depth, chain
+            except ValueError as err:
+                raise CorruptCheckpointError(f"{path} is damaged: {err}", path=path) from None
+            _check(raw, cur, tag, path)
+            if not chain:
+                self.remember(cur, raw, 0, 0)
+            break
+        if not chain:
+            return raw, depth, total
+        if chain[-1][3] != depth + 1:
+            path = chain[-1][1]
+            raise CorruptCheckpointError(f"{path} is damaged: it says its base has depth "
+                                         f"{chain[-1][3] - 1}, the base has {depth}", path=path)
+        # Only the result's address is checked; when it fails, every level is, to
+        # name the damaged file (a delta's payload is covered by its own digest too).
+        for each in (False, True):
+            acc = np.frombuffer(bytearray(raw), np.uint8)
+            for cur, path, payload, depth, total in reversed(chain):
+                try:
+                    x = F.decode_chunk(payload, {"name": "blosc", "configuration": {}}, n)
+                except ValueError as err:
+                    raise CorruptCheckpointError(f"{path} is damaged: {err}", path=path
+                                                 ) from None
+                np.bitwise_xor(acc, np.frombuffer(x, np.uint8), out=acc)
+                if each:
+                    _check(acc, cur, tag, path)
+            if each or F.address_of(acc, tag) == addr:
+                break
+        self.remember(addr, acc, chain[0][3], chain[0][4])
+        return acc, chain[0][3], chain[0][4]
+
+
+def _check(raw, addr: str, tag: bytes, path: str) -> None:
+    got = F.address_of(raw, tag)
+    if got != addr:
+        raise CorruptCheckpointError(f"{path} resolves to bytes with checksum {got}, its "
+                                     f"address says {addr}", path=path)
 
 
 def base_of(h, addr: str) -> str | None:
