@@ -207,3 +207,23 @@ def test_crafted_chains_are_refused(tmp_path):
         with History(path) as h, pytest.raises(CorruptCheckpointError) as err:
             h.checkout(ids[1])
         assert err.value.path == delta
+
+
+@pytest.mark.parametrize("kw", [{"codec": "lz4"}, {"capture": "copy"}])
+def test_deltas_with_a_codec_or_copy_capture(tmp_path, kw):
+    from vlcc_adjoint.storage.codecs import Lossless
+
+    kw = {"codec": Lossless()} if "codec" in kw else kw
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, 4 * CHUNK, dtype=np.uint8)
+    states = [x.copy()]
+    for k in range(4):
+        x[k * 1000 + 10:k * 1000 + 900] = rng.integers(0, 256, 890, dtype=np.uint8)
+        states.append(x.copy())
+    ids, _ = _commit_all(str(tmp_path / "h"), states, deltas=True, **kw)
+    assert len(_files(str(tmp_path / "h"))[1]) == 4
+    with History(str(tmp_path / "h")) as h:
+        for vid, s in zip(ids, states):
+            assert h.checkout(vid)["x"].tobytes() == s.tobytes()
+        d = h.diff(ids[0], ids[-1])
+    assert "changed" in str(d)
