@@ -108,6 +108,16 @@ def test_gc_keeps_the_bases_of_kept_versions(tmp_path):
     assert len(_files(path)[0]) == 4  # v0's chunk 0 is still there: v1's delta needs it
 
 
+def test_gc_by_a_process_opened_before_deltas_keeps_bases(tmp_path):
+    path = str(tmp_path / "h")
+    with History(path, chunk_bytes=CHUNK) as old:
+        old.wait()
+        ids, x, y = _two_versions(path)
+        old.gc(keep=1)
+    with History(path) as h:
+        assert np.array_equal(h.checkout(ids[1])["x"], y)
+
+
 def test_export_import_carries_bases(tmp_path):
     path = str(tmp_path / "h")
     ids, x, y = _two_versions(path)
@@ -227,3 +237,21 @@ def test_deltas_with_a_codec_or_copy_capture(tmp_path, kw):
             assert h.checkout(vid)["x"].tobytes() == s.tobytes()
         d = h.diff(ids[0], ids[-1])
     assert "changed" in str(d)
+
+
+def test_a_reader_opened_before_deltas_were_turned_on(tmp_path):
+    path = str(tmp_path / "h")
+    x = np.random.default_rng(6).integers(0, 256, 2 * CHUNK, dtype=np.uint8)
+    with History(path, chunk_bytes=CHUNK) as old:
+        old.commit({"x": x})
+        old.wait()
+        with History(path, chunk_bytes=CHUNK, deltas=True) as h:
+            x[100:200] = 7
+            vid = h.commit({"x": x})
+        assert len(_files(path)[1]) == 1
+        assert old.checkout(vid)["x"].tobytes() == x.tobytes()
+        x[300:400] = 9
+        vid = old.commit({"x": x}, branch="main")  # and it writes deltas from now on
+    assert len(_files(path)[1]) == 2
+    with History(path) as h:
+        assert h.checkout(vid)["x"].tobytes() == x.tobytes()

@@ -242,7 +242,7 @@ def base_of(h, addr: str) -> str | None:
 
 def closure(h, addrs: set[str]) -> set[str]:
     """`addrs` and every base their delta objects need (transitively)."""
-    if not getattr(h, "_deltas", False):
+    if not (h._deltas or enable(h, None)):  # re-read: another process may have turned them on
         return addrs
     out = set(addrs)
     todo = list(addrs)

@@ -41,6 +41,7 @@ import numpy as np
 from ..state import UnknownStateTypeError, byte_view, unflatten
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
+from . import _delta
 from . import _format as F
 from ._compare import leaf_paths
 from ._seal import check_sealed
@@ -169,11 +170,22 @@ class Reader:
     def _read_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
                     out: memoryview | None) -> Any:
         """One chunk's raw bytes, verified (into `out` when it is a full chunk's slice)."""
+        if not self._deltas:
+            try:
+                return self._read_full_chunk(m, where, j, addr, layout, cfg, out)
+            except CorruptCheckpointError:
+                # Another process may have turned deltas on since this one opened.
+                if not _delta.enable(self, None):
+                    raise
+                self._deltas = True
+        return self._read_resolved(m, where, j, addr, layout, cfg, out)
+
+    def _read_full_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
+                         out: memoryview | None) -> Any:
+        """:meth:`_read_chunk` in a repository without delta chunks."""
         rel = F.chunk_relpath(addr)
         path = self._p(rel)
         n = layout.chunk_nbytes
-        if self._deltas:
-            return self._read_resolved(m, where, j, addr, layout, cfg, out)
         bound = n + n // 8 + 4096  # a compressed chunk's most bytes (Blosc1: n + 16 + header)
         if cfg is not None:
             self._check_alloc(m, bound + (n if out is None else 0), f"{where}, chunk {j}")
