@@ -1,8 +1,8 @@
 """Delta chunks: a changed chunk stored as the XOR with its parent's, compressed.
 
 A repository opened with ``History(path, deltas=True)`` (recorded in its
-root metadata as ``"deltas": true``, so every process agrees) may store a new chunk
-``c`` as a *delta object* against the chunk ``b`` at the same position
+root metadata as ``"deltas": true``, so every process agrees) may store a
+new chunk ``c`` as a *delta object* against the chunk ``b`` at the same position
 (leaf index, dtype, shape, chunk index) of the parent version:
 
 .. math::  d = \\operatorname{compress}(\\operatorname{shuffle}(c \\oplus b)),
@@ -24,18 +24,24 @@ groups are unchanged.  Its file::
     | payload (Blosc1) | xxh3-128 of everything before it (16 bytes)
 
 ``depth`` is the number of delta objects from here to a full chunk (1: the
-base is full); ``chain bytes`` the sum of their sizes.  A delta is stored only
-when it is at most :data:`MAX_FRACTION` (3/4) of a chunk, its depth at most :data:`MAX_DEPTH` and
-its chain's bytes at most two chunks', else the full chunk is (a rebase): a
-checkout reads at most ``MAX_DEPTH + 1`` objects per chunk and at most three
-chunks' bytes.  (A chain bound of one chunk's bytes rebases most chunks once
-in twenty versions at 5% change; two keeps the store at the minimum.)  Reading resolves the chain, checks every object's digest, depth and
-size, and checks the resolved chunk's address, so damage anywhere in a chain
-raises :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file.
+base is full); ``chain bytes`` the sum of their sizes.  A delta is stored
+only when it is at most :data:`MAX_FRACTION` (3/4) of a chunk, its depth at
+most :data:`MAX_DEPTH` and its chain's bytes at most two chunks', else the
+full chunk is (a rebase): a checkout reads at most ``MAX_DEPTH + 1`` objects
+per chunk and at most three chunks' bytes.  (A chain bound of one chunk's
+bytes rebases most chunks once in twenty versions at 5 % change; two keeps
+the store at the minimum.)  Reading resolves the chain, checks every
+object's digest, depth and size, and the resolved chunk's address, so damage
+anywhere in a chain raises :class:`~vlcc_adjoint.storage.CorruptCheckpointError`
+naming the file.
 
 A delta file is told from a full chunk by its magic and size: a raw chunk
 file has exactly the chunk's size, which a delta (at most 3/4 of it) never
 has; a compressed chunk starts with the Blosc version byte, never ``V``.
+
+The root keeps format 2: a reader that predates delta chunks reports a
+delta file as a damaged chunk (``CorruptCheckpointError``), never returns
+wrong bytes.
 
 The trade: plain ``zarr.open_group`` reads a version whose chunks are all full
 (every version of a repository without deltas); an array with a delta chunk
@@ -226,6 +232,7 @@ def _check(raw, addr: str, tag: bytes, path: str) -> None:
 def base_of(h, addr: str) -> str | None:
     """The base address a stored delta object names (``None`` for a full chunk)."""
     path = h._p(F.chunk_relpath(addr))
+    h._chunk_dir(addr[:2])  # a real directory, never a link
     fd = SF.open_regular(path)
     try:
         head = os.read(fd, _HEAD.size)
