@@ -62,6 +62,18 @@ deduplicated there; ``chunks/`` stays deduplicated).  Sharding (zarr's
 ``sharding_indexed``) was the alternative: it puts a leaf's chunks in one
 file per shard, so a shared chunk cannot be shared across versions.
 
+**Delta chunks (opt-in).**  ``History(path, deltas=True)`` (recorded in the
+root as ``"deltas": true``, so every process then writes them) stores a
+changed chunk as the byte-shuffled, LZ4-compressed XOR with the parent
+version's chunk at the same place, when that is at most 3/4 of a chunk:
+a version that rewrites 5 % of a state in regions smaller than a chunk
+costs about those 5 %, not every touched chunk again.  Chains are bounded
+(32 deltas, two chunks' bytes; then a full chunk), a read resolves and
+verifies them, and ``gc`` and ``export`` keep every base a kept delta needs
+(:mod:`vlcc_adjoint._lineage._delta`).  The trade: a version holding a delta
+chunk is readable through ``History`` only, not by plain zarr; without
+``deltas`` (the default) every chunk is full and plain zarr reads it.
+
 Leaves of zarr's core dtypes are arrays of their own dtype (byte order in
 the ``bytes`` codec); others (datetime, strings, structured, bfloat16) are
 ``uint8`` arrays with a trailing axis of the item size, their real dtype in

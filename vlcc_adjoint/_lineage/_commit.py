@@ -58,8 +58,9 @@ from typing import Any
 import numpy as np
 
 from ..state import byte_view, flatten
-from ..storage import StorageError
+from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
+from . import _delta
 from . import _format as F
 from ._graph import Version, check_name
 from ._seal import seal
@@ -94,6 +95,19 @@ def _json_meta(meta) -> dict:
                         "lists, strings, numbers, bools and None (convert arrays with .tolist())")
 
     return clean(meta, "")
+
+
+def _delta_bases(parent, i: int, lj) -> list[str] | None:
+    """The addresses of the parent's chunks at leaf `i`'s places, when its layout and
+    codec are the same as the new leaf's (else ``None``: no delta bases)."""
+    if parent is None or i >= len(parent):
+        return None
+    layout, cfg, addrs = parent[i]
+    new = lj.layout
+    if (layout.dtype != new.dtype or layout.shape != new.shape or cfg != lj.cfg
+            or layout.chunk_nbytes != new.chunk_nbytes or len(addrs) != new.nchunks):
+        return None
+    return list(addrs)
 
 
 # -- jobs: a commit in flight ------------------------------------------------------------
@@ -304,7 +318,9 @@ class CommitPipeline:
         try:
             new_bytes = 0
             seen: set[str] = set()
+            parent = self._delta_parent(job) if self._deltas else None
             for i, lj in enumerate(job.leaves):
+                bases = _delta_bases(parent, i, lj)
                 layout = lj.layout
                 leaf_dir = f"{work}/{i}"
                 os.mkdir(leaf_dir)
@@ -323,12 +339,14 @@ class CommitPipeline:
                         lj.addrs.append(addr)
                         if addr not in seen:
                             seen.add(addr)
-                            new_bytes += self._store_chunk(addr, data, lj.cfg)
+                            new_bytes += self._store_chunk(addr, data, lj.cfg,
+                                                           bases and bases[j], layout)
                     else:
                         addr = lj.addrs[j]
                         data = lj.owned.pop(j, None)
                         if data is not None:
-                            new_bytes += self._store_chunk(addr, data, lj.cfg)
+                            new_bytes += self._store_chunk(addr, data, lj.cfg,
+                                                           bases and bases[j], layout)
                             job.spent.append(data)
                             data = None
                     self._link(addr, f"{leaf_dir}/{key}")
@@ -340,13 +358,33 @@ class CommitPipeline:
             shutil.rmtree(work, ignore_errors=True)
             raise
 
-    def _store_chunk(self, addr: str, data, cfg) -> int:
-        """Write a chunk under its address unless it is there; return bytes written."""
+    def _delta_parent(self, job: _Job):
+        """The leaves of the version `job` is based on (delta bases), or ``None``."""
+        if job.base is None:
+            return None
+        try:
+            return self._manifest(job.base).leaves
+        except (KeyError, CorruptCheckpointError, StorageError):
+            return None  # no base to delta against: full chunks
+
+    def _store_chunk(self, addr: str, data, cfg, base: str | None = None,
+                     layout=None) -> int:
+        """Write a chunk under its address unless it is there; return bytes written.
+
+        With `base` (a delta repository), the chunk is stored as a delta
+        object against the chunk `base` when that pays (:mod:`._delta`).
+        """
         sub = addr[:2]
         final = self._p(F.CHUNKS, sub, addr[2:])
         if os.path.lexists(final):
             return 0
-        blob = F.encode_chunk(data, cfg)
+        blob = None
+        if base and base != addr:
+            blob = self._delta_blob(addr, data, cfg, base, layout)
+        if blob is None:
+            blob = F.encode_chunk(data, cfg)
+            if self._deltas:
+                self._resolver.remember(addr, data, 0, 0)
         if sub not in self._chunk_dirs:
             self._mkdir(self._p(F.CHUNKS, sub))  # a real directory, never a link
             self._chunk_dirs.add(sub)
@@ -367,6 +405,25 @@ class CommitPipeline:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def _delta_blob(self, addr: str, data, cfg, base: str, layout) -> bytes | None:
+        """The delta object for chunk `addr` against `base`, or ``None`` when a full
+        chunk is better (the delta is above :data:`._delta.MAX_FRACTION` of a chunk, or its
+        chain too long)."""
+        n = layout.chunk_nbytes
+        if not os.path.lexists(self._p(F.chunk_relpath(base))):
+            return None  # removed by gc (the resolver may still cache it): store in full
+        try:
+            braw, depth, chain = self._resolver.get(base, n, cfg, _delta.MAX_DEPTH)
+        except (FileNotFoundError, CorruptCheckpointError):
+            return None  # the base is gone or damaged: store this chunk in full
+        if depth + 1 > _delta.MAX_DEPTH:
+            return None
+        blob = _delta.encode(data, braw, base, depth, chain, layout.dtype.itemsize)
+        if len(blob) > _delta.MAX_FRACTION * n or chain + len(blob) > 2 * n:
+            return None
+        self._resolver.remember(addr, data, depth + 1, chain + len(blob))
+        return blob
 
     def _link(self, addr: str, dst: str) -> None:
         """Put the chunk file at `dst` in a version group: a hard link (no space), else a copy."""

@@ -30,6 +30,7 @@ import shutil
 import stat
 
 from . import _format as F
+from ._delta import closure
 from ._graph import Graph, human_bytes
 
 __all__ = ["GCReport", "KeepPolicy", "collect", "remove_entry"]
@@ -138,6 +139,7 @@ def collect(h, keep, dry_run: bool) -> "GCReport":
         referenced: set[str] = set()
         for vid in kept:
             referenced |= h._manifest(vid).addresses()
+        referenced = closure(h, referenced)  # with the bases of kept delta chunks
         chunks, freed = [], 0
         chunk_root = h._p(F.CHUNKS)
         for sub in os.scandir(chunk_root):

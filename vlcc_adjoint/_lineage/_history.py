@@ -32,6 +32,7 @@ import networkx as nx
 
 from ..storage import BufferPool, StorageError
 from . import _format as F
+from . import _delta
 from ._commit import CommitPipeline, _Job
 from ._compare import Comparison, Diff, comparison, diff_states, leaf_paths
 from ._gc import GCReport, KeepPolicy, collect, tree_bytes
@@ -85,6 +86,12 @@ class History(Repository, Reader, Refs, CommitPipeline):
     - `max_pending_bytes`: bytes of owned copies that commits in flight may
       hold; ``commit`` waits for the background writer beyond it.  Also the
       most memory kept for reuse by later captures (freed by ``close``).
+    - `deltas`: ``True`` stores a changed chunk as the compressed XOR with
+      the parent version's chunk at its place when that is at most 3/4 of a
+      chunk (:mod:`._delta`); recorded in the repository's root, so every
+      process then writes deltas.  Such versions are no longer readable by
+      plain zarr, only by ``History``.  ``None`` (default): as the repository
+      says (new repositories: full chunks, readable by plain zarr).
 
     Use it as a context manager, or call :meth:`close`, so pending commits
     are finished.  One ``History`` object is safe to share between threads;
@@ -93,7 +100,7 @@ class History(Repository, Reader, Refs, CommitPipeline):
 
     def __init__(self, path: str | os.PathLike, *, mode: str = "a", chunk_bytes: int = F.DEFAULT_CHUNK_BYTES,
                  codec: Codec | None = None, capture: str = "hash", durable: bool = False,
-                 max_pending_bytes: int = 1 << 30):
+                 max_pending_bytes: int = 1 << 30, deltas: bool | None = None):
         if mode not in ("a", "r"):
             raise ValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
         if capture not in ("hash", "copy"):
@@ -127,6 +134,8 @@ class History(Repository, Reader, Refs, CommitPipeline):
         self._links = True
         self._stats = collections.Counter()
         self._open()
+        self._deltas = _delta.enable(self, deltas)
+        self._resolver = _delta.Resolver(self)
         self._graph_lock = FileLock(self._p(F.LOCKS, "graph.lock"), readonly=mode == "r")
         try:
             self._gc_lock = SharedExclusiveLock(self._p(F.LOCKS, "gc.lock"),

@@ -41,6 +41,7 @@ import numpy as np
 from ..state import UnknownStateTypeError, byte_view, unflatten
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
+from . import _delta
 from . import _format as F
 from ._compare import leaf_paths
 from ._seal import check_sealed
@@ -169,6 +170,19 @@ class Reader:
     def _read_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
                     out: memoryview | None) -> Any:
         """One chunk's raw bytes, verified (into `out` when it is a full chunk's slice)."""
+        if not self._deltas:
+            try:
+                return self._read_full_chunk(m, where, j, addr, layout, cfg, out)
+            except CorruptCheckpointError:
+                # Another process may have turned deltas on since this one opened.
+                if not _delta.enable(self, None):
+                    raise
+                self._deltas = True
+        return self._read_resolved(m, where, j, addr, layout, cfg, out)
+
+    def _read_full_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
+                         out: memoryview | None) -> Any:
+        """:meth:`_read_chunk` in a repository without delta chunks."""
         rel = F.chunk_relpath(addr)
         path = self._p(rel)
         n = layout.chunk_nbytes
@@ -205,6 +219,30 @@ class Reader:
             raise self._corrupt(m, f"{where}, chunk {j} ({rel}) has checksum {got}, its address "
                                 f"says {addr}", path)
         return data
+
+    def _read_resolved(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
+                       out: memoryview | None) -> Any:
+        """:meth:`_read_chunk` in a repository with delta chunks: the chain of delta
+        objects is resolved and verified (:class:`._delta.Resolver`)."""
+        rel = F.chunk_relpath(addr)
+        path = self._p(rel)
+        n = layout.chunk_nbytes
+        self._check_alloc(m, 3 * n + n // 8 + 4096, f"{where}, chunk {j}")
+        try:
+            raw, _, _ = self._resolver.get(addr, n, cfg)
+        except FileNotFoundError as err:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) or a base it needs is "
+                                f"missing", err.filename or path) from None
+        except CorruptCheckpointError as err:
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}",
+                                err.path or path) from None
+        except OSError as err:
+            raise StorageError(f"reading {where}, chunk {j} of version {m.id} from {path} "
+                               f"failed: {err}") from err
+        if out is None:
+            return raw
+        out[:] = raw
+        return out
 
     def _read_leaf(self, m: F.Manifest, i: int, path: str) -> np.ndarray:
         layout, cfg, addrs = m.leaves[i]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..storage import StorageError
 from . import _format as F
+from ._delta import closure
 
 if TYPE_CHECKING:
     from ._history import History
@@ -77,6 +78,7 @@ def _archive(h, g, tar) -> None:
     addrs: set[str] = set()
     for vid in ids:
         addrs |= h._manifest(vid).addresses()
+    addrs = closure(h, addrs)  # with the bases of delta chunks
     for addr in sorted(addrs):  # chunks first: version files then become tar hard links
         rel = F.chunk_relpath(addr)
         _check_regular(h._p(rel), directory=False)
