@@ -66,6 +66,8 @@ BENCHMARKS = {
     "mpi": (["--quick"], []),
     "lineage": (["--quick"], []),
     "torch": (["--quick"], []),
+    "error_budget": (["--quick"], []),
+    "lineage_delta": (["--mb", "8"], []),
 }
 
 PACKAGES = ["vlcc-adjoint", "numpy", "numba", "zarr", "blosc2", "xxhash", "networkx", "jax",

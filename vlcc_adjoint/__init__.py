@@ -9,6 +9,7 @@ modules that need them.
 from .budget import BudgetPlan as BudgetPlan
 from .budget import plan as plan
 from .execute import AdjointResult as AdjointResult
+from .execute import ErrorBudgetReport as ErrorBudgetReport
 from .execute import NonFiniteError as NonFiniteError
 from .execute import StateMismatchError as StateMismatchError
 from .execute import run_adjoint as run_adjoint

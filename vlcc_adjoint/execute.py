@@ -116,7 +116,7 @@ def _default_store(schedule: Schedule, stats: ScheduleStats, u0, solver):
     on_save = getattr(solver, "on_save", None)
     nbytes = _state_nbytes(on_save(u0, 0) if on_save is not None else u0)
     tiers = [MemoryTier(capacity_bytes=max(peak, 1) * nbytes) for peak in stats.peak_slots]
-    plan = io_plan(schedule) if schedule.table is not None else None
+    plan = None if isinstance(schedule, Online) else io_plan(schedule)  # never builds the table
     return TieredStore(tiers, plan=plan)
 
 
@@ -352,7 +352,7 @@ def _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop, ma
     online = isinstance(schedule, Online) and schedule.n_steps is None
     if store is None:
         tiers = _lossy_tiers(1 if online else len(simulate(schedule).peak_slots))
-        plan = None if online or schedule.table is None else io_plan(schedule)
+        plan = None if isinstance(schedule, Online) else io_plan(schedule)
     else:
         tiers, plan = list(store.tiers), store.plan
     try:

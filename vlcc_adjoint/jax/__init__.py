@@ -73,6 +73,6 @@ __getattr__ = _deprecated_getattr(__name__, {
 })
 
 __all__ = [
-    "CheckpointedStep", "Program", "checkpointed", "checkpointed_fori_loop", "checkpointed_scan",
-    "compile_program", "jax_trace",
+    "CheckpointedStep", "HostIOStats", "Program", "checkpointed", "checkpointed_fori_loop",
+    "checkpointed_scan", "compile_program", "host_io_stats", "jax_trace",
 ]
