@@ -26,6 +26,7 @@ dtype's JSON text.
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class Layout:
             return out
         return None
 
-    def build(self, leaves):
+    def build(self, leaves: list) -> Any:
         """The state of this layout around `leaves` (``unflatten(self.spec(),
         leaves)``, the leaves going into the state uncopied).
 

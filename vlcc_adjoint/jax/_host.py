@@ -56,7 +56,12 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
+from typing import TYPE_CHECKING
+
 from ._program import H_FROM_SLOT, H_LOAD, H_SAVE, H_TO_SLOT, Program
+
+if TYPE_CHECKING:
+    from ..storage import TieredStore
 
 __all__ = ["HostIOStats", "HostSession", "host_io_stats"]
 
@@ -97,7 +102,7 @@ class HostIOStats:
 _STATS: "weakref.WeakKeyDictionary[object, HostIOStats]" = weakref.WeakKeyDictionary()
 
 
-def host_io_stats(store, reset: bool = False) -> HostIOStats:
+def host_io_stats(store: TieredStore, reset: bool = False) -> HostIOStats:
     """The host-level I/O of the ``checkpointed_scan`` runs on `store` so far.
 
     **Arguments:** `store`, the ``TieredStore`` passed to

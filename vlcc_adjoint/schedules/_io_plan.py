@@ -26,14 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from ._jit import PythonBudget, njit
 import numpy as np
 
 from ._interrupt import call_kernel
 from ._schedule import Schedule
 from ._simulate import THREADED_ROWS
+from ._jit import PythonBudget, njit
 from .actions import ActionKind
+
+if TYPE_CHECKING:
+    from ._plan_windows import PlanWindow
 
 __all__ = ["IOPlan", "LevelIO", "io_plan"]
 
@@ -101,7 +106,9 @@ class IOPlan:
       arrays).
     """
 
-    def __init__(self, levels=None, records=None, record_of_action=None, *, schedule=None):
+    def __init__(self, levels: list | None = None, records: np.ndarray | None = None,
+                 record_of_action: np.ndarray | None = None, *,
+                 schedule: Schedule | None = None) -> None:
         self.schedule = schedule
         if schedule is None:
             self._arrays = (tuple(levels), records, record_of_action)
@@ -148,7 +155,7 @@ class IOPlan:
             q = lv.next_read_of_record[q]
         return int(lv.index[q])
 
-    def windows(self, start: int = 0):
+    def windows(self, start: int = 0) -> Iterator[PlanWindow]:
         """The plan as consecutive :class:`PlanWindow` s, one per chunk of
         the schedule (about 65,536 actions), from the one holding action
         `start` on: see :mod:`._plan_windows`."""
