@@ -512,6 +512,7 @@ def main(argv=None):
         report(case, args.ks)
         cases.append(case)
     meta = {
+        "benchmark": "bench_jax",
         "jax": jax.__version__, "equinox": EQX_VERSION, "python": platform.python_version(),
         "machine": platform.machine(), "cpus": os.cpu_count(),
         "backend": jax.default_backend(), "quick": args.quick,

@@ -117,8 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mb", type=int, default=32, help="state size in MiB")
     parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--dir", default=None, help="where the repositories go (default: temp)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp",
-                                                      "vlcc-bench-results"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     parser.add_argument("--update-results", action="store_true",
                         help="write benchmarks/results/bench_lineage_delta.json")
     args = parser.parse_args(argv)

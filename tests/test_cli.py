@@ -124,7 +124,7 @@ def _vlcc(*argv, timeout=120):
     (["demo", "--memory-states", "1"], "give --memory-states 4 or more"),
     (["demo", "--memory-states", "0", "--disk-states", "0"], "give --memory-states 1 or more"),
     (["plan", "revolve", "--steps", "2000000000", "--snapshots", "1"],
-     "out of memory"),
+     "give --steps 300,000,000 or fewer"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(argv, message, tmp_path):
     import time

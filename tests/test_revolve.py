@@ -18,6 +18,19 @@ def test_revolve_forward_count_is_binomial_optimum_for_n_up_to_2000_c_up_to_40()
             assert stats.peak_slots[0] <= c
 
 
+def test_binomial_forward_count_has_closed_forms_at_the_extremes_even_for_huge_n():
+    # One slot: every step i is recomputed from u_0, sum_{i<n} i = n (n - 1) / 2;
+    # n - 1 slots or more: each step once, n - 1 (u_n is never advanced from).
+    for n in (2, 17, 10**6, 2 * 10**9, 10**15):
+        assert binomial_forward_count(n, 1) == n * (n - 1) // 2
+    for n in (2, 17, 1000):
+        assert binomial_forward_count(n, n - 1) == n - 1
+    # c = 2: beta(2, r) = (r + 1)(r + 2) / 2 >= n picks r; t = r n - C(r + 2, 3).
+    n = 10**12
+    r = next(r for r in range(2 * 10**6) if (r + 1) * (r + 2) // 2 >= n)
+    assert binomial_forward_count(n, 2) == r * n - (r + 2) * (r + 1) * r // 6
+
+
 @lru_cache(maxsize=None)
 def _least_forward_count(l: int, c: int) -> int:
     """Reverse ``l`` steps from a stored base with ``c`` slots (base included),

@@ -8,6 +8,11 @@ import sys
 from collections.abc import Sequence
 
 
+#: ``vlcc plan`` builds and replays every action of the table, at least one
+#: per step (the Reverse): 10-15 s at this many steps on one core.
+PLAN_MAX_STEPS = 300_000_000
+
+
 def _add_plan(sub) -> None:
     plan = sub.add_parser(
         "plan",
@@ -16,7 +21,8 @@ def _add_plan(sub) -> None:
     )
     plan.add_argument("schedule", nargs="?", default="revolve",
                       choices=["revolve", "multistage", "online", "periodic", "storeall"])
-    plan.add_argument("--steps", type=int, default=1000, help="forward steps n")
+    plan.add_argument("--steps", type=int, default=1000,
+                      help=f"forward steps n (at most {PLAN_MAX_STEPS:,}: every action is replayed)")
     plan.add_argument("--snapshots", type=int, default=20,
                       help="slots (u_0 included); multistage: fast-level slots")
     plan.add_argument("--disk", type=int, default=0, help="multistage: slow-level slots")
@@ -54,6 +60,11 @@ def _plan(args) -> int:
         from .plot import check_figure_path
 
         check_figure_path(args.plot, "--plot")
+    if args.steps > PLAN_MAX_STEPS:
+        raise ValueError(
+            f"--steps {args.steps:,} is more than vlcc plan replays (it checks every action, "
+            f"at least one per step); give --steps {PLAN_MAX_STEPS:,} or fewer, or build the "
+            "schedule in Python and consume Schedule.blocks()")
     schedule = _make_schedule(args)
     stats = schedule.stats()
     print(schedule)

@@ -351,9 +351,19 @@ def binomial_forward_count(steps: int, snapshots: int) -> int:
 
     n = check_positive_int(steps, "steps")
     c = check_positive_int(snapshots, "snapshots")
-    r = 0
-    while comb(c + r, c) < n:
-        r += 1
+    # The least r with C(c + r, c) >= n, by doubling then bisection: r can
+    # be n - 1 (one slot), so counting up would take n steps.
+    hi = 1
+    while comb(c + hi, c) < n:
+        hi *= 2
+    lo = 0 if comb(c, c) >= n else hi // 2  # comb(c + lo, c) < n <= comb(c + hi, c)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if comb(c + mid, c) >= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    r = lo
     return r * n - comb(c + r, c + 1)
 
 
