@@ -336,36 +336,6 @@ def annotation_gaps(modules) -> dict[str, list[str]]:
     return gaps
 
 
-#: Public callables not yet fully annotated, each in a module maintained
-#: elsewhere; remove an entry when its annotations are complete (the test
-#: below fails on a stale entry, so this list only shrinks).
-NOT_YET_ANNOTATED = {
-    "vlcc_adjoint.lineage.History.branch", "vlcc_adjoint.lineage.History.commit",
-    "vlcc_adjoint.lineage.History.resolve", "vlcc_adjoint.lineage.History.tag",
-    "vlcc_adjoint.lineage.KeepPolicy.select",
-    "vlcc_adjoint.state.Layout.__init__", "vlcc_adjoint.state.Layout.leaves", "vlcc_adjoint.state.Layout.of",
-    "vlcc_adjoint.state.dtype_from_json",
-    "vlcc_adjoint.storage.format.check_capacity", "vlcc_adjoint.storage.BufferPool.reserve",
-    "vlcc_adjoint.storage.BufferPool.take",
-    "vlcc_adjoint.storage.codecs.FixedRate.encoded_nbytes",
-    "vlcc_adjoint.storage.format.array_metadata", "vlcc_adjoint.storage.format.canonical_json",
-    "vlcc_adjoint.storage.format.check_leaf", "vlcc_adjoint.storage.format.chunk_key",
-    "vlcc_adjoint.storage.format.digest", "vlcc_adjoint.storage.format.encode_spec",
-    "vlcc_adjoint.storage.format.open_group", "vlcc_adjoint.storage.format.read_into",
-    "vlcc_adjoint.storage.format.read_json", "vlcc_adjoint.storage.format.step_of",
-    "vlcc_adjoint.storage.format.unseal", "vlcc_adjoint.storage.format.write_all",
-    "vlcc_adjoint.storage.format.write_file", "vlcc_adjoint.storage.format.write_json",
-    "vlcc_adjoint.jax.CheckpointedStep.__call__", "vlcc_adjoint.jax.jax_trace",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.__init__", "vlcc_adjoint.torch.VlccCheckpointEngine.attach",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.commit", "vlcc_adjoint.torch.VlccCheckpointEngine.create",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.get_commit_info",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.guard", "vlcc_adjoint.torch.VlccCheckpointEngine.history",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.is_data_parallel_writer",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.load", "vlcc_adjoint.torch.VlccCheckpointEngine.makedirs",
-    "vlcc_adjoint.torch.VlccCheckpointEngine.save", "vlcc_adjoint.torch.VlccCheckpointEngine.set_commit_info",
-}
-
-
 def _importable(names):
     out = []
     for name in names:
@@ -377,18 +347,9 @@ def _importable(names):
 
 
 def test_every_public_callable_has_complete_annotations():
-    modules = _importable(_public_modules())
-    gaps = annotation_gaps(modules)
-    new = {k: v for k, v in gaps.items() if k not in NOT_YET_ANNOTATED}
-    assert not new, "public callables without full annotations (parameters, return): " + "; ".join(
-        f"{k}: {v}" for k, v in sorted(new.items()))
-    loaded = {m.__name__ for m in modules}
-
-    def home(label):  # the public module a label names (the longest matching prefix)
-        return max((m for m in _public_modules() if label.startswith(m + ".")), key=len)
-
-    stale = sorted(k for k in NOT_YET_ANNOTATED - set(gaps) if home(k) in loaded)
-    assert not stale, f"annotated now: remove from NOT_YET_ANNOTATED: {stale}"
+    gaps = annotation_gaps(_importable(_public_modules()))
+    assert not gaps, "public callables without full annotations (parameters, return): " + "; ".join(
+        f"{k}: {v}" for k, v in sorted(gaps.items()))
 
 
 def test_the_annotation_check_reports_what_is_missing():

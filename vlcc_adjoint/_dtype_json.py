@@ -77,7 +77,7 @@ def _descr_to_json(descr):
             for field in descr]
 
 
-def dtype_from_json(value) -> np.dtype:
+def dtype_from_json(value: object) -> np.dtype:
     """The dtype that :func:`dtype_to_json` wrote, after validating it.
 
     Only numpy's plain dtype strings (numeric, bool, datetime, ``S``/``U``/``V``),

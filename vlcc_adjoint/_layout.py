@@ -26,6 +26,7 @@ dtype's JSON text.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,10 @@ class Layout:
 
     __slots__ = ("tree", "leaf_specs", "nbytes", "infos", "_walk", "_n", "_build")
 
-    def __init__(self, tree, leaf_specs, nbytes, walk, n, infos, build):
+    def __init__(self, tree: dict[str, Any], leaf_specs: list[dict[str, Any]], nbytes: int,
+                 walk: Callable[[Any, list[np.ndarray]], bool], n: int,
+                 infos: tuple[tuple[np.dtype, tuple[int, ...]], ...],
+                 build: Callable[[Sequence[np.ndarray]], Any]) -> None:
         self.tree = tree
         self.leaf_specs = leaf_specs
         self.nbytes = nbytes
@@ -58,7 +62,8 @@ class Layout:
         self._build = build
 
     @classmethod
-    def of(cls, state, leaves=None, spec=None) -> Layout | None:
+    def of(cls, state: Any, leaves: list[np.ndarray] | None = None,
+           spec: dict[str, Any] | None = None) -> Layout | None:
         """The layout of `state` (optionally with its ``flatten`` result), or
         ``None`` if the state holds anything a layout does not model."""
         if spec is None:
@@ -73,7 +78,7 @@ class Layout:
         return cls(spec["tree"], spec["leaves"], sum(leaf.nbytes for leaf in leaves), walk,
                    len(leaves), infos, build)
 
-    def leaves(self, state) -> list[np.ndarray] | None:
+    def leaves(self, state: Any) -> list[np.ndarray] | None:
         """The leaves of `state` if it has this layout, else ``None``."""
         out: list[np.ndarray] = []
         if self._walk(state, out) and len(out) == self._n:

@@ -140,7 +140,7 @@ class CommitPipeline:
 
     # -- commit (the caller's half) --------------------------------------------------
 
-    def commit(self, state, message: str = "", meta: dict | None = None, *,
+    def commit(self, state: Any, message: str = "", meta: dict | None = None, *,
                branch: str | None = None, merge: Iterable = ()) -> str:
         """Store `state` as a new version on the current branch; return its id.
 

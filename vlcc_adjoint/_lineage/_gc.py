@@ -28,6 +28,7 @@ import math
 import os
 import shutil
 import stat
+from collections.abc import Callable
 
 from . import _format as F
 from ._delta import closure
@@ -77,7 +78,7 @@ class KeepPolicy:
             object.__setattr__(self, "keep", (self.keep,))
         object.__setattr__(self, "keep", tuple(self.keep))
 
-    def select(self, g: Graph, resolve) -> set[str]:
+    def select(self, g: Graph, resolve: Callable[[str], str]) -> set[str]:
         """The ids this policy keeps in graph `g` (`resolve` turns a ref into an id)."""
         kept = set(g.branches.values())
         if self.last:

@@ -63,7 +63,7 @@ class Refs:
             return False
         return True
 
-    def resolve(self, ref="HEAD") -> str:
+    def resolve(self, ref: str | Version = "HEAD") -> str:
         """The version id a ref names.
 
         **Arguments:**
@@ -113,7 +113,7 @@ class Refs:
             vid = parents[0]
         return vid
 
-    def branch(self, name: str, at="HEAD", *, force: bool = False) -> str:
+    def branch(self, name: str, at: str | Version = "HEAD", *, force: bool = False) -> str:
         """Create branch `name` at a version (``checkout(name)`` then switches to it).
 
         **Arguments:**
@@ -152,7 +152,7 @@ class Refs:
             if self._head_branch == name:  # detach where the branch was
                 self._head_branch, self._head_version = None, tip
 
-    def tag(self, name: str, version="HEAD", *, force: bool = False) -> str:
+    def tag(self, name: str, version: str | Version = "HEAD", *, force: bool = False) -> str:
         """Name a version (tags are kept by ``gc`` with ``KeepPolicy(tagged=True)``).
 
         **Returns:** the id of the tagged version.  An existing tag is moved

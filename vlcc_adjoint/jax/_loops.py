@@ -29,7 +29,7 @@ class CheckpointedStep:
         self.options = options
         functools.update_wrapper(self, f)
 
-    def __call__(self, carry, x=None):
+    def __call__(self, carry: Any, x: Any = None) -> tuple[Any, Any]:
         return self.f(carry, x)
 
     def scan(self, init: Any, xs: Any = None, length: int | None = None) -> tuple[Any, Any]:

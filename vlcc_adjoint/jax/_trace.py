@@ -11,6 +11,8 @@ a skipped Advance shows up as a wrong ``reverse_states`` entry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,10 +23,13 @@ from ._interpret import Interpreter
 from ..schedules import Trace
 from ._program import compile_program
 
+if TYPE_CHECKING:
+    from ..storage import TieredStore
+
 __all__ = ["jax_trace"]
 
 
-def jax_trace(schedule: Schedule, store=None) -> Trace:
+def jax_trace(schedule: Schedule, store: TieredStore | None = None) -> Trace:
     """Run `schedule` through the JAX interpreter and return what it did.
 
     **Arguments:** `schedule`; `store`, a ``TieredStore`` for its levels >= 1

@@ -43,6 +43,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -190,7 +191,7 @@ def _build():
 
 # -- helpers shared by the tier implementations ----------------------------------
 
-def step_of(spec) -> int | None:
+def step_of(spec: object) -> int | None:
     """The checkpointed step a spec carries (``spec["step"]``), if any."""
     step = spec.get("step") if isinstance(spec, dict) else None
     return step if type(step) is int else None
@@ -231,7 +232,7 @@ def check_record(key: str, record: Record) -> None:
                             "non-object dtype; build the record with make_record")
 
 
-def encode_spec(key: str, spec) -> str:
+def encode_spec(key: str, spec: Any) -> str:
     """``spec`` as strict JSON text (no NaN/Infinity), or a ``ValueError`` naming the key."""
     try:
         return _ENCODER.encode(spec)
@@ -251,7 +252,7 @@ def verify_leaves(leaves, checksums, key: str, tier: str, step: int | None) -> N
                           f"the record says {want}", key, tier, step)
 
 
-def check_capacity(capacity_bytes) -> int | None:
+def check_capacity(capacity_bytes: int | np.integer | None) -> int | None:
     """``capacity_bytes`` validated: ``None`` (unbounded) or an int >= 0."""
     if capacity_bytes is None:
         return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 __all__ = ["O_CLOEXEC", "O_NOFOLLOW", "fsync_dir", "read_exactly", "write_all", "write_file"]
 
 #: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
@@ -24,7 +26,7 @@ O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _WRITE_SLICE = 1 << 30
 
 
-def write_all(fd: int, data) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
     """Write every byte of the bytes-like `data` to `fd`."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     while view:
@@ -32,8 +34,8 @@ def write_all(fd: int, data) -> None:
         view = view[n:]
 
 
-def write_file(path: str, data, durable: bool, *, truncate: bool = False,
-               exclusive: bool = False) -> None:
+def write_file(path: str, data: bytes | bytearray | memoryview | np.ndarray, durable: bool, *,
+               truncate: bool = False, exclusive: bool = False) -> None:
     """Write `data` at `path`; fsync it when `durable`.
 
     By default the file is created or written over from its start, not

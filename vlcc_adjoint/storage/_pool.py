@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 __all__ = ["BufferPool"]
 
@@ -65,7 +67,7 @@ class BufferPool:
         self._free: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def take(self, dtype, shape) -> np.ndarray:
+    def take(self, dtype: DTypeLike, shape: Sequence[int]) -> np.ndarray:
         """A C-contiguous, writeable array of `dtype` and `shape` (contents undefined)."""
         key = (np.dtype(dtype), tuple(shape))  # equal dtypes: the same layout
         with self._lock:
@@ -91,7 +93,7 @@ class BufferPool:
             self.allocated += 1
         return np.empty(key[1], key[0])
 
-    def reserve(self, dtype, shape, count: int) -> None:
+    def reserve(self, dtype: DTypeLike, shape: Sequence[int], count: int) -> None:
         """Allocate and touch `count` buffers ahead of time (moves the
         first-touch cost out of the time loop), within `max_free_bytes`."""
         for _ in range(count):

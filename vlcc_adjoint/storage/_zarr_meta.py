@@ -10,6 +10,7 @@ shape ``shape + [itemsize]``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -34,13 +35,14 @@ def zarr_data_type(dtype: np.dtype) -> str | None:
     return _ZARR_TYPES.get((dtype.kind, dtype.itemsize))
 
 
-def chunk_key(index) -> str:
+def chunk_key(index: Iterable[int]) -> str:
     """zarr v3 "default" chunk key with separator ``.``: ``c.0.1`` for chunk
     (0, 1); ``c`` for the one chunk of a 0-d array."""
     return "c" + "".join(f".{int(i)}" for i in index)
 
 
-def array_metadata(dtype: np.dtype, shape, chunk_shape=None) -> tuple[bytes, str | None]:
+def array_metadata(dtype: np.dtype, shape: Sequence[int], chunk_shape: Sequence[int] | None = None
+                   ) -> tuple[bytes, str | None]:
     """A zarr v3 array's ``zarr.json`` for `dtype` and `shape`, and the key of its
     first chunk (``None`` when the array is empty: it has no chunk).
 

@@ -72,6 +72,7 @@ import shutil
 import socket
 import stat
 import time
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -195,7 +196,7 @@ def read_limited(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def read_into(path: str, out) -> None:
+def read_into(path: str, out: np.ndarray | bytearray | memoryview) -> None:
     """Fill the writable buffer `out` with the regular file `path`, which must
     have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``)."""
     view = memoryview(out).cast("B")
@@ -214,7 +215,7 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid in checkpoint metadata")
 
 
-def read_json(path: str, limit: int = MAX_METADATA_BYTES):
+def read_json(path: str, limit: int = MAX_METADATA_BYTES) -> Any:
     """The JSON document in `path` (at most `limit` bytes, strict JSON).
 
     Anything that is not a readable, well-formed JSON document (bad UTF-8,
@@ -236,7 +237,7 @@ def _unique_keys(pairs):
     return out
 
 
-def canonical_json(obj) -> bytes:
+def canonical_json(obj: Any) -> bytes:
     """The canonical encoding of a JSON value: sorted keys, no whitespace, ASCII.
 
     Two values encode to the same bytes exactly when they are equal as JSON
@@ -249,7 +250,7 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
                               allow_nan=False)
 
 
-def digest(description) -> str:
+def digest(description: Any) -> str:
     """xxh3-128 (32 hexadecimal digits) of ``canonical_json(description)``.
 
     `description` is everything a read depends on besides the data bytes
@@ -375,7 +376,7 @@ def lock_store(path: str, what: str, durable: bool = False) -> WriterLock:
 MAX_NDIM = 32
 
 
-def check_leaf(dtype_json, shape, path: str) -> tuple[np.dtype, tuple[int, ...], int]:
+def check_leaf(dtype_json: object, shape: object, path: str) -> tuple[np.dtype, tuple[int, ...], int]:
     """A stored array's dtype, shape and byte size, validated before anything is
     allocated from them.
 
@@ -410,7 +411,7 @@ def group_document(attributes: dict) -> dict:
     return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
 
 
-def write_json(path: str, obj, durable: bool) -> None:
+def write_json(path: str, obj: Any, durable: bool) -> None:
     """Write the JSON document `obj` at `path` atomically (scratch name, rename)."""
     tmp = path + ".tmp"
     try:
@@ -467,7 +468,7 @@ def sealed_group_json(name: str, parts: dict) -> tuple[bytes, str]:
     return doc, d
 
 
-def open_group(path: str, name: str):
+def open_group(path: str, name: str) -> Any:
     """The attribute `name` of the group ``zarr.json`` at `path` (bounded, strict), or
     ``None`` when the file is a zarr v3 node without it (a foreign node).
 
@@ -488,7 +489,7 @@ def open_group(path: str, name: str):
     return attrs[name]
 
 
-def unseal(attrs, path: str) -> dict:
+def unseal(attrs: object, path: str) -> dict:
     """`attrs` (as :func:`sealed_group` wrote them) without their digest, after
     checking it: ``CorruptCheckpointError`` naming `path` if any value changed."""
     if type(attrs) is not dict or type(attrs.get("digest")) is not str:

@@ -79,6 +79,8 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -86,6 +88,13 @@ import torch
 from .. import state as _vstate
 from ._deepspeed_state import register_deepspeed_providers
 from ._state import register_providers
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from ..lineage import History
+    from ..storage.codecs import Codec
 
 __all__ = ["VlccCheckpointEngine"]
 
@@ -141,9 +150,11 @@ class VlccCheckpointEngine:
     ``preserves_storage_sharing``.
     """
 
-    def __init__(self, history=None, config_params=None, *, model=None, optimizer=None,
-                 defer: bool | None = None, wait_on_commit: str = "captured",
-                 chunk_bytes: int = 1 << 20, codec=None, durable: bool = False):
+    def __init__(self, history: History | str | os.PathLike | None = None, config_params: Any = None,
+                 *, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, defer: bool | None = None,
+                 wait_on_commit: str = "captured", chunk_bytes: int = 1 << 20,
+                 codec: Codec | None = None, durable: bool = False) -> None:
         register_providers()
         if "deepspeed" in sys.modules:
             register_deepspeed_providers(import_modules=True)
@@ -200,7 +211,8 @@ class VlccCheckpointEngine:
     # -- setup -----------------------------------------------------------------------
 
     @classmethod
-    def attach(cls, model_engine, history=None, **kwargs) -> "VlccCheckpointEngine":
+    def attach(cls, model_engine: DeepSpeedEngine, history: History | str | os.PathLike | None = None,
+               **kwargs: Any) -> VlccCheckpointEngine:
         """Make a new engine ``model_engine.checkpoint_engine`` (a DeepSpeed engine).
 
         Passes the engine's module and optimizer (so parameters and optimizer
@@ -214,7 +226,7 @@ class VlccCheckpointEngine:
         model_engine.checkpoint_engine = engine
         return engine
 
-    def guard(self, optimizer) -> None:
+    def guard(self, optimizer: torch.optim.Optimizer) -> None:
         """For plain PyTorch loops: commit pending checkpoints before every
         ``optimizer.step()`` (a step pre-hook), as DeepSpeed does for a
         decoupled engine."""
@@ -223,7 +235,7 @@ class VlccCheckpointEngine:
                             "engine.commit() yourself before the optimizer step")
         self._hooks.append(optimizer.register_step_pre_hook(lambda *a, **k: self._commit_hook()))
 
-    def history(self):
+    def history(self) -> History:
         """The ``History`` this engine writes to (opened on first use)."""
         if self._history is None:
             if self._history_path is None:
@@ -238,7 +250,7 @@ class VlccCheckpointEngine:
 
     # -- DeepSpeed's interface ----------------------------------------------------------
 
-    def create(self, info) -> None:
+    def create(self, info: CheckpointCommitInfo) -> None:
         """A checkpoint (``info.tag`` in ``info.save_dir``) is about to be saved."""
         self._raise_error()
         if self._info is not None and self._pending:
@@ -248,10 +260,10 @@ class VlccCheckpointEngine:
         if self._history_path is None:
             self._history_path = os.path.abspath(os.path.join(info.save_dir, "vlcc-history"))
 
-    def makedirs(self, path, exist_ok=False) -> None:
+    def makedirs(self, path: str | os.PathLike, exist_ok: bool = False) -> None:
         os.makedirs(path, exist_ok=exist_ok)
 
-    def save(self, state_dict, path: str) -> None:
+    def save(self, state_dict: Any, path: str) -> None:
         """Capture `state_dict` as a version of the history; leave a pointer at `path`."""
         t0 = time.perf_counter()
         self._raise_error()
@@ -289,7 +301,7 @@ class VlccCheckpointEngine:
         self._pending.append(job)
         self.timings["save"] += time.perf_counter() - t0
 
-    def load(self, path: str, map_location=None):
+    def load(self, path: str, map_location: str | torch.device | Callable | None = None) -> Any:
         """The state dict saved at `path` (a pointer written by :meth:`save`).
 
         `map_location`: a device (or its name) to move tensors to; DeepSpeed's
@@ -320,7 +332,7 @@ class VlccCheckpointEngine:
             state = _map_tensors(state, lambda t: t.to(device))
         return state
 
-    def commit(self, info=None) -> bool:
+    def commit(self, info: CheckpointCommitInfo | None = None) -> bool:
         """Wait until the pending checkpoints are captured (and, with
         ``wait_on_commit="written"``, on disk); then ``latest`` is written
         (when ``info.save_latest``) as soon as they are on disk.  DeepSpeed
@@ -348,16 +360,16 @@ class VlccCheckpointEngine:
         self.timings["commit_wait"] += time.perf_counter() - t0
         return True
 
-    def is_data_parallel_writer(self, dp_rank) -> bool:
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
         return dp_rank == 0
 
     def is_decoupled(self) -> bool:
         return True
 
-    def set_commit_info(self, info) -> None:
+    def set_commit_info(self, info: CheckpointCommitInfo) -> None:
         self._info = info
 
-    def get_commit_info(self):
+    def get_commit_info(self) -> CheckpointCommitInfo | None:
         """The pending commit, as DeepSpeed reads it before calling ``commit``:
         a copy with ``save_latest=False`` (this engine writes ``latest`` itself,
         once the checkpoint is on disk)."""

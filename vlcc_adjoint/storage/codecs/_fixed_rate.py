@@ -55,6 +55,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ._bitpack import bits_float, finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
 from ._codec import (FIXED_RATE_ID, Codec, Scratch, check_numeric, from_bytes,
@@ -265,7 +266,7 @@ class FixedRate(Codec):
         """The guaranteed ``max |x - x'|`` in a block whose largest magnitude is ``block_max``."""
         return block_max / (2.0 ** (min(self.bits, 54) - 1) - 1)
 
-    def encoded_nbytes(self, shape: tuple[int, ...], dtype=np.float32) -> int:
+    def encoded_nbytes(self, shape: tuple[int, ...], dtype: DTypeLike = np.float32) -> int:
         """The exact blob size for a finite float32/float64 array of ``shape``."""
         n = math.prod(shape)
         header = 16 + 8 * len(shape) + _PARAMS.size
