@@ -25,7 +25,11 @@ CASES = {
 }
 
 SCRIPT = """
+import signal
 import sys
+# A shell starts background jobs with SIGINT ignored, and children inherit it:
+# restore Python's own handler, the one an interactive run has.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from vlcc_adjoint.schedules import Level, Multistage, Revolve, Schedule, simulate
 table = Revolve(2_000_000, 10) if sys.argv[1] == "simulate" else None
 rows = table.table if table is not None else None  # built before the clock starts
