@@ -122,20 +122,26 @@ def _revolve_program(n: int, snapshots: int) -> Program:
     return compile_program(Revolve(n, snapshots))
 
 
+def _slot_count(n: int, snapshots) -> int:
+    """`snapshots` checked as a static int >= 1 (the default: two repetitions)."""
+    if snapshots is None:
+        snapshots = default_snapshots(n, repetitions=2)
+    snapshots = _static_int(
+        snapshots, "snapshots",
+        "the number of checkpoint slots sizes a device buffer, so it must be static "
+        "(mark it static in jax.jit with static_argnames)")
+    if snapshots < 1:
+        raise ValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
+    return snapshots
+
+
 def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program:
     if schedule is not None and snapshots is not None:
         raise ValueError(
             "checkpointed_scan: give `schedule` or `snapshots`, not both "
             "(`snapshots=c` means schedule=Revolve(length, c))")
     if schedule is None:
-        if snapshots is None:
-            snapshots = default_snapshots(n, repetitions=2)
-        snapshots = _static_int(
-            snapshots, "snapshots",
-            "the number of checkpoint slots sizes a device buffer, so it must be static "
-            "(mark it static in jax.jit with static_argnames)")
-        if snapshots < 1:
-            raise ValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
+        snapshots = _slot_count(n, snapshots)
         return _revolve_program(n, snapshots)
     if _is_tracer(schedule) or not isinstance(schedule, Schedule):
         raise TypeError(
@@ -370,14 +376,7 @@ def checkpointed_scan(
         return tree_flatten(c)[0], tree_flatten(y)[0]
 
     if segment == "auto":
-        if snapshots is None:
-            snapshots = default_snapshots(n, repetitions=2)
-        snapshots = _static_int(
-            snapshots, "snapshots",
-            "the number of checkpoint slots sizes a device buffer, so it must be static "
-            "(mark it static in jax.jit with static_argnames)")
-        if snapshots < 1:
-            raise ValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
+        snapshots = _slot_count(n, snapshots)
         state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in init_leaves)
         segment, snapshots = choose_segment(
             n, snapshots, state_bytes, residual_bytes(step, init_leaves, xs_leaves, consts))

@@ -69,16 +69,7 @@ class BufferPool:
 
     def take(self, dtype: DTypeLike, shape: Sequence[int]) -> np.ndarray:
         """A C-contiguous, writeable array of `dtype` and `shape` (contents undefined)."""
-        key = (np.dtype(dtype), tuple(shape))  # equal dtypes: the same layout
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                arr = free.pop()
-                self.free_bytes -= arr.nbytes
-                self.reused += 1
-                return arr
-            self.allocated += 1
-        return np.empty(shape, dtype)
+        return self.take_key((np.dtype(dtype), tuple(shape)))  # equal dtypes: the same layout
 
     def take_key(self, key: tuple) -> np.ndarray:
         """:meth:`take` for a key ``(dtype, shape)`` made once by the caller

@@ -180,6 +180,18 @@ class Shared:
         c.records += 1
         c.raw_bytes += entry.nbytes
 
+    def count_delete(self, entry) -> tuple:
+        """Lock held: `entry` left its tier.  Marks it gone and hands back its
+        ``(leaves, owned, digests)``, which it no longer holds."""
+        c = self.tc[entry.tier]
+        c.deletes += 1
+        c.records -= 1
+        c.raw_bytes -= entry.nbytes
+        entry.state = GONE
+        taken = entry.leaves, entry.owned, entry.digests
+        entry.leaves = entry.owned = entry.digests = None
+        return taken
+
 
 def snapshot(shared, placement, cache, pool) -> StoreStats:
     """The store's counters as a :class:`StoreStats` (takes the lock)."""

@@ -37,7 +37,7 @@ import time
 
 from .._checksum import copy_checksum, direct_hash
 from .._tier import Record, TierFullError
-from ._common import GONE, SAVE, STORED, Entry
+from ._common import SAVE, STORED, Entry
 
 __all__ = ["InlinePath", "Shape"]
 
@@ -268,13 +268,7 @@ class InlinePath:
         with sh.lock:
             sh.n["deletes"] += 1
             self._unregister(entry)
-            c = sh.tc[entry.tier]
-            c.deletes += 1
-            c.records -= 1
-            c.raw_bytes -= entry.nbytes
-            entry.state = GONE
-            leaves, owned, digests = entry.leaves, entry.owned, entry.digests
-            entry.leaves = entry.owned = entry.digests = None
+            leaves, owned, digests = sh.count_delete(entry)
         if digests is None and leaves is not None and all(owned):
             self.capture.release_owned(leaves, entry.nbytes)
         else:

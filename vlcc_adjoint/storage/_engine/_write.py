@@ -29,7 +29,7 @@ import time
 from .._belady import NEVER
 from .._checksum import leaf_checksum
 from .._tier import CorruptCheckpointError, Record, StorageError, TierFullError
-from ._common import CANCELLED, FAILED, GONE, QUEUED, STORED, WRITING, tier_name
+from ._common import CANCELLED, FAILED, QUEUED, STORED, WRITING, tier_name
 
 __all__ = ["Writer"]
 
@@ -267,13 +267,7 @@ class Writer:
         except KeyError:
             pass  # already gone (a cancelled write that never reached the tier)
         with sh.lock:
-            c = sh.tc[entry.tier]
-            c.deletes += 1
-            c.records -= 1
-            c.raw_bytes -= entry.nbytes
-            entry.state = GONE
-            leaves, owned, digests = entry.leaves, entry.owned, entry.digests
-            entry.leaves = entry.owned = entry.digests = None
+            leaves, owned, digests = sh.count_delete(entry)
             if notify:
                 sh.changed.notify_all()
         self.capture.release(leaves, owned, digests)
