@@ -32,3 +32,15 @@ def ds_env():
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = saved
     os.environ.clear()
     os.environ.update(old)
+
+
+@pytest.fixture
+def x64():
+    """JAX in float64 for one test.  The global flag, not the thread-local
+    ``jax.enable_x64`` context: host callbacks run on XLA's threads and must
+    see float64 too."""
+    jax = pytest.importorskip("jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)

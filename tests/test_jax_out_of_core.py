@@ -11,7 +11,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax import lax
 
 from vlcc_adjoint.jax import checkpointed_scan, host_io_stats, jax_trace
@@ -48,15 +47,6 @@ def _spilling_schedule(n):
 
 def _stores(tmp_path):
     return TieredStore([MemoryTier(), ZarrTier(tmp_path / "states", mode="w")])
-
-
-@pytest.fixture
-def x64():
-    # The global flag: host callbacks run on XLA's threads and must see float64.
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
 
 
 def test_states_spill_to_zarr_and_gradient_equals_lax_scan(x64, tmp_path):

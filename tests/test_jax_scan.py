@@ -37,16 +37,6 @@ from vlcc_adjoint.schedules import (  # noqa: E402
 )
 
 
-@pytest.fixture
-def x64():
-    # The global flag, not the thread-local jax.enable_x64 context: host
-    # callbacks run on XLA's threads and must see float64 too.
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def _close(a, b, rtol=1e-10, atol=1e-12):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         if np.asarray(y).dtype == jax.dtypes.float0:  # gradient of an int leaf

@@ -22,12 +22,7 @@ from vlcc_adjoint.jax import checkpointed_scan  # noqa: E402
 from vlcc_adjoint.schedules import Level, Multistage, Revolve, StoreAll  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("x64")  # every scenario in float64 (tests/conftest.py)
 
 
 def _close(a, b, rtol=1e-12, atol=1e-12):

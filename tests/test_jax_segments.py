@@ -14,14 +14,6 @@ from vlcc_adjoint.jax._segments import (choose_segment, residual_bytes,
 from vlcc_adjoint.schedules import Revolve, binomial_forward_count
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def _step(c, x, w):
     u, v = c
     u_new = u + 0.05 * v
