@@ -40,9 +40,9 @@ from ._state import register_providers as register_providers
 from ._state import restore_training_state as restore_training_state
 from ._state import tensor_to_numpy as tensor_to_numpy
 from ._state import training_state as training_state
-from ._sequence import SequencePlan as SequencePlan
 from ._sequence import checkpoint_sequence as checkpoint_sequence
-from ._sequence import plan_sequence as plan_sequence
+from ._sequence_plan import SequencePlan as SequencePlan
+from ._sequence_plan import plan_sequence as plan_sequence
 from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._offload import OffloadStats as OffloadStats
 from ._offload import offload_saved_tensors as offload_saved_tensors

@@ -14,9 +14,8 @@ before it calls ``load``.  Two lines::
     model_engine.save_checkpoint("ckpt")               # unchanged
     model_engine.load_checkpoint("ckpt")               # unchanged
 
-(``model_engine.checkpoint_engine = VlccCheckpointEngine()`` works too;
-``attach`` also tells the engine which tensors only the optimizer step
-changes, which enables deferred capture, below.)
+(``model_engine.checkpoint_engine = VlccCheckpointEngine()`` works too; ``attach``
+also names the tensors only the optimizer step changes: deferred capture, below.)
 
 When the training loop is blocked
 ---------------------------------
@@ -45,9 +44,8 @@ the weights.  So:
   earlier): after a crash, ``latest`` names a checkpoint that is complete,
   at worst the one before the last.
 
-The training loop is blocked for the capture in ``save`` (with
-``defer=True`` only the eager small tensors) plus what is left of the
-deferred copies at the next optimizer step.
+The training loop is blocked for the capture in ``save`` (with ``defer=True`` only
+the eager small tensors) plus what is left of the deferred copies at the next step.
 
 Loading never unpickles: ``load(path)`` reads the pointer (JSON), opens the
 History and rebuilds the state from its zarr chunks with the torch state
@@ -111,9 +109,8 @@ class _Job:
         self.tag = tag
         self.message = message
         self.meta = meta
-        self.vid = None
+        self.vid = self.error = None
         self.done = threading.Event()
-        self.error = None
 
 
 def _write_atomic(path: str, data: bytes) -> None:

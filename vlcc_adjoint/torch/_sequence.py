@@ -95,7 +95,6 @@ must be functions of their inputs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Sequence
@@ -103,7 +102,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..schedules import ActionKind, Online, Revolve, Schedule, binomial_forward_count, default_snapshots, simulate
+from ..schedules import ActionKind, Online, Revolve, Schedule, default_snapshots, simulate
 from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, get_rng,
                          rng_devices, schedule_store, set_rng, with_cotangent)
 from ._slots import Slots
@@ -112,7 +111,7 @@ from ._state import register_providers
 if TYPE_CHECKING:
     from ..storage import TieredStore
 
-__all__ = ["SequencePlan", "checkpoint_sequence", "plan_sequence"]
+__all__ = ["checkpoint_sequence"]
 
 _REVERSE = int(ActionKind.REVERSE)
 
@@ -146,67 +145,6 @@ def _resolve_schedule(schedule, snapshots, n_blocks: int) -> Schedule:
                          f"{n_blocks} (steps / block, rounded up); build it with "
                          f"{type(schedule).__name__}({n_blocks}, ...)")
     return schedule
-
-
-@dataclasses.dataclass(frozen=True)
-class SequencePlan:
-    """A (block, snapshots) choice for :func:`checkpoint_sequence` (see :func:`plan_sequence`).
-
-    **Attributes:** `block` and `snapshots` (pass them as ``block=`` and
-    ``snapshots=``), `recomputed` (step evaluations beyond plain autograd's
-    ``n``: untaped forward steps, Revolve's forward count times the block),
-    `memory` (snapshots + one block's tape, in states).
-    """
-
-    block: int
-    snapshots: int
-    recomputed: int
-    memory: float
-
-
-def plan_sequence(steps: int, memory: float, tape: float = 1.0) -> SequencePlan:
-    """The block size and Revolve snapshots that recompute least within `memory`.
-
-    A chain of ``n`` steps under ``Revolve(ceil(n / k), c)`` over blocks of
-    ``k`` steps keeps ``c`` snapshots (``u_0`` included) and the tape of one
-    block, ``k * tape`` states; it evaluates ``k * t(ceil(n / k), c)`` steps
-    without grad besides the ``n`` taped ones (``t`` is Griewank's binomial
-    forward count).  This minimises that over ``k`` (``k = n / s`` with
-    ``c = s`` is ``checkpoint_sequential`` with ``s`` segments, so the plan
-    never recomputes more than the best ``checkpoint_sequential`` that fits).
-
-    **Arguments:**
-
-    - `steps`: ``n``.
-    - `memory`: the budget, in states (bytes of the state = 1): snapshots
-      plus one block's tape.  Allow ~2 more for the state in hand and the
-      cotangent.
-    - `tape`: the bytes autograd saves for one step, in states (an RNN cell
-      saves about one state: its ``tanh`` output; an MLP block more).
-
-    **Returns:** a :class:`SequencePlan`; ``ValueError`` if not even one
-    snapshot and a one-step tape fit.
-    """
-    n = int(steps)
-    if n < 1:
-        raise ValueError(f"steps must be >= 1, got {steps!r}")
-    if not tape > 0:
-        raise ValueError(f"tape must be > 0, got {tape!r}")
-    best = None
-    k = 1
-    while k <= n and 1 + k * tape <= memory:
-        m = -(-n // k)
-        c = min(int(memory - k * tape), m)
-        evals = k * binomial_forward_count(m, c) if m > 1 else 0
-        cand = (evals, c + k * tape, k, c)
-        if best is None or cand < best:
-            best = cand
-        k += 1
-    if best is None:
-        raise ValueError(f"memory={memory} states cannot hold a snapshot and a one-step tape "
-                         f"of {tape} states")
-    evals, mem, k, c = best
-    return SequencePlan(block=k, snapshots=c, recomputed=evals, memory=mem)
 
 
 # -- the state and what step closes over -------------------------------------------------
