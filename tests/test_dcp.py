@@ -270,7 +270,7 @@ def _craft(path, edit):
     (lambda d: d["items"][0].update(dtype="object"), "unknown dtype"),
     (lambda d: d["items"][0]["chunks"][0].update(leaf=7), "names leaf"),
     (lambda d: d["items"][0]["chunks"][0].update(sizes=[11]), "outside its size"),
-    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "metadata says"),
+    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "the metadata says"),
     (lambda d: d.update(format="pickle"), "not a vlcc-dcp/1"),
     (lambda d: d["items"][1].update(value={"$x": 1}), "unknown stored value"),
 ])

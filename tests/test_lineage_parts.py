@@ -32,6 +32,13 @@ def test_parts_staged_by_two_writers_commit_as_one_version(tmp_path):
         assert np.array_equal(state["a2"], c) and state["a2"].dtype == np.int16
         assert np.array_equal(w2.read_leaf("main", 2), c) and w2.leaf_count(vid) == 3
         assert w2.version(vid).meta == {"step": 4}
+        # A range of rows reads only the chunks that hold it.
+        for lo, hi in ((0, 300), (100, 151), (299, 300), (7, 7)):
+            assert np.array_equal(w2.read_leaf(vid, 0, rows=(lo, hi)), a[lo:hi])
+        with pytest.raises(IndexError):
+            w2.read_leaf(vid, 0, rows=(10, 301))
+        with pytest.raises(IndexError):
+            w2.read_leaf(vid, 1, rows=(0, 1))  # 0-d
         # Unchanged chunks are not written again.
         again = w2.stage([a])
         assert again[0]["chunks"] == e1[0]["chunks"] and again[0]["written"] == 0
@@ -67,3 +74,17 @@ def test_read_leaf_verifies_the_chunks(tmp_path):
         assert info.value.path is not None
         with pytest.raises(IndexError):
             h.read_leaf(vid, 1)
+
+
+def test_read_leaf_rows_reads_only_the_chunks_holding_them(tmp_path):
+    a = np.arange(300 * 700, dtype=np.float64).reshape(300, 700)  # two 1 MiB row bands
+    with History(tmp_path / "h") as h:
+        vid = h.commit({"a": a})
+        h.wait()
+        vdir = os.path.join(h.path, "versions", vid, "0")
+        last = sorted(f for f in os.listdir(vdir) if f.startswith("c"))[-1]
+        with open(os.path.join(vdir, last), "r+b") as f:  # damage the second band only
+            f.write(b"\x07")
+        assert np.array_equal(h.read_leaf(vid, 0, rows=(0, 10)), a[:10])
+        with pytest.raises(CorruptCheckpointError):
+            h.read_leaf(vid, 0, rows=(290, 300))

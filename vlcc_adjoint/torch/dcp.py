@@ -341,8 +341,20 @@ def _read_document(h: History, vid: str) -> tuple[Metadata, dict]:
                                      path=manifest)
     try:
         doc = json.loads(raw.tobytes())
-        return decode_metadata(doc, n)
-    except (ValueError, RecursionError) as err:
+        md, storage = decode_metadata(doc, n)
+        # Every chunk's leaf must hold what the metadata says (reads are sized by it).
+        infos = h.leaves(vid)
+        for index, info in storage.items():
+            if info[0] != "leaf":
+                continue
+            leaf = infos[info[1]]
+            stored = np.dtype(leaf.dtype)
+            if tuple(leaf.shape) != info[3] or \
+                    stored.newbyteorder("=") != _storage_dtype(info[2]).newbyteorder("="):
+                raise ValueError(f"leaf {info[1]} is {leaf.dtype}{list(leaf.shape)}, the "
+                                 f"metadata says {index.fqn!r} is {info[2]}{list(info[3])} there")
+        return md, storage
+    except (ValueError, TypeError, RecursionError) as err:
         raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata is invalid "
                                      f"({err}); load another version", key=vid,
                                      path=manifest) from None
@@ -444,23 +456,32 @@ class VlccReader(StorageReader):
             by_leaf.setdefault(info[1], []).append((req, info))
         for leaf, reqs in sorted(by_leaf.items()):  # one leaf in memory at a time
             _, _, dtype, sizes = reqs[0][1]
-            arr = h.read_leaf(self.version, leaf)
-            where = os.path.join(self.path, "versions", self.version, str(leaf))
-            if arr.shape != sizes or arr.dtype.newbyteorder("=") != \
-                    _storage_dtype(dtype).newbyteorder("="):
-                raise CorruptCheckpointError(
-                    f"version {self.version} of {self.path}: leaf {leaf} is "
-                    f"{arr.dtype}{list(arr.shape)}, its DCP metadata says {dtype}{list(sizes)}",
-                    key=self.version, path=where)
-            stored = numpy_to_tensor(arr, dtype)
             for req, _ in reqs:
-                if any(o + n > s for o, n, s in zip(req.storage_offsets, req.lengths, sizes)):
+                if len(req.storage_offsets) != len(sizes) or any(
+                        o + n > s for o, n, s in zip(req.storage_offsets, req.lengths, sizes)):
                     raise ValueError(f"the load plan asks for {req.storage_index.fqn!r} "
                                      f"[{list(req.storage_offsets)} + {list(req.lengths)}] "
                                      f"beyond the stored chunk {list(sizes)}")
+            # Only the rows (first axis) some request needs: a rank of a larger world
+            # reads its part of a stored shard, not all of it.
+            lo = min((r.storage_offsets[0] for r, _ in reqs), default=0) if sizes else 0
+            hi = max((r.storage_offsets[0] + r.lengths[0] for r, _ in reqs), default=0) \
+                if sizes else 0
+            arr = h.read_leaf(self.version, leaf, rows=(lo, hi) if sizes else None)
+            where = os.path.join(self.path, "versions", self.version, str(leaf))
+            want = (hi - lo,) + tuple(sizes[1:]) if sizes else ()
+            if arr.shape != want or arr.dtype.newbyteorder("=") != \
+                    _storage_dtype(dtype).newbyteorder("="):
+                raise CorruptCheckpointError(
+                    f"version {self.version} of {self.path}: leaf {leaf} holds "
+                    f"{arr.dtype}{list(arr.shape)} there, its DCP metadata says "
+                    f"{dtype}{list(want)} (of a chunk {list(sizes)})",
+                    key=self.version, path=where)
+            stored = numpy_to_tensor(arr, dtype)
+            for req, _ in reqs:
                 src = stored
                 for dim, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
-                    src = src.narrow(dim, o, n)
+                    src = src.narrow(dim, o - lo if dim == 0 else o, n)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != src.size():
                     raise ValueError(f"{req.storage_index.fqn!r}: the state dict's tensor has "
