@@ -129,8 +129,10 @@ class VlccWriter(StorageWriter, AsyncStager):
     - `meta`: more JSON metadata for the version.
 
     Use one writer for a series of saves: :meth:`stage` (the ``dcp.async_save``
-    path) then reuses one host staging area (:mod:`._dcp_stage`).  After a save,
-    :attr:`version` is the new version's id on the coordinator.
+    path) then reuses one host staging area (:mod:`._dcp_stage`; its size is
+    ``writer.staging.nbytes``).  After a save, :attr:`version` is the new
+    version's id (on the coordinator) and :attr:`written_bytes` the chunk bytes
+    this process wrote (unchanged chunks cost none).
     """
 
     _synchronize_after_execute: bool = False  # stage() copies synchronously
@@ -151,6 +153,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.step = step
         self.meta = dict(meta or {})
         self.version: str | None = None
+        self.written_bytes = 0
         self.staging = StagingArea()
         self._history: History | None = None
         self._save_id = uuid.uuid4().hex
@@ -175,15 +178,18 @@ class VlccWriter(StorageWriter, AsyncStager):
     # -- StorageWriter -------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        """Start a save (DCP calls it); a `checkpoint_id` replaces the path."""
+        """A new path (DCP calls it when ``dcp.save`` is given a `checkpoint_id`)."""
         if checkpoint_id:
             self.path = _check_path(checkpoint_id)
         self._save_id = uuid.uuid4().hex
+        self.written_bytes = 0
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """Record this process's role (DCP calls it)."""
+        """Start a save on this process (DCP calls it at every save)."""
         self.is_coordinator = bool(is_coordinator)
         self.rank = kwargs.get("rank") or 0
+        self._save_id = uuid.uuid4().hex
+        self.written_bytes = 0
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Nothing to add to a rank's plan."""
@@ -247,6 +253,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         if parent is not None and h.deltas:
             bases = self._parent_leaves(h, parent, [storage_key(i.index) for i in items])
         entries = h.stage(arrays, base=parent if bases else None, base_leaves=bases)
+        self.written_bytes += sum(e["written"] for e in entries)
         for item, arr, entry in zip(items, arrays, entries):
             results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
                                        storage_data={"key": storage_key(item.index),
@@ -286,6 +293,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         doc = encode_metadata(metadata, leaf_of, values)
         text = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
         first = h.stage([np.frombuffer(text, np.uint8)])[0]
+        self.written_bytes += first["written"]
         leaves = [first] + [entries[k] for k in keys]
         meta = {} if self.step is None else {"step": self.step}
         meta.update(self.meta)
