@@ -9,7 +9,6 @@ them (``full_tensor()`` gathers a DTensor).
 
 from __future__ import annotations
 
-import os
 import socket
 import warnings
 
@@ -130,8 +129,9 @@ def _save_worker(rank: int, world: int, port: int, path: str) -> None:
         if rank == 0:
             with History(path, mode="r") as h:
                 assert [v.id for v in h.log()] == [first]
-        # Version 1: dcp.async_save, staged into the writer's one reusable area.
-        writer = VlccWriter(path, message="v1", step=1)
+        # Version 1: dcp.async_save, staged into the writer's one reusable area; its
+        # chunks stored as deltas against version 0's (each rank finds its bases).
+        writer = VlccWriter(path, message="v1", step=1, deltas=True)
         sd = _state(_originals(1), mesh, True)
         fut = dcp.async_save(sd, storage_writer=writer)
         local = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes
