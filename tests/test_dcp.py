@@ -83,9 +83,11 @@ def test_dcp_save_load_round_trip_is_exact(tmp_path):
     assert out["scalar"].shape == () and out["scalar"].item() == 2.75  # 0-d stays 0-d
     _assert_equal(sd["half"], out["half"])
     _assert_equal(sd["extra"], out["extra"])
+    first = writer.version
+    assert dcp.save(sd, storage_writer=writer).storage_data["vlcc_version"] == writer.version
     with History(tmp_path / "run.vlcc", mode="r") as h:
-        (v,) = h.log()
-        assert v.id == writer.version and v.message == "first" and v.meta["step"] == 10
+        v = h.log()[1]
+        assert v.id == first and h.log()[0].parents == (first,) and v.message == "first" and v.meta["step"] == 10
         assert v.meta["dcp"]["format"] == "vlcc-dcp/1"
         plain = h.load(v.id)  # an ordinary version: History reads it too
         assert np.array_equal(plain["items"]["model.0.weight@0,0"],
@@ -183,6 +185,30 @@ def test_async_save_stages_into_one_reused_area_of_the_shard_size(tmp_path):
         out = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
         dcp.load(out, storage_reader=VlccReader(path, ref=f"main~{back}"))
         _assert_equal(snaps[2 - back], out["model"])
+
+
+def test_writer_pickles_without_its_history_and_staging_area(tmp_path):
+    import pickle
+
+    writer = VlccWriter(tmp_path / "run.vlcc", branch="b", message="m", tags=("t",), step=3)
+    dcp.async_save({"w": torch.ones(5)}, storage_writer=writer).result()
+    copy = pickle.loads(pickle.dumps(writer))
+    assert (copy.path, copy.branch, copy.message, copy.tags, copy.step) == \
+        (writer.path, "b", "m", ("t",), 3)
+    assert copy.staging.nbytes == 0 and writer.staging.nbytes == 20
+    copy.tags = ()
+    dcp.save({"w": torch.zeros(5)}, storage_writer=copy)
+    with History(tmp_path / "run.vlcc", mode="r") as h:
+        assert [v.message for v in h.log("b")] == ["m", "m"]
+
+
+def test_a_bad_branch_name_commits_nothing(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path))
+    with pytest.raises(CheckpointException, match="branch"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path, branch="bad name~1"))
+    with History(path, mode="r") as h:
+        assert len(h.log(all=True)) == 1 and list(h.branches) == ["main"]
 
 
 def test_staging_area_waits_for_the_save_that_uses_it():

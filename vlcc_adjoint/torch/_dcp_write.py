@@ -68,7 +68,8 @@ class VlccWriter(StorageWriter, AsyncStager):
     path) then reuses one host staging area (:mod:`._dcp_stage`; its size is
     ``writer.staging.nbytes``).  After a save, :attr:`version` is the new
     version's id (on the coordinator) and :attr:`written_bytes` the chunk bytes
-    this process wrote (unchanged chunks cost none).
+    this process wrote (unchanged chunks cost none); on every rank, the
+    metadata ``dcp.save`` returns has ``storage_data["vlcc_version"]``.
     """
 
     _synchronize_after_execute: bool = False  # stage() copies synchronously
@@ -95,6 +96,18 @@ class VlccWriter(StorageWriter, AsyncStager):
         self._save_id = uuid.uuid4().hex
         self.rank = 0
         self.is_coordinator = True
+
+    def __getstate__(self) -> dict:
+        # A writer sent to another process (process-based async saves) opens the
+        # history there and stages into its own area.
+        state = dict(self.__dict__)
+        state["_history"] = None
+        state["staging"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.staging = StagingArea()
 
     # -- the history ---------------------------------------------------------------
 
@@ -277,6 +290,9 @@ class VlccWriter(StorageWriter, AsyncStager):
                                        self.message, meta, branch=self.branch)
         for tag in self.tags:
             h.tag(tag, self.version)
+        # dcp.save returns this metadata on every rank: each learns the version.
+        metadata.storage_data = {"vlcc_version": self.version, "branch": self.branch,
+                                 "path": self.path}
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint id (the path) and this save's id."""
