@@ -36,6 +36,7 @@ def _state(model, opt):
     return {"model": model.state_dict(), "optim": opt.state_dict(),
             "scalar": torch.tensor(2.75, dtype=torch.float64),
             "half": torch.arange(7, dtype=torch.bfloat16) / 3,
+            "empty": torch.zeros(0, 3), "flags": torch.tensor([True, False]),
             "extra": {"epoch": 3, "name": "run", "hist": (1, 2.5, None, float("inf")),
                       "raw": b"\x00\xff", "pairs": ((1, "a"), {2: "b", 2.5: None})}}
 
@@ -82,6 +83,8 @@ def test_dcp_save_load_round_trip_is_exact(tmp_path):
     assert out["optim"]["param_groups"] == sd["optim"]["param_groups"]
     assert out["scalar"].shape == () and out["scalar"].item() == 2.75  # 0-d stays 0-d
     _assert_equal(sd["half"], out["half"])
+    _assert_equal(sd["empty"], out["empty"])
+    _assert_equal(sd["flags"], out["flags"])
     _assert_equal(sd["extra"], out["extra"])
     first = writer.version
     assert dcp.save(sd, storage_writer=writer).storage_data["vlcc_version"] == writer.version

@@ -26,6 +26,10 @@ from ._state import _storage_dtype, numpy_to_tensor
 __all__ = ["VlccReader", "read_document"]
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not strict JSON")
+
+
 def read_document(h: History, vid: str) -> tuple[Metadata, dict]:
     """The decoded metadata document of version `vid` (checked)."""
     v = h.version(vid)
@@ -42,7 +46,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict]:
                                      f"{raw.dtype}{list(raw.shape)}, not bytes", key=vid,
                                      path=manifest)
     try:
-        doc = json.loads(raw.tobytes())
+        doc = json.loads(raw.tobytes(), parse_constant=_no_constant)
         md, storage = decode_metadata(doc, n)
         # Every chunk's leaf must hold what the metadata says (reads are sized by it).
         infos = h.leaves(vid)
