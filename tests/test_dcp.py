@@ -214,6 +214,26 @@ def test_a_bad_branch_name_commits_nothing(tmp_path):
         assert len(h.log(all=True)) == 1 and list(h.branches) == ["main"]
 
 
+def test_background_staging_overlaps_the_copy_and_saves_what_was_staged(tmp_path):
+    path = tmp_path / "run.vlcc"
+    w = torch.randn(256, 256)
+    writer = VlccWriter(path, background=True)
+    snaps = []
+    for k in range(2):
+        snaps.append(w.clone())
+        resp = dcp.async_save({"w": w}, storage_writer=writer)
+        resp.staging_completion.result()  # before the optimizer step changes w
+        w.add_(1.0)
+        resp.upload_completion.result()
+    assert writer.staging.reallocations == 1 and writer.staging.nbytes == w.numel() * 4
+    for back in range(2):
+        out = {"w": torch.empty_like(w)}
+        dcp.load(out, storage_reader=VlccReader(path, ref=f"main~{back}"))
+        assert torch.equal(out["w"], snaps[1 - back])
+    writer.close()
+    assert writer.staging.nbytes == 0
+
+
 def test_staging_area_waits_for_the_save_that_uses_it():
     from vlcc_adjoint.torch._dcp_stage import StagingArea
 

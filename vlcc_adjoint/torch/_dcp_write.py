@@ -10,11 +10,12 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import torch
-from torch.futures import Future
+import torch.futures
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -63,6 +64,11 @@ class VlccWriter(StorageWriter, AsyncStager):
       as the history says.
     - `step`: stored in the version's metadata as ``"step"`` (``log`` shows it).
     - `meta`: more JSON metadata for the version.
+    - `background`: ``dcp.async_save`` copies into the staging area on a thread:
+      it returns an ``AsyncSaveResponse`` at once; wait for its
+      ``staging_completion`` before changing the weights (the optimizer step)
+      and for ``upload_completion`` for the version.  ``False`` (default): the
+      copy happens in ``async_save``, which returns the upload future.
 
     Use one writer for a series of saves: :meth:`stage` (the ``dcp.async_save``
     path) then reuses one host staging area (:mod:`._dcp_stage`; its size is
@@ -76,7 +82,7 @@ class VlccWriter(StorageWriter, AsyncStager):
 
     def __init__(self, path: str | os.PathLike, branch: str = "main", message: str = "",
                  tags: Sequence[str] = (), deltas: bool | None = None, *,
-                 step: int | None = None, meta: dict | None = None):
+                 step: int | None = None, meta: dict | None = None, background: bool = False):
         super().__init__()
         if not isinstance(branch, str):
             raise TypeError(f"branch must be a str, got {type(branch).__name__}")
@@ -92,6 +98,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.version: str | None = None
         self.written_bytes = 0
         self.staging = StagingArea()
+        self.background = bool(background)
         self._history: History | None = None
         self._save_id = uuid.uuid4().hex
         self.rank = 0
@@ -119,7 +126,9 @@ class VlccWriter(StorageWriter, AsyncStager):
         return self._history
 
     def close(self) -> None:
-        """Close the history this writer opened (it opens it again on the next save)."""
+        """Close the history this writer opened and free its staging area (both are
+        made again by the next save)."""
+        self.staging.close()
         if self._history is not None:
             self._history.close()
             self._history = None
@@ -184,7 +193,8 @@ class VlccWriter(StorageWriter, AsyncStager):
             raise
         return [dataclasses.replace(p, storage_data={"parent": parent}) for p in plans]
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+    def write_data(self, plan: SavePlan, planner: SavePlanner
+                   ) -> torch.futures.Future[list[WriteResult]]:
         """Stage this rank's items into the history (chunks only: no version yet).
 
         **Arguments:**
@@ -199,7 +209,7 @@ class VlccWriter(StorageWriter, AsyncStager):
             results = self._write(plan, planner)
         finally:
             self.staging.release()  # the staged copy has been read
-        fut: Future[list[WriteResult]] = Future()
+        fut: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
         fut.set_result(results)
         return fut
 
@@ -305,15 +315,18 @@ class VlccWriter(StorageWriter, AsyncStager):
 
     # -- AsyncStager (dcp.async_save) -----------------------------------------------
 
-    def stage(self, state_dict: dict) -> dict:
+    def stage(self, state_dict: dict) -> dict | Future:
         """Copy `state_dict` into this writer's reusable staging area (``dcp.async_save``).
 
         **Arguments:**
 
         - `state_dict`: the state dict being saved.
 
-        **Returns:** a state dict of the same structure over the staging area;
-        training may change the original at once.  The area holds exactly the
-        rank's shard (``writer.staging.nbytes``) and is reused by every save.
+        **Returns:** a state dict of the same structure over the staging area
+        (training may change the original at once), or with `background`, a
+        future of it.  The area holds exactly the rank's shard
+        (``writer.staging.nbytes``) and is reused by every save.
         """
+        if self.background:
+            return self.staging.stage_in_background(state_dict)
         return self.staging.stage(state_dict)
