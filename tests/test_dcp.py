@@ -278,6 +278,11 @@ def test_reader_errors_name_the_problem(tmp_path):
         h.commit({"w": np.ones(4)}, branch="plain")
     with pytest.raises(ValueError, match="not written by VlccWriter"):
         VlccReader(path, ref="plain")
+    with History(path) as h:  # one that claims to be, with no JSON document first
+        h.commit({"dcp_metadata": np.zeros(3), "items": {}}, branch="fake",
+                 meta={"dcp": {"format": "vlcc-dcp/1"}})
+    with pytest.raises(CorruptCheckpointError, match="metadata leaf is <f8"):
+        VlccReader(path, ref="fake")
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError, match="not a directory"):
         VlccWriter(tmp_path / "file")

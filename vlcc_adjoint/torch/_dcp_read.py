@@ -26,6 +26,10 @@ from ._state import _storage_dtype, numpy_to_tensor
 __all__ = ["VlccReader", "read_document"]
 
 
+#: The largest metadata document read (about 200 bytes per stored tensor chunk).
+MAX_DOCUMENT_BYTES = 1 << 30
+
+
 def _no_constant(name: str):
     raise ValueError(f"{name} is not strict JSON")
 
@@ -38,18 +42,20 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict]:
         raise ValueError(f"version {vid} of {h.path} was not written by VlccWriter (its "
                          f"metadata has no {META_KEY!r} entry of format {FORMAT}); read it with "
                          "History.load / History.checkout, or load a version that dcp.save wrote")
-    n = h.leaf_count(vid)
-    raw = h.read_leaf(vid, 0)
+    infos = h.leaves(vid)
     manifest = os.path.join(h.path, "versions", vid, "0")
-    if raw.dtype != np.uint8 or raw.ndim != 1:
+    first = infos[0] if infos else None
+    if first is None or np.dtype(first.dtype) != np.uint8 or len(first.shape) != 1 \
+            or first.nbytes > MAX_DOCUMENT_BYTES:
+        what = "missing" if first is None else f"{first.dtype}{list(first.shape)}"
         raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata leaf is "
-                                     f"{raw.dtype}{list(raw.shape)}, not bytes", key=vid,
-                                     path=manifest)
+                                     f"{what}, not a JSON text of at most {MAX_DOCUMENT_BYTES} "
+                                     "bytes", key=vid, path=manifest)
+    raw = h.read_leaf(vid, 0)
     try:
         doc = json.loads(raw.tobytes(), parse_constant=_no_constant)
-        md, storage = decode_metadata(doc, n)
+        md, storage = decode_metadata(doc, len(infos))
         # Every chunk's leaf must hold what the metadata says (reads are sized by it).
-        infos = h.leaves(vid)
         for index, info in storage.items():
             if info[0] != "leaf":
                 continue
