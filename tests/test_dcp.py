@@ -360,3 +360,28 @@ def test_crafted_metadata_is_refused(tmp_path, edit, match):
     # Consistent enough to open: the load itself refuses it.
     with pytest.raises(CheckpointException, match=match):
         dcp.load({"w": torch.empty(10), "n": 0}, storage_reader=reader)
+
+
+def test_stateful_app_state_with_get_state_dict_round_trips(tmp_path):
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class App(Stateful):  # the torchtitan pattern
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+
+        def state_dict(self):
+            msd, osd = get_state_dict(self.model, self.opt)
+            return {"model": msd, "optim": osd}
+
+        def load_state_dict(self, sd):
+            set_state_dict(self.model, self.opt, model_state_dict=sd["model"],
+                           optim_state_dict=sd["optim"])
+
+    model, opt = _train_state(0)
+    dcp.save({"app": App(model, opt)}, storage_writer=VlccWriter(tmp_path / "run.vlcc"))
+    model2, opt2 = _train_state(1)
+    dcp.load({"app": App(model2, opt2)}, storage_reader=VlccReader(tmp_path / "run.vlcc"))
+    _assert_equal(model.state_dict(), model2.state_dict())
+    _assert_equal(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert opt.state_dict()["param_groups"] == opt2.state_dict()["param_groups"]
