@@ -37,6 +37,7 @@ def _state(model, opt):
             "scalar": torch.tensor(2.75, dtype=torch.float64),
             "half": torch.arange(7, dtype=torch.bfloat16) / 3,
             "empty": torch.zeros(0, 3), "flags": torch.tensor([True, False]),
+            "big": torch.randn(200, 100),  # 80 kB: a leaf of its own (smaller ones are packed)
             "extra": {"epoch": 3, "name": "run", "hist": (1, 2.5, None, float("inf")),
                       "raw": b"\x00\xff", "pairs": ((1, "a"), {2: "b", 2.5: None})}}
 
@@ -85,6 +86,7 @@ def test_dcp_save_load_round_trip_is_exact(tmp_path):
     _assert_equal(sd["half"], out["half"])
     _assert_equal(sd["empty"], out["empty"])
     _assert_equal(sd["flags"], out["flags"])
+    _assert_equal(sd["big"], out["big"])
     _assert_equal(sd["extra"], out["extra"])
     first = writer.version
     assert dcp.save(sd, storage_writer=writer).storage_data["vlcc_version"] == writer.version
@@ -93,8 +95,8 @@ def test_dcp_save_load_round_trip_is_exact(tmp_path):
         assert v.id == first and h.log()[0].parents == (first,) and v.message == "first" and v.meta["step"] == 10
         assert v.meta["dcp"]["format"] == "vlcc-dcp/1"
         plain = h.load(v.id)  # an ordinary version: History reads it too
-        assert np.array_equal(plain["items"]["model.0.weight@0,0"],
-                              sd["model"]["0.weight"].numpy())
+        assert np.array_equal(plain["items"]["big@0,0"], sd["big"].numpy())
+        assert [k for k in plain["items"] if k.startswith("__pack__.")] == ["__pack__.0.0"]
 
 
 def test_every_save_is_a_version_and_refs_load_older_ones(tmp_path):
@@ -342,7 +344,8 @@ def _craft(path, edit):
     (lambda d: d["items"][0].update(dtype="object"), "unknown dtype"),
     (lambda d: d["items"][0]["chunks"][0].update(leaf=7), "names leaf"),
     (lambda d: d["items"][0]["chunks"][0].update(sizes=[11]), "outside its size"),
-    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "the metadata says"),
+    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "cover 5 of its 10"),
+    (lambda d: d["items"][0]["chunks"][0].update(offset=10**6), "lies in its bytes"),
     (lambda d: d.update(format="pickle"), "not a vlcc-dcp/1"),
     (lambda d: d["items"][1].update(value={"$x": 1}), "unknown stored value"),
 ])
@@ -385,3 +388,18 @@ def test_stateful_app_state_with_get_state_dict_round_trips(tmp_path):
     _assert_equal(model.state_dict(), model2.state_dict())
     _assert_equal(opt.state_dict()["state"], opt2.state_dict()["state"])
     assert opt.state_dict()["param_groups"] == opt2.state_dict()["param_groups"]
+
+
+def test_crafted_shape_of_an_own_leaf_is_refused(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(20000.0)}, storage_writer=VlccWriter(path))  # 80 kB: own leaf
+
+    def edit(d):
+        d["items"][0]["size"] = [10000]
+        d["items"][0]["chunks"][0]["sizes"] = [10000]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _craft(path, edit)
+    with pytest.raises(CorruptCheckpointError, match="the metadata says"):
+        VlccReader(path, ref="crafted")

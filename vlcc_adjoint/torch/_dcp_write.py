@@ -29,6 +29,12 @@ from ._state import tensor_to_numpy
 
 __all__ = ["VlccWriter"]
 
+#: Tensor chunks smaller than this are packed together into pack leaves ...
+PACK_LIMIT = 64 << 10
+#: ... of at most this many bytes (named ``PACK_PREFIX<rank>.<n>``).
+PACK_BYTES = 1 << 20
+PACK_PREFIX = "__pack__."
+
 
 def _spec(keys: Sequence[str], entries: Sequence[dict]) -> dict:
     """The state spec of a version: ``{"dcp_metadata": leaf 0, "items": {key: leaf i}}``."""
@@ -99,6 +105,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.written_bytes = 0
         self.staging = StagingArea()
         self.background = bool(background)
+        self._pack: np.ndarray | None = None
         self._history: History | None = None
         self._save_id = uuid.uuid4().hex
         self.rank = 0
@@ -110,6 +117,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         state = dict(self.__dict__)
         state["_history"] = None
         state["staging"] = None
+        state["_pack"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -217,7 +225,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         h = self._open()
         parent = (plan.storage_data or {}).get("parent")
         results: list[WriteResult] = []
-        arrays, items = [], []
+        own, small = [], []  # (item, array)
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
                 if hasattr(planner, "lookup_object"):
@@ -237,32 +245,55 @@ class VlccWriter(StorageWriter, AsyncStager):
             t = t.detach()
             if t.device.type != "cpu":
                 t = t.cpu()
-            arr = tensor_to_numpy(t.contiguous())
-            arrays.append(arr.reshape(tuple(t.shape)))  # 0-d stays 0-d
-            items.append(item)
-        bases = None
-        if parent is not None and h.deltas:
-            bases = self._parent_leaves(h, parent, [storage_key(i.index) for i in items])
-        entries = h.stage(arrays, base=parent if bases else None, base_leaves=bases)
-        self.written_bytes += sum(e["written"] for e in entries)
-        for item, arr, entry in zip(items, arrays, entries):
+            arr = tensor_to_numpy(t.contiguous()).reshape(tuple(t.shape))  # 0-d stays 0-d
+            (small if arr.nbytes < PACK_LIMIT else own).append((item, arr))
+        # Small chunks travel in pack leaves of about PACK_BYTES: one file for many
+        # biases and norms instead of one each (file creation dominates their cost).
+        packs: list[list] = []
+        size = PACK_BYTES
+        for item, arr in small:
+            if size + arr.nbytes > PACK_BYTES:
+                packs.append([])
+                size = 0
+            packs[-1].append((item, arr, size))
+            size += arr.nbytes
+        keys = [storage_key(i.index) for i, _ in own]
+        pack_keys = [f"{PACK_PREFIX}{self.rank}.{j}" for j in range(len(packs))]
+        where = self._parent_leaves(h, parent) if parent is not None and h.deltas else None
+        entries = h.stage([a for _, a in own], base=parent if where else None,
+                          base_leaves=[where.get(k) for k in keys] if where else None)
+        for (item, arr), key, entry in zip(own, keys, entries):
+            self.written_bytes += entry["written"]
             results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
-                                       storage_data={"key": storage_key(item.index),
-                                                     "leaf": entry}))
+                                       storage_data={"key": key, "leaf": entry}))
+        if packs:
+            need = min(PACK_BYTES, sum(a.nbytes for _, a in small))
+            if self._pack is None or self._pack.nbytes < need:
+                self._pack = np.empty(need, np.uint8)
+        for pack, pack_key in zip(packs, pack_keys):
+            item, arr, off = pack[-1]
+            view = self._pack[:off + arr.nbytes]
+            for item, arr, off in pack:
+                view[off:off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            (entry,) = h.stage([view], base=parent if where else None,
+                               base_leaves=[where.get(pack_key)] if where else None)
+            self.written_bytes += entry["written"]
+            for k, (item, arr, off) in enumerate(pack):
+                sd = {"key": storage_key(item.index), "pack": pack_key, "offset": off}
+                if k == 0:
+                    sd["pack_leaf"] = entry
+                results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
+                                           storage_data=sd))
         return results
 
     @staticmethod
-    def _parent_leaves(h: History, parent: str, keys: list[str]) -> list[int | None] | None:
-        """Per key, the index of the parent version's leaf holding it (delta bases)."""
+    def _parent_leaves(h: History, parent: str) -> dict[str, int] | None:
+        """The parent version's leaves by name (delta bases), or ``None``."""
         try:
-            _md, storage = read_document(h, parent)
+            _md, _storage, leaf_keys = read_document(h, parent)
         except (ValueError, KeyError, CorruptCheckpointError):
             return None  # not a DCP version, or unreadable: full chunks
-        where = {}
-        for index, info in storage.items():
-            if info[0] == "leaf":
-                where[storage_key(index)] = info[1]
-        return [where.get(k) for k in keys]
+        return {k: i for i, k in enumerate(leaf_keys)}
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """On the coordinator: commit every rank's staged items as one version.
@@ -273,7 +304,8 @@ class VlccWriter(StorageWriter, AsyncStager):
         - `results`: every rank's write results.
         """
         h = self._open()
-        entries: dict[str, dict] = {}
+        entries: dict[str, dict] = {}  # leaf name -> staged leaf entry
+        chunks: dict[str, tuple[str, int | None]] = {}  # storage key -> (leaf name, offset)
         values: dict[str, Any] = {}
         for rank_results in results:
             for wr in rank_results:
@@ -282,12 +314,18 @@ class VlccWriter(StorageWriter, AsyncStager):
                     raise TypeError(f"write result for {wr.index.fqn!r} is not from a VlccWriter")
                 if "value" in sd:
                     values[wr.index.fqn] = sd["value"]
+                elif "pack" in sd:
+                    chunks[sd["key"]] = (sd["pack"], sd["offset"])
+                    if "pack_leaf" in sd:
+                        entries[sd["pack"]] = sd["pack_leaf"]
                 else:
+                    chunks[sd["key"]] = (sd["key"], None)
                     entries[sd["key"]] = sd["leaf"]
         keys = sorted(entries)
-        leaf_of = {k: i + 1 for i, k in enumerate(keys)}
+        index = {k: i + 1 for i, k in enumerate(keys)}
+        leaf_of = {key: (index[name], off) for key, (name, off) in chunks.items()}
         metadata.storage_meta = self.storage_meta()
-        doc = encode_metadata(metadata, leaf_of, values)
+        doc = encode_metadata(metadata, leaf_of, values, ["dcp_metadata"] + keys)
         text = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
         first = h.stage([np.frombuffer(text, np.uint8)])[0]
         self.written_bytes += first["written"]
