@@ -124,6 +124,16 @@ def test_every_save_is_a_version_and_refs_load_older_ones(tmp_path):
     out = {"w": torch.empty(300, 40), "k": -1}
     dcp.load(out, storage_reader=VlccReader(path, ref="exp"))
     assert out["k"] == 99 and bool((out["w"] == -1).all())
+    # Backtrack: a new branch from the version two saves back, as loaded.
+    reader = VlccReader(path, ref="main~2")
+    writer = VlccWriter(path, branch="retry", at=reader.version)
+    for k in range(2):
+        dcp.save({"w": w * 0 + 7 + k, "k": 50 + k}, storage_writer=writer)
+    with History(path, mode="r") as h:
+        assert [v.parents for v in h.log("retry")[:3]] == [
+            (h.log("retry")[1].id,), (saved[1][0],), (saved[0][0],)]
+    with pytest.raises(CheckpointException, match="names no version"):
+        dcp.save({"w": w}, storage_writer=VlccWriter(path, branch="x", at="nope"))
     with pytest.raises(CheckpointException, match="already names version"):
         dcp.save({"w": w}, storage_writer=VlccWriter(path, tags=("exp",)))
 

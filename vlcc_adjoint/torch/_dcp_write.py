@@ -70,6 +70,10 @@ class VlccWriter(StorageWriter, AsyncStager):
       as the history says.
     - `step`: stored in the version's metadata as ``"step"`` (``log`` shows it).
     - `meta`: more JSON metadata for the version.
+    - `at`: where `branch` starts if it does not exist yet: a ref (version id,
+      tag, ``"main~3"``; e.g. ``VlccReader(...).version`` to branch from the
+      version just loaded).  Default: the tip of the history's HEAD branch.
+      Ignored once the branch exists.
     - `background`: ``dcp.async_save`` copies into the staging area on a thread:
       it returns an ``AsyncSaveResponse`` at once; wait for its
       ``staging_completion`` before changing the weights (the optimizer step)
@@ -88,7 +92,8 @@ class VlccWriter(StorageWriter, AsyncStager):
 
     def __init__(self, path: str | os.PathLike, branch: str = "main", message: str = "",
                  tags: Sequence[str] = (), deltas: bool | None = None, *,
-                 step: int | None = None, meta: dict | None = None, background: bool = False):
+                 step: int | None = None, meta: dict | None = None, background: bool = False,
+                 at: str | None = None):
         super().__init__()
         if not isinstance(branch, str):
             raise TypeError(f"branch must be a str, got {type(branch).__name__}")
@@ -105,6 +110,8 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.written_bytes = 0
         self.staging = StagingArea()
         self.background = bool(background)
+        self.at = at
+        self._base: str | None = None
         self._pack: np.ndarray | None = None
         self._history: History | None = None
         self._save_id = uuid.uuid4().hex
@@ -196,6 +203,13 @@ class VlccWriter(StorageWriter, AsyncStager):
                                  f"{self.path}; choose another tag, or move it afterwards with "
                                  "History.tag(name, version, force=True)")
             parent = h.branches.get(self.branch)
+            self._base = None
+            if parent is None and self.at is not None:
+                try:
+                    parent = self._base = h.resolve(self.at)
+                except KeyError as err:
+                    raise KeyError(f"at={self.at!r} names no version of {self.path} ({err}); "
+                                   "give a version id, tag, branch or 'branch~n'") from None
         except BaseException:
             self.staging.release()
             raise
@@ -334,8 +348,8 @@ class VlccWriter(StorageWriter, AsyncStager):
         meta.update(self.meta)
         meta[META_KEY] = {"format": FORMAT, "items": len(doc["items"]), "leaves": len(keys),
                           "ranks": len(results)}
-        self.version = h.commit_staged(_spec(keys, leaves), leaves,
-                                       self.message, meta, branch=self.branch)
+        self.version = h.commit_staged(_spec(keys, leaves), leaves, self.message, meta,
+                                       branch=self.branch, at=self._base)
         for tag in self.tags:
             h.tag(tag, self.version)
         # dcp.save returns this metadata on every rank: each learns the version.
