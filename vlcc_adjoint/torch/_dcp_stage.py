@@ -170,13 +170,14 @@ class StagingArea:
                 n = local.numel() * local.element_size()
                 view = buf[offsets[i]:offsets[i] + n].view(local.dtype).view(local.shape)
                 view.copy_(local.detach())
-                if i == 0:  # alive as long as the staged state dict is
-                    self._staged = weakref.ref(view)
+                out = view
                 if dtensor is not None and isinstance(obj, dtensor):
-                    return dtensor.from_local(view, obj.device_mesh, obj.placements,
-                                              run_check=False, shape=obj.shape,
-                                              stride=obj.stride())
-                return view
+                    out = dtensor.from_local(view, obj.device_mesh, obj.placements,
+                                             run_check=False, shape=obj.shape,
+                                             stride=obj.stride())
+                if i == 0:  # the object in the staged dict: alive as long as the dict is
+                    self._staged = weakref.ref(out)
+                return out
             if isinstance(obj, dict):
                 return type(obj)((k, copy_into(v)) for k, v in obj.items()) \
                     if type(obj) is not dict else {k: copy_into(v) for k, v in obj.items()}
