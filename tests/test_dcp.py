@@ -217,6 +217,26 @@ def test_writer_pickles_without_its_history_and_staging_area(tmp_path):
         assert [v.message for v in h.log("b")] == ["m", "m"]
 
 
+def test_a_save_failing_after_staging_adds_no_version_and_gc_sweeps_its_chunks(tmp_path):
+    class FailsAtCommit(VlccWriter):
+        def finish(self, metadata, results):
+            raise OSError("the coordinator lost its disk")
+
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.ones(100_000)}, storage_writer=VlccWriter(path))
+    with History(path) as h:
+        before = h.usage().chunk_bytes
+    with pytest.raises(CheckpointException, match="lost its disk"):
+        dcp.save({"w": torch.randn(100_000)}, storage_writer=FailsAtCommit(path))
+    with History(path) as h:
+        assert len(h.log(all=True)) == 1
+        assert h.usage().chunk_bytes > before  # the staged, unreferenced chunks
+        report = h.gc()
+        assert report.removed == () and report.chunks_removed >= 1
+        assert h.usage().chunk_bytes == before
+        assert torch.equal(torch.from_numpy(h.load("main")["items"]["w@0"]), torch.ones(100_000))
+
+
 def test_a_bad_branch_name_commits_nothing(tmp_path):
     path = tmp_path / "run.vlcc"
     dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path))
