@@ -192,6 +192,8 @@ def test_two_ranks_save_one_version_each_and_a_failed_rank_adds_none(saved):
         assert [v.message for v in log] == ["v1", "v0"]
         assert log[0].parents == (log[1].id,)
         assert [v.meta["dcp"]["ranks"] for v in log] == [2, 2]
+        names = set(h.load(log[1].id)["items"])
+        assert {"__pack__.0.0", "__pack__.1.0"} <= names  # each rank's small chunks
 
 
 def test_sharded_save_from_two_ranks_loads_on_three(saved):

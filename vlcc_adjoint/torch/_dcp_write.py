@@ -192,7 +192,8 @@ class VlccWriter(StorageWriter, AsyncStager):
 
         - `plans`: every rank's plan.
 
-        **Returns:** the plans, each carrying the parent version's id.
+        **Returns:** the plans, each carrying the parent version's id and the
+        rank's slot (which names its pack leaves).
         """
         try:
             h = self._open()
@@ -213,7 +214,8 @@ class VlccWriter(StorageWriter, AsyncStager):
         except BaseException:
             self.staging.release()
             raise
-        return [dataclasses.replace(p, storage_data={"parent": parent}) for p in plans]
+        return [dataclasses.replace(p, storage_data={"parent": parent, "slot": i})
+                for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner
                    ) -> torch.futures.Future[list[WriteResult]]:
@@ -238,6 +240,7 @@ class VlccWriter(StorageWriter, AsyncStager):
     def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
         h = self._open()
         parent = (plan.storage_data or {}).get("parent")
+        slot = (plan.storage_data or {}).get("slot", self.rank)  # unique per rank
         results: list[WriteResult] = []
         own, small = [], []  # (item, array)
         for item in plan.items:
@@ -272,7 +275,7 @@ class VlccWriter(StorageWriter, AsyncStager):
             packs[-1].append((item, arr, size))
             size += arr.nbytes
         keys = [storage_key(i.index) for i, _ in own]
-        pack_keys = [f"{PACK_PREFIX}{self.rank}.{j}" for j in range(len(packs))]
+        pack_keys = [f"{PACK_PREFIX}{slot}.{j}" for j in range(len(packs))]
         where = self._parent_leaves(h, parent) if parent is not None and h.deltas else None
         entries = h.stage([a for _, a in own], base=parent if where else None,
                           base_leaves=[where.get(k) for k in keys] if where else None)
@@ -331,6 +334,8 @@ class VlccWriter(StorageWriter, AsyncStager):
                 elif "pack" in sd:
                     chunks[sd["key"]] = (sd["pack"], sd["offset"])
                     if "pack_leaf" in sd:
+                        if sd["pack"] in entries:
+                            raise ValueError(f"two ranks wrote the pack {sd['pack']!r}")
                         entries[sd["pack"]] = sd["pack_leaf"]
                 else:
                     chunks[sd["key"]] = (sd["key"], None)
