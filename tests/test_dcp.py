@@ -290,7 +290,8 @@ def test_a_failing_rank_write_commits_no_version(tmp_path):
     with History(path, mode="r") as h:
         assert len(h.log()) == 1
     out = {"w": torch.empty(4)}
-    dcp.load(out, storage_reader=VlccReader(path))
+    with VlccReader(path) as reader:
+        dcp.load(out, storage_reader=reader)
     assert bool((out["w"] == 1).all())
 
 

@@ -144,6 +144,12 @@ class VlccReader(StorageReader):
         self._history = h
         self.version = vid
 
+    def __enter__(self) -> "VlccReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close the history (reopened by the next ``reset`` with a checkpoint id)."""
         self._history.close()

@@ -140,6 +140,12 @@ class VlccWriter(StorageWriter, AsyncStager):
             self._history = History(self.path, deltas=self.deltas)
         return self._history
 
+    def __enter__(self) -> "VlccWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close the history this writer opened and free its staging area (both are
         made again by the next save)."""
