@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["O_CLOEXEC", "O_NOFOLLOW", "fsync_dir", "read_exactly", "write_all", "write_file"]
+__all__ = ["O_CLOEXEC", "O_NOFOLLOW", "fsync_dir", "fsync_paths", "read_exactly", "write_all",
+           "write_file"]
 
 #: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
 #: by subprocesses (an MPI launcher, a user's ``subprocess.run``).
@@ -73,3 +74,15 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_paths(paths) -> None:
+    """fsync each file or directory in `paths` (never through a symbolic link).
+
+    Writing a set of files first and syncing them after lets one device
+    flush (and, on journalling file systems, one journal commit) cover them
+    all: the first ``fsync`` waits for the data and metadata, the others
+    find them already on the device.
+    """
+    for path in paths:
+        fsync_dir(path)
