@@ -77,7 +77,9 @@ a record may be listed with damaged data, which its checksum turns into a
 :class:`CorruptCheckpointError` on ``get``.  ``durable=True`` fsyncs every
 file and every directory it changed before the rename, and the parent
 after it: records that were listed survive a power cut, at the price of a
-device flush per record (milliseconds on most disks).
+device flush per record (milliseconds on most disks).  Synced chunks then
+leave the page cache (``POSIX_FADV_DONTNEED``): a burst reuses the same pages
+instead of filling the cache (``benchmarks/_disk_rates.py``); reads go to the device.
 
 Directory recycling
 -------------------
@@ -322,9 +324,8 @@ class ZarrTier(Tier):
         group, spec_json, digest = encode(key, record.spec, kinds, record.checksums)
         infos = [(k.shape, k.dtype, k.nbytes, k.chunk, c) for k, c in zip(kinds, record.checksums)]
         metas = [(k.meta, k.chunk) for k in kinds]
-        # Pad to a multiple of 64 bytes (JSON allows trailing whitespace): a
-        # recycled group file of a slightly longer record (key "s10" after
-        # "s9") is then overwritten without a truncation.
+        # Pad to a multiple of 64 bytes (JSON allows trailing whitespace): a recycled
+        # group file of a slightly longer record is overwritten without a truncation.
         group += b" " * (-len(group) % 64)
         need = len(group) + sum(leaf.nbytes + len(m) for leaf, (m, _) in zip(leaves, metas))
 
@@ -427,12 +428,11 @@ class ZarrTier(Tier):
 
         Every file ends up exactly as long as its new content (so the bytes
         reserved are the bytes on disk): a recycled file is overwritten in
-        place, and truncated only when its old content was longer.  With
-        ``durable``, every file and directory written is fsynced after all
-        of them are written (largest first), before the caller's rename.
+        place, and truncated only when its old content was longer.
+        ``durable``: all written, then all fsynced (see the module docstring).
         """
         write_file = F.write_file
-        chunks, rest = [], []  # what durable fsyncs: the chunk files, then the rest
+        chunks, rest = [], []  # durable: fsync the chunk files, then the rest
         if old is None:
             os.mkdir(work)
             old_leaves = []
@@ -464,7 +464,7 @@ class ZarrTier(Tier):
         write_file(work + "/zarr.json", group, False,
                    truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
         if self.durable:
-            F.fsync_paths(chunks + rest + [work + "/zarr.json", work])
+            F.fsync_paths(chunks + rest + [work + "/zarr.json", work], uncache=len(chunks))
         return Layout(new_leaves, len(group))
 
     def get(self, key: str) -> Record:
