@@ -185,7 +185,7 @@ _TIER_DISK = {"burst": "burst", "burst_cold": "burst,\nmemory as found",
               "single": "single\nrecord", "read": "read, not\nin page cache"}
 _DISK_PALETTE = {"dd": PEER, "dd, bs=record": PEER_DARK, "store": OURS,
                  "store, 1 writer": OURS_ALT, "put": OURS_DARK, "readinto": PEER_DARK,
-                 "readinto, page cache": FLOOR}
+                 "readinto, reused": PEER, "readinto, page cache": FLOOR}
 
 
 def _draw_disk(ax, d: dict, keys: list) -> None:
