@@ -331,7 +331,7 @@ def bench_disk(base, quick):
     count = 4 if quick else 16
     return {
         "memory_touch": D.memory_touch(256 * MIB if quick else 1024 * MIB, 3.0),
-        "burst": D.write_rates(base, rec, count, 2 if quick else 5),
+        "burst": D.write_rates(base, rec, count, 2 if quick else 7),
         "burst_cold": D.write_rates(base, rec, count, 1 if quick else 3, warm=False),
         "single": D.write_rates(base, rec, 1, 3 if quick else 9),
         "read": D.read_rates(base, rec, count, 2 if quick else 3),
