@@ -1,14 +1,14 @@
-"""Benchmark: capture copies, and ZarrTier writes against a plain file write.
+"""Benchmark: capture copies, ZarrTier I/O against plain file I/O, disk rates against dd.
 
 Reproduce::
 
     . .venv/bin/activate
-    python benchmarks/bench_tiers.py --quick        # ~15 s
-    python benchmarks/bench_tiers.py                # full: ~15-60 s (machine load)
+    python benchmarks/bench_tiers.py --quick        # ~25 s
+    python benchmarks/bench_tiers.py                # full: ~3-4 min (machine load)
     python benchmarks/bench_tiers.py --dir /scratch --out DIR
 
 Writes ``DIR/bench_tiers.json`` (``DIR`` defaults to ``$TMPDIR/vlcc-bench-results/``)
-with every median, every repeat and the machine, and prints two tables.
+with every median, every repeat and the machine, and prints the tables.
 
 (a) Capture: copying a 2-D float64 state (1024^2 = 8 MiB and 4096^2 =
 128 MiB) into
@@ -370,7 +370,7 @@ def _fs_of(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (~15 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller records (~25 s)")
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
     parser.add_argument("--update-results", action="store_true",
                         help="write bench_tiers.json into benchmarks/results/ (the tracked results)")
