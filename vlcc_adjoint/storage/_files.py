@@ -76,7 +76,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def fsync_paths(paths, uncache: int = 0) -> None:
+def fsync_paths(paths: list[str], uncache: int = 0) -> None:
     """fsync each file or directory in `paths` (never through a symbolic link).
 
     Writing a set of files first and syncing them after lets one device
