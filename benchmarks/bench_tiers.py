@@ -1,14 +1,14 @@
-"""Benchmark: capture copies, and ZarrTier writes against a plain file write.
+"""Benchmark: capture copies, ZarrTier I/O against plain file I/O, disk rates against dd.
 
 Reproduce::
 
     . .venv/bin/activate
-    python benchmarks/bench_tiers.py --quick        # ~15 s
-    python benchmarks/bench_tiers.py                # full: ~15-60 s (machine load)
+    python benchmarks/bench_tiers.py --quick        # ~25 s
+    python benchmarks/bench_tiers.py                # full: ~3-4 min (machine load)
     python benchmarks/bench_tiers.py --dir /scratch --out DIR
 
 Writes ``DIR/bench_tiers.json`` (``DIR`` defaults to ``$TMPDIR/vlcc-bench-results/``)
-with every median, every repeat and the machine, and prints two tables.
+with every median, every repeat and the machine, and prints the tables.
 
 (a) Capture: copying a 2-D float64 state (1024^2 = 8 MiB and 4096^2 =
 128 MiB) into
@@ -20,10 +20,6 @@ with every median, every repeat and the machine, and prints two tables.
 * ``fresh dst``: ``np.copyto`` into a just-allocated ``np.empty`` array
   (its pages are faulted in by the copy; the allocation is not timed);
 * ``np.copy``: a fresh ``np.copy`` (allocation + first touch + copy).
-
-(c) A durable burst (:func:`bench_burst`): 64 MiB records back to back
-through the store and through ``ZarrTier.put``, against ``dd
-conv=fdatasync`` of the same bytes.
 
 (b) Tier writes of one float64 leaf of 64 KiB, 1 MiB, 16 MiB, 64 MiB
 (the record is made once; its checksum is part of the capture, not of the
@@ -42,6 +38,14 @@ write):
 
 * ``plain rewrite``: the same bytes written over an existing file of the
   same size (no new inode): the floor of what recycling can reach.
+
+(c) Disk rates against ``dd`` (``benchmarks/_disk_rates.py``, which
+describes each method): durable bursts of 64 MiB records (JSON ``burst``,
+memory warmed before each run, and ``burst_cold``, memory as found) and
+single records (``single``) through the store, ``ZarrTier.put`` and ``dd
+conv=fdatasync``; reads of records dropped from the page cache through the
+store's read-ahead (``read``) against ``dd`` and a plain ``readinto``.
+Ratios are paired per round (``vs_dd``), with their spread.
 
 Deletes (and unlinks of the plain files) happen between timed calls and are
 not timed.  The methods run interleaved, in rotating order, repeat after
@@ -62,7 +66,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -320,62 +323,36 @@ def verdict(tiers):
     return out
 
 
-def bench_burst(base, record_bytes, count, rounds):
-    """(c) A burst of `count` records of `record_bytes`, written durably.
+def bench_disk(base, quick):
+    """(c): durable bursts and single records against dd, reads against dd and readinto."""
+    import _disk_rates as D
 
-    ``dd``: ``dd if=/dev/zero bs=<record> count=<count> conv=fdatasync``,
-    the device's sequential write rate as the usual tool reports it;
-    ``store``: the same bytes as `count` states saved back to back into a
-    ``TieredStore([ZarrTier(durable=True)])`` (capture in the caller, the
-    writes on the store's background writer), timed until ``wait()``
-    returns, i.e. until every record is fsynced and published;
-    ``put``: ``ZarrTier(durable=True).put`` of the records one after the
-    other in the caller.  Rounds alternate the order; rates are medians.
-    """
-    from vlcc_adjoint.storage import TieredStore
+    rec = 16 * MIB if quick else 64 * MIB
+    count = 4 if quick else 16
+    return {
+        "memory_touch": D.memory_touch(256 * MIB if quick else 1024 * MIB, 3.0),
+        "burst": D.write_rates(base, rec, count, 2 if quick else 7),
+        "burst_cold": D.write_rates(base, rec, count, 1 if quick else 3, warm=False),
+        "single": D.write_rates(base, rec, 1, 3 if quick else 9),
+        "read": D.read_rates(base, rec, count, 2 if quick else 3),
+    }
 
-    n = record_bytes // 8
-    states = [np.full(n, float(i)) for i in range(count)]
-    records = [make_record(*reversed(flatten(s))) for s in states]
-    total = record_bytes * count
-    times = {"dd": [], "store": [], "put": []}
 
-    def run_dd():
-        target = os.path.join(base, "dd.bin")
-        t0 = time.perf_counter()
-        subprocess.run(["dd", "if=/dev/zero", f"of={target}", f"bs={record_bytes}",
-                        f"count={count}", "conv=fdatasync"], check=True, capture_output=True)
-        times["dd"].append(time.perf_counter() - t0)
-        os.unlink(target)
-
-    def run_store():
-        path = os.path.join(base, "burst-store")
-        with TieredStore([ZarrTier(path, durable=True, mode="w")]) as store:
-            t0 = time.perf_counter()
-            for i, state in enumerate(states):
-                store.save(i, state, 0)
-            store.wait()
-            times["store"].append(time.perf_counter() - t0)
-        shutil.rmtree(path)
-
-    def run_put():
-        path = os.path.join(base, "burst-put")
-        with ZarrTier(path, durable=True, mode="w") as tier:
-            t0 = time.perf_counter()
-            for i, record in enumerate(records):
-                tier.put(f"r{i}", record)
-            times["put"].append(time.perf_counter() - t0)
-        shutil.rmtree(path)
-
-    order = [run_dd, run_store, run_put]
-    for r in range(rounds):
-        for run in (order if r % 2 == 0 else order[::-1]):
-            os.sync()
-            run()
-    rates = {k: total / statistics.median(v) / 1e6 for k, v in times.items()}
-    return {"record_bytes": record_bytes, "count": count, "rounds": rounds,
-            "seconds": times, "MB_per_s": rates,
-            "store_vs_dd": rates["store"] / rates["dd"], "put_vs_dd": rates["put"] / rates["dd"]}
+def print_disk(disk):
+    touch = disk["memory_touch"]
+    print(f"\n(c) durable writes and cold reads against dd (MB/s, median; paired ratio to dd "
+          f"with min-max). Touching {_fmt_bytes(touch['bytes'])} of fresh memory: "
+          f"{touch['warm_s']:.2f} s warm, {touch['after_idle_s']:.2f} s after "
+          f"{touch['idle_s']:.0f} s idle")
+    for key, what in (("burst", "burst"), ("burst_cold", "burst, memory as found"),
+                      ("single", "single record"), ("read", "read, not in page cache")):
+        d = disk[key]
+        cells = [f"{m} {d['MB_per_s'][m]:.0f} ({r['median']:.2f}x, {r['min']:.2f}-{r['max']:.2f})"
+                 for m, r in d["vs_dd"].items() if m != "dd"]
+        print(f"{what:>24}: {d['count']} x {_fmt_bytes(d['record_bytes'])}, dd "
+              f"{d['MB_per_s']['dd']:.0f}; " + "; ".join(cells))
+    r = disk["read"]["vs_readinto"]["store"]
+    print(f"{'':>24}  store vs readinto: {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
 
 
 def _fs_of(path):
@@ -393,7 +370,7 @@ def _fs_of(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (~15 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller records (~25 s)")
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
     parser.add_argument("--update-results", action="store_true",
                         help="write bench_tiers.json into benchmarks/results/ (the tracked results)")
@@ -417,14 +394,11 @@ def main(argv=None):
         capture = bench_capture([1024, 4096], cap_reps)
         checksum_gbs = bench_checksum()
         tiers = bench_tiers(base, sizes, repeats)
-        burst = bench_burst(base, 64 * MIB, 8 if args.quick else 32, 2 if args.quick else 3)
+        disk = bench_disk(base, args.quick)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print_tables(capture, tiers, checksum_gbs)
-    print(f"\nburst of {burst['count']} x {_fmt_bytes(burst['record_bytes'])} records, durable "
-          f"(MB/s, median of {burst['rounds']}): dd conv=fdatasync {burst['MB_per_s']['dd']:.0f}, "
-          f"TieredStore {burst['MB_per_s']['store']:.0f} ({burst['store_vs_dd']:.2f}x dd), "
-          f"ZarrTier.put {burst['MB_per_s']['put']:.0f} ({burst['put_vs_dd']:.2f}x dd)")
+    print_disk(disk)
     result = {
         "benchmark": "bench_tiers",
         "quick": args.quick,
@@ -435,7 +409,7 @@ def main(argv=None):
         "capture": capture,
         "checksum_GB_s": checksum_gbs,
         "tiers": tiers,
-        "burst": burst,
+        **disk,
         "targets": verdict(tiers),
     }
     os.makedirs(args.out, exist_ok=True)

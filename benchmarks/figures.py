@@ -180,12 +180,50 @@ _TIER_PALETTE = {
     "plain read": PEER, "get": OURS,
 }
 _TIER_READS = ("plain read", "get")
+# (d): the durable disk-rate sections and their labels
+_TIER_DISK = {"burst": "burst", "burst_cold": "burst,\nmemory as found",
+              "single": "single\nrecord", "read": "read, not\nin page cache"}
+_DISK_PALETTE = {"dd": PEER, "dd, bs=record": PEER_DARK, "store": OURS,
+                 "store, 1 writer": OURS_ALT, "put": OURS_DARK, "readinto": PEER_DARK,
+                 "readinto, reused": PEER, "readinto, page cache": FLOOR}
+
+
+def _draw_disk(ax, d: dict, keys: list) -> None:
+    """(d): MB/s of each method per section, labelled with its paired ratio to dd."""
+    groups = [_TIER_DISK[k] for k in keys]
+    key = dict(zip(groups, keys))
+    methods = _ordered((m for k in keys for m in d[k]["MB_per_s"]), list(_DISK_PALETTE))
+
+    def nbytes(sec):
+        return sec["record_bytes"] * sec["count"]
+
+    def value(g, m):
+        return d[key[g]]["MB_per_s"].get(m)
+
+    def samples(g, m):
+        sec = d[key[g]]
+        return [nbytes(sec) / t / 1e6 for t in sec["seconds"].get(m, []) if t > 0]
+
+    def ratio(g, m):
+        r = d[key[g]]["vs_dd"].get(m)
+        return None if r is None or m == "dd" else f"{r['median']:.2f}x"
+
+    _grouped_bars(ax, groups, methods, value, samples, _DISK_PALETTE, label_fmt=ratio)
+    _headroom(ax, 1.25)
+    ax.set_ylabel("MB/s (higher is better)")
+    sec = d[keys[0]]
+    ax.set_title(f"(d) durable writes, cold reads: {sec['count']} x {_size(sec['record_bytes'])}"
+                 " records vs dd\nlabel: rate / dd's rate, paired by round", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
 
 
 def _draw_tiers(d: dict, path: Path) -> Path:
     plt = _pyplot()
     capture, tiers = d["capture"], d["tiers"]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2, 4, 2.4]})
+    disk = [k for k in _TIER_DISK if k in d]
+    ratios = [2, 4, 2.4] + ([3.2] if disk else [])
+    fig, axes = plt.subplots(1, len(ratios), figsize=(17 + 6 * bool(disk), 5.2),
+                             gridspec_kw={"width_ratios": ratios})
 
     def gbs(nbytes, times):
         return [nbytes / t / 1e9 for t in times if t > 0]
@@ -246,9 +284,11 @@ def _draw_tiers(d: dict, path: Path) -> Path:
                       "label: time / plain's time, paired by round", fontsize=10)
     axes[2].set_title("(c) tier reads: ZarrTier.get (ours) vs plain read\n"
                       "label: time / plain read's time, paired", fontsize=10)
+    if disk:
+        _draw_disk(axes[3], d, disk)
     m = d.get("machine", {})
     fs = m.get("filesystem", {})
-    fig.suptitle("bench_tiers: capture copies and tier I/O, page cache, no fsync "
+    fig.suptitle("bench_tiers: capture copies and tier I/O (a-c: page cache, no fsync; d: durable) "
                  "(bar: median, whisker: min-max, dots: repeats)", fontsize=11)
     _footer(fig, "python benchmarks/bench_tiers.py" + (" --quick" if d.get("quick") else ""),
             f"{m.get('cpus', '?')} CPUs, {fs.get('type', '?')} on {fs.get('mount', '?')}, "

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from test_state import STATES, assert_same_state
 from vlcc_adjoint.state import flatten, unflatten
 from vlcc_adjoint.storage import (CompressedMemoryTier, CorruptCheckpointError, MemoryTier,
-                                  StorageError, TierFullError, ZarrTier, make_record)
+                                  StorageError, TieredStore, TierFullError, ZarrTier, make_record)
 from vlcc_adjoint.storage.codecs import ErrorBounded, FixedRate, Lossless
 
 TIERS = ["memory", "compressed", "zarr"]
@@ -742,6 +742,67 @@ def test_durable_mode_round_trips(tmp_path):
     tier.delete("a1")
     tier.put("a3", record_of({"u": np.arange(100.0) * 3}))
     np.testing.assert_array_equal(ZarrTier(tmp_path / "s", mode="r").get("a3").leaves[0], np.arange(100.0) * 3)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc")
+def test_durable_put_syncs_every_file_and_directory_before_the_rename(tmp_path, monkeypatch):
+    """Fresh and recycled records: every file and directory of the record,
+    then the store root after the rename; the chunks leave the page cache."""
+    tier = ZarrTier(tmp_path / "s", durable=True)
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+    fadvise = getattr(os, "posix_fadvise", None)
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", os.fspath(dst)))
+        real_rename(src, dst)
+
+    def advise(fd, offset, length, advice):
+        events.append(("drop", os.readlink(f"/proc/self/fd/{fd}")))
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    if fadvise is not None:
+        monkeypatch.setattr(os, "posix_fadvise", advise)
+    state = {"u": np.arange(1000.0), "v": np.ones((3, 4), np.float32)}
+    for key in ("a", "b"):  # "b" rewrites "a"'s recycled directory
+        events.clear()
+        tier.put(key, record_of(state))
+        final = str(tmp_path / "s" / key)
+        at = events.index(("rename", final))
+        work = {p for kind, p in events[:at] if kind == "fsync"}
+        root = min(work, key=len)  # the directory written, renamed to `final` after
+        assert all(p == root or p.startswith(root + os.sep) for p in work)
+        synced = {os.path.relpath(p, root) for p in work}
+        on_disk = {os.path.relpath(os.path.join(d, f), final)
+                   for d, dirs, files in os.walk(final) for f in dirs + files} | {"."}
+        # a recycled record keeps its leaves' unchanged metadata (synced when written)
+        kept = {"0/zarr.json", "1/zarr.json"} if key == "b" else set()
+        assert synced == on_disk - kept, (key, synced ^ (on_disk - kept))
+        assert events[at + 1:] == [("fsync", str(tmp_path / "s"))]
+        if fadvise is not None:
+            dropped = {os.path.relpath(p, root) for kind, p in events[:at] if kind == "drop"}
+            assert dropped == {"0/c.0", "1/c.0.0"}
+        if key == "a":
+            tier.delete("a")
+    np.testing.assert_array_equal(ZarrTier(tmp_path / "s", mode="r").get("b").leaves[0],
+                                  np.arange(1000.0))
+
+
+def test_a_store_with_a_zarr_tier_writes_on_at_least_two_threads(tmp_path):
+    with TieredStore([ZarrTier(tmp_path / "s")]) as store:
+        assert "workers=" in repr(store)
+        assert int(repr(store).rsplit("workers=", 1)[1].rstrip(")")) >= 2
+    with TieredStore([MemoryTier(), ZarrTier(tmp_path / "t")], workers=1) as store:
+        assert repr(store).endswith("workers=1)")  # an explicit count is kept
+    expected = max(1, min(4, (os.cpu_count() or 2) - 1))
+    with TieredStore([MemoryTier(), CompressedMemoryTier()]) as store:
+        assert repr(store).endswith(f"workers={expected})")
 
 
 def test_recycled_directories_are_rewritten_exactly_across_changing_layouts(tmp_path):

@@ -168,6 +168,11 @@ class Tier(abc.ABC):
       may hand them to the caller, or reuse them, without a copy.
     - :attr:`persistent`: records survive the process (a directory on disk);
       a restart or another process can read them.
+    - :attr:`waits_on_io`: ``put`` and ``get`` spend their time waiting for
+      a device (file writes, ``fsync``, reads: system calls that release the
+      GIL), not computing.  The store then runs at least two background
+      threads even on a two-core machine, so that one record is written
+      into the page cache while another one's ``fsync`` waits for the disk.
     """
 
     name: str = "tier"
@@ -176,6 +181,7 @@ class Tier(abc.ABC):
     serves_put_arrays: bool = False
     fresh_gets: bool = False
     persistent: bool = False
+    waits_on_io: bool = False
 
     @property
     @abc.abstractmethod

@@ -77,7 +77,9 @@ a record may be listed with damaged data, which its checksum turns into a
 :class:`CorruptCheckpointError` on ``get``.  ``durable=True`` fsyncs every
 file and every directory it changed before the rename, and the parent
 after it: records that were listed survive a power cut, at the price of a
-device flush per record (milliseconds on most disks).
+device flush per record (milliseconds on most disks).  Synced chunks then
+leave the page cache (``POSIX_FADV_DONTNEED``): a burst reuses the same pages
+instead of filling the cache (``benchmarks/_disk_rates.py``); reads go to the device.
 
 Directory recycling
 -------------------
@@ -147,7 +149,8 @@ class ZarrTier(Tier):
     instance); any number may read it, with ``mode="r"`` or with zarr.
     """
 
-    persistent = fresh_gets = True  # records outlive the process; get reads into new arrays
+    # records outlive the process; get reads into new arrays; put and get wait on the disk
+    persistent = fresh_gets = waits_on_io = True
 
     def __init__(self, path: str | os.PathLike, capacity_bytes: int | None = None, *, mode: str = "a",
                  durable: bool = False, recycle: int = 8, name: str | None = None):
@@ -321,9 +324,8 @@ class ZarrTier(Tier):
         group, spec_json, digest = encode(key, record.spec, kinds, record.checksums)
         infos = [(k.shape, k.dtype, k.nbytes, k.chunk, c) for k, c in zip(kinds, record.checksums)]
         metas = [(k.meta, k.chunk) for k in kinds]
-        # Pad to a multiple of 64 bytes (JSON allows trailing whitespace): a
-        # recycled group file of a slightly longer record (key "s10" after
-        # "s9") is then overwritten without a truncation.
+        # Pad to a multiple of 64 bytes (JSON allows trailing whitespace): a recycled
+        # group file of a slightly longer record is overwritten without a truncation.
         group += b" " * (-len(group) % 64)
         need = len(group) + sum(leaf.nbytes + len(m) for leaf, (m, _) in zip(leaves, metas))
 
@@ -427,9 +429,10 @@ class ZarrTier(Tier):
         Every file ends up exactly as long as its new content (so the bytes
         reserved are the bytes on disk): a recycled file is overwritten in
         place, and truncated only when its old content was longer.
+        ``durable``: all written, then all fsynced (see the module docstring).
         """
-        durable = self.durable
         write_file = F.write_file
+        chunks, rest = [], []  # durable: fsync the chunk files, then the rest
         if old is None:
             os.mkdir(work)
             old_leaves = []
@@ -446,21 +449,22 @@ class ZarrTier(Tier):
                 os.mkdir(leaf_dir)
                 old_chunk, old_size, old_meta = None, 0, b""
             if old_meta != meta:
-                write_file(leaf_dir + "/zarr.json", meta, durable,
+                write_file(leaf_dir + "/zarr.json", meta, False,
                            truncate=old_meta is None or len(old_meta) > len(meta))
+                rest.append(leaf_dir + "/zarr.json")
             if old_chunk is not None and old_chunk != chunk:
                 os.unlink(os.path.join(leaf_dir, old_chunk))
                 old_size = 0
             if chunk is not None:
-                write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), durable,
+                write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), False,
                            truncate=old_size > leaf.nbytes)
-            if durable:
-                F.fsync_dir(leaf_dir)
+                chunks.append(f"{leaf_dir}/{chunk}")
+            rest.append(leaf_dir)
             new_leaves.append((chunk, leaf.nbytes, meta))
-        write_file(work + "/zarr.json", group, durable,
+        write_file(work + "/zarr.json", group, False,
                    truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
-        if durable:
-            F.fsync_dir(work)
+        if self.durable:
+            F.fsync_paths(chunks + rest + [work + "/zarr.json", work], uncache=len(chunks))
         return Layout(new_leaves, len(group))
 
     def get(self, key: str) -> Record:

@@ -77,7 +77,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ._files import O_CLOEXEC, fsync_dir, read_exactly, write_all, write_file
+from ._files import O_CLOEXEC, fsync_dir, fsync_paths, read_exactly, write_all, write_file
 from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, leaf_checksum,
                         step_of)
 from ._tier import CorruptCheckpointError, StorageError
@@ -89,7 +89,7 @@ __all__ = [
     "check_capacity", "check_record", "corrupt", "encode_spec", "full", "leaf_checksum", "step_of",
     "StoreLockedError", "WriterLock", "allocation_limit",
     "array_metadata", "canonical_json", "check_allocation", "check_dir", "check_leaf",
-    "chunk_key", "digest", "fsync_dir", "group_document", "lock_store", "open_regular", "open_group",
+    "chunk_key", "digest", "fsync_dir", "fsync_paths", "group_document", "lock_store", "open_regular", "open_group",
     "parse_mode", "publish", "read_into", "read_json", "read_limited", "remedy", "remove_tree",
     "sealed_group", "sealed_group_json", "tree_bytes", "unseal", "write_all", "write_file",
     "write_json", "zarr_data_type"

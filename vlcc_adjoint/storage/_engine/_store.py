@@ -55,7 +55,8 @@ class TieredStore:
       always run in the caller; the threads start with the first
       background job); ``0`` runs every write and read in the caller (a
       synchronous store, for baselines and debugging).  Default: one core
-      fewer than the machine has, between 1 and 4 (the solver keeps a core).
+      fewer than the machine has, between 1 and 4 (the solver keeps a core);
+      at least 2 if a tier ``waits_on_io`` (see :class:`Tier`).
     - `policy`: ``"raise"`` or ``"spill"``, when a record does not fit its tier.
     - `dedup`: ``False``; ``True`` to store identical leaves once, hashed
       after the capture (saves memory, not capture time); ``"eager"`` to
@@ -86,6 +87,8 @@ class TieredStore:
             raise ValueError(f"policy must be 'raise' or 'spill', got {policy!r}")
         if workers is None:
             workers = max(1, min(4, (os.cpu_count() or 2) - 1))
+            if any(t.waits_on_io for t in tiers):
+                workers = max(2, workers)
         if dedup not in (False, True, "eager"):
             raise ValueError(f"dedup must be False, True or 'eager', got {dedup!r}")
         for name, value in (("prefetch_bytes", prefetch_bytes), ("staging_bytes", staging_bytes),
