@@ -90,6 +90,12 @@ class MemoryTier(Tier):
 
     _adopt = adopt  # the name earlier versions used
 
+    def adopt_leaves(self, key: str, spec: dict, leaves: tuple, checksums: tuple) -> None:
+        """:meth:`adopt` of the record ``Record(spec, leaves, checksums)``,
+        given in parts (the engine's short path for small states, which
+        spares building the record)."""
+        self._insert(key, spec, leaves, checksums)
+
     def _insert(self, key, spec, leaves, checksums) -> None:
         with self._lock:
             records, objects = self._records, self._objects

@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 
 from .._checksum import copy_checksum, direct_hash
+from .._memory import MemoryTier
 from .._tier import Record, TierFullError
 from ._common import SAVE, STORED, Entry
 
@@ -91,6 +92,12 @@ class InlinePath:
         # (ReadCache.pump returns at once otherwise).
         self.pumps = clock.plan is not None and shared.workers > 0 \
             and bool(shared.prefetch_levels) and cache.belady.capacity_bytes > 0
+        # Per level: the tier's put of a record given in parts, where it is
+        # MemoryTier's own adopt (a subclass's adopt is called as it is).
+        self.adopters = [t.adopt_leaves if isinstance(t, MemoryTier)
+                         and type(t).adopt is MemoryTier.adopt
+                         and type(t).adopt_leaves is MemoryTier.adopt_leaves else None
+                         for t in shared.tiers]
         self._layout = None
         self._shape = None
 
@@ -131,15 +138,14 @@ class InlinePath:
                 return False
         record = self.clock.follow(SAVE, step, level)  # raises before any change
         take = self.capture.pool.take_key
-        out, sums = [], []
         t0 = time.perf_counter()
-        if shape.small:
-            for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
-                buf = take(key)
-                buf[...] = leaf
-                sums.append(digest(buf))
-                out.append(buf)
+        if shape.n == 1 and shape.small:  # one small leaf: the usual small state
+            buf = take(shape.keys[0])
+            buf[...] = leaves[0]
+            sums = [shape.hashes[0](buf)]
+            out = [buf]
         else:
+            out, sums = [], []
             for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
                 buf = take(key)
                 if digest is None:  # large: copied and hashed in one pass, streamed
@@ -155,15 +161,17 @@ class InlinePath:
         entry = Entry(step, level, level, next(sh.seq), spec, nbytes, record)
         entry.leaves, entry.owned, entry.checksums = out, list(shape.owned), sums
         entry.shape = shape
-        put = Record(spec, tuple(out), tuple(sums))
-        out = None
         # The put first, then the book-keeping in one critical section: no
         # other thread looks at a memory level's record before it is stored.
+        adopt = self.adopters[level]
         try:
-            tier.adopt(entry.key, put)
+            if adopt is not None:
+                adopt(entry.key, spec, tuple(out), tuple(sums))
+            else:
+                tier.adopt(entry.key, Record(spec, tuple(out), tuple(sums)))
         except BaseException as exc:
-            self._put_failed(entry, put, exc)
-        put = None
+            self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
+        out = None
         with sh.lock:
             sh.t["capture"] += t1 - t0
             n = sh.n
@@ -224,12 +232,21 @@ class InlinePath:
         sh = self.shared
         shape = entry.shape
         sums = entry.checksums
-        arrays = []
-        for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
+        if shape.n == 1:
+            src = entry.leaves[0]
             dst = src.copy()
-            if digest(dst) != sums[i]:
-                verify(entry, i, src, digest(dst), sums[i])
-            arrays.append(dst)
+            got = shape.hashes[0](dst)
+            if got != sums[0]:
+                verify(entry, 0, src, got, sums[0])
+            arrays = [dst]
+        else:
+            arrays = []
+            for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
+                dst = src.copy()
+                if digest(dst) != sums[i]:
+                    verify(entry, i, src, digest(dst), sums[i])
+                arrays.append(dst)
+        src = dst = None
         state = shape.layout.build(arrays)
         clock = self.clock
         with sh.lock:
