@@ -101,6 +101,19 @@ class MemoryTier(Tier):
             records, objects = self._records, self._objects
             if key in records:
                 raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+            if len(leaves) == 1:  # one leaf (a small state's record): as below
+                leaf = leaves[0]
+                holder = objects.get(id(leaf))
+                need = 0 if holder is not None else leaf.nbytes
+                if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
+                    raise full(key, self.name, need, self._used, self.capacity_bytes)
+                if holder is None:
+                    objects[id(leaf)] = [leaf, 1]
+                else:
+                    holder[1] += 1
+                self._used += need
+                records[key] = (spec, leaves, checksums)
+                return
             need = 0
             seen = ()
             for leaf in leaves:  # bytes of the array objects not held yet, each once

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import time
 
+from numpy import ndarray
+
 from .._checksum import copy_checksum, direct_hash
 from .._memory import MemoryTier
 from .._tier import Record, TierFullError
@@ -49,10 +51,11 @@ class Shape:
     **Attributes:** `layout` (the :class:`~vlcc_adjoint.state.Layout`),
     `keys` (per leaf its buffer pool key), `hashes` (per leaf the one-call
     checksum function, or ``None`` for a leaf the kernel copies and hashes),
-    `nbytes`, `n` (the number of leaves).
+    `nbytes`, `n` (the number of leaves), `root` (``(dtype, shape)`` of
+    a state that is one small array, else ``None``).
     """
 
-    __slots__ = ("layout", "keys", "hashes", "small", "nbytes", "n", "owned", "format")
+    __slots__ = ("layout", "keys", "hashes", "small", "nbytes", "n", "owned", "format", "root")
 
     def __init__(self, layout):
         self.layout = layout
@@ -63,6 +66,9 @@ class Shape:
         self.nbytes = layout.nbytes
         self.n = len(self.keys)
         self.owned = (True,) * self.n
+        # (dtype, shape) when the state is one small array (the layout's
+        # tree is its leaf): its walk and build done in place.
+        self.root = layout.infos[0] if "leaf" in layout.tree and self.small else None
 
     def build(self, leaves):
         """The state around `leaves` (see :meth:`Layout.build`)."""
@@ -118,13 +124,25 @@ class InlinePath:
         layout = self.capture.layout
         if layout is None:
             return False
-        leaves = layout.leaves(state)
-        if leaves is None:
-            return False
-        for leaf in leaves:
-            if not leaf.flags.writeable:  # perhaps immutable: kept by reference
-                return False
         shape = self._shape if layout is self._layout else self.shape_of(layout)
+        root = shape.root
+        if root is not None:  # Layout.leaves of a one-array layout, in place
+            if type(state) is not ndarray or state.dtype is not root[0] \
+                    or state.shape != root[1]:
+                return False
+            flags = state.flags
+            if not flags.c_contiguous:
+                return False
+            if not flags.writeable:  # perhaps immutable: kept by reference
+                return False
+            leaves = (state,)
+        else:
+            leaves = layout.leaves(state)
+            if leaves is None:
+                return False
+            for leaf in leaves:
+                if not leaf.flags.writeable:  # perhaps immutable: kept by reference
+                    return False
         tier = sh.tiers[level]
         nbytes = shape.nbytes
         cap = tier.capacity_bytes
@@ -238,7 +256,12 @@ class InlinePath:
             got = shape.hashes[0](dst)
             if got != sums[0]:
                 verify(entry, 0, src, got, sums[0])
-            arrays = [dst]
+            root = shape.root
+            if root is not None and dst.dtype is root[0] and dst.shape == root[1]:
+                state = dst  # Layout.build of a one-array layout
+            else:
+                state = shape.layout.build([dst])
+            arrays = None
         else:
             arrays = []
             for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
@@ -246,8 +269,8 @@ class InlinePath:
                 if digest(dst) != sums[i]:
                     verify(entry, i, src, digest(dst), sums[i])
                 arrays.append(dst)
+            state = shape.layout.build(arrays)
         src = dst = None
-        state = shape.layout.build(arrays)
         clock = self.clock
         with sh.lock:
             sh.n["loads"] += 1
@@ -287,7 +310,10 @@ class InlinePath:
             self._unregister(entry)
             leaves, owned, digests = sh.count_delete(entry)
         if digests is None and leaves is not None and all(owned):
-            self.capture.release_owned(leaves, entry.nbytes)
+            shape = entry.shape
+            self.capture.release_owned(leaves, entry.nbytes,
+                                       shape.keys[0] if shape is not None and shape.n == 1
+                                       else None)
         else:
             self.capture.release(leaves, owned, digests)
 
