@@ -307,13 +307,22 @@ class InlinePath:
             self.jobs.raise_failures()
         with sh.lock:
             sh.n["deletes"] += 1
-            self._unregister(entry)
+            del sh.index[(entry.step, entry.level)]  # as _unregister
+            if entry.record >= 0:
+                sh.by_record.pop(entry.record, None)
+            if self.pumps:
+                self.cache.pump()
             leaves, owned, digests = sh.count_delete(entry)
         if digests is None and leaves is not None and all(owned):
             shape = entry.shape
-            self.capture.release_owned(leaves, entry.nbytes,
-                                       shape.keys[0] if shape is not None and shape.n == 1
-                                       else None)
+            capture = self.capture
+            nbytes = entry.nbytes
+            limit = capture.hold_limit
+            if shape is not None and shape.n == 1 and (
+                    limit is None or capture.held() + nbytes <= limit):
+                capture.pool.recycle(leaves, shape.keys[0])  # as release_owned
+            else:
+                capture.release_owned(leaves, nbytes)
         else:
             self.capture.release(leaves, owned, digests)
 
