@@ -210,6 +210,16 @@ class _Run:
         self.adj_signature = _signature(self.adj)
         self.adj_matches = _matcher(self.adj_signature)
 
+    def _adjoint_mismatch(self, adj, i) -> None:
+        sig = _signature(adj)
+        if sig != self.adj_signature:
+            raise StateMismatchError(
+                f"adjoint step {i} returned an adjoint whose "
+                f"{_describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
+                "adj_final). An adjoint step must return lambda_i with the structure, "
+                "shapes and dtypes of lambda_{i+1}"
+            )
+
     def reverse(self, i):
         if i == self.n - 1:
             self._seed(i)
@@ -218,14 +228,7 @@ class _Run:
         adj = self.solver.adjoint(self.u, self.adj, i)
         self.t_adjoint += time.perf_counter() - t0
         if self.check and not self.adj_matches(adj):
-            sig = _signature(adj)
-            if sig != self.adj_signature:
-                raise StateMismatchError(
-                    f"adjoint step {i} returned an adjoint whose "
-                    f"{_describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
-                    "adj_final). An adjoint step must return lambda_i with the structure, "
-                    "shapes and dtypes of lambda_{i+1}"
-                )
+            self._adjoint_mismatch(adj, i)
         if self.check_finite:
             _check_finite(adj, "adjoint", i)
         self.adj = adj
@@ -237,8 +240,13 @@ class _Run:
         the whole schedule, for messages).
 
         One loop with the action kinds tested in the order of their
-        frequency in a schedule; the index of the action being run is
-        recorded (``self.index``) only when it fails."""
+        frequency in a schedule.  The common actions run in the loop itself
+        (the same calls and checks as their methods, with the run's
+        attributes read once per block): a forward step of a checked
+        one-array state, a store call without the solver's ``on_save`` /
+        ``on_load`` hooks, an adjoint step after the first.  What the run
+        was doing (:attr:`where`, :attr:`at`) and the index of the action
+        (:attr:`index`) are recorded only when one fails."""
         if self.array is None and self.check and self.signature is not None \
                 and self.signature[0] == "array" and self.u is not None \
                 and type(self.u) is np.ndarray and self.matches(self.u):
@@ -246,7 +254,26 @@ class _Run:
         advance, reverse, load, save, delete, move = (self.advance, self.reverse, self.load,
                                                       self.save, self.delete, self.move)
         ADVANCE, REVERSE, LOAD, SAVE, DELETE, MOVE = _KINDS
+        store = self.store
+        # Which actions run in the loop (else: through their methods).
+        steps_here = self.forward_many is None and self.check and not self.check_finite \
+            and self.array is not None
+        save_here = self.on_save is None
+        load_here = self.on_load is None and not self.in_place
+        adjoint_here = not self.check_finite
+        forward, adjoint = self.solver.forward, self.solver.adjoint
+        store_save, store_load, store_delete = store.save, store.load, store.delete
+        ndarray = np.ndarray
+        shape, dtype = self.array if self.array is not None else (None, None)
+        matches = self.matches
+        check = self.check
+        perf = time.perf_counter
+        last = self.n - 1
+        n = self.n
+        t_store = t_forward = t_adjoint = 0.0
+        forward_steps = 0
         index = offset - 1
+        kind = a = b = level = i = None
         try:
             for start in range(0, len(table), _CHUNK):
                 chunk = table[start : start + _CHUNK]
@@ -255,15 +282,52 @@ class _Run:
                 for kind, a, b, level, dst in rows:
                     index += 1
                     if kind == ADVANCE:
-                        advance(a, b)
+                        if steps_here:
+                            u = self.u
+                            t0 = perf()
+                            for i in range(a, b):
+                                u = forward(u, i)
+                                if type(u) is not ndarray or u.shape != shape \
+                                        or u.dtype is not dtype:
+                                    if not matches(u):
+                                        self._mismatch(u, f"forward step {i}")
+                            t_forward += perf() - t0
+                            forward_steps += b - a
+                            self.u = u
+                            if b == n and self.final_state is None:
+                                self.final_state = self.copy(u)
+                        else:
+                            advance(a, b)
                     elif kind == REVERSE:
-                        reverse(a)
+                        if a == last or not adjoint_here:
+                            reverse(a)
+                        else:
+                            t0 = perf()
+                            adj = adjoint(self.u, self.adj, a)
+                            t_adjoint += perf() - t0
+                            if check and not self.adj_matches(adj):
+                                self._adjoint_mismatch(adj, a)
+                            self.adj = adj
+                            self.spare, self.u = self.u, None
                     elif kind == LOAD:
-                        load(a, level)
+                        if load_here:
+                            t0 = perf()
+                            self.u = store_load(a, level=level)
+                            t_store += perf() - t0
+                            self.spare = None
+                        else:
+                            load(a, level)
                     elif kind == SAVE:
-                        save(a, level)
+                        if save_here:
+                            t0 = perf()
+                            store_save(a, self.u, level=level)
+                            t_store += perf() - t0
+                        else:
+                            save(a, level)
                     elif kind == DELETE:
-                        delete(a, level)
+                        t0 = perf()
+                        store_delete(a, level=level)
+                        t_store += perf() - t0
                     elif kind == MOVE:
                         move(a, level, dst)
                     else:
@@ -272,7 +336,23 @@ class _Run:
                     self.bar.update(len(chunk))
         except BaseException:
             self.index = index
+            # An action run in the loop: what it was doing, as its method says.
+            if kind == ADVANCE and steps_here:
+                self.where, self.at = "the solver's forward step {0}", i
+            elif kind == REVERSE and a != last and adjoint_here:
+                self.where, self.at = "the solver's adjoint step {0}", a
+            elif kind == LOAD and load_here:
+                self.where, self.at = "loading u_{0} from level {1}", (a, level)
+            elif kind == SAVE and save_here:
+                self.where, self.at = "saving u_{0} on level {1}", (a, level)
+            elif kind == DELETE:
+                self.where, self.at = "deleting u_{0} from level {1}", (a, level)
             raise
+        finally:
+            self.t_store += t_store
+            self.t_forward += t_forward
+            self.t_adjoint += t_adjoint
+            self.forward_steps += forward_steps
         self.index = index
 
 

@@ -93,7 +93,7 @@ class BufferPool:
             if not self.recycle(holder):
                 break
 
-    def recycle(self, arrays: list) -> int:
+    def recycle(self, arrays: list, key: tuple | None = None) -> int:
         """Take back the arrays in `arrays` (the list is emptied).
 
         Each array is kept for reuse only if nobody else references it (see
@@ -101,8 +101,33 @@ class BufferPool:
         C-contiguous, and the pool has room.  The caller must drop its own
         other references first.
 
+        **Arguments:**
+
+        - `arrays`: a list of arrays.
+        - `key`: for a list of one array, its ``(dtype, shape)`` as
+          :meth:`take_key` takes it, if the caller has it.
+
         **Returns:** the number of arrays taken back.
         """
+        if key is not None and len(arrays) == 1:
+            arr = arrays.pop()
+            if (sys.getrefcount(arr) > _SOLE or arr.base is not None
+                    or not arr.flags.writeable or not arr.flags.c_contiguous):
+                self.refused += 1
+                return 0
+            with self._lock:
+                nbytes = arr.nbytes
+                if self.free_bytes + nbytes > self.max_free_bytes:
+                    self.refused += 1
+                    return 0
+                free = self._free.get(key)
+                if free is None:
+                    self._free[key] = [arr]
+                else:
+                    free.append(arr)
+                self.free_bytes += nbytes
+                self.recycled += 1
+            return 1
         keep = []
         while arrays:
             arr = arrays.pop()

@@ -83,7 +83,7 @@ class PlanClock:
 
     - `plan`: an :class:`~vlcc_adjoint.schedules.IOPlan`, or ``None``.
     - `nlv`: the number of tiers (a plan may not use more levels).
-    - `lock`: the engine's lock, held while ``now`` changes.
+    - `lock`: the engine's lock, held while :meth:`rewind` puts the clock back.
     """
 
     def __init__(self, plan, nlv: int, lock):
@@ -154,8 +154,9 @@ class PlanClock:
                 "or construct it without plan="
             )
         self.cursor = c + 1
-        with self._lock:
-            self.now = index[c]
+        # Written by the store's caller alone (its API lock serialises the
+        # calls); a worker reads it once per look, under the engine's lock.
+        self.now = index[c]
         return recs[c]
 
     def expected_level(self, step, kind) -> int | None:

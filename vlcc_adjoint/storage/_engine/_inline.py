@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import time
 
+from numpy import ndarray
+
 from .._checksum import copy_checksum, direct_hash
+from .._memory import MemoryTier
 from .._tier import Record, TierFullError
 from ._common import SAVE, STORED, Entry
 
@@ -48,10 +51,11 @@ class Shape:
     **Attributes:** `layout` (the :class:`~vlcc_adjoint.state.Layout`),
     `keys` (per leaf its buffer pool key), `hashes` (per leaf the one-call
     checksum function, or ``None`` for a leaf the kernel copies and hashes),
-    `nbytes`, `n` (the number of leaves).
+    `nbytes`, `n` (the number of leaves), `root` (``(dtype, shape)`` of
+    a state that is one small array, else ``None``).
     """
 
-    __slots__ = ("layout", "keys", "hashes", "small", "nbytes", "n", "owned", "format")
+    __slots__ = ("layout", "keys", "hashes", "small", "nbytes", "n", "owned", "format", "root")
 
     def __init__(self, layout):
         self.layout = layout
@@ -62,6 +66,9 @@ class Shape:
         self.nbytes = layout.nbytes
         self.n = len(self.keys)
         self.owned = (True,) * self.n
+        # (dtype, shape) when the state is one small array (the layout's
+        # tree is its leaf): its walk and build done in place.
+        self.root = layout.infos[0] if "leaf" in layout.tree and self.small else None
 
     def build(self, leaves):
         """The state around `leaves` (see :meth:`Layout.build`)."""
@@ -91,6 +98,12 @@ class InlinePath:
         # (ReadCache.pump returns at once otherwise).
         self.pumps = clock.plan is not None and shared.workers > 0 \
             and bool(shared.prefetch_levels) and cache.belady.capacity_bytes > 0
+        # Per level: the tier's put of a record given in parts, where it is
+        # MemoryTier's own adopt (a subclass's adopt is called as it is).
+        self.adopters = [t.adopt_leaves if isinstance(t, MemoryTier)
+                         and type(t).adopt is MemoryTier.adopt
+                         and type(t).adopt_leaves is MemoryTier.adopt_leaves else None
+                         for t in shared.tiers]
         self._layout = None
         self._shape = None
 
@@ -111,13 +124,25 @@ class InlinePath:
         layout = self.capture.layout
         if layout is None:
             return False
-        leaves = layout.leaves(state)
-        if leaves is None:
-            return False
-        for leaf in leaves:
-            if not leaf.flags.writeable:  # perhaps immutable: kept by reference
-                return False
         shape = self._shape if layout is self._layout else self.shape_of(layout)
+        root = shape.root
+        if root is not None:  # Layout.leaves of a one-array layout, in place
+            if type(state) is not ndarray or state.dtype is not root[0] \
+                    or state.shape != root[1]:
+                return False
+            flags = state.flags
+            if not flags.c_contiguous:
+                return False
+            if not flags.writeable:  # perhaps immutable: kept by reference
+                return False
+            leaves = (state,)
+        else:
+            leaves = layout.leaves(state)
+            if leaves is None:
+                return False
+            for leaf in leaves:
+                if not leaf.flags.writeable:  # perhaps immutable: kept by reference
+                    return False
         tier = sh.tiers[level]
         nbytes = shape.nbytes
         cap = tier.capacity_bytes
@@ -131,15 +156,14 @@ class InlinePath:
                 return False
         record = self.clock.follow(SAVE, step, level)  # raises before any change
         take = self.capture.pool.take_key
-        out, sums = [], []
         t0 = time.perf_counter()
-        if shape.small:
-            for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
-                buf = take(key)
-                buf[...] = leaf
-                sums.append(digest(buf))
-                out.append(buf)
+        if shape.n == 1 and shape.small:  # one small leaf: the usual small state
+            buf = take(shape.keys[0])
+            buf[...] = leaves[0]
+            sums = [shape.hashes[0](buf)]
+            out = [buf]
         else:
+            out, sums = [], []
             for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
                 buf = take(key)
                 if digest is None:  # large: copied and hashed in one pass, streamed
@@ -155,15 +179,17 @@ class InlinePath:
         entry = Entry(step, level, level, next(sh.seq), spec, nbytes, record)
         entry.leaves, entry.owned, entry.checksums = out, list(shape.owned), sums
         entry.shape = shape
-        put = Record(spec, tuple(out), tuple(sums))
-        out = None
         # The put first, then the book-keeping in one critical section: no
         # other thread looks at a memory level's record before it is stored.
+        adopt = self.adopters[level]
         try:
-            tier.adopt(entry.key, put)
+            if adopt is not None:
+                adopt(entry.key, spec, tuple(out), tuple(sums))
+            else:
+                tier.adopt(entry.key, Record(spec, tuple(out), tuple(sums)))
         except BaseException as exc:
-            self._put_failed(entry, put, exc)
-        put = None
+            self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
+        out = None
         with sh.lock:
             sh.t["capture"] += t1 - t0
             n = sh.n
@@ -224,13 +250,27 @@ class InlinePath:
         sh = self.shared
         shape = entry.shape
         sums = entry.checksums
-        arrays = []
-        for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
+        if shape.n == 1:
+            src = entry.leaves[0]
             dst = src.copy()
-            if digest(dst) != sums[i]:
-                verify(entry, i, src, digest(dst), sums[i])
-            arrays.append(dst)
-        state = shape.layout.build(arrays)
+            got = shape.hashes[0](dst)
+            if got != sums[0]:
+                verify(entry, 0, src, got, sums[0])
+            root = shape.root
+            if root is not None and dst.dtype is root[0] and dst.shape == root[1]:
+                state = dst  # Layout.build of a one-array layout
+            else:
+                state = shape.layout.build([dst])
+            arrays = None
+        else:
+            arrays = []
+            for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
+                dst = src.copy()
+                if digest(dst) != sums[i]:
+                    verify(entry, i, src, digest(dst), sums[i])
+                arrays.append(dst)
+            state = shape.layout.build(arrays)
+        src = dst = None
         clock = self.clock
         with sh.lock:
             sh.n["loads"] += 1
@@ -267,10 +307,22 @@ class InlinePath:
             self.jobs.raise_failures()
         with sh.lock:
             sh.n["deletes"] += 1
-            self._unregister(entry)
+            del sh.index[(entry.step, entry.level)]  # as _unregister
+            if entry.record >= 0:
+                sh.by_record.pop(entry.record, None)
+            if self.pumps:
+                self.cache.pump()
             leaves, owned, digests = sh.count_delete(entry)
         if digests is None and leaves is not None and all(owned):
-            self.capture.release_owned(leaves, entry.nbytes)
+            shape = entry.shape
+            capture = self.capture
+            nbytes = entry.nbytes
+            limit = capture.hold_limit
+            if shape is not None and shape.n == 1 and (
+                    limit is None or capture.held() + nbytes <= limit):
+                capture.pool.recycle(leaves, shape.keys[0])  # as release_owned
+            else:
+                capture.release_owned(leaves, nbytes)
         else:
             self.capture.release(leaves, owned, digests)
 

@@ -129,6 +129,7 @@ class TieredStore:
         self._inline = InlinePath(sh, self._clock, self._capture, self._placement, self._jobs,
                                   self._writer, self._cache)
         self._capture.held = self._held
+        self._verify = self._restore.verify
         self._retaining = [t for t, r in zip(tiers, sh.retains) if r]
 
     def _warn_unused_tiers(self):
@@ -307,7 +308,7 @@ class TieredStore:
                     and entry.key in sh.tiers[entry.tier]:
                 # A memory record of a known structure: the short path.
                 clock.follow(LOAD, step, level)
-                state = self._inline.load(entry, self._restore.verify)
+                state = self._inline.load(entry, self._verify)
                 if sh.workers == 0:
                     self._jobs.raise_failures()
                 return state
