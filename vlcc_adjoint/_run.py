@@ -251,8 +251,8 @@ class _Run:
                 and self.signature[0] == "array" and self.u is not None \
                 and type(self.u) is np.ndarray and self.matches(self.u):
             self.array = (self.u.shape, self.u.dtype)
-        advance, reverse, load, save, delete, move = (self.advance, self.reverse, self.load,
-                                                      self.save, self.delete, self.move)
+        advance, reverse, load, save, move = (self.advance, self.reverse, self.load, self.save,
+                                              self.move)
         ADVANCE, REVERSE, LOAD, SAVE, DELETE, MOVE = _KINDS
         store = self.store
         # Which actions run in the loop (else: through their methods).
