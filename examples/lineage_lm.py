@@ -33,6 +33,7 @@ Run it (about 15 s on one core)::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import tempfile
@@ -40,7 +41,8 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 
 from vlcc_adjoint._examples import tiny_lm as lm
 from vlcc_adjoint.cli import main as vlcc
@@ -73,8 +75,14 @@ def save(repo: str, model, optimizer, step: int, loss: float, branch: str) -> st
         return h.version(branch).id
 
 
-def restore(repo: str, ref: str, model, optimizer) -> None:
-    """Load version `ref` into `model` and `optimizer` (in place) through DCP."""
+def restore(repo: str, ref: str, model, optimizer=None) -> None:
+    """Load version `ref` into `model` and `optimizer` (in place) through DCP; without an
+    optimizer, only the model's weights are read."""
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, storage_reader=VlccReader(repo, ref=ref))
+        set_model_state_dict(model, state["model"])
+        return
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     dcp.load(state, storage_reader=VlccReader(repo, ref=ref))
@@ -86,22 +94,21 @@ def train(repo, model, optimizer, data, steps, rate, every, branch, stop_on_dive
 
     **Returns:** ``(losses, versions, first_bad)``: the loss of each step (before
     its update), ``{step: version id}`` of the saves (the state after ``step``
-    steps), and the first step whose loss was above 1.5x the best (or None).
+    steps), and the first step whose loss was above 1.5x the best (or None;
+    with `stop_on_divergence`, the run is saved and stops there).
     """
-    losses, versions, best, first_bad = {}, {}, math.inf, None
+    losses, versions, best = {}, {}, math.inf
     for s in steps:
         x, y = lm.batch(data, s)
         loss = lm.train_step(model, optimizer, x, y, rate(s))
         losses[s] = loss
         bad = not math.isfinite(loss) or loss > 1.5 * best
-        if bad and first_bad is None:
-            first_bad = s
         if (s + 1) % every == 0 or (bad and stop_on_divergence):
             versions[s + 1] = save(repo, model, optimizer, s + 1, loss, branch)
+        if bad and stop_on_divergence:
+            return losses, versions, s
         best = min(best, loss)
-        if bad and stop_on_divergence and loss > 2.0 * best:
-            break
-    return losses, versions, first_bad
+    return losses, versions, None
 
 
 def main(argv=None) -> dict:
@@ -113,6 +120,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--spike", type=float, default=30.0, help="the spike's factor")
     parser.add_argument("--finetune-steps", type=int, default=60)
     parser.add_argument("--repo", help="the History directory (default: a temporary one)")
+    parser.add_argument("--record", help="write the losses and version ids to this JSON file")
     args = parser.parse_args(argv)
     lm.deterministic(0)
     grammar, addition = lm.corpus("grammar"), lm.corpus("addition", 100_000)
@@ -149,9 +157,7 @@ def main(argv=None) -> dict:
 
         # 3. Fine-tune on the second task from the tagged version (a new optimizer).
         model, _ = build(seed=2)
-        restore_opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
-        restore(repo, "pretrained", model, restore_opt)
-        start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        restore(repo, "pretrained", model)
         before = {"grammar": lm.evaluate(model, grammar), "addition": lm.evaluate(model, addition)}
         ft_opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
         with History(repo) as h:
@@ -175,14 +181,16 @@ def main(argv=None) -> dict:
         print(f"fine-tuned from 'pretrained' for {args.finetune_steps} steps: addition loss "
               f"{before['addition']:.3f} -> {after['addition']:.3f}, grammar loss "
               f"{before['grammar']:.3f} -> {after['grammar']:.3f}")
-        return {"diverged": True, "first_bad": first_bad, "good_step": good_step, "good": good,
-                "original_losses": original, "branch_losses": branch_losses,
-                "main_versions": saved, "branch_versions": branch_saved,
-                "finetune_versions": ft_saved, "finetune_losses": ft_losses,
-                "pretrained": pretrained, "start_weights": start_weights,
-                "eval_before": before, "eval_after": after, "graph": graph,
-                "branches": branches, "tags": tags, "repo": repo if args.repo else None}
-
+        result = {"diverged": True, "first_bad": first_bad, "good_step": good_step, "good": good,
+                  "original_losses": original, "branch_losses": branch_losses,
+                  "main_versions": saved, "branch_versions": branch_saved,
+                  "finetune_versions": ft_saved, "finetune_losses": ft_losses,
+                  "pretrained": pretrained, "eval_before": before, "eval_after": after,
+                  "graph": graph, "branches": branches, "tags": tags}
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
 
 if __name__ == "__main__":
     main()
