@@ -39,6 +39,7 @@ from ._gc import GCReport, KeepPolicy, collect, tree_bytes
 from ._graph import Graph, Version
 from ._info import LeafInfo, Usage, short
 from ._locks import FileLock, SharedExclusiveLock
+from ._parts import Parts
 from ._read import Reader
 from ._refs import Refs
 from ._repo import Repository
@@ -65,7 +66,7 @@ def _finish_open_histories() -> None:
 # -- History -----------------------------------------------------------------------------
 
 
-class History(Repository, Reader, Refs, CommitPipeline):
+class History(Repository, Reader, Refs, CommitPipeline, Parts):
     """A persistent, branching repository of checkpoint versions (git-like).
 
     **Arguments:**

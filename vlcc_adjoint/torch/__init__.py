@@ -1,6 +1,6 @@
 """PyTorch (and DeepSpeed) integration.
 
-Four pieces, each usable alone::
+Five pieces, each usable alone::
 
     import vlcc_adjoint.torch as vt
 
@@ -24,7 +24,11 @@ Four pieces, each usable alone::
     # 3. state_dicts (bfloat16 included) in a TieredStore or a lineage History, no pickle.
     history.commit(vt.training_state(model, optimizer), meta={"step": step})
 
-    # 4. DeepSpeed: asynchronous, versioned save_checkpoint in one line.
+    # 4. torch.distributed.checkpoint: every dcp.save a version of a History.
+    dcp.save(sd, storage_writer=vt.dcp.VlccWriter("run.vlcc", message="step 100"))
+    dcp.load(sd, storage_reader=vt.dcp.VlccReader("run.vlcc", ref="main~3"))
+
+    # 5. DeepSpeed: asynchronous, versioned save_checkpoint in one line.
     vt.VlccCheckpointEngine.attach(model_engine)
 
 Install with ``pip install torch==2.13.0`` (the ``torch`` extra pins it;
@@ -47,5 +51,6 @@ from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._offload import OffloadStats as OffloadStats
 from ._offload import offload_saved_tensors as offload_saved_tensors
 from ._deepspeed import VlccCheckpointEngine as VlccCheckpointEngine
+from . import dcp as dcp
 
 register_providers()

@@ -1,0 +1,290 @@
+"""The torch.distributed.checkpoint backend on a History (one process; see test_dcp_dist.py)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+from vlcc_adjoint.lineage import CorruptCheckpointError, History  # noqa: E402
+from vlcc_adjoint.torch.dcp import VlccReader, VlccWriter  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _train_state(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 6)).pow(2).sum().backward()
+        opt.step()
+    return model, opt
+
+
+def _state(model, opt):
+    return {"model": model.state_dict(), "optim": opt.state_dict(),
+            "scalar": torch.tensor(2.75, dtype=torch.float64),
+            "half": torch.arange(7, dtype=torch.bfloat16) / 3,
+            "extra": {"epoch": 3, "name": "run", "hist": (1, 2.5, None, float("inf")),
+                      "raw": b"\x00\xff", "pairs": ((1, "a"), {2: "b", 2.5: None})}}
+
+
+def _blank(sd):
+    """A state dict of the same structure with zeroed tensors and placeholder objects."""
+    if isinstance(sd, torch.Tensor):
+        return torch.zeros_like(sd)
+    if isinstance(sd, dict):
+        return {k: _blank(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [_blank(v) for v in sd]
+    return None
+
+
+def _assert_equal(a, b, where="sd"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _assert_equal(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, float) and a != a:
+        assert b != b, where
+    else:
+        assert a == b and type(a) is type(b), where
+
+
+def test_dcp_save_load_round_trip_is_exact(tmp_path):
+    model, opt = _train_state()
+    sd = _state(model, opt)
+    writer = VlccWriter(tmp_path / "run.vlcc", message="first", step=10)
+    dcp.save(sd, storage_writer=writer)
+    assert writer.version is not None
+    out = _blank(sd)
+    out["optim"] = _train_state(seed=1)[1].state_dict()  # a different optimizer state
+    out["extra"] = {"epoch": 0, "name": "", "hist": None, "raw": None, "pairs": None}
+    reader = VlccReader(tmp_path / "run.vlcc")
+    dcp.load(out, storage_reader=reader)
+    assert reader.version == writer.version
+    _assert_equal(sd["model"], out["model"])
+    _assert_equal(sd["optim"]["state"], out["optim"]["state"])
+    assert out["optim"]["param_groups"] == sd["optim"]["param_groups"]
+    assert out["scalar"].shape == () and out["scalar"].item() == 2.75  # 0-d stays 0-d
+    _assert_equal(sd["half"], out["half"])
+    _assert_equal(sd["extra"], out["extra"])
+    with History(tmp_path / "run.vlcc", mode="r") as h:
+        (v,) = h.log()
+        assert v.id == writer.version and v.message == "first" and v.meta["step"] == 10
+        assert v.meta["dcp"]["format"] == "vlcc-dcp/1"
+        plain = h.load(v.id)  # an ordinary version: History reads it too
+        assert np.array_equal(plain["items"]["model.0.weight@0,0"],
+                              sd["model"]["0.weight"].numpy())
+
+
+def test_every_save_is_a_version_and_refs_load_older_ones(tmp_path):
+    path = tmp_path / "run.vlcc"
+    w = torch.zeros(300, 40)
+    writer = VlccWriter(path, tags=())
+    saved = []
+    for k in range(4):
+        w += k + 1
+        writer.message, writer.step = f"step {k}", k
+        dcp.save({"w": w, "k": k}, storage_writer=writer)
+        saved.append((writer.version, w.clone()))
+    dcp.save({"w": w * 0 - 1, "k": 99}, storage_writer=VlccWriter(path, branch="side",
+                                                                 tags=("exp",)))
+    with History(path, mode="r") as h:
+        main = h.log("main")
+        assert [v.id for v in main] == [v for v, _ in reversed(saved)]
+        assert [v.parents for v in main[:-1]] == [(v,) for v, _ in reversed(saved[:-1])]
+        assert h.tags["exp"] == h.branches["side"]
+        assert h.version("side").parents == (saved[-1][0],)  # branched at main's tip
+    for back in range(4):
+        out = {"w": torch.empty(300, 40), "k": -1}
+        dcp.load(out, storage_reader=VlccReader(path, ref=f"main~{back}"))
+        assert torch.equal(out["w"], saved[3 - back][1]) and out["k"] == 3 - back
+    out = {"w": torch.empty(300, 40), "k": -1}
+    dcp.load(out, storage_reader=VlccReader(path, ref="exp"))
+    assert out["k"] == 99 and bool((out["w"] == -1).all())
+    with pytest.raises(CheckpointException, match="already names version"):
+        dcp.save({"w": w}, storage_writer=VlccWriter(path, tags=("exp",)))
+
+
+def test_deltas_store_a_small_change_as_a_small_delta(tmp_path):
+    path = tmp_path / "run.vlcc"
+    rng = np.random.default_rng(0)
+    w = torch.from_numpy(rng.standard_normal(1 << 20).astype(np.float32))  # 4 MiB
+    writer = VlccWriter(path, deltas=True)
+    dcp.save({"w": w}, storage_writer=writer)
+    with History(path, mode="r") as h:
+        first = h.usage().chunk_bytes
+    w2 = w.clone()
+    w2[1000:1100] += 1.0  # 400 bytes of one chunk
+    dcp.save({"w": w2}, storage_writer=writer)
+    with History(path, mode="r") as h:
+        assert h.deltas
+        grown = h.usage().chunk_bytes - first
+    assert 0 < grown < 64 << 10  # not a whole 1 MiB chunk again
+    for ref, want in (("main", w2), ("main~1", w)):
+        out = {"w": torch.empty_like(w)}
+        dcp.load(out, storage_reader=VlccReader(path, ref=ref))
+        assert torch.equal(out["w"], want)
+
+
+def test_unchanged_tensors_are_stored_once(tmp_path):
+    path = tmp_path / "run.vlcc"
+    big = torch.randn(512, 1024)  # 2 MiB
+    writer = VlccWriter(path)
+    dcp.save({"big": big, "small": torch.zeros(3)}, storage_writer=writer)
+    with History(path, mode="r") as h:
+        first = h.usage().chunk_bytes
+    dcp.save({"big": big, "small": torch.ones(3)}, storage_writer=writer)
+    with History(path, mode="r") as h:
+        assert h.usage().chunk_bytes - first < 16 << 10  # the small tensor and the metadata
+
+
+def test_async_save_stages_into_one_reused_area_of_the_shard_size(tmp_path):
+    path = tmp_path / "run.vlcc"
+    model, opt = _train_state()
+    sd = {"model": model.state_dict(), "optim": opt.state_dict(), "s": torch.tensor(1)}
+    shard = sum(t.numel() * t.element_size() for t in
+                list(sd["model"].values()) + [sd["s"]]
+                + [v for st in sd["optim"]["state"].values() for v in st.values()])
+    writer = VlccWriter(path)
+    pointers, snaps = [], []
+    for k in range(3):
+        snaps.append({k: v.clone() for k, v in model.state_dict().items()})
+        fut = dcp.async_save(sd, storage_writer=writer)
+        pointers.append(writer.staging.buffer.data_ptr())
+        # Training goes on while the save writes: the staged copy must not change.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        fut.result()
+    assert writer.staging.nbytes <= 1.25 * shard
+    assert writer.staging.shard_bytes == shard
+    assert len(set(pointers)) == 1 and writer.staging.reallocations == 1
+    with History(path, mode="r") as h:
+        assert len(h.log()) == 3
+    for back in range(3):
+        out = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
+        dcp.load(out, storage_reader=VlccReader(path, ref=f"main~{back}"))
+        _assert_equal(snaps[2 - back], out["model"])
+
+
+def test_a_failing_rank_write_commits_no_version(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path))
+    with pytest.raises(CheckpointException, match="does not store"):
+        dcp.save({"w": torch.zeros(4), "bad": object()}, storage_writer=VlccWriter(path))
+    with History(path, mode="r") as h:
+        assert len(h.log()) == 1
+    out = {"w": torch.empty(4)}
+    dcp.load(out, storage_reader=VlccReader(path))
+    assert bool((out["w"] == 1).all())
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+def test_reader_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no history"):
+        VlccReader(tmp_path / "missing")
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path))
+    with pytest.raises(KeyError, match="names no version"):
+        VlccReader(path, ref="main~5")
+    with pytest.raises(KeyError, match="names no version"):
+        VlccReader(path, ref="nope")
+    with History(path) as h:  # a version written by something else
+        h.commit({"w": np.ones(4)}, branch="plain")
+    with pytest.raises(ValueError, match="not written by VlccWriter"):
+        VlccReader(path, ref="plain")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        VlccWriter(tmp_path / "file")
+
+
+def _version_files(path, leaf):
+    (vdir,) = [d for d in glob.glob(os.path.join(path, "versions", "*")) if os.path.isdir(d)]
+    return sorted(glob.glob(os.path.join(vdir, str(leaf), "c*")))
+
+
+def _flip(file):
+    os.chmod(file, 0o644)
+    with open(file, "r+b") as f:
+        f.seek(3)
+        b = f.read(1)
+        f.seek(3)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def test_damaged_tensor_bytes_raise_corrupt_checkpoint_error_naming_the_file(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(1000.0)}, storage_writer=VlccWriter(path))
+    reader = VlccReader(path)  # the metadata is intact
+    (chunk,) = _version_files(path, 1)
+    _flip(chunk)  # a hard link: the content-addressed chunk file is damaged too
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"w": torch.empty(1000)}, storage_reader=reader)
+    (err,) = [e[0] if isinstance(e, tuple) else e for e in info.value.failures.values()]
+    assert isinstance(err, CorruptCheckpointError) and err.path is not None
+    assert "chunks" in err.path
+
+
+def test_damaged_metadata_raises_corrupt_checkpoint_error(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(10.0)}, storage_writer=VlccWriter(path))
+    (chunk,) = _version_files(path, 0)
+    _flip(chunk)
+    with pytest.raises(CorruptCheckpointError) as info:
+        VlccReader(path)
+    assert info.value.path is not None
+
+
+def _craft(path, edit):
+    """Rewrite a saved version's metadata document with `edit`, keeping every checksum valid
+    (a crafted store: the bytes are consistent, their meaning is not)."""
+    with History(path) as h:
+        (v,) = h.log()
+        doc = json.loads(h.read_leaf(v.id, 0).tobytes())
+        state = h.load(v.id)
+        edit(doc)
+        state["dcp_metadata"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+        h.commit(state, branch="crafted", meta=v.meta)
+        h.wait()
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["items"][0].update(dtype="object"), "unknown dtype"),
+    (lambda d: d["items"][0]["chunks"][0].update(leaf=7), "names leaf"),
+    (lambda d: d["items"][0]["chunks"][0].update(sizes=[11]), "outside its size"),
+    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "metadata says"),
+    (lambda d: d.update(format="pickle"), "not a vlcc-dcp/1"),
+    (lambda d: d["items"][1].update(value={"$x": 1}), "unknown stored value"),
+])
+def test_crafted_metadata_is_refused(tmp_path, edit, match):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(10.0), "n": 5}, storage_writer=VlccWriter(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _craft(path, lambda d: d["items"].sort(key=lambda it: it["kind"] != "tensor") or edit(d))
+    try:
+        reader = VlccReader(path, ref="crafted")
+    except CorruptCheckpointError as err:
+        assert match in str(err)
+        return
+    # Consistent enough to open: the load itself refuses it.
+    with pytest.raises(CheckpointException, match=match):
+        dcp.load({"w": torch.empty(10), "n": 0}, storage_reader=reader)
