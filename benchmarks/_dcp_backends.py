@@ -105,20 +105,19 @@ class VlccBackend:
     name = "vlcc"
 
     def __init__(self, root: str, deltas: bool = False):
-        from vlcc_adjoint.lineage import History
+        from vlcc_adjoint.torch.dcp import VlccWriter
 
         self.root, self.ids = root, []
         if deltas:
             self.name = "vlcc_deltas"
-            History(root, deltas=True).close()  # recorded in the root: every writer deltas
+        # one writer for the series (as a training loop would): it keeps the History open
+        # and reuses one staging area under dcp.async_save
+        self._writer = VlccWriter(root, branch="main", deltas=deltas)
 
     def save(self, sd: dict, i: int) -> None:
-        from vlcc_adjoint.lineage import History
-        from vlcc_adjoint.torch.dcp import VlccWriter
-
-        dcp.save(sd, storage_writer=VlccWriter(self.root, branch="main", message=f"v{i}"))
-        with History(self.root, mode="r") as h:
-            self.ids.append(h.version("main").id)
+        self._writer.message = f"v{i}"
+        dcp.save(sd, storage_writer=self._writer)
+        self.ids.append(self._writer.version)
 
     def load(self, i: int, template: dict) -> dict:
         from vlcc_adjoint.torch.dcp import VlccReader
@@ -127,9 +126,11 @@ class VlccBackend:
         return template
 
     def writer(self, step: int):
-        from vlcc_adjoint.torch.dcp import VlccWriter
+        self._writer.message, self._writer.step = f"step {step}", step
+        return self._writer
 
-        return VlccWriter(self.root, branch="main", message=f"step {step}")
+    def close(self) -> None:
+        self._writer.close()
 
 
 class FileSystemBackend:
@@ -150,6 +151,9 @@ class FileSystemBackend:
 
     def writer(self, step: int):
         return dcp.FileSystemWriter(self._dir(step))
+
+    def close(self) -> None:
+        pass
 
 
 class IcechunkBackend:
@@ -196,6 +200,9 @@ class IcechunkBackend:
         for key, t in tensors.items():
             t.copy_(torch.from_numpy(np.asarray(root[key][...])).reshape(t.shape))
         return template
+
+    def close(self) -> None:
+        pass
 
 
 def make(name: str, root: str):

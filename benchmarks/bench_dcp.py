@@ -134,6 +134,7 @@ def _one_backend(name, states, template, root, repeats) -> dict:
         backend.load(n - 1, target)
     first = copy.deepcopy(template)
     backend.load(0, first)
+    backend.close()
     return {"save_s_cold": save_s[0], "save_s_warm": statistics.median(save_s[1:]),
             "save_s": save_s, "load_s_cold": load_s[0],
             "load_s_warm": statistics.median(load_s[1:]), "load_s": load_s,
@@ -183,6 +184,8 @@ def _train_run(args, mode: str, work: str) -> float:
     if pending is not None:
         pending.result()
     seconds = time.perf_counter() - t0
+    if backend is not None:
+        backend.close()
     shutil.rmtree(root, ignore_errors=True)
     return seconds
 

@@ -5,7 +5,7 @@ parameters, one CPU thread, deterministic) learns a generated grammar.  Every
 ``--every`` steps, the model and AdamW's state are saved with the familiar
 call::
 
-    dcp.save(state_dict, storage_writer=VlccWriter(repo, branch="main", message=...))
+    dcp.save(state_dict, storage_writer=VlccWriter(repo, branch="main", step=s, meta={"loss": l}))
 
 and each save becomes a version of one ``History``.  At step ``--spike-at``
 a learning-rate spike (``--spike`` times the rate, for three steps) makes the
@@ -25,7 +25,7 @@ loss blow up.  The script then
 4. prints ``vlcc log`` (the version graph: ``main`` diverged, the two
    branches) and ``vlcc diff`` of the tips of ``main`` and ``lr-capped``.
 
-Run it (about 15 s on one core)::
+Run it (15-30 s on one core)::
 
     python examples/lineage_lm.py --repo /tmp/lm.vlcc && vlcc log /tmp/lm.vlcc
 """
@@ -33,6 +33,8 @@ Run it (about 15 s on one core)::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
@@ -66,13 +68,12 @@ def build(seed: int = 0) -> tuple[lm.TinyLM, torch.optim.AdamW]:
     return model, torch.optim.AdamW(model.parameters(), weight_decay=0.0)
 
 
-def save(repo: str, model, optimizer, step: int, loss: float, branch: str) -> str:
-    """One DCP save: a new version on `branch`; **Returns:** its id."""
+def save(writer: VlccWriter, model, optimizer, step: int, loss: float) -> str:
+    """One DCP save through `writer`: a new version on its branch; **Returns:** its id."""
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd},
-             storage_writer=VlccWriter(repo, branch=branch, message=f"step {step} loss {loss:.4f}"))
-    with History(repo, mode="r") as h:
-        return h.version(branch).id
+    writer.step, writer.meta = step, {"loss": loss}
+    dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
+    return writer.version
 
 
 def restore(repo: str, ref: str, model, optimizer=None) -> None:
@@ -89,8 +90,9 @@ def restore(repo: str, ref: str, model, optimizer=None) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def train(repo, model, optimizer, data, steps, rate, every, branch, stop_on_divergence=False):
-    """Train over `steps`, saving every `every` steps on `branch`.
+def train(repo, model, optimizer, data, steps, rate, every, branch, message,
+          stop_on_divergence=False):
+    """Train over `steps`, saving every `every` steps on `branch` (versions named `message`).
 
     **Returns:** ``(losses, versions, first_bad)``: the loss of each step (before
     its update), ``{step: version id}`` of the saves (the state after ``step``
@@ -98,16 +100,19 @@ def train(repo, model, optimizer, data, steps, rate, every, branch, stop_on_dive
     with `stop_on_divergence`, the run is saved and stops there).
     """
     losses, versions, best = {}, {}, math.inf
+    writer = VlccWriter(repo, branch=branch, message=message)  # one writer per run: it keeps the history open
     for s in steps:
         x, y = lm.batch(data, s)
         loss = lm.train_step(model, optimizer, x, y, rate(s))
         losses[s] = loss
         bad = not math.isfinite(loss) or loss > 1.5 * best
         if (s + 1) % every == 0 or (bad and stop_on_divergence):
-            versions[s + 1] = save(repo, model, optimizer, s + 1, loss, branch)
+            versions[s + 1] = save(writer, model, optimizer, s + 1, loss)
         if bad and stop_on_divergence:
+            writer.close()
             return losses, versions, s
         best = min(best, loss)
+    writer.close()
     return losses, versions, None
 
 
@@ -131,7 +136,8 @@ def main(argv=None) -> dict:
         spiky = lambda s: schedule(s, args.peak, args.spike_at, args.spike)  # noqa: E731
         model, opt = build()
         original, saved, first_bad = train(repo, model, opt, grammar, range(args.steps), spiky,
-                                           args.every, "main", stop_on_divergence=True)
+                                           args.every, "main", "pre-training",
+                                           stop_on_divergence=True)
         if first_bad is None:
             print(f"no divergence with a spike of {args.spike}x; nothing to backtrack")
             return {"diverged": False}
@@ -150,7 +156,7 @@ def main(argv=None) -> dict:
         restore(repo, good, model, opt)
         branch_losses, branch_saved, _ = train(repo, model, opt, grammar,
                                                range(good_step, args.steps), capped, args.every,
-                                               "lr-capped")
+                                               "lr-capped", "rate capped")
         pretrained = branch_saved[max(branch_saved)]
         with History(repo) as h:
             h.tag("pretrained", pretrained)
@@ -163,14 +169,19 @@ def main(argv=None) -> dict:
         with History(repo) as h:
             h.branch("finetune-addition", at=pretrained)
         ft_losses, ft_saved, _ = train(repo, model, ft_opt, addition, range(args.finetune_steps),
-                                       lambda s: 1e-3, 20, "finetune-addition")
+                                       lambda s: 1e-3, 20, "finetune-addition", "fine-tune")
         after = {"grammar": lm.evaluate(model, grammar), "addition": lm.evaluate(model, addition)}
 
         # 4. The graph and the difference between the diverged and the capped run.
         print("\n$ vlcc log", repo)
         vlcc(["log", repo])
-        print("\n$ vlcc diff", repo, "main lr-capped")
-        vlcc(["diff", repo, "main", "lr-capped"])
+        print("\n$ vlcc diff", repo, "main lr-capped    # the model's rows")
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            vlcc(["diff", repo, "main", "lr-capped"])
+        rows = text.getvalue().splitlines()
+        optimizer_rows = [r for r in rows if "['optim." in r]
+        print("\n".join(r for r in rows if r not in optimizer_rows))
+        print(f"  ... and {len(optimizer_rows)} rows of AdamW's state")
         with History(repo, mode="r") as h:
             graph = {v.id: list(v.parents) for v in h.log(all=True)}
             branches, tags = dict(h.branches), dict(h.tags)
