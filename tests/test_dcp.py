@@ -149,9 +149,11 @@ def test_unchanged_tensors_are_stored_once(tmp_path):
     dcp.save({"big": big, "small": torch.zeros(3)}, storage_writer=writer)
     with History(path, mode="r") as h:
         first = h.usage().chunk_bytes
+    assert writer.written_bytes >= big.numel() * 4
     dcp.save({"big": big, "small": torch.ones(3)}, storage_writer=writer)
+    assert 0 < writer.written_bytes < 16 << 10  # the small tensor and the metadata
     with History(path, mode="r") as h:
-        assert h.usage().chunk_bytes - first < 16 << 10  # the small tensor and the metadata
+        assert h.usage().chunk_bytes - first == writer.written_bytes
 
 
 def test_async_save_stages_into_one_reused_area_of_the_shard_size(tmp_path):
@@ -181,6 +183,22 @@ def test_async_save_stages_into_one_reused_area_of_the_shard_size(tmp_path):
         out = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
         dcp.load(out, storage_reader=VlccReader(path, ref=f"main~{back}"))
         _assert_equal(snaps[2 - back], out["model"])
+
+
+def test_staging_area_waits_for_the_save_that_uses_it():
+    from vlcc_adjoint.torch._dcp_stage import StagingArea
+
+    area = StagingArea(timeout=0.3)
+    sd = {"a": torch.arange(10.0), "b": [torch.ones(3, dtype=torch.int8)], "c": 5}
+    staged = area.stage(sd)
+    assert torch.equal(staged["a"], sd["a"]) and staged["c"] == 5
+    assert area.nbytes == area.shard_bytes == 43
+    with pytest.raises(TimeoutError, match="still uses its staging area"):
+        area.stage(sd)  # the first staged copy is alive and was not released
+    del staged  # a save that failed before writing drops it: the area is free again
+    again = area.stage(sd)
+    area.release()
+    assert torch.equal(again["b"][0], sd["b"][0]) and area.reallocations == 1
 
 
 def test_a_failing_rank_write_commits_no_version(tmp_path):
@@ -270,7 +288,7 @@ def _craft(path, edit):
     (lambda d: d["items"][0].update(dtype="object"), "unknown dtype"),
     (lambda d: d["items"][0]["chunks"][0].update(leaf=7), "names leaf"),
     (lambda d: d["items"][0]["chunks"][0].update(sizes=[11]), "outside its size"),
-    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "metadata says"),
+    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "the metadata says"),
     (lambda d: d.update(format="pickle"), "not a vlcc-dcp/1"),
     (lambda d: d["items"][1].update(value={"$x": 1}), "unknown stored value"),
 ])

@@ -28,6 +28,7 @@ PUBLIC_MODULES = {
     "vlcc_adjoint.lineage": "lineage.md",
     "vlcc_adjoint.jax": "jax.md",
     "vlcc_adjoint.torch": "torch.md",
+    "vlcc_adjoint.torch.dcp": "torch.md",
     "vlcc_adjoint.mpi": "mpi.md",
     "vlcc_adjoint.devito": "devito.md",
 }

@@ -119,6 +119,16 @@ sweeps it.  Moving or copying the directory (``cp -r``, ``rsync -H``,
 ``vlcc export``/``vlcc import``) moves the repository: nothing in it names an
 absolute path.
 
+**Versions written by several processes.**  ``History.stage(arrays)`` writes
+the chunks of one process's arrays (nothing visible yet) and returns small
+JSON leaf entries; one process then publishes every process's entries as
+one version with ``History.commit_staged(spec, entries, ...)``, atomically,
+or not at all (staged chunks that no version uses are swept by ``gc``).
+``History.read_leaf(ref, i, rows=...)`` reads one leaf, or a range of its
+rows, without the rest of the version.  The ``torch.distributed.checkpoint``
+backend (:mod:`vlcc_adjoint.torch.dcp`) is built on these
+(:mod:`vlcc_adjoint._lineage._parts`).
+
 Costs: a commit blocks the caller for a hash of the state plus a copy of its
 new chunks; space grows with the chunks that change, not with the versions;
 the graph file is rewritten whole at every publication (a few hundred bytes

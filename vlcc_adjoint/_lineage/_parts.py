@@ -205,13 +205,16 @@ class Parts:
         self._refresh()
         return vid
 
-    def read_leaf(self, ref: str, index: int) -> np.ndarray:
-        """One leaf of a version, verified (every chunk's checksum), without the others.
+    def read_leaf(self, ref: str, index: int, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """One leaf of a version (or a range of its rows), verified, without the others.
 
         **Arguments:**
 
         - `ref`: a ref (branch, tag, id, ``"main~2"``...).
         - `index`: the leaf's index in the version (its order in the state spec).
+        - `rows`: ``(start, stop)``: only the rows ``start:stop`` along the first
+          axis; only the chunks holding them are read (a leaf's chunks are
+          contiguous runs of its C-order bytes).  ``None``: the whole leaf.
 
         **Returns:** a new numpy array.  Damage raises
         :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file;
@@ -221,12 +224,36 @@ class Parts:
         g = self._sync()
         vid = self._resolve(g, ref)
         m = self._manifest(vid)
-        if not (isinstance(index, int) and 0 <= index < len(m.leaves)):
+        if not (type(index) is int and 0 <= index < len(m.leaves)):
             raise IndexError(f"version {vid} has {len(m.leaves)} leaves, not a leaf {index!r}")
+        layout, cfg, addrs = m.leaves[index]
+        if rows is not None:
+            start, stop = rows
+            if not (layout.shape and type(start) is int and type(stop) is int
+                    and 0 <= start <= stop <= layout.shape[0]):
+                raise IndexError(f"rows {rows!r} are not a range of leaf {index} of version {vid} "
+                                 f"(shape {list(layout.shape)})")
         with self._gc_lock.shared():
             if not os.path.lexists(self._p(F.VERSIONS, vid)):
                 raise KeyError(f"version {vid} was removed from {self.path} by gc")
-            return self._read_leaf(m, index, f"#{index}")
+            if rows is None:
+                return self._read_leaf(m, index, f"#{index}")
+            where = f"leaf #{index} ({layout.dtype.str}{list(layout.shape)}), rows {start}:{stop}"
+            out_shape = (stop - start,) + tuple(layout.shape[1:])
+            row_bytes = layout.nbytes // layout.shape[0] if layout.shape[0] else 0
+            self._check_alloc(m, row_bytes * (stop - start), where)
+            out = np.empty(out_shape, layout.dtype)
+            lo, hi = start * row_bytes, stop * row_bytes
+            if hi == lo:
+                return out
+            flat = byte_view(out)
+            for j, ((off, valid, _), addr) in enumerate(zip(layout.spans(), addrs)):
+                if off + valid <= lo or off >= hi:
+                    continue
+                data = self._read_chunk(m, where, j, addr, layout, cfg, None)
+                a, b = max(lo, off), min(hi, off + valid)
+                flat[a - lo:b - lo] = memoryview(data).cast("B")[a - off:b - off]
+            return out
 
     def leaf_count(self, ref: str) -> int:
         """The number of leaves of a version (its manifest is read and verified)."""

@@ -41,11 +41,13 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 
 from ._state import _DTYPES, _NAME_OF
 
-__all__ = ["FORMAT", "decode_metadata", "decode_value", "encode_metadata", "encode_value",
+__all__ = ["FORMAT", "META_KEY", "decode_metadata", "decode_value", "encode_metadata", "encode_value",
            "storage_key"]
 
 #: The format name written into every document; others are refused on read.
 FORMAT = "vlcc-dcp/1"
+#: The key of the version metadata that marks a version written by VlccWriter.
+META_KEY = "dcp"
 MAX_DEPTH = 64
 
 

@@ -19,8 +19,9 @@ keeps **one** flat byte buffer per writer:
 - every later save with the same layout copies into the same pages;
 - a save's copy must not be overwritten while that save still writes from
   it: :meth:`StagingArea.stage` waits until the previous save released the
-  area (:meth:`StagingArea.release`, called by the writer when its data is
-  written, or when the save failed).
+  area (:meth:`StagingArea.release`, called by the writer once its data is
+  staged into the history), or until the previous staged state dict is
+  gone (a save that failed before writing).
 
 The staged state dict has the structure of the original: a plain tensor
 becomes a view of the buffer, a DTensor a DTensor over such a view (same
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
+import weakref
 from typing import Any
 
 import torch
@@ -66,6 +69,7 @@ class StagingArea:
         self.reallocations = 0
         self._free = threading.Event()
         self._free.set()
+        self._staged: weakref.ref | None = None  # a view of the last staged state dict
 
     @property
     def nbytes(self) -> int:
@@ -76,13 +80,22 @@ class StagingArea:
         """Mark the area free: the save that staged into it no longer reads it."""
         self._free.set()
 
+    def _wait_free(self) -> None:
+        """Wait until the previous save released the area, or dropped its staged state
+        dict (a save that failed before writing never calls :meth:`release`)."""
+        deadline = time.monotonic() + self.timeout
+        while not self._free.wait(0.05):
+            if self._staged is None or self._staged() is None:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the previous async_save of this VlccWriter still uses its staging area "
+                    f"after {self.timeout:.0f} s; wait for that save's future (.result()) before "
+                    "the next async_save, or give each concurrent save its own VlccWriter")
+
     def stage(self, state_dict: dict) -> dict:
         """Copy `state_dict`'s tensors into the area; return the staged state dict."""
-        if not self._free.wait(self.timeout):
-            raise TimeoutError(
-                f"the previous async_save of this VlccWriter still uses its staging area after "
-                f"{self.timeout:.0f} s; wait for that save's future (.result()) before the next "
-                "async_save, or give each concurrent save its own VlccWriter")
+        self._wait_free()
         self._free.clear()
         try:
             return self._stage(state_dict)
@@ -106,6 +119,7 @@ class StagingArea:
                     collect(v)
 
         collect(state_dict)
+        self._staged = None
         # Largest item size first: each offset is then a multiple of its item size.
         order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
         offsets = [0] * len(tensors)
@@ -129,6 +143,8 @@ class StagingArea:
                 n = local.numel() * local.element_size()
                 view = buf[offsets[i]:offsets[i] + n].view(local.dtype).view(local.shape)
                 view.copy_(local.detach())
+                if i == 0:  # alive as long as the staged state dict is
+                    self._staged = weakref.ref(view)
                 if dtensor is not None and isinstance(obj, dtensor):
                     return dtensor.from_local(view, obj.device_mesh, obj.placements,
                                               run_check=False, shape=obj.shape,

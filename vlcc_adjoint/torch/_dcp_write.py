@@ -1,0 +1,303 @@
+"""The writing half of :mod:`vlcc_adjoint.torch.dcp`: :class:`VlccWriter`.
+
+See :mod:`vlcc_adjoint.torch.dcp` for how a save maps onto a History.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+
+from ..lineage import CorruptCheckpointError, History
+from ._dcp_meta import FORMAT, META_KEY, encode_metadata, encode_value, storage_key
+from ._dcp_read import read_document
+from ._dcp_stage import StagingArea
+from ._state import tensor_to_numpy
+
+__all__ = ["VlccWriter"]
+
+
+def _spec(keys: Sequence[str], entries: Sequence[dict]) -> dict:
+    """The state spec of a version: ``{"dcp_metadata": leaf 0, "items": {key: leaf i}}``."""
+    return {"format": "vlcc-state/1",
+            "tree": {"dict": ["dcp_metadata", "items"],
+                     "items": [{"leaf": 0}, {"dict": list(keys),
+                                            "items": [{"leaf": i + 1} for i in range(len(keys))]}]},
+            "leaves": [{"dtype": e["dtype"], "shape": e["shape"]} for e in entries]}
+
+
+def _check_path(path: str | os.PathLike) -> str:
+    """`path` made absolute; ``NotADirectoryError`` when it exists and is no directory."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"{path} is not a directory; a VlccWriter saves into a history "
+                                 "directory: give a new path (it is created) or a history's")
+    return path
+
+
+class VlccWriter(StorageWriter, AsyncStager):
+    """A DCP ``StorageWriter`` that saves every checkpoint as a version of a History.
+
+    **Arguments:**
+
+    - `path`: the history's directory (created if missing; shared by all ranks).
+    - `branch`: the branch each save appends to (created at the first save).
+    - `message`: the version's one-line message (may be changed between saves:
+      ``writer.message = ...``).
+    - `tags`: tags to put on the version once it is committed (an existing tag
+      is refused before anything is written).
+    - `deltas`: ``True`` stores changed chunks as compressed XOR deltas against
+      the parent version's (see :mod:`vlcc_adjoint.lineage`); ``None`` (default):
+      as the history says.
+    - `step`: stored in the version's metadata as ``"step"`` (``log`` shows it).
+    - `meta`: more JSON metadata for the version.
+
+    Use one writer for a series of saves: :meth:`stage` (the ``dcp.async_save``
+    path) then reuses one host staging area (:mod:`._dcp_stage`; its size is
+    ``writer.staging.nbytes``).  After a save, :attr:`version` is the new
+    version's id (on the coordinator) and :attr:`written_bytes` the chunk bytes
+    this process wrote (unchanged chunks cost none).
+    """
+
+    _synchronize_after_execute: bool = False  # stage() copies synchronously
+
+    def __init__(self, path: str | os.PathLike, branch: str = "main", message: str = "",
+                 tags: Sequence[str] = (), deltas: bool | None = None, *,
+                 step: int | None = None, meta: dict | None = None):
+        super().__init__()
+        if not isinstance(branch, str):
+            raise TypeError(f"branch must be a str, got {type(branch).__name__}")
+        if isinstance(tags, str):
+            tags = (tags,)
+        self.path = _check_path(path)
+        self.branch = branch
+        self.message = message
+        self.tags = tuple(tags)
+        self.deltas = deltas
+        self.step = step
+        self.meta = dict(meta or {})
+        self.version: str | None = None
+        self.written_bytes = 0
+        self.staging = StagingArea()
+        self._history: History | None = None
+        self._save_id = uuid.uuid4().hex
+        self.rank = 0
+        self.is_coordinator = True
+
+    # -- the history ---------------------------------------------------------------
+
+    def _open(self) -> History:
+        if self._history is None or self._history.path != self.path:
+            if self._history is not None:
+                self._history.close()
+            self._history = History(self.path, deltas=self.deltas)
+        return self._history
+
+    def close(self) -> None:
+        """Close the history this writer opened (it opens it again on the next save)."""
+        if self._history is not None:
+            self._history.close()
+            self._history = None
+
+    # -- StorageWriter -------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """A new path (DCP calls it when ``dcp.save`` is given a `checkpoint_id`).
+
+        **Arguments:**
+
+        - `checkpoint_id`: the history directory to save into from now on.
+        """
+        if checkpoint_id:
+            self.path = _check_path(checkpoint_id)
+        self._save_id = uuid.uuid4().hex
+        self.written_bytes = 0
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Start a save on this process (DCP calls it at every save).
+
+        **Arguments:**
+
+        - `is_coordinator`: whether this process commits the version.
+        - `kwargs`: DCP's ``rank`` (and ``use_collectives``).
+        """
+        self.is_coordinator = bool(is_coordinator)
+        self.rank = kwargs.get("rank") or 0
+        self._save_id = uuid.uuid4().hex
+        self.written_bytes = 0
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Nothing to add to a rank's plan.
+
+        **Arguments:**
+
+        - `plan`: this rank's save plan (returned as it is).
+        """
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """On the coordinator: open (create) the history, check the branch and tags, and
+        give every rank the parent version (the delta base).
+
+        **Arguments:**
+
+        - `plans`: every rank's plan.
+
+        **Returns:** the plans, each carrying the parent version's id.
+        """
+        try:
+            h = self._open()
+            tags = h.tags
+            taken = [t for t in self.tags if t in tags]
+            if taken:
+                raise ValueError(f"tag {taken[0]!r} already names version {tags[taken[0]]} in "
+                                 f"{self.path}; choose another tag, or move it afterwards with "
+                                 "History.tag(name, version, force=True)")
+            parent = h.branches.get(self.branch)
+        except BaseException:
+            self.staging.release()
+            raise
+        return [dataclasses.replace(p, storage_data={"parent": parent}) for p in plans]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Stage this rank's items into the history (chunks only: no version yet).
+
+        **Arguments:**
+
+        - `plan`: this rank's plan (its items and the parent version).
+        - `planner`: DCP's planner, which resolves each item to a tensor or object.
+
+        **Returns:** a completed future of the write results (JSON leaf entries
+        for tensors, JSON values for other items), gathered by DCP for ``finish``.
+        """
+        try:
+            results = self._write(plan, planner)
+        finally:
+            self.staging.release()  # the staged copy has been read
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
+        h = self._open()
+        parent = (plan.storage_data or {}).get("parent")
+        results: list[WriteResult] = []
+        arrays, items = [], []
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                if hasattr(planner, "lookup_object"):
+                    obj = planner.lookup_object(item.index)
+                else:  # a planner of another kind: its stream, read back as plain data
+                    stream = planner.resolve_data(item)
+                    stream.seek(0)
+                    obj = torch.load(stream, weights_only=True)
+                value = encode_value(obj, f"state_dict[{item.index.fqn!r}]")
+                results.append(WriteResult(index=item.index, size_in_bytes=0,
+                                           storage_data={"value": value}))
+                continue
+            t = planner.resolve_data(item)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"the planner resolved {item.index.fqn!r} to a "
+                                f"{type(t).__name__}, not a tensor")
+            t = t.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            arr = tensor_to_numpy(t.contiguous())
+            arrays.append(arr.reshape(tuple(t.shape)))  # 0-d stays 0-d
+            items.append(item)
+        bases = None
+        if parent is not None and h.deltas:
+            bases = self._parent_leaves(h, parent, [storage_key(i.index) for i in items])
+        entries = h.stage(arrays, base=parent if bases else None, base_leaves=bases)
+        self.written_bytes += sum(e["written"] for e in entries)
+        for item, arr, entry in zip(items, arrays, entries):
+            results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
+                                       storage_data={"key": storage_key(item.index),
+                                                     "leaf": entry}))
+        return results
+
+    @staticmethod
+    def _parent_leaves(h: History, parent: str, keys: list[str]) -> list[int | None] | None:
+        """Per key, the index of the parent version's leaf holding it (delta bases)."""
+        try:
+            _md, storage = read_document(h, parent)
+        except (ValueError, KeyError, CorruptCheckpointError):
+            return None  # not a DCP version, or unreadable: full chunks
+        where = {}
+        for index, info in storage.items():
+            if info[0] == "leaf":
+                where[storage_key(index)] = info[1]
+        return [where.get(k) for k in keys]
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """On the coordinator: commit every rank's staged items as one version.
+
+        **Arguments:**
+
+        - `metadata`: DCP's metadata of the save (stored as JSON, leaf 0).
+        - `results`: every rank's write results.
+        """
+        h = self._open()
+        entries: dict[str, dict] = {}
+        values: dict[str, Any] = {}
+        for rank_results in results:
+            for wr in rank_results:
+                sd = wr.storage_data
+                if not isinstance(sd, dict):
+                    raise TypeError(f"write result for {wr.index.fqn!r} is not from a VlccWriter")
+                if "value" in sd:
+                    values[wr.index.fqn] = sd["value"]
+                else:
+                    entries[sd["key"]] = sd["leaf"]
+        keys = sorted(entries)
+        leaf_of = {k: i + 1 for i, k in enumerate(keys)}
+        metadata.storage_meta = self.storage_meta()
+        doc = encode_metadata(metadata, leaf_of, values)
+        text = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+        first = h.stage([np.frombuffer(text, np.uint8)])[0]
+        self.written_bytes += first["written"]
+        leaves = [first] + [entries[k] for k in keys]
+        meta = {} if self.step is None else {"step": self.step}
+        meta.update(self.meta)
+        meta[META_KEY] = {"format": FORMAT, "items": len(doc["items"]), "leaves": len(keys),
+                          "ranks": len(results)}
+        self.version = h.commit_staged(_spec(keys, leaves), leaves,
+                                       self.message, meta, branch=self.branch)
+        for tag in self.tags:
+            h.tag(tag, self.version)
+
+    def storage_meta(self) -> StorageMeta | None:
+        """The checkpoint id (the path) and this save's id."""
+        return StorageMeta(checkpoint_id=self.path, save_id=self._save_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """Whether `checkpoint_id` is a local path (**Arguments:** `checkpoint_id`)."""
+        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+
+    # -- AsyncStager (dcp.async_save) -----------------------------------------------
+
+    def stage(self, state_dict: dict) -> dict:
+        """Copy `state_dict` into this writer's reusable staging area (``dcp.async_save``).
+
+        **Arguments:**
+
+        - `state_dict`: the state dict being saved.
+
+        **Returns:** a state dict of the same structure over the staging area;
+        training may change the original at once.  The area holds exactly the
+        rank's shard (``writer.staging.nbytes``) and is reused by every save.
+        """
+        return self.staging.stage(state_dict)
