@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 import warnings
 
@@ -50,28 +49,6 @@ def disk_bytes(root: str) -> int:
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """The peak resident set size above its value on entry, sampled every `interval` s."""
-
-    def __init__(self, interval: float = 0.002):
-        self.interval, self.peak = interval, 0
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, _rss() - self._base)
-
-    def __enter__(self) -> "PeakRSS":
-        self._base, self._stop = _rss(), threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss() - self._base)
 
 
 def flatten(sd, prefix: str = "") -> tuple[dict, dict]:
@@ -104,10 +81,10 @@ def _chunks(shape: tuple, itemsize: int) -> tuple:
 class VlccBackend:
     name = "vlcc"
 
-    def __init__(self, root: str, deltas: bool = False):
+    def __init__(self, root: str, deltas: bool = False, ids: list | None = None):
         from vlcc_adjoint.torch.dcp import VlccWriter
 
-        self.root, self.ids = root, []
+        self.root, self.ids = root, list(ids or [])
         if deltas:
             self.name = "vlcc_deltas"
         # one writer for the series (as a training loop would): it keeps the History open
@@ -136,11 +113,15 @@ class VlccBackend:
 class FileSystemBackend:
     name = "dcp_fs"
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, ids: list | None = None):
         self.root = root
 
     def _dir(self, i: int) -> str:
         return os.path.join(self.root, f"v{i}")
+
+    @property
+    def ids(self) -> list:
+        return sorted(int(d[1:]) for d in os.listdir(self.root) if d.startswith("v"))
 
     def save(self, sd: dict, i: int) -> None:
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(self._dir(i)))
@@ -159,13 +140,15 @@ class FileSystemBackend:
 class IcechunkBackend:
     name = "icechunk"
 
-    def __init__(self, root: str, changed_only: bool = False):
+    def __init__(self, root: str, changed_only: bool = False, ids: list | None = None):
         import icechunk
 
-        self.root, self.changed_only, self.ids = root, changed_only, []
+        self.root, self.changed_only, self.ids = root, changed_only, list(ids or [])
         if changed_only:
             self.name = "icechunk_changed"
-        self.repo = icechunk.Repository.create(icechunk.local_filesystem_storage(root))
+        storage = icechunk.local_filesystem_storage(root)
+        self.repo = (icechunk.Repository.open(storage) if ids else
+                     icechunk.Repository.create(storage))
         self._last: dict[str, bytes] = {}
 
     def save(self, sd: dict, i: int) -> None:
@@ -205,19 +188,42 @@ class IcechunkBackend:
         pass
 
 
-def make(name: str, root: str):
-    """A backend by name (see the module docstring)."""
-    if name == "vlcc":
-        return VlccBackend(root)
-    if name == "vlcc_deltas":
-        return VlccBackend(root, deltas=True)
+def make(name: str, root: str, ids: list | None = None):
+    """A backend by name (see the module docstring); with `ids`, an existing store whose
+    versions 0, 1, ... are those ids (to load them)."""
+    if name in ("vlcc", "vlcc_deltas"):
+        return VlccBackend(root, deltas=name == "vlcc_deltas", ids=ids)
     if name == "dcp_fs":
-        return FileSystemBackend(root)
-    if name == "icechunk":
-        return IcechunkBackend(root)
-    if name == "icechunk_changed":
-        return IcechunkBackend(root, changed_only=True)
+        return FileSystemBackend(root, ids)
+    if name in ("icechunk", "icechunk_changed"):
+        return IcechunkBackend(root, changed_only=name == "icechunk_changed", ids=ids)
     raise ValueError(f"unknown backend {name!r}")
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field} line (Linux only)")
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's record of this process's peak resident set size (``VmHWM``) to
+    its resident set size now (Linux: ``5`` written to ``/proc/self/clear_refs``), so the
+    next :func:`peak_rss_above` sees only what comes after."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_above(start: int) -> int:
+    """The peak resident set size since :func:`reset_peak_rss` (``VmHWM``) above `start`."""
+    return max(0, _status("VmHWM") - start)
+
+
+def rss() -> int:
+    """The process's resident set size now, in bytes."""
+    return _rss()
 
 
 def timed(fn, *args) -> float:

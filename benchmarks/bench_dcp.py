@@ -32,22 +32,28 @@ bytes changed).  Two workloads:
 
 Measured for each (workload, backend), all versions saved first, then read:
 ``save_s_cold`` (the first save, the store is created), ``save_s_warm``
-(median of saves 2..N-1), ``load_s_cold`` (the first load of the last
+(median of saves 2..N), ``load_s_cold`` (the first load of the last
 version, by fresh reader objects; the page cache is warm: nothing here
 drops it), ``load_s_warm`` (median of ``--repeats`` further loads),
 ``bytes_first`` and ``bytes_per_version`` (growth of the store's files per
-later version, each inode once), and the host memory above the process's
-resident set before the call, peak sampled every 2 ms during the last save
-(``rss_save_bytes``) and one extra load (``rss_load_bytes``); those two calls
-are not timed.  ``restored_equal``: the loaded tensors equal the saved ones.
+later version, each inode once), ``restored_equal`` (the loaded tensors of
+the first and last versions equal the saved ones).  Host memory, each in a
+fresh process, its record of the peak reset just before the call (Linux
+``VmHWM``, reset through ``/proc/self/clear_refs``): the peak resident memory
+above the resident memory just before one save into a
+new store (``rss_save_bytes``) and one load of the last version
+(``rss_load_bytes``), with those calls' times (``*_new_process``).
 
 ``training``: the slowdown of ``--train-steps`` steps with a checkpoint every
 ``--k`` steps, against the same steps without any, for ``dcp.save`` and
 ``dcp.async_save`` (thread; the next save waits for the previous one, the
 last one is waited for before the clock stops) with each writer.  Modes run
 interleaved, in rotated order, ``--train-repeats`` times; per repeat, the
-ratio to that repeat's run without checkpoints.  The machine is shared: the
-load average before and after is recorded, and every ratio is kept.
+ratio to that repeat's run without checkpoints.  Each run is a fresh process,
+so its peak resident memory above the start of the loop (``rss_peak_bytes``)
+is the run's own: the memory checkpointing adds (staging copies included).
+The machine is shared: the load average before and after is recorded, and
+every ratio is kept.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +83,8 @@ import _dcp_backends as B  # noqa: E402
 from vlcc_adjoint._examples import tiny_lm as lm  # noqa: E402
 
 BACKENDS = ["vlcc", "vlcc_deltas", "dcp_fs", "icechunk", "icechunk_changed"]
+CONFIG = ("d_model", "layers", "rank", "batch", "versions", "k", "repeats", "train_steps",
+          "train_repeats")
 
 
 def _setup(args, adapters: bool):
@@ -117,21 +126,14 @@ def _one_backend(name, states, template, root, repeats) -> dict:
     backend = B.make(name, root)
     n = len(states)
     save_s, after = [], []
-    for i, sd in enumerate(states[:-1]):
+    for i, sd in enumerate(states):
         save_s.append(B.timed(backend.save, sd, i))
         after.append(B.disk_bytes(root))
-    with B.PeakRSS() as save_mem:
-        backend.save(states[-1], n - 1)
-    after.append(B.disk_bytes(root))
     load_s = []
     for _ in range(1 + repeats):
         target = copy.deepcopy(template)
         gc.collect()
         load_s.append(B.timed(backend.load, n - 1, target))
-    target = copy.deepcopy(template)
-    gc.collect()
-    with B.PeakRSS() as load_mem:
-        backend.load(n - 1, target)
     first = copy.deepcopy(template)
     backend.load(0, first)
     backend.close()
@@ -140,8 +142,57 @@ def _one_backend(name, states, template, root, repeats) -> dict:
             "load_s_warm": statistics.median(load_s[1:]), "load_s": load_s,
             "bytes_after": after, "bytes_first": after[0],
             "bytes_per_version": (after[-1] - after[0]) / (n - 1),
-            "rss_save_bytes": save_mem.peak, "rss_load_bytes": load_mem.peak,
-            "restored_equal": _equal(target, states[-1]) and _equal(first, states[0])}
+            "restored_equal": _equal(target, states[-1]) and _equal(first, states[0]),
+            "ids": [str(i) for i in backend.ids]}
+
+
+def _child(task: dict) -> dict:
+    """Run `task` in a fresh interpreter (its peak memory is its own); its JSON answer."""
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(task)],
+                          capture_output=True, text=True, timeout=1800, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the child process for {task['kind']} ({task.get('name')}) failed:\n"
+                           + done.stdout[-2000:] + done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _run_child(task: dict) -> dict:
+    """In the child: build the state, then time one save, load or training run, with the
+    peak resident memory above the resident memory just before it."""
+    args = argparse.Namespace(**task["config"])
+    lm.deterministic(0)
+    if task["kind"] == "train":
+        return _train_run(args, task["name"], task["dir"])
+    adapters = task["workload"] == "adapters"
+    model, opt = _setup(args, adapters)
+    lm.train_step(model, opt, *lm.batch(lm.corpus("grammar", 5_000), 0, 2), 1e-3)
+    state = _state(model, opt)
+    if task["kind"] == "save":
+        backend = B.make(task["name"], task["root"])
+        op = lambda: backend.save(state, 0)  # noqa: E731
+    else:
+        backend = B.make(task["name"], task["root"], ids=task["ids"])
+        op = lambda: backend.load(len(task["ids"]) - 1, state)  # noqa: E731
+    gc.collect()
+    B.reset_peak_rss()
+    start = B.rss()
+    seconds = B.timed(op)
+    peak = B.peak_rss_above(start)
+    backend.close()
+    return {"seconds": seconds, "rss_start": start, "rss_peak_above_start": peak}
+
+
+def _memory(args, work, workload, name, root, ids) -> dict:
+    """A save into a new store and a load of the last version, each in a fresh process."""
+    config = {k: getattr(args, k) for k in CONFIG}
+    save = _child({"kind": "save", "config": config, "workload": workload, "name": name,
+                   "root": os.path.join(work, f"mem-{workload}-{name}")})
+    load = _child({"kind": "load", "config": config, "workload": workload, "name": name,
+                   "root": root, "ids": ids})
+    return {"rss_save_bytes": save["rss_peak_above_start"],
+            "rss_load_bytes": load["rss_peak_above_start"],
+            "save_s_new_process": save["seconds"], "load_s_new_process": load["seconds"]}
 
 
 def storage(args, work: str, adapters: bool) -> dict:
@@ -152,18 +203,22 @@ def storage(args, work: str, adapters: bool) -> dict:
     template = _state(model, opt)
     out = {"state_bytes": total, "trainable_bytes": trainable, "versions": len(states),
            "steps_between": args.k, "backends": {}}
+    workload = "adapters" if adapters else "full"
     for name in args.backends:
-        root = os.path.join(work, f"{'adapters' if adapters else 'full'}-{name}")
+        root = os.path.join(work, f"{workload}-{name}")
         r = _one_backend(name, states, template, root, args.repeats)
         r["per_version_vs_state"] = r["bytes_per_version"] / total
         r["per_version_vs_trainable"] = r["bytes_per_version"] / trainable
+        if name in args.memory_backends:
+            r.update(_memory(args, work, workload, name, root, r["ids"]))
         out["backends"][name] = r
         shutil.rmtree(root, ignore_errors=True)
     return out
 
 
-def _train_run(args, mode: str, work: str) -> float:
-    """Seconds for `args.train_steps` steps with a checkpoint every `args.k` (mode) or none."""
+def _train_run(args, mode: str, work: str) -> dict:
+    """`args.train_steps` steps with a checkpoint every `args.k` (`mode`) or none: seconds,
+    and the peak resident memory above the resident memory at the start of the loop."""
     data = lm.corpus("grammar", 50_000)
     model, opt = _setup(args, adapters=False)
     root = tempfile.mkdtemp(dir=work)
@@ -171,6 +226,8 @@ def _train_run(args, mode: str, work: str) -> float:
     backend = B.make(kind, root) if kind != "none" else None
     pending = None
     gc.collect()
+    B.reset_peak_rss()
+    start = B.rss()
     t0 = time.perf_counter()
     for s in range(args.train_steps):
         lm.train_step(model, opt, *lm.batch(data, s, args.batch), 1e-3)
@@ -184,28 +241,37 @@ def _train_run(args, mode: str, work: str) -> float:
     if pending is not None:
         pending.result()
     seconds = time.perf_counter() - t0
+    peak = B.peak_rss_above(start)
     if backend is not None:
         backend.close()
     shutil.rmtree(root, ignore_errors=True)
-    return seconds
+    return {"seconds": seconds, "rss_start": start, "rss_peak_above_start": peak}
 
 
 def training(args, work: str) -> dict:
+    """Each run in a fresh process (memory peaks are per run), modes interleaved."""
     modes = ["vlcc:sync", "vlcc:async", "dcp_fs:sync", "dcp_fs:async"]
-    times: dict[str, list[float]] = {m: [] for m in ["none", *modes]}
+    runs: dict[str, list[dict]] = {m: [] for m in ["none", *modes]}
+    config = {k: getattr(args, k) for k in CONFIG}
     load_before = os.getloadavg()
     order = ["none", *modes]
     for r in range(args.train_repeats):
         for mode in order[r % len(order):] + order[: r % len(order)]:
-            times[mode].append(_train_run(args, mode, work))
+            runs[mode].append(_child({"kind": "train", "config": config, "name": mode,
+                                      "dir": work}))
+    none = [x["seconds"] for x in runs["none"]]
     out = {"steps": args.train_steps, "k": args.k, "repeats": args.train_repeats,
            "load_before": load_before, "load_after": os.getloadavg(),
-           "seconds_none": times["none"], "step_s_none": statistics.median(times["none"])
-           / args.train_steps, "modes": {}}
+           "seconds_none": none, "step_s_none": statistics.median(none) / args.train_steps,
+           "rss_none_bytes": statistics.median(x["rss_peak_above_start"] for x in runs["none"]),
+           "modes": {}}
     for m in modes:
-        ratios = [t / b - 1.0 for t, b in zip(times[m], times["none"])]
-        out["modes"][m.replace(":", "_")] = {"seconds": times[m], "slowdown": ratios,
-                                             "slowdown_median": statistics.median(ratios)}
+        seconds = [x["seconds"] for x in runs[m]]
+        ratios = [t / b - 1.0 for t, b in zip(seconds, none)]
+        peaks = [x["rss_peak_above_start"] for x in runs[m]]
+        out["modes"][m.replace(":", "_")] = {
+            "seconds": seconds, "slowdown": ratios, "slowdown_median": statistics.median(ratios),
+            "rss_peak_bytes": peaks, "rss_peak_median_bytes": statistics.median(peaks)}
     return out
 
 
@@ -222,12 +288,21 @@ def main(argv=None) -> int:
     parser.add_argument("--train-steps", type=int, default=40)
     parser.add_argument("--train-repeats", type=int, default=3)
     parser.add_argument("--backends", nargs="*", default=BACKENDS, choices=BACKENDS)
+    parser.add_argument("--memory-backends", nargs="*", default=None, choices=BACKENDS,
+                        help="backends whose save/load memory is measured in fresh processes "
+                        "(default: all; --quick: vlcc and dcp_fs)")
     parser.add_argument("--no-training", action="store_true", help="skip the slowdown runs")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help="where the stores go (default: temp)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
     parser.add_argument("--update-results", action="store_true",
                         help="write benchmarks/results/bench_dcp.json")
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_run_child(json.loads(args.child))))
+        return 0
+    if args.memory_backends is None:
+        args.memory_backends = ["vlcc", "dcp_fs"] if args.quick else list(args.backends)
     if args.quick:
         args.d_model, args.layers, args.rank, args.batch = 32, 1, 4, 4
         args.versions, args.k, args.repeats = 3, 1, 1
@@ -242,6 +317,7 @@ def main(argv=None) -> int:
                "adapters": storage(args, work, adapters=True)}
         if not args.no_training:
             res["training"] = training(args, work)
+            res["training"]["state_bytes"] = res["full"]["state_bytes"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     import icechunk
@@ -250,9 +326,7 @@ def main(argv=None) -> int:
         "benchmark": "bench_dcp", "quick": args.quick,
         "command": "python benchmarks/bench_dcp.py " + " ".join(argv if argv is not None
                                                                  else sys.argv[1:]),
-        "config": {k: getattr(args, k) for k in ("d_model", "layers", "rank", "batch", "versions",
-                                                  "k", "repeats", "train_steps",
-                                                  "train_repeats")},
+        "config": {k: getattr(args, k) for k in CONFIG},
         "wall_s": time.time() - t_start,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": sys.version.split()[0], "torch": torch.__version__,
@@ -273,6 +347,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / (1 << 20):.1f}"
+
+
 def _print(result: dict) -> None:
     mib = float(1 << 20)
     for w in ("full", "adapters"):
@@ -286,17 +364,18 @@ def _print(result: dict) -> None:
                   f"{b['load_s_cold'] * 1e3:8.1f} {b['load_s_warm'] * 1e3:8.1f}  "
                   f"{b['bytes_first'] / mib:9.2f}  {b['bytes_per_version'] / mib:8.3f} "
                   f"({b['per_version_vs_state']:.3f}x, {b['per_version_vs_trainable']:.3f}x)  "
-                  f"{b['rss_save_bytes'] / mib:8.1f} {b['rss_load_bytes'] / mib:6.1f}  "
+                  f"{_mib(b.get('rss_save_bytes')):>8s} {_mib(b.get('rss_load_bytes')):>6s}  "
                   f"{b['restored_equal']}")
     t = result.get("training")
     if t:
         print(f"\ntraining: {t['steps']} steps, a checkpoint every {t['k']}; step "
               f"{t['step_s_none'] * 1e3:.0f} ms without; load {t['load_before'][0]:.1f} -> "
-              f"{t['load_after'][0]:.1f}")
+              f"{t['load_after'][0]:.1f}; state {t['state_bytes'] / mib:.1f} MiB; peak memory "
+              f"above the start without checkpoints {_mib(t['rss_none_bytes'])} MiB")
         for m, v in t["modes"].items():
             print(f"  {m:14s} slowdown median {v['slowdown_median'] * 100:6.1f}%  "
-                  f"({', '.join(f'{x * 100:.1f}' for x in v['slowdown'])})")
-
+                  f"({', '.join(f'{x * 100:.1f}' for x in v['slowdown'])}); peak memory "
+                  f"{_mib(v['rss_peak_median_bytes'])} MiB")
 
 if __name__ == "__main__":
     raise SystemExit(main())
