@@ -87,7 +87,8 @@ def restore(repo: str, ref: str, model, optimizer=None) -> None:
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     dcp.load(state, storage_reader=VlccReader(repo, ref=ref))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
 
 
 def train(repo, model, optimizer, data, steps, rate, every, branch, message,
@@ -100,7 +101,8 @@ def train(repo, model, optimizer, data, steps, rate, every, branch, message,
     with `stop_on_divergence`, the run is saved and stops there).
     """
     losses, versions, best = {}, {}, math.inf
-    writer = VlccWriter(repo, branch=branch, message=message)  # one writer per run: it keeps the history open
+    # one writer for the whole run: it keeps the history open between saves
+    writer = VlccWriter(repo, branch=branch, message=message)
     for s in steps:
         x, y = lm.batch(data, s)
         loss = lm.train_step(model, optimizer, x, y, rate(s))
