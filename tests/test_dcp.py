@@ -36,6 +36,8 @@ def _state(model, opt):
     return {"model": model.state_dict(), "optim": opt.state_dict(),
             "scalar": torch.tensor(2.75, dtype=torch.float64),
             "half": torch.arange(7, dtype=torch.bfloat16) / 3,
+            "empty": torch.zeros(0, 3), "flags": torch.tensor([True, False]),
+            "big": torch.randn(200, 100),  # 80 kB: a leaf of its own (smaller ones are packed)
             "extra": {"epoch": 3, "name": "run", "hist": (1, 2.5, None, float("inf")),
                       "raw": b"\x00\xff", "pairs": ((1, "a"), {2: "b", 2.5: None})}}
 
@@ -82,14 +84,19 @@ def test_dcp_save_load_round_trip_is_exact(tmp_path):
     assert out["optim"]["param_groups"] == sd["optim"]["param_groups"]
     assert out["scalar"].shape == () and out["scalar"].item() == 2.75  # 0-d stays 0-d
     _assert_equal(sd["half"], out["half"])
+    _assert_equal(sd["empty"], out["empty"])
+    _assert_equal(sd["flags"], out["flags"])
+    _assert_equal(sd["big"], out["big"])
     _assert_equal(sd["extra"], out["extra"])
+    first = writer.version
+    assert dcp.save(sd, storage_writer=writer).storage_data["vlcc_version"] == writer.version
     with History(tmp_path / "run.vlcc", mode="r") as h:
-        (v,) = h.log()
-        assert v.id == writer.version and v.message == "first" and v.meta["step"] == 10
+        v = h.log()[1]
+        assert v.id == first and h.log()[0].parents == (first,) and v.message == "first" and v.meta["step"] == 10
         assert v.meta["dcp"]["format"] == "vlcc-dcp/1"
         plain = h.load(v.id)  # an ordinary version: History reads it too
-        assert np.array_equal(plain["items"]["model.0.weight@0,0"],
-                              sd["model"]["0.weight"].numpy())
+        assert np.array_equal(plain["items"]["big@0,0"], sd["big"].numpy())
+        assert [k for k in plain["items"] if k.startswith("__pack__.")] == ["__pack__.0.0"]
 
 
 def test_every_save_is_a_version_and_refs_load_older_ones(tmp_path):
@@ -117,6 +124,16 @@ def test_every_save_is_a_version_and_refs_load_older_ones(tmp_path):
     out = {"w": torch.empty(300, 40), "k": -1}
     dcp.load(out, storage_reader=VlccReader(path, ref="exp"))
     assert out["k"] == 99 and bool((out["w"] == -1).all())
+    # Backtrack: a new branch from the version two saves back, as loaded.
+    reader = VlccReader(path, ref="main~2")
+    writer = VlccWriter(path, branch="retry", at=reader.version)
+    for k in range(2):
+        dcp.save({"w": w * 0 + 7 + k, "k": 50 + k}, storage_writer=writer)
+    with History(path, mode="r") as h:
+        assert [v.parents for v in h.log("retry")[:3]] == [
+            (h.log("retry")[1].id,), (saved[1][0],), (saved[0][0],)]
+    with pytest.raises(CheckpointException, match="names no version"):
+        dcp.save({"w": w}, storage_writer=VlccWriter(path, branch="x", at="nope"))
     with pytest.raises(CheckpointException, match="already names version"):
         dcp.save({"w": w}, storage_writer=VlccWriter(path, tags=("exp",)))
 
@@ -185,6 +202,70 @@ def test_async_save_stages_into_one_reused_area_of_the_shard_size(tmp_path):
         _assert_equal(snaps[2 - back], out["model"])
 
 
+def test_writer_pickles_without_its_history_and_staging_area(tmp_path):
+    import pickle
+
+    writer = VlccWriter(tmp_path / "run.vlcc", branch="b", message="m", tags=("t",), step=3)
+    dcp.async_save({"w": torch.ones(5)}, storage_writer=writer).result()
+    copy = pickle.loads(pickle.dumps(writer))
+    assert (copy.path, copy.branch, copy.message, copy.tags, copy.step) == \
+        (writer.path, "b", "m", ("t",), 3)
+    assert copy.staging.nbytes == 0 and writer.staging.nbytes == 20
+    copy.tags = ()
+    dcp.save({"w": torch.zeros(5)}, storage_writer=copy)
+    with History(tmp_path / "run.vlcc", mode="r") as h:
+        assert [v.message for v in h.log("b")] == ["m", "m"]
+
+
+def test_a_save_failing_after_staging_adds_no_version_and_gc_sweeps_its_chunks(tmp_path):
+    class FailsAtCommit(VlccWriter):
+        def finish(self, metadata, results):
+            raise OSError("the coordinator lost its disk")
+
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.ones(100_000)}, storage_writer=VlccWriter(path))
+    with History(path) as h:
+        before = h.usage().chunk_bytes
+    with pytest.raises(CheckpointException, match="lost its disk"):
+        dcp.save({"w": torch.randn(100_000)}, storage_writer=FailsAtCommit(path))
+    with History(path) as h:
+        assert len(h.log(all=True)) == 1
+        assert h.usage().chunk_bytes > before  # the staged, unreferenced chunks
+        report = h.gc()
+        assert report.removed == () and report.chunks_removed >= 1
+        assert h.usage().chunk_bytes == before
+        assert torch.equal(torch.from_numpy(h.load("main")["items"]["w@0"]), torch.ones(100_000))
+
+
+def test_a_bad_branch_name_commits_nothing(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path))
+    with pytest.raises(CheckpointException, match="branch"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path, branch="bad name~1"))
+    with History(path, mode="r") as h:
+        assert len(h.log(all=True)) == 1 and list(h.branches) == ["main"]
+
+
+def test_background_staging_overlaps_the_copy_and_saves_what_was_staged(tmp_path):
+    path = tmp_path / "run.vlcc"
+    w = torch.randn(256, 256)
+    writer = VlccWriter(path, background=True)
+    snaps = []
+    for k in range(2):
+        snaps.append(w.clone())
+        resp = dcp.async_save({"w": w}, storage_writer=writer)
+        resp.staging_completion.result()  # before the optimizer step changes w
+        w.add_(1.0)
+        resp.upload_completion.result()
+    assert writer.staging.reallocations == 1 and writer.staging.nbytes == w.numel() * 4
+    for back in range(2):
+        out = {"w": torch.empty_like(w)}
+        dcp.load(out, storage_reader=VlccReader(path, ref=f"main~{back}"))
+        assert torch.equal(out["w"], snaps[1 - back])
+    writer.close()
+    assert writer.staging.nbytes == 0
+
+
 def test_staging_area_waits_for_the_save_that_uses_it():
     from vlcc_adjoint.torch._dcp_stage import StagingArea
 
@@ -209,7 +290,8 @@ def test_a_failing_rank_write_commits_no_version(tmp_path):
     with History(path, mode="r") as h:
         assert len(h.log()) == 1
     out = {"w": torch.empty(4)}
-    dcp.load(out, storage_reader=VlccReader(path))
+    with VlccReader(path) as reader:
+        dcp.load(out, storage_reader=reader)
     assert bool((out["w"] == 1).all())
 
 
@@ -229,6 +311,11 @@ def test_reader_errors_name_the_problem(tmp_path):
         h.commit({"w": np.ones(4)}, branch="plain")
     with pytest.raises(ValueError, match="not written by VlccWriter"):
         VlccReader(path, ref="plain")
+    with History(path) as h:  # one that claims to be, with no JSON document first
+        h.commit({"dcp_metadata": np.zeros(3), "items": {}}, branch="fake",
+                 meta={"dcp": {"format": "vlcc-dcp/1"}})
+    with pytest.raises(CorruptCheckpointError, match="metadata leaf is <f8"):
+        VlccReader(path, ref="fake")
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError, match="not a directory"):
         VlccWriter(tmp_path / "file")
@@ -288,7 +375,8 @@ def _craft(path, edit):
     (lambda d: d["items"][0].update(dtype="object"), "unknown dtype"),
     (lambda d: d["items"][0]["chunks"][0].update(leaf=7), "names leaf"),
     (lambda d: d["items"][0]["chunks"][0].update(sizes=[11]), "outside its size"),
-    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "the metadata says"),
+    (lambda d: d["items"][0]["chunks"][0].update(sizes=[5]), "cover 5 of its 10"),
+    (lambda d: d["items"][0]["chunks"][0].update(offset=10**6), "lies in its bytes"),
     (lambda d: d.update(format="pickle"), "not a vlcc-dcp/1"),
     (lambda d: d["items"][1].update(value={"$x": 1}), "unknown stored value"),
 ])
@@ -306,3 +394,43 @@ def test_crafted_metadata_is_refused(tmp_path, edit, match):
     # Consistent enough to open: the load itself refuses it.
     with pytest.raises(CheckpointException, match=match):
         dcp.load({"w": torch.empty(10), "n": 0}, storage_reader=reader)
+
+
+def test_stateful_app_state_with_get_state_dict_round_trips(tmp_path):
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class App(Stateful):  # the torchtitan pattern
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+
+        def state_dict(self):
+            msd, osd = get_state_dict(self.model, self.opt)
+            return {"model": msd, "optim": osd}
+
+        def load_state_dict(self, sd):
+            set_state_dict(self.model, self.opt, model_state_dict=sd["model"],
+                           optim_state_dict=sd["optim"])
+
+    model, opt = _train_state(0)
+    dcp.save({"app": App(model, opt)}, storage_writer=VlccWriter(tmp_path / "run.vlcc"))
+    model2, opt2 = _train_state(1)
+    dcp.load({"app": App(model2, opt2)}, storage_reader=VlccReader(tmp_path / "run.vlcc"))
+    _assert_equal(model.state_dict(), model2.state_dict())
+    _assert_equal(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert opt.state_dict()["param_groups"] == opt2.state_dict()["param_groups"]
+
+
+def test_crafted_shape_of_an_own_leaf_is_refused(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(20000.0)}, storage_writer=VlccWriter(path))  # 80 kB: own leaf
+
+    def edit(d):
+        d["items"][0]["size"] = [10000]
+        d["items"][0]["chunks"][0]["sizes"] = [10000]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _craft(path, edit)
+    with pytest.raises(CorruptCheckpointError, match="the metadata says"):
+        VlccReader(path, ref="crafted")

@@ -1,7 +1,7 @@
 """The DCP backend across processes: save on 2 ranks, load on 3 and on 1 (gloo, CPU).
 
 The state is a model's parameters and Adam-like optimizer state as DTensors
-sharded on a CPU device mesh (``Shard(0)``), plus plain replicated tensors
+sharded on a CPU device mesh (``Shard(0)``; one of them ``Shard(1)``), plus plain replicated tensors
 and non-tensor items.  Every tensor is generated from a seed on every rank,
 so each process knows the originals and checks what it restored against
 them (``full_tensor()`` gathers a DTensor).
@@ -53,7 +53,9 @@ def _state(full: dict, mesh, shard: bool) -> dict:
     from torch.distributed.tensor import Shard, distribute_tensor
 
     def place(t):
-        return distribute_tensor(t, mesh, [Shard(0)]) if shard else t.clone()
+        if not shard:
+            return t.clone()
+        return distribute_tensor(t, mesh, [Shard(1) if t.shape == SHAPES["proj"] else Shard(0)])
 
     return {
         "model": {n: place(full[f"model.{n}"]) for n in SHAPES},
@@ -190,6 +192,8 @@ def test_two_ranks_save_one_version_each_and_a_failed_rank_adds_none(saved):
         assert [v.message for v in log] == ["v1", "v0"]
         assert log[0].parents == (log[1].id,)
         assert [v.meta["dcp"]["ranks"] for v in log] == [2, 2]
+        names = set(h.load(log[1].id)["items"])
+        assert {"__pack__.0.0", "__pack__.1.0"} <= names  # each rank's small chunks
 
 
 def test_sharded_save_from_two_ranks_loads_on_three(saved):

@@ -131,7 +131,8 @@ class Parts:
         return out
 
     def commit_staged(self, spec: dict, leaves: Sequence[dict], message: str = "",
-                      meta: dict | None = None, *, branch: str | None = None) -> str:
+                      meta: dict | None = None, *, branch: str | None = None,
+                      at: str | None = None) -> str:
         """Publish one version made of staged leaves (from any processes); return its id.
 
         Unlike ``commit``, this returns once the version is visible (or raises:
@@ -143,6 +144,8 @@ class Parts:
           second result), with one leaf per entry of `leaves`, in their order.
         - `leaves`: leaf entries from :meth:`stage`.
         - `message`, `meta`, `branch`: as in ``commit``.
+        - `at`: where `branch` starts when it does not exist yet (a ref; default:
+          HEAD).  Ignored when the branch exists (the version goes on its tip).
 
         **Returns:** the new version's id.
         """
@@ -173,6 +176,8 @@ class Parts:
                     "(branch='name')")
             target = branch or self._head_branch
             base = self._head_id(g) if self._head_branch is not None else self._head_version
+            if at is not None and target not in g.branches:
+                base = self._resolve(g, at)
             vid = secrets.token_hex(6)
             while vid in g:
                 vid = secrets.token_hex(6)

@@ -8,7 +8,8 @@ strict JSON, with every field checked on the way back:
 
 - the ``Metadata``: per state-dict key, a tensor (dtype from an allow-list,
   global size, ``requires_grad``, and its stored chunks: offsets, sizes and
-  the version leaf that holds each) or a non-tensor item with its value;
+  the version leaf that holds each, with a byte offset when that leaf packs
+  several small chunks) or a non-tensor item with its value;
   the planner's data (the default planner's flatten mapping: key paths of
   strings and integers) and the storage meta;
 - non-tensor values (``BytesStorageMetadata`` items: an optimizer's
@@ -134,15 +135,34 @@ def _ints(x, what: str, n: int | None = None) -> list[int]:
     return x
 
 
-def encode_metadata(md: Metadata, leaves: dict[str, int], values: dict[str, Any]) -> dict:
+def _check_cover(fqn: str, size: list[int], chunks: list) -> None:
+    """The chunks of a tensor must tile it: inside it (checked before), not overlapping,
+    and together as many elements as it has."""
+    total = math.prod(size)
+    got = sum(math.prod(c.sizes) for c in chunks)
+    if got != total:
+        raise ValueError(f"the chunks of {fqn!r} cover {got} of its {total} elements")
+    if len(chunks) <= 1024:
+        boxes = [(list(c.offsets), list(c.sizes)) for c in chunks if math.prod(c.sizes)]
+        for i, (oa, sa) in enumerate(boxes):
+            for ob, sb in boxes[i + 1:]:
+                if all(a < b + m and b < a + n for a, n, b, m in zip(oa, sa, ob, sb)):
+                    raise ValueError(f"two chunks of {fqn!r} overlap")
+
+
+def encode_metadata(md: Metadata, leaves: dict[str, tuple[int, int | None]],
+                    values: dict[str, Any], leaf_keys: list[str]) -> dict:
     """The JSON document of a save.
 
     **Arguments:**
 
     - `md`: DCP's metadata (from ``finish``).
-    - `leaves`: storage key (:func:`storage_key`) -> index of the version leaf
-      that holds that tensor chunk.
+    - `leaves`: storage key (:func:`storage_key`) -> (index of the version leaf
+      that holds that tensor chunk, its byte offset in a pack leaf or ``None``
+      for a leaf of its own).
     - `values`: key -> the encoded value of each non-tensor item.
+    - `leaf_keys`: the name of every leaf, in order (a later save finds its
+      delta bases by name).
     """
     items = []
     for fqn, entry in md.state_dict_metadata.items():
@@ -162,8 +182,12 @@ def encode_metadata(md: Metadata, leaves: dict[str, int], values: dict[str, Any]
             key = storage_key(MetadataIndex(fqn, c.offsets))
             if key not in leaves:
                 raise ValueError(f"no data was written for {key!r}")
-            chunks.append({"offsets": [int(o) for o in c.offsets],
-                           "sizes": [int(s) for s in c.sizes], "leaf": leaves[key]})
+            leaf, offset = leaves[key]
+            chunk = {"offsets": [int(o) for o in c.offsets],
+                     "sizes": [int(s) for s in c.sizes], "leaf": leaf}
+            if offset is not None:
+                chunk["offset"] = offset
+            chunks.append(chunk)
         items.append({"fqn": fqn, "kind": "tensor", "dtype": name,
                       "size": [int(s) for s in entry.size],
                       "requires_grad": bool(entry.properties.requires_grad), "chunks": chunks})
@@ -171,6 +195,7 @@ def encode_metadata(md: Metadata, leaves: dict[str, int], values: dict[str, Any]
     return {
         "format": FORMAT,
         "version": md.version if isinstance(md.version, str) else None,
+        "leaf_keys": list(leaf_keys),
         "items": items,
         "planner_data": encode_value(md.planner_data, "the planner's data"),
         "storage_meta": None if sm is None else {
@@ -179,7 +204,8 @@ def encode_metadata(md: Metadata, leaves: dict[str, int], values: dict[str, Any]
     }
 
 
-def decode_metadata(doc: Any, nleaves: int) -> tuple[Metadata, dict[MetadataIndex, tuple]]:
+def decode_metadata(doc: Any, nleaves: int
+                    ) -> tuple[Metadata, dict[MetadataIndex, tuple], list[str]]:
     """DCP's ``Metadata`` from a stored document, validated.
 
     **Arguments:**
@@ -188,9 +214,11 @@ def decode_metadata(doc: Any, nleaves: int) -> tuple[Metadata, dict[MetadataInde
     - `nleaves`: the number of leaves of the version (leaf references are
       checked against it).
 
-    **Returns:** the metadata and the storage map: ``MetadataIndex`` ->
-    ``("leaf", index, dtype, sizes)`` for a tensor chunk or ``("value", obj)``
-    for a non-tensor item.  ``ValueError`` saying what is wrong.
+    **Returns:** the metadata, the storage map: ``MetadataIndex`` ->
+    ``("leaf", index, dtype, sizes, offset)`` for a tensor chunk (`offset`:
+    its byte offset in a pack leaf, ``None`` for a leaf of its own) or
+    ``("value", obj)`` for a non-tensor item, and the name of every leaf.
+    ``ValueError`` saying what is wrong.
     """
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         raise ValueError(f"not a {FORMAT} document")
@@ -199,7 +227,8 @@ def decode_metadata(doc: Any, nleaves: int) -> tuple[Metadata, dict[MetadataInde
         raise ValueError("'items' is not a list")
     sd_md: dict[str, Any] = {}
     storage: dict[MetadataIndex, tuple] = {}
-    used: set[int] = set()
+    own: set[int] = set()
+    packed: set[int] = set()
     for it in items:
         if not (isinstance(it, dict) and isinstance(it.get("fqn"), str)):
             raise ValueError("an item lacks its key")
@@ -229,12 +258,17 @@ def decode_metadata(doc: Any, nleaves: int) -> tuple[Metadata, dict[MetadataInde
             if any(o + s > n for o, s, n in zip(off, sizes, size)):
                 raise ValueError(f"a chunk of {fqn!r} lies outside its size {size}")
             leaf = c.get("leaf")
-            if not (type(leaf) is int and 1 <= leaf < nleaves) or leaf in used:
+            offset = c.get("offset")
+            if not (offset is None or (type(offset) is int and offset >= 0)):
+                raise ValueError(f"a chunk of {fqn!r} has a bad offset {offset!r:.40}")
+            if not (type(leaf) is int and 1 <= leaf < nleaves) or leaf in own \
+                    or (offset is None and leaf in packed):
                 raise ValueError(f"a chunk of {fqn!r} names leaf {leaf!r} (the version has "
-                                 f"{nleaves}; each chunk has its own)")
-            used.add(leaf)
+                                 f"{nleaves}; a chunk's own leaf holds nothing else)")
+            (packed if offset is not None else own).add(leaf)
             chunks.append(ChunkStorageMetadata(torch.Size(off), torch.Size(sizes)))
-            storage[MetadataIndex(fqn, off)] = ("leaf", leaf, dtype, tuple(sizes))
+            storage[MetadataIndex(fqn, off)] = ("leaf", leaf, dtype, tuple(sizes), offset)
+        _check_cover(fqn, size, chunks)
         sd_md[fqn] = TensorStorageMetadata(
             TensorProperties(dtype=dtype, requires_grad=it.get("requires_grad", False)),
             torch.Size(size), chunks)
@@ -251,6 +285,10 @@ def decode_metadata(doc: Any, nleaves: int) -> tuple[Metadata, dict[MetadataInde
     version = doc.get("version")
     if not (version is None or isinstance(version, str)):
         raise ValueError("'version' is not a string")
+    leaf_keys = doc.get("leaf_keys")
+    if not (isinstance(leaf_keys, list) and len(leaf_keys) == nleaves
+            and all(isinstance(k, str) for k in leaf_keys)):
+        raise ValueError("'leaf_keys' does not name every leaf")
     md = Metadata(state_dict_metadata=sd_md, planner_data=decode_value(doc.get("planner_data")),
                   storage_data=storage, storage_meta=storage_meta, version=version)
-    return md, storage
+    return md, storage, leaf_keys

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import uuid
 from typing import Any
@@ -26,7 +27,15 @@ from ._state import _storage_dtype, numpy_to_tensor
 __all__ = ["VlccReader", "read_document"]
 
 
-def read_document(h: History, vid: str) -> tuple[Metadata, dict]:
+#: The largest metadata document read (about 200 bytes per stored tensor chunk).
+MAX_DOCUMENT_BYTES = 1 << 30
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not strict JSON")
+
+
+def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
     """The decoded metadata document of version `vid` (checked)."""
     v = h.version(vid)
     mark = v.meta.get(META_KEY)
@@ -34,32 +43,64 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict]:
         raise ValueError(f"version {vid} of {h.path} was not written by VlccWriter (its "
                          f"metadata has no {META_KEY!r} entry of format {FORMAT}); read it with "
                          "History.load / History.checkout, or load a version that dcp.save wrote")
-    n = h.leaf_count(vid)
-    raw = h.read_leaf(vid, 0)
+    infos = h.leaves(vid)
     manifest = os.path.join(h.path, "versions", vid, "0")
-    if raw.dtype != np.uint8 or raw.ndim != 1:
+    first = infos[0] if infos else None
+    if first is None or np.dtype(first.dtype) != np.uint8 or len(first.shape) != 1 \
+            or first.nbytes > MAX_DOCUMENT_BYTES:
+        what = "missing" if first is None else f"{first.dtype}{list(first.shape)}"
         raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata leaf is "
-                                     f"{raw.dtype}{list(raw.shape)}, not bytes", key=vid,
-                                     path=manifest)
+                                     f"{what}, not a JSON text of at most {MAX_DOCUMENT_BYTES} "
+                                     "bytes", key=vid, path=manifest)
+    raw = h.read_leaf(vid, 0)
     try:
-        doc = json.loads(raw.tobytes())
-        md, storage = decode_metadata(doc, n)
+        doc = json.loads(raw.tobytes(), parse_constant=_no_constant)
+        md, storage, leaf_keys = decode_metadata(doc, len(infos))
         # Every chunk's leaf must hold what the metadata says (reads are sized by it).
-        infos = h.leaves(vid)
         for index, info in storage.items():
             if info[0] != "leaf":
                 continue
-            leaf = infos[info[1]]
+            _, i, dtype, sizes, offset = info
+            leaf = infos[i]
             stored = np.dtype(leaf.dtype)
-            if tuple(leaf.shape) != info[3] or \
-                    stored.newbyteorder("=") != _storage_dtype(info[2]).newbyteorder("="):
-                raise ValueError(f"leaf {info[1]} is {leaf.dtype}{list(leaf.shape)}, the "
-                                 f"metadata says {index.fqn!r} is {info[2]}{list(info[3])} there")
-        return md, storage
+            want = _storage_dtype(dtype)
+            if offset is not None:  # a run of bytes in a pack leaf
+                end = offset + math.prod(sizes) * want.itemsize
+                if stored != np.uint8 or len(leaf.shape) != 1 or end > leaf.shape[0]:
+                    raise ValueError(f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the metadata "
+                                     f"says {index.fqn!r} lies in its bytes {offset}:{end}")
+            elif tuple(leaf.shape) != sizes or \
+                    stored.newbyteorder("=") != want.newbyteorder("="):
+                raise ValueError(f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the "
+                                 f"metadata says {index.fqn!r} is {dtype}{list(sizes)} there")
+        return md, storage, leaf_keys
     except (ValueError, TypeError, RecursionError) as err:
         raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata is invalid "
                                      f"({err}); load another version", key=vid,
                                      path=manifest) from None
+
+
+def _check_request(req, sizes: tuple) -> None:
+    """A load request must lie inside the stored chunk it reads."""
+    if len(req.storage_offsets) != len(sizes) or any(
+            o + n > s for o, n, s in zip(req.storage_offsets, req.lengths, sizes)):
+        raise ValueError(f"the load plan asks for {req.storage_index.fqn!r} "
+                         f"[{list(req.storage_offsets)} + {list(req.lengths)}] "
+                         f"beyond the stored chunk {list(sizes)}")
+
+
+def _copy_out(stored: torch.Tensor, req, row0: int, planner: LoadPlanner) -> None:
+    """Copy a request's part of `stored` (whose first row is row `row0` of the stored
+    chunk) into the planner's tensor."""
+    src = stored
+    for dim, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+        src = src.narrow(dim, o - row0 if dim == 0 else o, n)
+    target = planner.resolve_tensor(req).detach()
+    if target.size() != src.size():
+        raise ValueError(f"{req.storage_index.fqn!r}: the state dict's tensor has size "
+                         f"{list(target.size())}, the plan reads {list(src.size())}")
+    target.copy_(src)
+    planner.commit_tensor(req, target)
 
 
 class VlccReader(StorageReader):
@@ -96,12 +137,18 @@ class VlccReader(StorageReader):
                 raise KeyError(f"{self.ref!r} names no version of the history at {self.path} "
                                f"({err.args[0] if err.args else err}); branches: {branches}. "
                                "Give a branch, tag, version id or 'branch~n'") from None
-            self._metadata, self._storage = read_document(h, vid)
+            self._metadata, self._storage, _ = read_document(h, vid)
         except BaseException:
             h.close()
             raise
         self._history = h
         self.version = vid
+
+    def __enter__(self) -> "VlccReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def close(self) -> None:
         """Close the history (reopened by the next ``reset`` with a checkpoint id)."""
@@ -182,44 +229,50 @@ class VlccReader(StorageReader):
                                  f"{self.version}, the state dict expects a tensor")
             by_leaf.setdefault(info[1], []).append((req, info))
         for leaf, reqs in sorted(by_leaf.items()):  # one leaf in memory at a time
-            _, _, dtype, sizes = reqs[0][1]
+            if reqs[0][1][4] is not None:
+                self._read_packed(leaf, reqs, planner)
+                continue
+            _, _, dtype, sizes, _ = reqs[0][1]
             for req, _ in reqs:
-                if len(req.storage_offsets) != len(sizes) or any(
-                        o + n > s for o, n, s in zip(req.storage_offsets, req.lengths, sizes)):
-                    raise ValueError(f"the load plan asks for {req.storage_index.fqn!r} "
-                                     f"[{list(req.storage_offsets)} + {list(req.lengths)}] "
-                                     f"beyond the stored chunk {list(sizes)}")
+                _check_request(req, sizes)
             # Only the rows (first axis) some request needs: a rank of a larger world
             # reads its part of a stored shard, not all of it.
-            lo = min((r.storage_offsets[0] for r, _ in reqs), default=0) if sizes else 0
-            hi = max((r.storage_offsets[0] + r.lengths[0] for r, _ in reqs), default=0) \
-                if sizes else 0
+            lo = min(r.storage_offsets[0] for r, _ in reqs) if sizes else 0
+            hi = max(r.storage_offsets[0] + r.lengths[0] for r, _ in reqs) if sizes else 0
             arr = h.read_leaf(self.version, leaf, rows=(lo, hi) if sizes else None)
-            where = os.path.join(self.path, "versions", self.version, str(leaf))
             want = (hi - lo,) + tuple(sizes[1:]) if sizes else ()
-            if arr.shape != want or arr.dtype.newbyteorder("=") != \
-                    _storage_dtype(dtype).newbyteorder("="):
-                raise CorruptCheckpointError(
-                    f"version {self.version} of {self.path}: leaf {leaf} holds "
-                    f"{arr.dtype}{list(arr.shape)} there, its DCP metadata says "
-                    f"{dtype}{list(want)} (of a chunk {list(sizes)})",
-                    key=self.version, path=where)
+            self._check_array(leaf, arr, dtype, want, sizes)
             stored = numpy_to_tensor(arr, dtype)
             for req, _ in reqs:
-                src = stored
-                for dim, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
-                    src = src.narrow(dim, o - lo if dim == 0 else o, n)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != src.size():
-                    raise ValueError(f"{req.storage_index.fqn!r}: the state dict's tensor has "
-                                     f"size {list(target.size())}, the plan reads "
-                                     f"{list(src.size())}")
-                target.copy_(src)
-                planner.commit_tensor(req, target)
+                _copy_out(stored, req, lo, planner)
             del arr, stored
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _read_packed(self, leaf: int, reqs: list, planner: LoadPlanner) -> None:
+        """The requests of chunks packed into one leaf: the byte range they span is read."""
+        spans = []
+        for req, (_, _, dtype, sizes, offset) in reqs:
+            _check_request(req, sizes)
+            spans.append((offset, offset + math.prod(sizes) * _storage_dtype(dtype).itemsize))
+        lo = min(a for a, _ in spans)
+        hi = max(b for _, b in spans)
+        raw = self._history.read_leaf(self.version, leaf, rows=(lo, hi))
+        self._check_array(leaf, raw, torch.uint8, (hi - lo,), (hi - lo,))
+        for (req, (_, _, dtype, sizes, _)), (a, b) in zip(reqs, spans):
+            arr = raw[a - lo:b - lo].view(_storage_dtype(dtype)).reshape(sizes)
+            _copy_out(numpy_to_tensor(arr, dtype), req, 0, planner)
+
+    def _check_array(self, leaf: int, arr: np.ndarray, dtype: torch.dtype, want: tuple,
+                     sizes: tuple) -> None:
+        if arr.shape != want or arr.dtype.newbyteorder("=") != \
+                _storage_dtype(dtype).newbyteorder("="):
+            raise CorruptCheckpointError(
+                f"version {self.version} of {self.path}: leaf {leaf} holds "
+                f"{arr.dtype}{list(arr.shape)} there, its DCP metadata says "
+                f"{dtype}{list(want)} (of a chunk {list(sizes)})", key=self.version,
+                path=os.path.join(self.path, "versions", self.version, str(leaf)))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

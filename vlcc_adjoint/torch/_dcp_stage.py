@@ -23,6 +23,13 @@ keeps **one** flat byte buffer per writer:
   staged into the history), or until the previous staged state dict is
   gone (a save that failed before writing).
 
+With ``background=True`` on the writer, the copy runs on a thread of the
+area (:meth:`StagingArea.stage_in_background`): ``dcp.async_save`` then
+returns DCP's ``AsyncSaveResponse`` at once, and training only has to wait
+for ``staging_completion`` before it changes the weights (the optimizer
+step), so the copy overlaps forward and backward, as DataStates-LLM's lazy
+copies do.
+
 The staged state dict has the structure of the original: a plain tensor
 becomes a view of the buffer, a DTensor a DTensor over such a view (same
 mesh, placements, global shape and stride), anything else a deep copy.
@@ -34,6 +41,7 @@ import copy
 import threading
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -70,6 +78,7 @@ class StagingArea:
         self._free = threading.Event()
         self._free.set()
         self._staged: weakref.ref | None = None  # a view of the last staged state dict
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -79,6 +88,24 @@ class StagingArea:
     def release(self) -> None:
         """Mark the area free: the save that staged into it no longer reads it."""
         self._free.set()
+
+    def stage_in_background(self, state_dict: dict) -> Future:
+        """:meth:`stage` on this area's copy thread; the future gives the staged dict.
+
+        The caller must not change `state_dict`'s tensors until the future is
+        done (in training: the copy overlaps forward and backward, and the
+        optimizer step waits for it).
+        """
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="vlcc-dcp-stage")
+        return self._executor.submit(self.stage, state_dict)
+
+    def close(self) -> None:
+        """Stop the copy thread (if any) and free the buffer."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self.buffer = None
 
     def _wait_free(self) -> None:
         """Wait until the previous save released the area, or dropped its staged state
@@ -143,13 +170,14 @@ class StagingArea:
                 n = local.numel() * local.element_size()
                 view = buf[offsets[i]:offsets[i] + n].view(local.dtype).view(local.shape)
                 view.copy_(local.detach())
-                if i == 0:  # alive as long as the staged state dict is
-                    self._staged = weakref.ref(view)
+                out = view
                 if dtensor is not None and isinstance(obj, dtensor):
-                    return dtensor.from_local(view, obj.device_mesh, obj.placements,
-                                              run_check=False, shape=obj.shape,
-                                              stride=obj.stride())
-                return view
+                    out = dtensor.from_local(view, obj.device_mesh, obj.placements,
+                                             run_check=False, shape=obj.shape,
+                                             stride=obj.stride())
+                if i == 0:  # the object in the staged dict: alive as long as the dict is
+                    self._staged = weakref.ref(out)
+                return out
             if isinstance(obj, dict):
                 return type(obj)((k, copy_into(v)) for k, v in obj.items()) \
                     if type(obj) is not dict else {k: copy_into(v) for k, v in obj.items()}

@@ -10,11 +10,12 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import torch
-from torch.futures import Future
+import torch.futures
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -27,6 +28,12 @@ from ._dcp_stage import StagingArea
 from ._state import tensor_to_numpy
 
 __all__ = ["VlccWriter"]
+
+#: Tensor chunks smaller than this are packed together into pack leaves ...
+PACK_LIMIT = 64 << 10
+#: ... of at most this many bytes (named ``PACK_PREFIX<rank>.<n>``).
+PACK_BYTES = 1 << 20
+PACK_PREFIX = "__pack__."
 
 
 def _spec(keys: Sequence[str], entries: Sequence[dict]) -> dict:
@@ -63,19 +70,30 @@ class VlccWriter(StorageWriter, AsyncStager):
       as the history says.
     - `step`: stored in the version's metadata as ``"step"`` (``log`` shows it).
     - `meta`: more JSON metadata for the version.
+    - `at`: where `branch` starts if it does not exist yet: a ref (version id,
+      tag, ``"main~3"``; e.g. ``VlccReader(...).version`` to branch from the
+      version just loaded).  Default: the tip of the history's HEAD branch.
+      Ignored once the branch exists.
+    - `background`: ``dcp.async_save`` copies into the staging area on a thread:
+      it returns an ``AsyncSaveResponse`` at once; wait for its
+      ``staging_completion`` before changing the weights (the optimizer step)
+      and for ``upload_completion`` for the version.  ``False`` (default): the
+      copy happens in ``async_save``, which returns the upload future.
 
     Use one writer for a series of saves: :meth:`stage` (the ``dcp.async_save``
     path) then reuses one host staging area (:mod:`._dcp_stage`; its size is
     ``writer.staging.nbytes``).  After a save, :attr:`version` is the new
     version's id (on the coordinator) and :attr:`written_bytes` the chunk bytes
-    this process wrote (unchanged chunks cost none).
+    this process wrote (unchanged chunks cost none); on every rank, the
+    metadata ``dcp.save`` returns has ``storage_data["vlcc_version"]``.
     """
 
     _synchronize_after_execute: bool = False  # stage() copies synchronously
 
     def __init__(self, path: str | os.PathLike, branch: str = "main", message: str = "",
                  tags: Sequence[str] = (), deltas: bool | None = None, *,
-                 step: int | None = None, meta: dict | None = None):
+                 step: int | None = None, meta: dict | None = None, background: bool = False,
+                 at: str | None = None):
         super().__init__()
         if not isinstance(branch, str):
             raise TypeError(f"branch must be a str, got {type(branch).__name__}")
@@ -91,10 +109,27 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.version: str | None = None
         self.written_bytes = 0
         self.staging = StagingArea()
+        self.background = bool(background)
+        self.at = at
+        self._base: str | None = None
+        self._pack: np.ndarray | None = None
         self._history: History | None = None
         self._save_id = uuid.uuid4().hex
         self.rank = 0
         self.is_coordinator = True
+
+    def __getstate__(self) -> dict:
+        # A writer sent to another process (process-based async saves) opens the
+        # history there and stages into its own area.
+        state = dict(self.__dict__)
+        state["_history"] = None
+        state["staging"] = None
+        state["_pack"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.staging = StagingArea()
 
     # -- the history ---------------------------------------------------------------
 
@@ -105,8 +140,16 @@ class VlccWriter(StorageWriter, AsyncStager):
             self._history = History(self.path, deltas=self.deltas)
         return self._history
 
+    def __enter__(self) -> "VlccWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close the history this writer opened (it opens it again on the next save)."""
+        """Close the history this writer opened and free its staging area (both are
+        made again by the next save)."""
+        self.staging.close()
         if self._history is not None:
             self._history.close()
             self._history = None
@@ -155,7 +198,8 @@ class VlccWriter(StorageWriter, AsyncStager):
 
         - `plans`: every rank's plan.
 
-        **Returns:** the plans, each carrying the parent version's id.
+        **Returns:** the plans, each carrying the parent version's id and the
+        rank's slot (which names its pack leaves).
         """
         try:
             h = self._open()
@@ -166,12 +210,21 @@ class VlccWriter(StorageWriter, AsyncStager):
                                  f"{self.path}; choose another tag, or move it afterwards with "
                                  "History.tag(name, version, force=True)")
             parent = h.branches.get(self.branch)
+            self._base = None
+            if parent is None and self.at is not None:
+                try:
+                    parent = self._base = h.resolve(self.at)
+                except KeyError as err:
+                    raise KeyError(f"at={self.at!r} names no version of {self.path} ({err}); "
+                                   "give a version id, tag, branch or 'branch~n'") from None
         except BaseException:
             self.staging.release()
             raise
-        return [dataclasses.replace(p, storage_data={"parent": parent}) for p in plans]
+        return [dataclasses.replace(p, storage_data={"parent": parent, "slot": i})
+                for i, p in enumerate(plans)]
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+    def write_data(self, plan: SavePlan, planner: SavePlanner
+                   ) -> torch.futures.Future[list[WriteResult]]:
         """Stage this rank's items into the history (chunks only: no version yet).
 
         **Arguments:**
@@ -186,15 +239,16 @@ class VlccWriter(StorageWriter, AsyncStager):
             results = self._write(plan, planner)
         finally:
             self.staging.release()  # the staged copy has been read
-        fut: Future[list[WriteResult]] = Future()
+        fut: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
         fut.set_result(results)
         return fut
 
     def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
         h = self._open()
         parent = (plan.storage_data or {}).get("parent")
+        slot = (plan.storage_data or {}).get("slot", self.rank)  # unique per rank
         results: list[WriteResult] = []
-        arrays, items = [], []
+        own, small = [], []  # (item, array)
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
                 if hasattr(planner, "lookup_object"):
@@ -214,32 +268,55 @@ class VlccWriter(StorageWriter, AsyncStager):
             t = t.detach()
             if t.device.type != "cpu":
                 t = t.cpu()
-            arr = tensor_to_numpy(t.contiguous())
-            arrays.append(arr.reshape(tuple(t.shape)))  # 0-d stays 0-d
-            items.append(item)
-        bases = None
-        if parent is not None and h.deltas:
-            bases = self._parent_leaves(h, parent, [storage_key(i.index) for i in items])
-        entries = h.stage(arrays, base=parent if bases else None, base_leaves=bases)
-        self.written_bytes += sum(e["written"] for e in entries)
-        for item, arr, entry in zip(items, arrays, entries):
+            arr = tensor_to_numpy(t.contiguous()).reshape(tuple(t.shape))  # 0-d stays 0-d
+            (small if arr.nbytes < PACK_LIMIT else own).append((item, arr))
+        # Small chunks travel in pack leaves of about PACK_BYTES: one file for many
+        # biases and norms instead of one each (file creation dominates their cost).
+        packs: list[list] = []
+        size = PACK_BYTES
+        for item, arr in small:
+            if size + arr.nbytes > PACK_BYTES:
+                packs.append([])
+                size = 0
+            packs[-1].append((item, arr, size))
+            size += arr.nbytes
+        keys = [storage_key(i.index) for i, _ in own]
+        pack_keys = [f"{PACK_PREFIX}{slot}.{j}" for j in range(len(packs))]
+        where = self._parent_leaves(h, parent) if parent is not None and h.deltas else None
+        entries = h.stage([a for _, a in own], base=parent if where else None,
+                          base_leaves=[where.get(k) for k in keys] if where else None)
+        for (item, arr), key, entry in zip(own, keys, entries):
+            self.written_bytes += entry["written"]
             results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
-                                       storage_data={"key": storage_key(item.index),
-                                                     "leaf": entry}))
+                                       storage_data={"key": key, "leaf": entry}))
+        if packs:
+            need = min(PACK_BYTES, sum(a.nbytes for _, a in small))
+            if self._pack is None or self._pack.nbytes < need:
+                self._pack = np.empty(need, np.uint8)
+        for pack, pack_key in zip(packs, pack_keys):
+            item, arr, off = pack[-1]
+            view = self._pack[:off + arr.nbytes]
+            for item, arr, off in pack:
+                view[off:off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            (entry,) = h.stage([view], base=parent if where else None,
+                               base_leaves=[where.get(pack_key)] if where else None)
+            self.written_bytes += entry["written"]
+            for k, (item, arr, off) in enumerate(pack):
+                sd = {"key": storage_key(item.index), "pack": pack_key, "offset": off}
+                if k == 0:
+                    sd["pack_leaf"] = entry
+                results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
+                                           storage_data=sd))
         return results
 
     @staticmethod
-    def _parent_leaves(h: History, parent: str, keys: list[str]) -> list[int | None] | None:
-        """Per key, the index of the parent version's leaf holding it (delta bases)."""
+    def _parent_leaves(h: History, parent: str) -> dict[str, int] | None:
+        """The parent version's leaves by name (delta bases), or ``None``."""
         try:
-            _md, storage = read_document(h, parent)
+            _md, _storage, leaf_keys = read_document(h, parent)
         except (ValueError, KeyError, CorruptCheckpointError):
             return None  # not a DCP version, or unreadable: full chunks
-        where = {}
-        for index, info in storage.items():
-            if info[0] == "leaf":
-                where[storage_key(index)] = info[1]
-        return [where.get(k) for k in keys]
+        return {k: i for i, k in enumerate(leaf_keys)}
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """On the coordinator: commit every rank's staged items as one version.
@@ -250,7 +327,8 @@ class VlccWriter(StorageWriter, AsyncStager):
         - `results`: every rank's write results.
         """
         h = self._open()
-        entries: dict[str, dict] = {}
+        entries: dict[str, dict] = {}  # leaf name -> staged leaf entry
+        chunks: dict[str, tuple[str, int | None]] = {}  # storage key -> (leaf name, offset)
         values: dict[str, Any] = {}
         for rank_results in results:
             for wr in rank_results:
@@ -259,12 +337,20 @@ class VlccWriter(StorageWriter, AsyncStager):
                     raise TypeError(f"write result for {wr.index.fqn!r} is not from a VlccWriter")
                 if "value" in sd:
                     values[wr.index.fqn] = sd["value"]
+                elif "pack" in sd:
+                    chunks[sd["key"]] = (sd["pack"], sd["offset"])
+                    if "pack_leaf" in sd:
+                        if sd["pack"] in entries:
+                            raise ValueError(f"two ranks wrote the pack {sd['pack']!r}")
+                        entries[sd["pack"]] = sd["pack_leaf"]
                 else:
+                    chunks[sd["key"]] = (sd["key"], None)
                     entries[sd["key"]] = sd["leaf"]
         keys = sorted(entries)
-        leaf_of = {k: i + 1 for i, k in enumerate(keys)}
+        index = {k: i + 1 for i, k in enumerate(keys)}
+        leaf_of = {key: (index[name], off) for key, (name, off) in chunks.items()}
         metadata.storage_meta = self.storage_meta()
-        doc = encode_metadata(metadata, leaf_of, values)
+        doc = encode_metadata(metadata, leaf_of, values, ["dcp_metadata"] + keys)
         text = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
         first = h.stage([np.frombuffer(text, np.uint8)])[0]
         self.written_bytes += first["written"]
@@ -273,10 +359,13 @@ class VlccWriter(StorageWriter, AsyncStager):
         meta.update(self.meta)
         meta[META_KEY] = {"format": FORMAT, "items": len(doc["items"]), "leaves": len(keys),
                           "ranks": len(results)}
-        self.version = h.commit_staged(_spec(keys, leaves), leaves,
-                                       self.message, meta, branch=self.branch)
+        self.version = h.commit_staged(_spec(keys, leaves), leaves, self.message, meta,
+                                       branch=self.branch, at=self._base)
         for tag in self.tags:
             h.tag(tag, self.version)
+        # dcp.save returns this metadata on every rank: each learns the version.
+        metadata.storage_data = {"vlcc_version": self.version, "branch": self.branch,
+                                 "path": self.path}
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint id (the path) and this save's id."""
@@ -289,15 +378,18 @@ class VlccWriter(StorageWriter, AsyncStager):
 
     # -- AsyncStager (dcp.async_save) -----------------------------------------------
 
-    def stage(self, state_dict: dict) -> dict:
+    def stage(self, state_dict: dict) -> dict | Future:
         """Copy `state_dict` into this writer's reusable staging area (``dcp.async_save``).
 
         **Arguments:**
 
         - `state_dict`: the state dict being saved.
 
-        **Returns:** a state dict of the same structure over the staging area;
-        training may change the original at once.  The area holds exactly the
-        rank's shard (``writer.staging.nbytes``) and is reused by every save.
+        **Returns:** a state dict of the same structure over the staging area
+        (training may change the original at once), or with `background`, a
+        future of it.  The area holds exactly the rank's shard
+        (``writer.staging.nbytes``) and is reused by every save.
         """
+        if self.background:
+            return self.staging.stage_in_background(state_dict)
         return self.staging.stage(state_dict)

@@ -18,7 +18,11 @@ Every rank *stages* the tensor chunks DCP's planner gives it: it hashes
 their 1 MiB chunks and writes the ones the repository lacks into its
 content-addressed ``chunks/`` (unchanged chunks cost a hash; with
 ``deltas=True`` a changed chunk is stored as a compressed XOR against the
-parent version's chunk at the same place).  Each rank's write results carry
+parent version's chunk at the same place).  Tensor chunks under 64 KiB
+(biases, norms, step counters) are packed into leaves of up to 1 MiB per
+rank (``__pack__.<rank>.<n>``), each item at a recorded byte offset: one
+file for hundreds of them, since creating a file costs more than writing
+64 KiB.  Each rank's write results carry
 the JSON leaf entries (chunk addresses), which DCP gathers on the
 coordinator; the coordinator's ``finish`` then *commits once*: the version
 (one leaf per tensor chunk, plus the metadata document as leaf 0) is
@@ -28,8 +32,13 @@ and ``gc`` removes them); a version is never half-written.
 
 A version written by :class:`VlccWriter` is an ordinary version: ``vlcc
 log``, ``History.diff``/``compare``, ``gc``, ``export`` and ``History.load``
-(a dict ``{"dcp_metadata": uint8 array, "items": {key: array}}``) all
-work on it.
+(a dict ``{"dcp_metadata": uint8 array, "items": {name: array}}``, a name
+per tensor chunk of its own or per pack) all work on it.
+
+Host memory: a synchronous save hashes and writes tensors where they lie
+(a pack costs one reused buffer of at most 1 MiB); ``dcp.async_save`` adds
+one staging area of exactly the rank's shard, reused by every save
+(:mod:`vlcc_adjoint.torch._dcp_stage`).
 
 Nothing is unpickled
 --------------------
