@@ -3,7 +3,7 @@
 Reproduce::
 
     . .venv/bin/activate
-    python benchmarks/bench_dcp.py --quick                 # seconds (CI size)
+    python benchmarks/bench_dcp.py --quick                 # about a minute (CI size)
     python benchmarks/bench_dcp.py                         # the committed size, ~8 min
     python benchmarks/bench_dcp.py --train-repeats 5 --update-results   # the committed JSON
 
