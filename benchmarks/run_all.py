@@ -68,11 +68,12 @@ BENCHMARKS = {
     "torch": (["--quick"], []),
     "error_budget": (["--quick"], []),
     "lineage_delta": (["--mb", "8"], []),
+    "dcp": (["--quick"], []),
 }
 
 PACKAGES = ["vlcc-adjoint", "numpy", "numba", "zarr", "blosc2", "xxhash", "networkx", "jax",
             "jaxlib", "equinox", "devito", "pyrevolve", "checkpoint-schedules", "zfpy", "pysz",
-            "torch", "deepspeed", "mpi4py", "mpich"]
+            "torch", "deepspeed", "mpi4py", "mpich", "icechunk"]
 
 
 def machine() -> dict:
