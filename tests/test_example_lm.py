@@ -3,12 +3,11 @@ backtracks, branches and is fine-tuned from a tag; each claim checked against th
 
 The script runs once, as a user would start it (a fresh interpreter), with
 ``--repo`` and ``--record``; the tests then read its repository with
-``History`` and ``VlccReader`` and replay training steps themselves.
+``History`` and ``VlccReader`` and replay training steps in fresh interpreters of their own.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -28,13 +27,6 @@ from vlcc_adjoint.torch.dcp import VlccReader  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "lineage_lm.py"
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("lineage_lm_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +74,64 @@ def test_losses_after_backtracking_equal_the_original_runs_up_to_the_branch_poin
     assert "losses of steps 120..125 equal the original run's bit for bit" in run["out"]
 
 
+# The replays run in fresh interpreters, as the script did: a test process may hold
+# global torch state other tests set (threads, backends), which moves the last bit.
+_WEIGHTS = """
+import json, sys, importlib.util
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from vlcc_adjoint._examples import tiny_lm as lm
+from vlcc_adjoint.torch.dcp import VlccReader
+
+def weights(repo, ref, seed=5):
+    model = lm.TinyLM(seed=seed)
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, storage_reader=VlccReader(repo, ref=ref))
+    return state["model"]
+"""
+
+_REPLAY = _WEIGHTS + """
+script, repo, good, start, stop = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("lineage_lm_replay", script)
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+lm.deterministic(0)
+data = lm.corpus("grammar")
+model, opt = ex.build(seed=3)
+ex.restore(repo, good, model, opt)
+print(json.dumps([lm.train_step(model, opt, *lm.batch(data, s), ex.schedule(s, 3e-3, 125, 30.0))
+                  for s in range(int(start), int(stop))]))
+"""
+
+_FINETUNE = _WEIGHTS + """
+repo, ref, first, saved_ref = sys.argv[1:]
+lm.deterministic(0)
+addition = lm.corpus("addition", 100_000)
+model = lm.TinyLM(seed=7)
+model.load_state_dict(weights(repo, ref))
+opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
+losses = [lm.train_step(model, opt, *lm.batch(addition, s), 1e-3) for s in range(int(first))]
+saved = weights(repo, saved_ref)
+tuned = model.state_dict()
+print(json.dumps({"losses": losses, "equal": all(torch.equal(tuned[k], saved[k]) for k in saved)}))
+"""
+
+
+def _fresh(code: str, *args) -> object:
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_a_replay_from_the_good_version_reproduces_the_recorded_losses(run):
     """Independently of the script: restore the good version (weights *and* AdamW's state)
     through DCP, run the original schedule, compare with the original run's losses."""
-    ex, r = _example(), run["result"]
-    lm.deterministic(0)
-    data = lm.corpus("grammar")
-    model, opt = ex.build(seed=3)
-    ex.restore(run["repo"], r["good"], model, opt)
-    for s in range(r["good_step"], r["first_bad"] + 1):
-        loss = lm.train_step(model, opt, *lm.batch(data, s), ex.schedule(s, 3e-3, 125, 30.0))
-        assert loss == r["original_losses"][s], s
+    r = run["result"]
+    steps = range(r["good_step"], r["first_bad"] + 1)
+    losses = _fresh(_REPLAY, SCRIPT, run["repo"], r["good"], steps.start, steps.stop)
+    assert losses == [r["original_losses"][s] for s in steps]
 
 
 def test_the_dag_has_the_diverged_main_and_the_two_branches(run):
@@ -132,24 +171,14 @@ def test_the_finetune_starts_from_the_tagged_versions_weights(run):
     """Replay the first fine-tuning segment from the tag's weights: it reproduces the branch's
     first version bit for bit; from the good version's weights it does not."""
     r = run["result"]
-    lm.deterministic(0)
-    addition = lm.corpus("addition", 100_000)
     first = min(r["finetune_versions"])
-
-    def tuned_from(ref):
-        model = lm.TinyLM(seed=7)
-        model.load_state_dict(_weights(run["repo"], ref))
-        opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
-        losses = [lm.train_step(model, opt, *lm.batch(addition, s), 1e-3) for s in range(first)]
-        return model.state_dict(), losses
-
+    saved = r["finetune_versions"][first]
     tagged = _weights(run["repo"], "pretrained")
     assert all(torch.equal(tagged[k], _weights(run["repo"], r["pretrained"])[k]) for k in tagged)
-    weights, losses = tuned_from("pretrained")
-    saved = _weights(run["repo"], r["finetune_versions"][first])
-    assert all(torch.equal(weights[k], saved[k]) for k in saved)
-    assert losses == [r["finetune_losses"][s] for s in range(first)]
-    other, _ = tuned_from("last-good")
-    assert not all(torch.equal(other[k], saved[k]) for k in saved)
+    from_tag = _fresh(_FINETUNE, run["repo"], "pretrained", first, saved)
+    assert from_tag["equal"]
+    assert from_tag["losses"] == [r["finetune_losses"][s] for s in range(first)]
+    from_good = _fresh(_FINETUNE, run["repo"], "last-good", first, saved)
+    assert not from_good["equal"]
     # and it learned the second task
     assert r["eval_after"]["addition"] < 0.5 * r["eval_before"]["addition"]
