@@ -316,12 +316,12 @@ class VlccWriter(StorageWriter, AsyncStager):
         again and cost nothing (the chunks are content-addressed), and only the
         packs of the changing ones are written.
         """
-        digests = {storage_key(item.index): hashlib.blake2b(
-            arr.reshape(-1).view(np.uint8), digest_size=16).digest() for item, arr in small}
-        same = [(i, a) for i, a in small if self._digests.get(storage_key(i.index))
-                == digests[storage_key(i.index)]]
-        other = [(i, a) for i, a in small if self._digests.get(storage_key(i.index))
-                 != digests[storage_key(i.index)]]
+        digests: dict[str, bytes] = {}
+        same, other = [], []
+        for item, arr in small:
+            key = storage_key(item.index)
+            digests[key] = hashlib.blake2b(arr.reshape(-1).view(np.uint8), digest_size=16).digest()
+            (same if self._digests.get(key) == digests[key] else other).append((item, arr))
         self._digests = digests
         packs: list[list] = []
         for group in (same, other):
