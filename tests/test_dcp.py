@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -171,6 +172,53 @@ def test_unchanged_tensors_are_stored_once(tmp_path):
     assert 0 < writer.written_bytes < 16 << 10  # the small tensor and the metadata
     with History(path, mode="r") as h:
         assert h.usage().chunk_bytes - first == writer.written_bytes
+
+
+def test_packs_of_unchanged_small_tensors_are_not_written_again(tmp_path):
+    # A frozen base's small tensors (norms, biases) beside changing adapters, all
+    # small enough to be packed: once a save has seen which ones stay the same, a
+    # save writes the packs of the changed ones and the metadata, nothing more.
+    path = tmp_path / "run.vlcc"
+    gen = torch.Generator().manual_seed(0)
+    frozen = {f"norm{i}": torch.randn(1000, generator=gen) for i in range(40)}  # 160 kB
+    def state(step):
+        return {"base": dict(frozen),
+                "adapter": {f"a{i}": torch.full((500,), float(step + i)) for i in range(8)}}
+    changed = 8 * 500 * 4
+    writer = VlccWriter(path)
+    sizes = []
+    for step in range(4):
+        dcp.save(state(step), storage_writer=writer)
+        sizes.append(writer.written_bytes)
+    assert sizes[0] > 160_000 and sizes[1] > 160_000  # the frozen ones in a pack of their own
+    for written in sizes[2:]:
+        assert changed <= written < changed + 4096  # + the compressed metadata document
+    with History(path, mode="r") as h:
+        v2, v3 = h.log()[1].id, h.log()[0].id
+        plain2, plain3 = h.load(v2)["items"], h.load(v3)["items"]
+        packs = sorted(k for k in plain3 if k.startswith("__pack__."))
+        assert len(packs) == 2 and np.array_equal(plain2[packs[0]], plain3[packs[0]])
+        assert plain3[packs[0]].nbytes == 160_000
+    out = {"base": {k: torch.empty(1000) for k in frozen},
+           "adapter": {f"a{i}": torch.empty(500) for i in range(8)}}
+    dcp.load(out, storage_reader=VlccReader(path))
+    for k, t in state(3)["base"].items():
+        assert torch.equal(out["base"][k], t)
+    for k, t in state(3)["adapter"].items():
+        assert torch.equal(out["adapter"][k], t)
+
+
+def test_a_truncated_metadata_document_is_refused(tmp_path):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(10.0)}, storage_writer=VlccWriter(path))
+    with History(path) as h:  # checksums valid, the compressed stream cut short
+        (v,) = h.log()
+        state = h.load(v.id)
+        state["dcp_metadata"] = state["dcp_metadata"][:-5]
+        h.commit(state, branch="cut", meta=v.meta)
+        h.wait()
+    with pytest.raises(CorruptCheckpointError, match="cut short"):
+        VlccReader(path, ref="cut")
 
 
 def test_async_save_stages_into_one_reused_area_of_the_shard_size(tmp_path):
@@ -363,10 +411,11 @@ def _craft(path, edit):
     (a crafted store: the bytes are consistent, their meaning is not)."""
     with History(path) as h:
         (v,) = h.log()
-        doc = json.loads(h.read_leaf(v.id, 0).tobytes())
+        assert v.meta["dcp"]["document"] == "zlib"
+        doc = json.loads(zlib.decompress(h.read_leaf(v.id, 0).tobytes()))
         state = h.load(v.id)
         edit(doc)
-        state["dcp_metadata"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+        state["dcp_metadata"] = np.frombuffer(zlib.compress(json.dumps(doc).encode()), np.uint8)
         h.commit(state, branch="crafted", meta=v.meta)
         h.wait()
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import uuid
+import zlib
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,18 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not strict JSON")
 
 
+def _inflate(packed: bytes) -> bytes:
+    """The JSON text of a zlib-compressed metadata document, of at most
+    ``MAX_DOCUMENT_BYTES`` (``ValueError`` when longer, cut short or followed by more)."""
+    d = zlib.decompressobj()
+    text = d.decompress(packed, MAX_DOCUMENT_BYTES + 1)
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"the document inflates to more than {MAX_DOCUMENT_BYTES} bytes")
+    if not d.eof or d.unused_data:
+        raise ValueError("the compressed document is cut short or followed by other bytes")
+    return text
+
+
 def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
     """The decoded metadata document of version `vid` (checked)."""
     v = h.version(vid)
@@ -54,7 +67,10 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
                                      "bytes", key=vid, path=manifest)
     raw = h.read_leaf(vid, 0)
     try:
-        doc = json.loads(raw.tobytes(), parse_constant=_no_constant)
+        text = raw.tobytes()
+        if mark.get("document") == "zlib":
+            text = _inflate(text)
+        doc = json.loads(text, parse_constant=_no_constant)
         md, storage, leaf_keys = decode_metadata(doc, len(infos))
         # Every chunk's leaf must hold what the metadata says (reads are sized by it).
         for index, info in storage.items():
@@ -74,7 +90,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
                 raise ValueError(f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the "
                                  f"metadata says {index.fqn!r} is {dtype}{list(sizes)} there")
         return md, storage, leaf_keys
-    except (ValueError, TypeError, RecursionError) as err:
+    except (ValueError, TypeError, RecursionError, zlib.error) as err:
         raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata is invalid "
                                      f"({err}); load another version", key=vid,
                                      path=manifest) from None

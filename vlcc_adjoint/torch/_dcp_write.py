@@ -6,9 +6,11 @@ See :mod:`vlcc_adjoint.torch.dcp` for how a save maps onto a History.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import uuid
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -34,6 +36,8 @@ PACK_LIMIT = 64 << 10
 #: ... of at most this many bytes (named ``PACK_PREFIX<rank>.<n>``).
 PACK_BYTES = 1 << 20
 PACK_PREFIX = "__pack__."
+#: zlib level of the metadata document (leaf 0; nearly the same text at every save).
+DOCUMENT_LEVEL = 6
 
 
 def _spec(keys: Sequence[str], entries: Sequence[dict]) -> dict:
@@ -113,6 +117,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.at = at
         self._base: str | None = None
         self._pack: np.ndarray | None = None
+        self._digests: dict[str, bytes] = {}  # small chunk -> its digest at the last save
         self._history: History | None = None
         self._save_id = uuid.uuid4().hex
         self.rank = 0
@@ -272,14 +277,7 @@ class VlccWriter(StorageWriter, AsyncStager):
             (small if arr.nbytes < PACK_LIMIT else own).append((item, arr))
         # Small chunks travel in pack leaves of about PACK_BYTES: one file for many
         # biases and norms instead of one each (file creation dominates their cost).
-        packs: list[list] = []
-        size = PACK_BYTES
-        for item, arr in small:
-            if size + arr.nbytes > PACK_BYTES:
-                packs.append([])
-                size = 0
-            packs[-1].append((item, arr, size))
-            size += arr.nbytes
+        packs = self._packs(small)
         keys = [storage_key(i.index) for i, _ in own]
         pack_keys = [f"{PACK_PREFIX}{slot}.{j}" for j in range(len(packs))]
         where = self._parent_leaves(h, parent) if parent is not None and h.deltas else None
@@ -308,6 +306,33 @@ class VlccWriter(StorageWriter, AsyncStager):
                 results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
                                            storage_data=sd))
         return results
+
+    def _packs(self, small: list) -> list[list]:
+        """Lay the small chunks out in packs, ``[[(item, array, offset), ...], ...]``.
+
+        The chunks whose bytes are those of this writer's last save come first, in
+        plan order, then the others: when the same chunks stay unchanged from save
+        to save (a frozen base's norms and biases), their packs are the same bytes
+        again and cost nothing (the chunks are content-addressed), and only the
+        packs of the changing ones are written.
+        """
+        digests: dict[str, bytes] = {}
+        same, other = [], []
+        for item, arr in small:
+            key = storage_key(item.index)
+            digests[key] = hashlib.blake2b(arr.reshape(-1).view(np.uint8), digest_size=16).digest()
+            (same if self._digests.get(key) == digests[key] else other).append((item, arr))
+        self._digests = digests
+        packs: list[list] = []
+        for group in (same, other):
+            size = PACK_BYTES
+            for item, arr in group:
+                if size + arr.nbytes > PACK_BYTES:
+                    packs.append([])
+                    size = 0
+                packs[-1].append((item, arr, size))
+                size += arr.nbytes
+        return packs
 
     @staticmethod
     def _parent_leaves(h: History, parent: str) -> dict[str, int] | None:
@@ -352,13 +377,14 @@ class VlccWriter(StorageWriter, AsyncStager):
         metadata.storage_meta = self.storage_meta()
         doc = encode_metadata(metadata, leaf_of, values, ["dcp_metadata"] + keys)
         text = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
-        first = h.stage([np.frombuffer(text, np.uint8)])[0]
+        packed = zlib.compress(text, DOCUMENT_LEVEL)
+        first = h.stage([np.frombuffer(packed, np.uint8)])[0]
         self.written_bytes += first["written"]
         leaves = [first] + [entries[k] for k in keys]
         meta = {} if self.step is None else {"step": self.step}
         meta.update(self.meta)
         meta[META_KEY] = {"format": FORMAT, "items": len(doc["items"]), "leaves": len(keys),
-                          "ranks": len(results)}
+                          "ranks": len(results), "document": "zlib"}
         self.version = h.commit_staged(_spec(keys, leaves), leaves, self.message, meta,
                                        branch=self.branch, at=self._base)
         for tag in self.tags:

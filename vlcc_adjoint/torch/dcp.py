@@ -22,10 +22,14 @@ parent version's chunk at the same place).  Tensor chunks under 64 KiB
 (biases, norms, step counters) are packed into leaves of up to 1 MiB per
 rank (``__pack__.<rank>.<n>``), each item at a recorded byte offset: one
 file for hundreds of them, since creating a file costs more than writing
-64 KiB.  Each rank's write results carry
+64 KiB.  The items whose bytes are those of the writer's previous save are
+packed apart from the others, so that a frozen base's norms and biases keep
+the same packs (stored once) while only the packs of changed items (e.g.
+adapters and their optimizer moments) are written.  Each rank's write results carry
 the JSON leaf entries (chunk addresses), which DCP gathers on the
 coordinator; the coordinator's ``finish`` then *commits once*: the version
-(one leaf per tensor chunk, plus the metadata document as leaf 0) is
+(one leaf per tensor chunk, plus the metadata document, zlib-compressed
+JSON, as leaf 0) is
 published atomically under the graph lock.  If any rank fails, DCP never
 calls ``finish`` and no version appears (the staged chunks are unreferenced
 and ``gc`` removes them); a version is never half-written.
