@@ -94,24 +94,7 @@ class MemoryTier(Tier):
         """:meth:`adopt` of the record ``Record(spec, leaves, checksums)``,
         given in parts (the engine's short path for small states, which
         spares building the record)."""
-        if len(leaves) != 1:
-            self._insert(key, spec, leaves, checksums)
-            return
-        leaf = leaves[0]  # one leaf: _insert's work in place
-        with self._lock:
-            records, objects = self._records, self._objects
-            if key in records:
-                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
-            holder = objects.get(id(leaf))
-            need = 0 if holder is not None else leaf.nbytes
-            if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                raise full(key, self.name, need, self._used, self.capacity_bytes)
-            if holder is None:
-                objects[id(leaf)] = [leaf, 1]
-            else:
-                holder[1] += 1
-            self._used += need
-            records[key] = (spec, leaves, checksums)
+        self._insert(key, spec, leaves, checksums)
 
     def _insert(self, key, spec, leaves, checksums) -> None:
         with self._lock:
