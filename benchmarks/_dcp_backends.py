@@ -34,18 +34,6 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 MIB = 1 << 20
 
 
-def disk_bytes(root: str) -> int:
-    """Bytes of the files under `root` (each inode once: hard links are not counted twice)."""
-    seen, total = set(), 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            st = os.lstat(os.path.join(dirpath, name))
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -87,6 +87,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
 
 import _dcp_backends as B  # noqa: E402
+from bench_lineage import disk_bytes  # noqa: E402
 from vlcc_adjoint._examples import tiny_lm as lm  # noqa: E402
 
 BACKENDS = ["vlcc", "vlcc_deltas", "dcp_fs", "icechunk", "icechunk_changed"]
@@ -135,7 +136,7 @@ def _one_backend(name, states, template, root, repeats) -> dict:
     save_s, after = [], []
     for i, sd in enumerate(states):
         save_s.append(B.timed(backend.save, sd, i))
-        after.append(B.disk_bytes(root))
+        after.append(disk_bytes(root))
     load_s = []
     for _ in range(1 + repeats):
         target = copy.deepcopy(template)

@@ -151,6 +151,7 @@ def compute(seconds: float) -> None:
 
 
 def disk_bytes(path: str) -> int:
+    """Bytes of the files under `path` (each inode once: hard links are not counted twice)."""
     seen, total = set(), 0
     for root, _, files in os.walk(path):
         for name in files:
