@@ -175,14 +175,9 @@ class CommitPipeline:
             self.wait()
         g = self._refresh()
         with self._lock:
-            if branch is not None:
-                check_name(branch, "branch")
-            elif self._head_branch is None:
-                raise ValueError(
-                    f"HEAD is detached at version {self._head_version} (a version or tag was "
-                    "checked out); commit onto a branch: commit(state, branch='name') creates it "
-                    "there, or checkout a branch first")
-            target = branch or self._head_branch
+            target = self._target_branch(
+                branch, " (a version or tag was checked out); commit onto a branch: "
+                "commit(state, branch='name') creates it there, or checkout a branch first")
             base = self._tip.get(self._head_branch) or self._head_id(g) \
                 if self._head_branch is not None else self._head_version
             merges = []
@@ -218,6 +213,16 @@ class CommitPipeline:
             self._stats["caller_seconds"] += time.perf_counter() - t0
         self._queue.put(job)
         return vid
+
+    def _target_branch(self, branch: str | None, remedy: str) -> str:
+        """Lock held: the branch a new version goes onto, `branch` (a valid name)
+        or HEAD's; a detached HEAD raises ``ValueError`` ending with `remedy`."""
+        if branch is not None:
+            check_name(branch, "branch")
+            return branch
+        if self._head_branch is None:
+            raise ValueError(f"HEAD is detached at version {self._head_version}{remedy}")
+        return self._head_branch
 
     def _capture(self, vid: str, leaves: list, spec: dict) -> _Job:
         """Take ownership of the state's bytes (see the module docstring, step 1)."""

@@ -37,7 +37,6 @@ import numpy as np
 from ..state import byte_view
 from . import _format as F
 from ._commit import _Job, _json_meta, _LeafJob
-from ._graph import check_name
 
 __all__ = ["Parts"]
 
@@ -168,13 +167,7 @@ class Parts:
         self.wait()  # this object's own commits first: they may be this branch's tip
         g = self._refresh()
         with self._lock:
-            if branch is not None:
-                check_name(branch, "branch")
-            elif self._head_branch is None:
-                raise ValueError(
-                    f"HEAD is detached at version {self._head_version}; commit onto a branch "
-                    "(branch='name')")
-            target = branch or self._head_branch
+            target = self._target_branch(branch, "; commit onto a branch (branch='name')")
             base = self._head_id(g) if self._head_branch is not None else self._head_version
             if at is not None and target not in g.branches:
                 base = self._resolve(g, at)
