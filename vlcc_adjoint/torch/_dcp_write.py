@@ -292,8 +292,8 @@ class VlccWriter(StorageWriter, AsyncStager):
             if self._pack is None or self._pack.nbytes < need:
                 self._pack = np.empty(need, np.uint8)
         for pack, pack_key in zip(packs, pack_keys):
-            item, arr, off = pack[-1]
-            view = self._pack[:off + arr.nbytes]
+            _, last, end = pack[-1]
+            view = self._pack[:end + last.nbytes]  # the pack's bytes, at the buffer's start
             for item, arr, off in pack:
                 view[off:off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
             (entry,) = h.stage([view], base=parent if where else None,
