@@ -8,6 +8,7 @@ Reproduce::
     python benchmarks/run_all.py --quick --only codecs tiers
     python benchmarks/run_all.py --quick --out DIR
     python benchmarks/run_all.py --full --update-results   # rewrite benchmarks/results/
+    python benchmarks/run_all.py --full --out DIR --resume  # go on with a stopped run
     vlcc bench --quick                          # the same, from a source checkout
 
 Where the results go: ``--out DIR``, by default ``$TMPDIR/vlcc-bench-results/``
@@ -20,10 +21,14 @@ Each benchmark runs in a fresh Python process (``benchmarks/bench_<name>.py
 --quick|(full) --out DIR``), compares our code with its peer tool side by
 side in that one run, and writes ``DIR/bench_<name>.json`` (and a PNG where
 it draws one).  This script adds ``DIR/run_all.json``: the machine, the
-versions of every compared package, the load average before and after each
-benchmark, its wall time, exit status and the files it wrote.  Benchmarks
-run one at a time because the machines are small and shared; a failing
-benchmark is reported and the others still run.  Progress goes to stdout,
+source commit (and whether the tree had changes), the versions of every
+compared package, the load average before and after each benchmark, its
+wall time, exit status and the files it wrote; it is rewritten after each
+benchmark, so a stopped run leaves what it did, and ``--resume`` keeps the
+clean runs of an earlier ``run_all.json`` of the same commit and size and
+runs the rest (a full run takes hours).  Benchmarks run one at a time
+because the machines are small and shared; a failing benchmark is reported
+and the others still run.  Progress goes to stdout,
 one line when a benchmark starts (``[i/N] bench_<name> ...``) and one when
 it ends (its status, its wall time and the time since the run started).
 
@@ -68,8 +73,14 @@ BENCHMARKS = {
     "torch": (["--quick"], []),
     "error_budget": (["--quick"], []),
     "lineage_delta": (["--mb", "8"], []),
-    "dcp": (["--quick"], []),
+    "dcp": (["--quick"], ["--train-repeats", "5"]),
+    "executor": (["--steps", "20000", "--rounds", "1"], ["--rounds", "3"]),
+    "jax_ooc": (["--out-of-core", "--skip-scan", "--ooc-grid", "128", "--ooc-steps", "400"],
+                ["--out-of-core", "--skip-scan"]),
 }
+
+#: benchmarks run by another benchmark's script (with the arguments above)
+SCRIPTS = {"jax_ooc": "bench_jax.py"}
 
 PACKAGES = ["vlcc-adjoint", "numpy", "numba", "zarr", "blosc2", "xxhash", "networkx", "jax",
             "jaxlib", "equinox", "devito", "pyrevolve", "checkpoint-schedules", "zfpy", "pysz",
@@ -85,6 +96,7 @@ def machine() -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return {
+        "source": source(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -94,9 +106,37 @@ def machine() -> dict:
     }
 
 
+def source() -> dict:
+    """The commit of the source tree, and whether it has changes (``git``)."""
+    def git(*args):
+        done = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"),
+            "changed": None if status is None else bool(status)}
+
+
+def resumable(out: Path, quick: bool, here: dict) -> dict:
+    """The clean runs of an earlier ``run_all.json`` in `out` that a run of
+    this source tree at this size may keep: name -> record.  Only a run of
+    the same commit, without changes on either side, qualifies."""
+    path = out / "run_all.json"
+    if not path.is_file() or here["commit"] is None or here["changed"] is not False:
+        return {}
+    try:
+        earlier = json.loads(path.read_text())
+        if earlier["quick"] != quick or earlier["machine"]["source"] != here:
+            return {}
+        return {run["name"]: run for run in earlier["runs"] if run["status"] == 0
+                and run.get("figure", {}).get("status", 0) == 0}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
 def run_one(name: str, args: list[str], out: Path, timeout: float) -> dict:
     """Run ``bench_<name>.py`` in a fresh interpreter; what it did and wrote."""
-    script = HERE / f"bench_{name}.py"
+    script = HERE / SCRIPTS.get(name, f"bench_{name}.py")
     before = {p.name: p.stat().st_mtime for p in out.glob("*") if p.is_file()}
     load_before = os.getloadavg()
     t0 = time.perf_counter()
@@ -161,6 +201,10 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
                         "outside the source tree)")
     parser.add_argument("--update-results", action="store_true",
                         help="write into benchmarks/results/, the results the paper quotes")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the clean runs of an earlier run_all.json in the output "
+                        "folder made from this same commit (no local changes), at this size, "
+                        "and run the others")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds before one benchmark is stopped")
     args = parser.parse_args(argv)
@@ -205,11 +249,20 @@ def main(argv=None, prog: str | None = None) -> int:
     print(f"writing to {args.out}"
           + (" (benchmarks/results/, the tracked results)" if args.update_results else ""),
           flush=True)
+    kept = resumable(args.out, index["quick"], index["machine"]["source"]) if args.resume else {}
+    if args.resume:
+        print(f"resuming: {len(kept)} clean runs of this commit kept"
+              + (f" ({', '.join(n for n in names if n in kept)})" if kept else ""), flush=True)
     failed = 0
     start = time.perf_counter()
     for i, name in enumerate(names, 1):
         quick, full = BENCHMARKS[name]
         tag = f"[{i}/{len(names)}] bench_{name}"
+        if name in kept:
+            index["runs"].append(kept[name])
+            print(f"{tag} kept from the earlier run ({kept[name]['wall_seconds']:.0f} s)",
+                  flush=True)
+            continue
         print(f"{tag} ... (run time {_clock(time.perf_counter() - start)})", flush=True)
         record = run_one(name, full if args.full else quick, args.out, args.timeout)
         index["runs"].append(record)
@@ -226,6 +279,7 @@ def main(argv=None, prog: str | None = None) -> int:
             print(record["output_tail"], flush=True)
         if not drawn:
             print(f"   figure: {record['figure']['error']}", flush=True)
+        (args.out / "run_all.json").write_text(json.dumps(index, indent=1))  # so far
     index["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (args.out / "run_all.json").write_text(json.dumps(index, indent=1))
     print(f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran "

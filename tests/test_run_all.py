@@ -136,3 +136,70 @@ def test_figures_redraws_the_tracked_results_elsewhere_unless_told(tmpdir_env, c
     assert (tmpdir_env / "vlcc-bench-results" / "bench_lineage.png").stat().st_size > 10_000
     assert tracked.stat().st_mtime_ns == before
     assert f"writing the figures to {tmpdir_env / 'vlcc-bench-results'}" in capsys.readouterr().out
+
+
+def _stand_in(ran, failing=()):
+    def run_one(name, args, out, timeout):
+        ran.append(name)
+        return {"name": name, "args": args, "status": 3 if name in failing else 0,
+                "wall_seconds": 1.0, "load_before": (0.5, 0, 0), "load_after": (0.6, 0, 0),
+                "written": [], "output_tail": ""}
+    return run_one
+
+
+def test_every_run_records_its_source_commit():
+    here = run_all.source()
+    assert set(here) == {"commit", "changed"}
+    assert here["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", here["commit"])
+
+
+def test_resume_keeps_the_clean_runs_of_the_same_commit_and_reruns_the_rest(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_all, "draw_figure", lambda record, out: True)
+    monkeypatch.setattr(run_all, "source", lambda: {"commit": "a" * 40, "changed": False})
+    ran = []
+    monkeypatch.setattr(run_all, "run_one", _stand_in(ran, failing={"tiers"}))
+    argv = ["--quick", "--only", "codecs", "tiers", "--out", str(tmp_path)]
+    assert run_all.main(argv) == 1
+    assert ran == ["codecs", "tiers"]
+    ran.clear()
+    monkeypatch.setattr(run_all, "run_one", _stand_in(ran))
+    assert run_all.main([*argv, "--resume"]) == 0
+    assert ran == ["tiers"]  # the failed one again, the clean one kept
+    assert "bench_codecs kept from the earlier run" in capsys.readouterr().out
+    index = json.loads((tmp_path / "run_all.json").read_text())
+    assert [(r["name"], r["status"]) for r in index["runs"]] == [("codecs", 0), ("tiers", 0)]
+    ran.clear()
+    assert run_all.main(["--full", *argv[1:], "--resume"]) == 0  # another size: nothing kept
+    assert ran == ["codecs", "tiers"]
+
+
+@pytest.mark.parametrize("later", [{"commit": "b" * 40, "changed": False},
+                                   {"commit": "a" * 40, "changed": True}])
+def test_resume_reruns_everything_for_other_or_changed_source(later, tmp_path, monkeypatch):
+    monkeypatch.setattr(run_all, "draw_figure", lambda record, out: True)
+    ran = []
+    monkeypatch.setattr(run_all, "run_one", _stand_in(ran))
+    monkeypatch.setattr(run_all, "source", lambda: {"commit": "a" * 40, "changed": False})
+    argv = ["--quick", "--only", "codecs", "--out", str(tmp_path), "--resume"]
+    assert run_all.main(argv) == 0
+    monkeypatch.setattr(run_all, "source", lambda: later)
+    assert run_all.main(argv) == 0
+    assert ran == ["codecs", "codecs"]
+
+
+def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_all, "draw_figure", lambda record, out: True)
+    ran = []
+    stand_in = _stand_in(ran)
+
+    def run_one(name, args, out, timeout):
+        if name == "tiers":
+            raise KeyboardInterrupt
+        return stand_in(name, args, out, timeout)
+
+    monkeypatch.setattr(run_all, "run_one", run_one)
+    with pytest.raises(KeyboardInterrupt):
+        run_all.main(["--quick", "--only", "codecs", "tiers", "--out", str(tmp_path)])
+    index = json.loads((tmp_path / "run_all.json").read_text())
+    assert [r["name"] for r in index["runs"]] == ["codecs"]
