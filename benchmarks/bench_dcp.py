@@ -47,7 +47,12 @@ new store (``rss_save_bytes``) and one load of the last version
 ``training``: the slowdown of ``--train-steps`` steps with a checkpoint every
 ``--k`` steps, against the same steps without any, for ``dcp.save`` and
 ``dcp.async_save`` (thread; the next save waits for the previous one, the
-last one is waited for before the clock stops) with each writer.  Modes run
+last one is waited for before the clock stops) with each writer, for
+``torch.save`` of the two state dicts into a new file (a plain PyTorch
+loop), and, when DeepSpeed is installed, for DeepSpeed's
+``engine.save_checkpoint`` with its default ``torch.save`` checkpoint engine
+and with our ``VlccCheckpointEngine`` attached (its slowdown against the
+same DeepSpeed loop without checkpoints, ``seconds_ds_none``).  Modes run
 interleaved, in rotated order, ``--train-repeats`` times; per repeat, the
 ratio to that repeat's run without checkpoints (``slowdown``).  On a shared
 machine those wall-clock ratios carry the other tenants' noise; two less
@@ -171,6 +176,10 @@ def _run_child(task: dict) -> dict:
     args = argparse.Namespace(**task["config"])
     lm.deterministic(0)
     if task["kind"] == "train":
+        if task["name"].startswith("ds"):
+            return _train_run_deepspeed(args, task["name"], task["dir"])
+        if task["name"] == "torch_save:sync":
+            return _train_run_torch_save(args, task["dir"])
         return _train_run(args, task["name"], task["dir"])
     adapters = task["workload"] == "adapters"
     model, opt = _setup(args, adapters)
@@ -262,13 +271,107 @@ def _train_run(args, mode: str, work: str) -> dict:
             "rss_peak_above_start": peak}
 
 
+def _train_run_torch_save(args, work: str) -> dict:
+    """`_train_run` with ``torch.save`` of the model's and optimizer's state dicts
+    into a new file every `args.k` steps, as a plain PyTorch loop does."""
+    data = lm.corpus("grammar", 50_000)
+    model, opt = _setup(args, adapters=False)
+    root = tempfile.mkdtemp(dir=work)
+    gc.collect()
+    B.reset_peak_rss()
+    start = B.rss()
+    blocked = 0.0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for s in range(args.train_steps):
+        lm.train_step(model, opt, *lm.batch(data, s, args.batch), 1e-3)
+        if (s + 1) % args.k == 0:
+            b0 = time.perf_counter()
+            torch.save({"model": model.state_dict(), "optim": opt.state_dict()},
+                       os.path.join(root, f"step{s + 1}.pt"))
+            blocked += time.perf_counter() - b0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    peak = B.peak_rss_above(start)
+    shutil.rmtree(root, ignore_errors=True)
+    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
+            "rss_peak_above_start": peak}
+
+
+def _train_run_deepspeed(args, mode: str, work: str) -> dict:
+    """`_train_run` through a DeepSpeed engine (ZeRO stage 0, the same AdamW as
+    a client optimizer, one process on gloo): ``ds:none`` without checkpoints,
+    ``ds_default:sync`` with ``engine.save_checkpoint`` and DeepSpeed's default
+    (``torch.save``) checkpoint engine, ``ds_vlcc:sync`` the same call with
+    :class:`~vlcc_adjoint.torch.VlccCheckpointEngine` attached (its deferred
+    copies and background writes; the last one waited for before the clock
+    stops)."""
+    import deepspeed
+    import torch.nn.functional as F
+
+    from vlcc_adjoint.torch import VlccCheckpointEngine
+
+    port = 29500 + os.getpid() % 2000
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # one process: not needed
+    data = lm.corpus("grammar", 50_000)
+    model, opt = _setup(args, adapters=False)
+    config = {"train_batch_size": args.batch, "zero_optimization": {"stage": 0}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    if mode == "ds_vlcc:sync":
+        VlccCheckpointEngine.attach(engine)
+    root = tempfile.mkdtemp(dir=work)
+    saving = mode != "ds:none"
+    gc.collect()
+    B.reset_peak_rss()
+    start = B.rss()
+    blocked = 0.0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for s in range(args.train_steps):
+        x, y = lm.batch(data, s, args.batch)
+        loss = F.cross_entropy(engine(x).flatten(0, 1), y.flatten())
+        engine.backward(loss)
+        engine.step()
+        if saving and (s + 1) % args.k == 0:
+            b0 = time.perf_counter()
+            engine.save_checkpoint(root, tag=f"step{s + 1}")
+            blocked += time.perf_counter() - b0
+    if mode == "ds_vlcc:sync":
+        b0 = time.perf_counter()
+        engine.checkpoint_engine.wait()
+        blocked += time.perf_counter() - b0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    peak = B.peak_rss_above(start)
+    engine.destroy()
+    shutil.rmtree(root, ignore_errors=True)
+    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
+            "rss_peak_above_start": peak}
+
+
+def _deepspeed_installed() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: each mode's run without checkpoints (its slowdown's denominator)
+def _baseline(mode: str) -> str:
+    return "ds:none" if mode.startswith("ds") else "none"
+
+
 def training(args, work: str) -> dict:
     """Each run in a fresh process (memory peaks are per run), modes interleaved."""
-    modes = ["vlcc:sync", "vlcc:async", "dcp_fs:sync", "dcp_fs:async"]
-    runs: dict[str, list[dict]] = {m: [] for m in ["none", *modes]}
+    modes = ["vlcc:sync", "vlcc:async", "dcp_fs:sync", "dcp_fs:async", "torch_save:sync"]
+    baselines = ["none"]
+    deepspeed = _deepspeed_installed()
+    if deepspeed:
+        modes += ["ds_default:sync", "ds_vlcc:sync"]
+        baselines.append("ds:none")
+    runs: dict[str, list[dict]] = {m: [] for m in [*baselines, *modes]}
     config = {k: getattr(args, k) for k in CONFIG}
     load_before = os.getloadavg()
-    order = ["none", *modes]
+    order = [*baselines, *modes]
     for r in range(args.train_repeats):
         for mode in order[r % len(order):] + order[: r % len(order)]:
             runs[mode].append(_child({"kind": "train", "config": config, "name": mode,
@@ -278,14 +381,18 @@ def training(args, work: str) -> dict:
            "load_before": load_before, "load_after": os.getloadavg(),
            "seconds_none": none, "step_s_none": statistics.median(none) / args.train_steps,
            "rss_none_bytes": statistics.median(x["rss_peak_above_start"] for x in runs["none"]),
-           "modes": {}}
-    cpu_none = [x["cpu_seconds"] for x in runs["none"]]
-    out["cpu_seconds_none"] = cpu_none
+           "deepspeed": deepspeed, "modes": {}}
+    out["cpu_seconds_none"] = [x["cpu_seconds"] for x in runs["none"]]
+    if deepspeed:
+        out["seconds_ds_none"] = [x["seconds"] for x in runs["ds:none"]]
+        out["cpu_seconds_ds_none"] = [x["cpu_seconds"] for x in runs["ds:none"]]
+        out["step_s_ds_none"] = statistics.median(out["seconds_ds_none"]) / args.train_steps
     for m in modes:
+        base = runs[_baseline(m)]
         seconds = [x["seconds"] for x in runs[m]]
-        ratios = [t / b - 1.0 for t, b in zip(seconds, none)]
+        ratios = [t / b["seconds"] - 1.0 for t, b in zip(seconds, base)]
         blocked = [x["blocked_seconds"] / (x["seconds"] - x["blocked_seconds"]) for x in runs[m]]
-        cpu = [x["cpu_seconds"] / b - 1.0 for x, b in zip(runs[m], cpu_none)]
+        cpu = [x["cpu_seconds"] / b["cpu_seconds"] - 1.0 for x, b in zip(runs[m], base)]
         peaks = [x["rss_peak_above_start"] for x in runs[m]]
         out["modes"][m.replace(":", "_")] = {
             "seconds": seconds, "slowdown": ratios, "slowdown_median": statistics.median(ratios),
