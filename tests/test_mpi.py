@@ -328,3 +328,32 @@ def test_mpi_seismic_example_runs_and_matches_the_serial_gradient(tmp_path):
     diff = float(re.search(r"max \|diff\| / max \|g\| = ([0-9.e+-]+)", out).group(1))
     assert diff < 1e-12
     assert "written by 2 ranks, read by 1" in out
+
+
+_DEFERRED = """
+import sys
+import mpi4py
+mpi4py.rc(initialize=False, finalize=False)  # as Devito does when it is imported
+from mpi4py import MPI
+from vlcc_adjoint.mpi import SharedZarrTier
+{before}
+tier = SharedZarrTier(sys.argv[1], MPI.COMM_SELF)
+print("size", tier.size, "initialized", MPI.Is_initialized())
+"""
+
+
+@pytest.mark.skipif(not HAVE_MPI4PY, reason="needs mpi4py")
+@pytest.mark.parametrize("before, said", [
+    ("", "size 1 initialized True"),
+    ("MPI.Init(); MPI.Finalize()", "RuntimeError: MPI is finalized already"),
+])
+def test_mpi_deferred_by_another_library_is_initialised_not_a_silent_exit(tmp_path, before, said):
+    """A library imported first (Devito) may defer MPI's initialisation; an MPI
+    call would then end the process with status 1 and no message.  Our classes
+    initialise MPI as mpi4py would (and finalise it at exit); after MPI_Finalize
+    they raise a message."""
+    proc = subprocess.run([sys.executable, "-c", _DEFERRED.format(before=before),
+                           str(tmp_path / "h")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert said in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == (0 if not before else 1)

@@ -75,6 +75,7 @@ __all__ = [
     "Guard",
     "RankFailedError",
     "active_guard",
+    "ensure_initialized",
     "poll",
 ]
 
@@ -85,7 +86,11 @@ _ACTIVE: dict[int, "Guard"] = {}
 _ACTIVE_LOCK = threading.Lock()
 
 
+_STARTED = False  # MPI found (or made) initialised once in this process
+
+
 def _mpi():
+    """``mpi4py.MPI``, with MPI initialised (see :func:`ensure_initialized`)."""
     try:
         from mpi4py import MPI
     except ImportError as err:  # pragma: no cover - exercised without mpi4py
@@ -93,7 +98,50 @@ def _mpi():
             "vlcc_adjoint.mpi needs mpi4py and an MPI library: pip install 'vlcc-adjoint[mpi]' "
             "(mpi4py + the mpich wheel), or mpi4py built against your cluster's MPI"
         ) from err
+    if not _STARTED:
+        ensure_initialized(MPI)
     return MPI
+
+
+def ensure_initialized(MPI: Any = None) -> None:
+    """Initialise MPI if a library imported before us deferred it.
+
+    ``from mpi4py import MPI`` initialises MPI, unless a library imported
+    first set ``mpi4py.rc(initialize=False)`` to do it later itself (Devito
+    does, and initialises MPI only in its own MPI mode).  Any MPI call then
+    ends the process (MPICH: "Attempting to use an MPI routine before
+    initializing"), with exit status 1 and no Python traceback.  So every
+    class of this package that takes a communicator calls this first: MPI is
+    initialised as mpi4py would have done (``MPI_Init_thread`` at
+    ``mpi4py.rc.thread_level``) and finalised at exit, since this process
+    started it (whoever initialised MPI finalises it; Devito's exit handler
+    finalises only what Devito initialised).  Raises :class:`RuntimeError`
+    if MPI was finalised already.
+    """
+    global _STARTED
+    if MPI is None:
+        MPI = _mpi()
+    with _ACTIVE_LOCK:
+        if _STARTED:
+            return
+        if MPI.Is_finalized():
+            raise RuntimeError("MPI is finalized already in this process; vlcc_adjoint.mpi needs "
+                               "it running (finalize MPI only at the end of the program)")
+        if not MPI.Is_initialized():
+            import atexit
+
+            import mpi4py
+
+            levels = {"single": MPI.THREAD_SINGLE, "funneled": MPI.THREAD_FUNNELED,
+                      "serialized": MPI.THREAD_SERIALIZED, "multiple": MPI.THREAD_MULTIPLE}
+            MPI.Init_thread(levels.get(str(mpi4py.rc.thread_level), MPI.THREAD_MULTIPLE))
+            atexit.register(_finalize, MPI)
+        _STARTED = True
+
+
+def _finalize(MPI) -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 class CollectiveTimeoutError(VlccError, TimeoutError):

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._comm import _mpi, active_guard, poll
+from ._comm import _mpi, active_guard, ensure_initialized, poll
 from ._decomp import Decomposition
 
 __all__ = ["HaloExchange"]
@@ -94,6 +94,7 @@ class HaloExchange:
 
     def __init__(self, comm: Any, decomposition: Decomposition, width: Sequence[int] | int,
                  *, timeout: float | None = 600.0):
+        ensure_initialized()
         if decomposition.nranks != comm.Get_size():
             raise ValueError(f"the decomposition has {decomposition.nranks} ranks but the "
                              f"communicator {comm.Get_size()}; decompose over comm.Get_size() ranks")

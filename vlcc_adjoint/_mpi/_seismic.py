@@ -53,6 +53,7 @@ from .._examples.wave_kernels import RADIUS as _R
 from .._examples.wave_kernels import RING_ROWS as _S
 from .._examples.wave_kernels import adjoint_rows, forward_rows, half_misfit, inject_residual
 from .._examples.wave_kernels import record_receivers
+from ._comm import ensure_initialized
 from ._decomp import Decomposition, DistributedArray
 from ._halo import HaloExchange
 
@@ -97,6 +98,7 @@ class DistributedSeismic:
     restore_in_place = True
 
     def __init__(self, comm, decomposition: Decomposition | None = None, **problem):
+        ensure_initialized()
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()

@@ -87,7 +87,7 @@ from ..storage import Record, StorageError, Tier
 from ..storage import format as F
 from ..storage.format import (check_capacity, check_record, corrupt, encode_spec, full,
                               leaf_checksum, step_of)
-from ._comm import AgreedError, Guard
+from ._comm import AgreedError, Guard, ensure_initialized
 from ._decomp import Decomposition, distributed_nodes
 from ._zarr_read import (ATTRS, FORMATS, HIERARCHY, RECORD, list_checkpoints, place,
                          read_checkpoint, read_chunk, xxh)
@@ -187,6 +187,7 @@ class SharedZarrTier(Tier):
 
     def __init__(self, path: str | os.PathLike, comm: Any, capacity_bytes: int | None = None, *, durable: bool = False,
                  timeout: float | None = 600.0, name: str | None = None):
+        ensure_initialized()
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.durable = bool(durable)
