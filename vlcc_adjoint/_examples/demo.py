@@ -324,7 +324,7 @@ def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int =
 
         check_figure_path(png, "png")
     problem = SeismicProblem(nx=nx, nz=nz, nt=nt)
-    out(f"vlcc demo: full-waveform-inversion gradient of a 2-D acoustic wave equation")
+    out("vlcc demo: full-waveform-inversion gradient of a 2-D acoustic wave equation")
     out(f"  {problem!r}")
     u0 = problem.initial_state()
     state_bytes = u0.prev.nbytes + u0.curr.nbytes

@@ -29,7 +29,6 @@ own blocks.  What SPMD adds, around that interpreter:
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -265,9 +264,10 @@ def run_adjoint(solver: Solver, schedule: Schedule, u0: Any, adj_final: Any, sto
             _check_schedule(guard, schedule)
             adj = adj_final
             if callable(adj_final):
-                def adj(u):
+                def guarded(u):
                     guard.check()
                     return adj_final(u)
+                adj = guarded
             result = serial_run(
                 _GuardedSolver(solver, guard), schedule, u0, adj,
                 store=_Borrowed(store) if distributed else store,

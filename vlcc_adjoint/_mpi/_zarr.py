@@ -274,7 +274,7 @@ class SharedZarrTier(Tier):
         """
         check_record(key, record)
         spec = record.spec
-        spec_json = encode_spec(key, spec)
+        encode_spec(key, spec)  # refused now if it cannot be stored as JSON
         dist = _spec_distribution(spec)
         leaves, need = [], 0
         for i, leaf in enumerate(record.leaves):

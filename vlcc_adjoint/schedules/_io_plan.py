@@ -35,7 +35,6 @@ from ._interrupt import call_kernel
 from ._schedule import Schedule
 from ._simulate import THREADED_ROWS
 from ._jit import PythonBudget, njit
-from .actions import ActionKind
 
 if TYPE_CHECKING:
     from ._plan_windows import PlanWindow
