@@ -233,6 +233,31 @@ def storage(args, work: str, adapters: bool) -> dict:
     return out
 
 
+def _timed_loop(args, step, checkpoint, finish=None) -> dict:
+    """Run `step(s)` for ``s < args.train_steps``, `checkpoint(s + 1)` after every
+    `args.k` steps, then `finish()`: seconds, CPU seconds, the seconds spent in
+    `checkpoint` and `finish` (``blocked``), and the peak resident memory above
+    the resident memory at the start of the loop."""
+    gc.collect()
+    B.reset_peak_rss()
+    start = B.rss()
+    blocked = 0.0  # seconds the loop spent in checkpoint calls (waits for the previous included)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for s in range(args.train_steps):
+        step(s)
+        if checkpoint is not None and (s + 1) % args.k == 0:
+            b0 = time.perf_counter()
+            checkpoint(s + 1)
+            blocked += time.perf_counter() - b0
+    if finish is not None:
+        b0 = time.perf_counter()
+        finish()
+        blocked += time.perf_counter() - b0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
+            "rss_peak_above_start": B.peak_rss_above(start)}
+
+
 def _train_run(args, mode: str, work: str) -> dict:
     """`args.train_steps` steps with a checkpoint every `args.k` (`mode`) or none: seconds,
     and the peak resident memory above the resident memory at the start of the loop."""
@@ -241,34 +266,28 @@ def _train_run(args, mode: str, work: str) -> dict:
     root = tempfile.mkdtemp(dir=work)
     kind, _, how = mode.partition(":")
     backend = B.make(kind, root) if kind != "none" else None
-    pending = None
-    gc.collect()
-    B.reset_peak_rss()
-    start = B.rss()
-    blocked = 0.0  # seconds the loop spent in checkpoint calls (waits for the previous included)
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for s in range(args.train_steps):
+    pending = []
+
+    def step(s):
         lm.train_step(model, opt, *lm.batch(data, s, args.batch), 1e-3)
-        if backend is not None and (s + 1) % args.k == 0:
-            b0 = time.perf_counter()
-            if pending is not None:
-                pending.result()
-            if how == "async":
-                pending = dcp.async_save(_state(model, opt), storage_writer=backend.writer(s + 1))
-            else:
-                dcp.save(_state(model, opt), storage_writer=backend.writer(s + 1))
-            blocked += time.perf_counter() - b0
-    if pending is not None:
-        b0 = time.perf_counter()
-        pending.result()
-        blocked += time.perf_counter() - b0
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    peak = B.peak_rss_above(start)
+
+    def checkpoint(s):
+        if pending:
+            pending.pop().result()
+        if how == "async":
+            pending.append(dcp.async_save(_state(model, opt), storage_writer=backend.writer(s)))
+        else:
+            dcp.save(_state(model, opt), storage_writer=backend.writer(s))
+
+    def finish():
+        if pending:
+            pending.pop().result()
+
+    out = _timed_loop(args, step, *((checkpoint, finish) if backend is not None else (None, None)))
     if backend is not None:
         backend.close()
     shutil.rmtree(root, ignore_errors=True)
-    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
-            "rss_peak_above_start": peak}
+    return out
 
 
 def _train_run_torch_save(args, work: str) -> dict:
@@ -277,23 +296,17 @@ def _train_run_torch_save(args, work: str) -> dict:
     data = lm.corpus("grammar", 50_000)
     model, opt = _setup(args, adapters=False)
     root = tempfile.mkdtemp(dir=work)
-    gc.collect()
-    B.reset_peak_rss()
-    start = B.rss()
-    blocked = 0.0
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for s in range(args.train_steps):
+
+    def step(s):
         lm.train_step(model, opt, *lm.batch(data, s, args.batch), 1e-3)
-        if (s + 1) % args.k == 0:
-            b0 = time.perf_counter()
-            torch.save({"model": model.state_dict(), "optim": opt.state_dict()},
-                       os.path.join(root, f"step{s + 1}.pt"))
-            blocked += time.perf_counter() - b0
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    peak = B.peak_rss_above(start)
+
+    def checkpoint(s):
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict()},
+                   os.path.join(root, f"step{s}.pt"))
+
+    out = _timed_loop(args, step, checkpoint)
     shutil.rmtree(root, ignore_errors=True)
-    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
-            "rss_peak_above_start": peak}
+    return out
 
 
 def _train_run_deepspeed(args, mode: str, work: str) -> dict:
@@ -320,31 +333,24 @@ def _train_run_deepspeed(args, mode: str, work: str) -> dict:
     if mode == "ds_vlcc:sync":
         VlccCheckpointEngine.attach(engine)
     root = tempfile.mkdtemp(dir=work)
-    saving = mode != "ds:none"
-    gc.collect()
-    B.reset_peak_rss()
-    start = B.rss()
-    blocked = 0.0
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for s in range(args.train_steps):
+
+    def step(s):
         x, y = lm.batch(data, s, args.batch)
         loss = F.cross_entropy(engine(x).flatten(0, 1), y.flatten())
         engine.backward(loss)
         engine.step()
-        if saving and (s + 1) % args.k == 0:
-            b0 = time.perf_counter()
-            engine.save_checkpoint(root, tag=f"step{s + 1}")
-            blocked += time.perf_counter() - b0
-    if mode == "ds_vlcc:sync":
-        b0 = time.perf_counter()
+
+    def checkpoint(s):
+        engine.save_checkpoint(root, tag=f"step{s}")
+
+    def finish():
         engine.checkpoint_engine.wait()
-        blocked += time.perf_counter() - b0
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    peak = B.peak_rss_above(start)
+
+    out = _timed_loop(args, step, None if mode == "ds:none" else checkpoint,
+                      finish if mode == "ds_vlcc:sync" else None)
     engine.destroy()
     shutil.rmtree(root, ignore_errors=True)
-    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
-            "rss_peak_above_start": peak}
+    return out
 
 
 def _deepspeed_installed() -> bool:
