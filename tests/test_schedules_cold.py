@@ -251,3 +251,20 @@ def test_import_and_a_small_schedule_do_not_import_numba():
         print("numba" in sys.modules)
     """)
     assert out.split() == ["False"]
+
+
+def test_load_kernels_makes_every_size_run_the_kernels():
+    out = _run("""
+        import vlcc_adjoint
+        from vlcc_adjoint.schedules import _io_plan, _jit, _revolve, _simulate, load_kernels
+        load_kernels()
+        left = (_revolve._python_steps.left, _simulate._python_rows.left,
+                _io_plan._python_rows.left)
+        s = vlcc_adjoint.Revolve(100, 10)
+        s.stats()
+        vlcc_adjoint.io_plan(s)
+        spent = left != (_revolve._python_steps.left, _simulate._python_rows.left,
+                         _io_plan._python_rows.left)
+        print(all(k.loaded for k in _jit._KERNELS), len(_jit._KERNELS) > 3, spent)
+    """)
+    assert out.split() == ["True", "True", "False"]  # no plain-Python work charged

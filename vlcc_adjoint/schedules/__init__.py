@@ -12,6 +12,7 @@ from ._baselines import StoreAll as StoreAll
 from ._io_plan import IOPlan as IOPlan
 from ._io_plan import LevelIO as LevelIO
 from ._io_plan import io_plan as io_plan
+from ._jit import load_kernels as load_kernels
 from ._multistage import Multistage as Multistage
 from ._online import Online as Online
 from ._revolve import Revolve as Revolve

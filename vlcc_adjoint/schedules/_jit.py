@@ -31,9 +31,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["LazyKernel", "PythonBudget", "njit"]
+__all__ = ["LazyKernel", "PythonBudget", "load_kernels", "njit"]
 
 _lock = threading.Lock()
+_KERNELS: list[LazyKernel] = []  # every kernel declared with njit, in declaration order
 
 
 class LazyKernel:
@@ -108,6 +109,23 @@ def njit(**options) -> Callable[[Callable], LazyKernel]:
     """``numba.njit(**options)``, deferred until the kernel is first called."""
 
     def wrap(func: Callable) -> LazyKernel:
-        return LazyKernel(func, options)
+        kernel = LazyKernel(func, options)
+        _KERNELS.append(kernel)
+        return kernel
 
     return wrap
+
+
+def load_kernels() -> None:
+    """Import numba and make every schedule kernel a numba dispatcher now.
+
+    From then on the schedule modules run their kernels at every size,
+    never the plain-Python twins (each kernel compiles, or loads from
+    numba's on-disk cache, at its first call).  For a process that builds
+    many schedules and wants each build at the kernels' speed from the first
+    one, and for timing the kernels; a process that builds a few small
+    schedules is faster without (see the module docstring).
+    """
+    for kernel in list(_KERNELS):
+        kernel.dispatcher  # noqa: B018
+
