@@ -73,7 +73,7 @@ _MARK = "\x00"
 #: power (``10^4``), a path, a version (``1.0.4``) or a range (``2-3`` is
 #: two numbers only when written with spaces).
 NUMBER = re.compile(
-    r"(?<![\w.^/-])(?P<whole>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?(?!\.\d)"
+    r"(?<![\w.^/-])(?P<whole>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?(?P<exp>e[-+]?\d+)?(?!\.\d)"
     r"(?:(?P<unit>x\b|×)|\s?(?P<pct>%))?(?![\w^])"
     r"(?:" + _MARK + r"(?P<comment>.))?")
 FIGURE = re.compile(r"!\[(?P<caption>(?:[^\[\]]|\[[^\]]*\])*)\]\((?P<path>[^)\s]+)\)")
@@ -138,8 +138,9 @@ def quoted_numbers(text: str) -> list[Quote]:
         written = match.group(0).split(_MARK)[0].strip()
         start, stop = max(0, match.start() - 50), match.end() + 20
         context = re.sub(rf"{_MARK}.", "", body[start:stop]).replace("\n", " ")
-        quotes.append(Quote(written, float(match["whole"].replace(",", "") + frac),
-                            max(len(frac) - 1, 0), bool(match["pct"]), source, context))
+        exp = int(match["exp"][1:]) if match["exp"] else 0  # 2.1e-4: two digits, 10^-4
+        quotes.append(Quote(written, float(match["whole"].replace(",", "") + frac) * 10.0 ** exp,
+                            max(len(frac) - 1, 0) - exp, bool(match["pct"]), source, context))
     return quotes
 
 
@@ -394,6 +395,18 @@ def test_numbers_that_are_not_measurements_need_no_source():
     assert [q.text for q in quoted_numbers("`a`\n\n3 of `b`")] == ["3"]  # not across paragraphs
     assert [q.text for q in quoted_numbers("ratio 1.25x, 40 % of it, 10^4 steps")] == [
         "1.25x", "40 %"]
+
+
+def test_a_number_in_scientific_notation_is_checked_to_its_digits():
+    text = "an error of 2.1e-4<!-- bench_overlap.json#/forward/error -->"
+    FAKE_ERROR = {"forward": {"error": 2.14e-4}}
+    assert [(q.text, q.value) for q in quoted_numbers(text)] == [("2.1e-4", 2.1e-4)]
+    found = problems(text)  # the fake file has no such key yet
+    assert found and "no key" in found[0]
+    (RESULTS / "bench_overlap.json").write_text(json.dumps(FAKE_ERROR))
+    _FILES.clear()
+    assert problems(text) == []
+    assert problems(text.replace("2.1e-4", "2.2e-4")) and problems(text.replace("e-4", "e-5"))
 
 
 def test_every_figure_exists_and_names_the_command_that_made_it(paper):
