@@ -4,7 +4,7 @@ Reproduce::
 
     pip install -e ".[test,bench]"
     python benchmarks/run_all.py --quick        # every benchmark at its quick size
-    python benchmarks/run_all.py --full         # the sizes the paper quotes (hours)
+    python benchmarks/run_all.py --full         # the sizes the paper quotes (about an hour on two cores)
     python benchmarks/run_all.py --quick --only codecs tiers
     python benchmarks/run_all.py --quick --out DIR
     python benchmarks/run_all.py --full --update-results   # rewrite benchmarks/results/
@@ -26,7 +26,7 @@ compared package, the load average before and after each benchmark, its
 wall time, exit status and the files it wrote; it is rewritten after each
 benchmark, so a stopped run leaves what it did, and ``--resume`` keeps the
 clean runs of an earlier ``run_all.json`` of the same commit and size and
-runs the rest (a full run takes hours).  Benchmarks run one at a time
+runs the rest (a full run takes about an hour on two cores).  Benchmarks run one at a time
 because the machines are small and shared; a failing benchmark is reported
 and the others still run.  Progress goes to stdout,
 one line when a benchmark starts (``[i/N] bench_<name> ...``) and one when
@@ -194,7 +194,7 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="every benchmark's quick size")
-    size.add_argument("--full", action="store_true", help="the full sizes (hours)")
+    size.add_argument("--full", action="store_true", help="the full sizes (about an hour on two cores)")
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), default=None)
     parser.add_argument("--out", type=Path, default=None,
                         help=f"folder for the results (default: {default_out()}; "
