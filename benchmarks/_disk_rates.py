@@ -58,6 +58,11 @@ other process's cache touched; ``fincore`` confirms it where installed:
   way ``dd`` reads (a 1 MiB buffer);
 * ``readinto, page cache``: ``readinto`` into new arrays without dropping
   the page cache (the rate of a record still cached, for comparison);
+* ``direct, reused``: ``os.readv`` with ``O_DIRECT`` (the device writes
+  into the destination, no page-cache copy) into one page-aligned buffer
+  allocated and touched before: what a read path with neither the kernel's
+  copy nor fresh destination memory could reach (only where the file
+  system accepts ``O_DIRECT``; absent elsewhere);
 * ``store``: the backward pass: ``load(step, 1, copy=False)`` and
   ``delete`` in the plan's order, with the store reading ahead (its
   workers run ``ZarrTier.get``: read and checksum verification).  Its rate
@@ -68,6 +73,7 @@ other process's cache touched; ``fincore`` confirms it where installed:
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import shutil
@@ -226,8 +232,11 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
     """Reads of durable records not in the page cache (see the module docstring)."""
     states = _states(record_bytes, count + 1)
     schedule = StoreAll(count + 1, level=1)  # saves u_0 .. u_{count-1}, then reads them back
-    names = ["dd", "readinto", "readinto, reused", "readinto, page cache", "store"]
+    names = ["dd", "readinto", "readinto, reused", "readinto, page cache", "direct, reused",
+             "store"]
     reused = np.ones(record_bytes // 8)
+    aligned = mmap.mmap(-1, record_bytes)  # page-aligned, for O_DIRECT
+    aligned.write(b"\1" * record_bytes)  # touched once, before any timing
     times = {n: [] for n in names}
     loads, disk_bytes, hits, resident = [], [], [], []
     for r in range(rounds):
@@ -240,6 +249,9 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
             _walk_plan(store, schedule, states, upto_load=True)  # the forward pass
             store.wait()
             chunks = _chunks_in_load_order(path, count)
+            if r == 0 and not _direct_ok(chunks[0]):
+                names.remove("direct, reused")
+                del times["direct, reused"]
             order = names[:-1]
             for name in order[r % len(order):] + order[:r % len(order)]:
                 drop_cached(chunks)
@@ -250,6 +262,7 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
                     warm_memory(record_bytes * count * 2)
                 times[name].append(
                     _read_dd(chunks, record_bytes) if name == "dd" else
+                    _read_direct(chunks, record_bytes, aligned) if name == "direct, reused" else
                     _read_py(chunks, record_bytes, reused if name.endswith("reused") else None))
             drop_cached(chunks)
             resident.append(resident_bytes(chunks))
@@ -310,6 +323,37 @@ def _read_py(chunks, nbytes: int, out: np.ndarray | None) -> float:
     t0 = time.perf_counter()
     for c in chunks:
         _readinto(c, nbytes, out)
+    return time.perf_counter() - t0
+
+
+def _direct_ok(path: str) -> bool:
+    """Whether the file system of `path` accepts ``O_DIRECT`` reads."""
+    flag = getattr(os, "O_DIRECT", None)
+    if flag is None:
+        return False
+    try:
+        os.close(os.open(path, os.O_RDONLY | flag))
+    except OSError:
+        return False
+    return True
+
+
+def _read_direct(chunks, nbytes: int, buf: mmap.mmap) -> float:
+    """``O_DIRECT`` reads of `chunks` into the page-aligned `buf` (block-sized
+    requests of 8 MiB; a chunk's last request may be short)."""
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    for c in chunks:
+        fd = os.open(c, os.O_RDONLY | os.O_DIRECT)
+        try:
+            done = 0
+            while done < nbytes:
+                n = os.readv(fd, [view[done:done + 8 * MIB]])
+                if n == 0:
+                    raise RuntimeError(f"short read of {c}: {done} of {nbytes} bytes")
+                done += n
+        finally:
+            os.close(fd)
     return time.perf_counter() - t0
 
 
