@@ -20,7 +20,7 @@ import numpy as np
 
 from ._jit import njit
 from ._multistage_split import _DEPTH, _bisect
-from ._revolve import _put
+from ._revolve import NO_LIMIT, _put, restart_rows
 
 __all__ = ["Decisions"]
 
@@ -113,16 +113,8 @@ def _emit(out, write_rows, n, F, strides, slots, write, read, fwd, rec, recv, nr
                 k = target
                 bj = tj
                 bm = tm
-        if bj < 0:
-            # No further save: restart from the base for every step.
-            for i in range(s + l - 1, s - 1, -1):
-                if i < s + l - 1:
-                    pos = _put(out, pos, write_rows, 2, s, -1, k)
-                if i == s:
-                    pos = _put(out, pos, write_rows, 3, s, -1, k)
-                else:
-                    pos = _put(out, pos, write_rows, 0, s, i, -1)
-                pos = _put(out, pos, write_rows, 5, i, -1, -1)
+        if bj < 0:  # no further save
+            pos, _ = restart_rows(out, pos, write_rows, s, s + l - 1, s + l - 1, k, NO_LIMIT)
             continue
         pos = _put(out, pos, write_rows, 0, s, s + bm, -1)  # Advance
         pos = _put(out, pos, write_rows, 1, s + bm, -1, bj)  # Save
@@ -260,25 +252,12 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         state[5] = 1
     top = state[0]
     while True:
-        if state[1] != 0:
-            # No further save: restart from the base for every step.
-            s = state[2]
-            hi = state[3]
-            i = state[4]
-            k = state[9]
-            while i >= s:
-                if pos + 3 > limit:
-                    state[4] = i
-                    state[0] = top
-                    return pos
-                if i < hi:
-                    pos = _put(out, pos, write, 2, s, -1, k)  # Load
-                if i == s:
-                    pos = _put(out, pos, write, 3, s, -1, k)  # Delete
-                else:
-                    pos = _put(out, pos, write, 0, s, i, -1)  # Advance
-                pos = _put(out, pos, write, 5, i, -1, -1)  # Reverse
-                i -= 1
+        if state[1] != 0:  # a restart under way (no further save)
+            pos, i = restart_rows(out, pos, write, state[2], state[3], state[4], state[9], limit)
+            if i >= state[2]:  # paused: no room left
+                state[4] = i
+                state[0] = top
+                return pos
             state[1] = 0
         if top == 0:
             state[5] = 2

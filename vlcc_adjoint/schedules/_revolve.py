@@ -104,6 +104,34 @@ def _put(out, pos, write, kind, a, b, level):
     return pos + 1
 
 
+#: A `limit` of :func:`restart_rows` that is never reached.
+NO_LIMIT = 1 << 62
+
+
+@njit(cache=True, nogil=True)
+def restart_rows(out, pos, write, s, hi, j, level, limit):
+    """Reverse steps ``j .. s`` (top down) of a segment whose base ``u_s`` is
+    stored on `level`, with no further save: each step ``i`` is reached by
+    advancing from the base, ``t(l, 1) = l (l - 1) / 2`` forward steps for
+    ``l`` steps.  Step `hi`, the segment's last, starts from the state in
+    hand (no Load); every other step starts with a Load of the base, and
+    step ``s`` deletes it.  Stops before a step once fewer than 3 rows of room
+    are left below `limit` (the resumable emitters); returns ``(pos, j)``, the
+    next row and the next step to reverse (``j < s``: done)."""
+    while j >= s:
+        if pos + 3 > limit:
+            return pos, j
+        if j < hi:
+            pos = _put(out, pos, write, 2, s, -1, level)  # Load
+        if j == s:
+            pos = _put(out, pos, write, 3, s, -1, level)  # Delete
+        else:
+            pos = _put(out, pos, write, 0, s, j, -1)  # Advance
+        pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
+        j -= 1
+    return pos, j
+
+
 @njit(cache=True, nogil=True)
 def emit_segment(out, pos, write, s, l, c, in_hand, level):
     """Reverse steps ``s + l - 1 .. s`` from the stored base ``u_s``.
@@ -127,15 +155,7 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
         if not h:
             pos = _put(out, pos, write, 2, s, -1, level)  # Load
         if l == 1 or c == 1:
-            # Restart from the base for every step, top down.
-            for j in range(s + l - 1, s - 1, -1):
-                if j < s + l - 1:
-                    pos = _put(out, pos, write, 2, s, -1, level)  # Load
-                if j == s:
-                    pos = _put(out, pos, write, 3, s, -1, level)  # Delete
-                else:
-                    pos = _put(out, pos, write, 0, s, j, -1)  # Advance
-                pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
+            pos, _ = restart_rows(out, pos, write, s, s + l - 1, s + l - 1, level, NO_LIMIT)
             continue
         m = _split(l, c)
         pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
@@ -197,24 +217,12 @@ def _revolve_fill(out, write, state, limit):
         state[5] = 1
     top = state[0]
     while True:
-        if state[1] != 0:
-            # Restart from the base for every step, top down.
-            s = state[2]
-            hi = state[3]
-            j = state[4]
-            while j >= s:
-                if pos + 3 > limit:
-                    state[4] = j
-                    state[0] = top
-                    return pos
-                if j < hi:
-                    pos = _put(out, pos, write, 2, s, -1, 0)  # Load
-                if j == s:
-                    pos = _put(out, pos, write, 3, s, -1, 0)  # Delete
-                else:
-                    pos = _put(out, pos, write, 0, s, j, -1)  # Advance
-                pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
-                j -= 1
+        if state[1] != 0:  # a restart under way
+            pos, j = restart_rows(out, pos, write, state[2], state[3], state[4], 0, limit)
+            if j >= state[2]:  # paused: no room left
+                state[4] = j
+                state[0] = top
+                return pos
             state[1] = 0
         if top == 0:
             state[5] = 2
