@@ -261,3 +261,29 @@ def test_window_reads_list_each_levels_reads_in_order():
             idx, rec = zip(*(w.reads(lv.level) for w in plan.windows()))
             assert np.array_equal(np.concatenate(idx), lv.index)
             assert np.array_equal(np.concatenate(rec), lv.record)
+
+
+@pytest.mark.parametrize("room", [3, 4, 7, 50])
+def test_a_restart_paused_for_room_resumes_with_the_same_rows(room):
+    """restart_rows, the restart from a base shared by every emitter: paused
+    whenever fewer than 3 rows of room are left, its pieces are the rows of
+    one uninterrupted call, and they reverse every step with l (l - 1) / 2
+    forward steps from a base loaded before every step but the first."""
+    s, hi, level = 10, 17, 1
+    whole = np.zeros(64, ACTION_DTYPE)
+    end, j = _revolve.restart_rows(whole, 0, True, s, hi, hi, level, _revolve.NO_LIMIT)
+    assert j == s - 1
+    whole = whole[:end]
+    pieces, j = [], hi
+    while j >= s:
+        out = np.zeros(room, ACTION_DTYPE)
+        end, j = _revolve.restart_rows(out, 0, True, s, hi, j, level, room)
+        assert 0 < end <= room
+        pieces.append(out[:end])
+    assert np.array_equal(np.concatenate(pieces), whole)
+    kinds = whole["kind"].tolist()
+    assert [int(a) for a, k in zip(whole["a"], kinds) if k == 5] == list(range(hi, s - 1, -1))
+    advances = whole[whole["kind"] == 0]
+    assert int((advances["b"] - advances["a"]).sum()) == (hi - s + 1) * (hi - s) // 2
+    assert kinds.count(2) == hi - s and kinds.count(3) == 1 and kinds[-2] == 3
+    assert set(whole["level"][whole["kind"] == 2].tolist()) == {level}
