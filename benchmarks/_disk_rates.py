@@ -65,7 +65,9 @@ other process's cache touched; ``fincore`` confirms it where installed:
   system accepts ``O_DIRECT``; absent elsewhere);
 * ``store``: the backward pass: ``load(step, 1, copy=False)`` and
   ``delete`` in the plan's order, with the store reading ahead (its
-  workers run ``ZarrTier.get``: read and checksum verification).  Its rate
+  workers run ``ZarrTier.get``: reads into the store's pooled, page-aligned
+  buffers, with ``O_DIRECT`` where accepted, and checksum verification;
+  a buffer comes back to the pool once its view is dropped).  Its rate
   is the bytes read from the zarr tier over the time of the whole backward
   pass: the records the write path kept in the read cache (``prefetch_bytes``
   = 2 records) count as time, not as bytes.

@@ -21,10 +21,24 @@ reference to its base; an exported buffer, e.g. a ``memoryview``, holds one
 to its exporter).  Anything else is simply not reused and is left to the
 garbage collector.  This is the test numpy's own ``ndarray.resize`` makes
 (``refcheck=True``) before it reallocates an array in place.
+
+Large buffers (``ALIGNED_MIN`` bytes and more) start on a page boundary, so
+that a file can be read into them with direct I/O (``O_DIRECT``: the device
+writes into the buffer, no copy through the page cache; see
+:func:`vlcc_adjoint.storage.format.read_into`).  Such a buffer is a view of
+a private byte block a little larger than it; the reference test then also
+asks that nothing but the buffer references the block (numpy points every
+view of the buffer at the block itself).
+
+A buffer given back while somebody still holds it (a read-only view lent
+by ``load(copy=False)``) is kept aside, *pending*, within the same byte
+limit, and reused by a later :meth:`BufferPool.take` once its last outside
+reference is gone; pending buffers are the first dropped when room is needed.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Sequence
@@ -32,7 +46,16 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-__all__ = ["BufferPool"]
+__all__ = ["ALIGNED_MIN", "BufferPool", "PAGE"]
+
+#: The alignment of large buffers (a page; a multiple of every disk's block size).
+PAGE = 4096
+
+#: Buffers of at least this many bytes start on a ``PAGE`` boundary.
+ALIGNED_MIN = 1 << 20
+
+#: Most buffers kept pending (given back while still referenced).
+_MAX_PENDING = 64
 
 
 def _sole_refcount() -> int:
@@ -46,11 +69,63 @@ def _sole_refcount() -> int:
 _SOLE = _sole_refcount()
 
 
+def _block_refcount() -> int:
+    # Calibrate: the reference count of an aligned buffer's block referenced
+    # by the buffer alone, as seen by sys.getrefcount in unshared_memory().
+    arr = np.empty(8, np.uint8)[:4]
+    block = arr.base
+    return sys.getrefcount(block)
+
+
+_SOLE_BLOCK = _block_refcount()
+
+
+def _pending_refcount() -> int:
+    # Calibrate: the reference count of a pending array that nobody else
+    # holds, as seen by sys.getrefcount in BufferPool._take_pending().
+    pending = [((None, None), np.empty(1))]
+    _, arr = pending[0]
+    return sys.getrefcount(arr)
+
+
+_SOLE_PENDING = _pending_refcount()
+
+
+def empty(dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """``np.empty(shape, dtype)``, page-aligned from ``ALIGNED_MIN`` bytes on
+    (a view of a private ``uint8`` block, see the module docstring)."""
+    nbytes = dtype.itemsize * math.prod(shape)
+    if nbytes < ALIGNED_MIN or dtype.hasobject:
+        return np.empty(shape, dtype)
+    block = np.empty(nbytes + PAGE, np.uint8)
+    start = -block.ctypes.data % PAGE
+    return block[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _is_block(base) -> bool:
+    return type(base) is np.ndarray and base.base is None and base.dtype == np.uint8
+
+
+def unshared_memory(arr: np.ndarray) -> bool:
+    """Whether the memory of `arr` belongs to `arr` alone: it owns it, or it
+    is the only view of an owning ``uint8`` block (an aligned buffer of
+    :func:`empty`).  References to `arr` itself are the caller's to count."""
+    block = arr.base
+    if block is None:
+        return True
+    return _is_block(block) and sys.getrefcount(block) == _SOLE_BLOCK
+
+
+def _reusable(arr: np.ndarray) -> bool:
+    return arr.flags.writeable and arr.flags.c_contiguous and unshared_memory(arr)
+
+
 class BufferPool:
     """Free lists of owning numpy arrays, keyed by ``(dtype, shape)``.
 
-    Thread-safe.  Holds at most `max_free_bytes` of free buffers; buffers
-    returned beyond that are dropped (freed by the garbage collector).
+    Thread-safe.  Holds at most `max_free_bytes` of free and pending
+    buffers; buffers returned beyond that are dropped (freed by the garbage
+    collector).
 
     **Arguments:**
 
@@ -65,6 +140,7 @@ class BufferPool:
         self.recycled = 0  # buffers taken back
         self.refused = 0  # buffers not taken back (still referenced, or pool full)
         self._free: dict[tuple, list[np.ndarray]] = {}
+        self._pending: list[tuple[tuple, np.ndarray]] = []  # given back while referenced
         self._lock = threading.Lock()
 
     def take(self, dtype: DTypeLike, shape: Sequence[int]) -> np.ndarray:
@@ -81,14 +157,34 @@ class BufferPool:
                 self.free_bytes -= arr.nbytes
                 self.reused += 1
                 return arr
+            if self._pending:
+                arr = self._take_pending(key)
+                if arr is not None:
+                    return arr
             self.allocated += 1
-        return np.empty(key[1], key[0])
+        return empty(*key)
+
+    def _take_pending(self, key: tuple) -> np.ndarray | None:
+        """Lock held: a pending buffer of `key` that nobody else holds any more."""
+        pending = self._pending
+        for i in range(len(pending)):
+            if pending[i][0] != key:
+                continue
+            _, arr = pending[i]
+            if sys.getrefcount(arr) > _SOLE_PENDING or not unshared_memory(arr):
+                continue  # still referenced outside the pool
+            del pending[i]
+            self.free_bytes -= arr.nbytes
+            self.reused += 1
+            return arr
+        return None
 
     def reserve(self, dtype: DTypeLike, shape: Sequence[int], count: int) -> None:
         """Allocate and touch `count` buffers ahead of time (moves the
         first-touch cost out of the time loop), within `max_free_bytes`."""
+        key = (np.dtype(dtype), tuple(shape))
         for _ in range(count):
-            holder = [np.empty(shape, dtype)]
+            holder = [empty(*key)]
             holder[0].fill(0)
             if not self.recycle(holder):
                 break
@@ -111,13 +207,13 @@ class BufferPool:
         """
         if key is not None and len(arrays) == 1:
             arr = arrays.pop()
-            if (sys.getrefcount(arr) > _SOLE or arr.base is not None
-                    or not arr.flags.writeable or not arr.flags.c_contiguous):
-                self.refused += 1
+            if sys.getrefcount(arr) > _SOLE or not _reusable(arr):
+                self._set_aside([arr])
                 return 0
             with self._lock:
                 nbytes = arr.nbytes
-                if self.free_bytes + nbytes > self.max_free_bytes:
+                if self.free_bytes + nbytes > self.max_free_bytes and \
+                        not self._make_room(nbytes):
                     self.refused += 1
                     return 0
                 free = self._free.get(key)
@@ -128,20 +224,22 @@ class BufferPool:
                 self.free_bytes += nbytes
                 self.recycled += 1
             return 1
-        keep = []
+        keep, held = [], []
         while arrays:
             arr = arrays.pop()
-            if (sys.getrefcount(arr) > _SOLE or arr.base is not None
-                    or not arr.flags.writeable or not arr.flags.c_contiguous):
-                self.refused += 1
+            if sys.getrefcount(arr) > _SOLE or not _reusable(arr):
+                held.append(arr)
                 continue
             keep.append(arr)
         arr = None
+        if held:
+            self._set_aside(held)
         taken = 0
         if keep:
             with self._lock:  # once per call, not per array
                 for arr in keep:
-                    if self.free_bytes + arr.nbytes > self.max_free_bytes:
+                    if self.free_bytes + arr.nbytes > self.max_free_bytes and \
+                            not self._make_room(arr.nbytes):
                         self.refused += 1
                         continue
                     self._free.setdefault((arr.dtype, arr.shape), []).append(arr)
@@ -151,8 +249,33 @@ class BufferPool:
             keep.clear()
         return taken
 
+    def _set_aside(self, arrays: list) -> None:
+        """Keep the arrays of `arrays` that are still referenced elsewhere
+        but would be reusable once they are not (pending); refuse the rest."""
+        with self._lock:
+            for arr in arrays:
+                if (arr.flags.writeable and arr.flags.c_contiguous and arr.nbytes >= ALIGNED_MIN
+                        and len(self._pending) < _MAX_PENDING
+                        and self.free_bytes + arr.nbytes <= self.max_free_bytes
+                        and (arr.base is None or _is_block(arr.base))):
+                    self._pending.append(((arr.dtype, arr.shape), arr))
+                    self.free_bytes += arr.nbytes
+                else:
+                    self.refused += 1
+        arrays.clear()
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Lock held: drop pending buffers (oldest first) until `nbytes` fit."""
+        pending = self._pending
+        while pending and self.free_bytes + nbytes > self.max_free_bytes:
+            _, arr = pending.pop(0)
+            self.free_bytes -= arr.nbytes
+            self.refused += 1
+        return self.free_bytes + nbytes <= self.max_free_bytes
+
     def clear(self) -> None:
-        """Drop every free buffer."""
+        """Drop every free and pending buffer."""
         with self._lock:
             self._free.clear()
+            self._pending.clear()
             self.free_bytes = 0

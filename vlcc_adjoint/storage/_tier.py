@@ -166,6 +166,11 @@ class Tier(abc.ABC):
     - :attr:`fresh_gets`: every ``get`` returns newly allocated arrays that
       nothing else references (decoded or read from a file), so the store
       may hand them to the caller, or reuse them, without a copy.
+    - :attr:`reads_into`: with ``fresh_gets``, ``get`` takes a keyword
+      argument ``take``: a function ``take(dtype, shape)`` that returns the
+      writeable, C-contiguous array to read a leaf into (the store passes
+      its buffer pool's, so that a read lands in memory touched before, and
+      page-aligned for direct I/O).  The arrays returned are those arrays.
     - :attr:`persistent`: records survive the process (a directory on disk);
       a restart or another process can read them.
     - :attr:`waits_on_io`: ``put`` and ``get`` spend their time waiting for
@@ -180,6 +185,7 @@ class Tier(abc.ABC):
     retains_references: bool = False
     serves_put_arrays: bool = False
     fresh_gets: bool = False
+    reads_into: bool = False
     persistent: bool = False
     waits_on_io: bool = False
 

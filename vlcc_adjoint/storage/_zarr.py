@@ -78,8 +78,8 @@ a record may be listed with damaged data, which its checksum turns into a
 file and every directory it changed before the rename, and the parent
 after it: records that were listed survive a power cut, at the price of a
 device flush per record (milliseconds on most disks).  Synced chunks then
-leave the page cache (``POSIX_FADV_DONTNEED``): a burst reuses the same pages
-instead of filling the cache (``benchmarks/_disk_rates.py``); reads go to the device.
+leave the page cache (``POSIX_FADV_DONTNEED``), so a burst reuses the same
+pages, and ``get`` reads them with direct I/O (no copy through the cache).
 
 Directory recycling
 -------------------
@@ -97,12 +97,10 @@ against the capacity: ``used_bytes`` (live records and writes in flight)
 plus the recycled bytes never exceed ``capacity_bytes``, and recycled
 directories are dropped first when a ``put`` needs their room.
 
-Reading never unpickles, imports or executes anything, never follows a
-link or opens anything but a regular file (a FIFO does not block it), and
-bounds every read: ``get`` uses the metadata validated at open (digest,
-dtype from an allow-list, shape and sizes consistent and within the
-machine's memory) and requires each chunk file's size to be the declared
-one before it reads, then its checksum after.
+Reading never unpickles or executes anything, follows no link, opens only
+regular files and bounds every read: ``get`` uses the metadata validated at
+open (digest, allow-listed dtype, sizes within the machine's memory) and
+requires each chunk file's declared size before it reads, its checksum after.
 """
 
 from __future__ import annotations
@@ -110,7 +108,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -139,8 +137,7 @@ class ZarrTier(Tier):
     - `mode`: ``"r"``, ``"r+"``, ``"a"`` (default), ``"w"`` or ``"w-"``, as
       in zarr (see the module docstring).  Writing modes hold the store's
       writer lock until :meth:`close`.
-    - `durable`: fsync files and directories before a record is listed (see
-      the module docstring).
+    - `durable`: fsync files and directories before a record is listed.
     - `recycle`: how many deleted record directories to keep for reuse
       (0 disables recycling).
     - `name`: the tier's name in messages (default ``"zarr:<path>"``).
@@ -149,8 +146,8 @@ class ZarrTier(Tier):
     instance); any number may read it, with ``mode="r"`` or with zarr.
     """
 
-    # records outlive the process; get reads into new arrays; put and get wait on the disk
-    persistent = fresh_gets = waits_on_io = True
+    # records outlive the process; get reads into new or given arrays; I/O waits
+    persistent = fresh_gets = reads_into = waits_on_io = True
 
     def __init__(self, path: str | os.PathLike, capacity_bytes: int | None = None, *, mode: str = "a",
                  durable: bool = False, recycle: int = 8, name: str | None = None):
@@ -337,7 +334,7 @@ class ZarrTier(Tier):
                 same = None
         if same is not None:
             try:
-                self._read(key, same)
+                self._read(key, same, None)
             except (StorageError, OSError, KeyError):
                 same = None  # damaged data: written anew below
         drop: list[str] = []
@@ -467,22 +464,25 @@ class ZarrTier(Tier):
             F.fsync_paths(chunks + rest + [work + "/zarr.json", work], uncache=len(chunks))
         return Layout(new_leaves, len(group))
 
-    def get(self, key: str) -> Record:
-        """Read and verify the record under `key`."""
+    def get(self, key: str, *, take: Callable[[np.dtype, tuple], np.ndarray] | None = None
+            ) -> Record:
+        """Read and verify the record under `key`, each leaf into ``take(dtype,
+        shape)`` (default ``np.empty``); with direct I/O when durable (see
+        :func:`~vlcc_adjoint.storage.format.read_into`)."""
         with self._lock:
             stored = self._index.get(key)
             if stored is None:
                 raise KeyError(f"no record {key!r} in tier {self.name!r}")
             self._readers[key] = self._readers.get(key, 0) + 1
         try:
-            return self._read(key, stored)
+            return self._read(key, stored, take)
         finally:
             with self._lock:
                 n = self._readers.pop(key) - 1
                 if n:
                     self._readers[key] = n
 
-    def _read(self, key: str, stored: Stored) -> Record:
+    def _read(self, key: str, stored: Stored, take) -> Record:
         if stored.error is not None:
             err = stored.error
             raise CorruptCheckpointError(str(err), key=err.key, tier=err.tier, path=err.path)
@@ -491,14 +491,14 @@ class ZarrTier(Tier):
         record_dir = f"{self.path}/{key}"
         leaves = []
         for i, (shape, dtype, nbytes, chunk, _) in enumerate(stored.leaves):
-            out = np.empty(shape, dtype)
+            out = np.empty(shape, dtype) if take is None or chunk is None else take(dtype, shape)
             if chunk is None:  # an empty leaf has no chunk
                 leaves.append(out)
                 continue
             path = f"{record_dir}/{i}/{chunk}"
             try:
                 # read_into checks the file's size before it reads a byte.
-                F.read_into(path, byte_view(out))
+                F.read_into(path, byte_view(out), direct=self.durable)
             except FileNotFoundError:
                 if key not in self._index:
                     raise KeyError(f"record {key!r} was deleted while being read") from None

@@ -77,7 +77,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ._files import O_CLOEXEC, fsync_dir, fsync_paths, read_exactly, write_all, write_file
+from ._files import (DIRECT_MIN, O_CLOEXEC, fsync_dir, fsync_paths, read_direct, read_exactly,
+                     write_all, write_file)
 from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, leaf_checksum,
                         step_of)
 from ._tier import CorruptCheckpointError, StorageError
@@ -196,16 +197,23 @@ def read_limited(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def read_into(path: str, out: np.ndarray | bytearray | memoryview) -> None:
+def read_into(path: str, out: np.ndarray | bytearray | memoryview, *, direct: bool = False) -> None:
     """Fill the writable buffer `out` with the regular file `path`, which must
-    have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``)."""
+    have exactly ``out.nbytes`` bytes (else ``CorruptCheckpointError``).
+
+    `direct`: read with direct I/O where possible (``DIRECT_MIN`` bytes or
+    more into a buffer that starts on a page boundary, on a file system that
+    accepts it; see :mod:`._files`): for files not in the page cache."""
     view = memoryview(out).cast("B")
     fd, st = _open_checked(path, os.O_RDONLY)  # one fstat, no fcntl: every get's path
     try:
         size = st.st_size
         if size != len(view):
             raise _corrupt(path, f"has {size} bytes, its metadata says {len(view)}")
-        if not read_exactly(fd, view):
+        done = 0
+        if direct and size >= DIRECT_MIN:
+            done = read_direct(fd, view, np.frombuffer(view, np.uint8).ctypes.data)
+        if not read_exactly(fd, view[done:] if done else view):
             raise _corrupt(path, "ended while it was read (truncated)")
     finally:
         os.close(fd)

@@ -144,6 +144,8 @@ class Shared:
       put (``serves_put_arrays``), verified by the engine in its copy.
     - `fresh`: ``get`` returns new arrays the caller may own
       (``fresh_gets``): they may be handed over or pooled without a copy.
+    - `reads_into`: ``get`` reads into arrays from the engine's pool
+      (``fresh_gets`` and ``reads_into``).
     """
 
     def __init__(self, tiers, policy, dedup, workers, prefetch_levels):
@@ -156,6 +158,7 @@ class Shared:
         self.inline = list(self.retains)
         self.direct = [bool(t.retains_references and t.serves_put_arrays) for t in tiers]
         self.fresh = [bool(t.fresh_gets) for t in tiers]
+        self.reads_into = [bool(t.fresh_gets and t.reads_into) for t in tiers]
         self.prefetch_levels = prefetch_levels
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)  # callers wait for workers

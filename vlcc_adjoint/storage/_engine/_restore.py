@@ -28,6 +28,7 @@ import numpy as np
 from ...state import dtype_from_json, flatten_traits, unflatten
 from .._belady import NEVER
 from .._checksum import copy_checksum, corrupt, leaf_checksum
+from .._pool import unshared_memory
 from .._tier import CorruptCheckpointError, StorageError
 from ._common import readonly, tier_name
 
@@ -243,7 +244,7 @@ def own(arrays: list, owned) -> list:
     owning, writeable, C-contiguous) are handed over, the others copied."""
     out = []
     for i, arr in enumerate(arrays):
-        if owned is not None and owned[i] and arr.base is None and arr.flags.writeable \
+        if owned is not None and owned[i] and unshared_memory(arr) and arr.flags.writeable \
                 and arr.flags.c_contiguous:
             out.append(arr)
         else:

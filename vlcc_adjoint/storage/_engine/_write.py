@@ -223,7 +223,10 @@ class Writer:
         sh = self.shared
         tier = sh.tiers[entry.tier]
         try:
-            rec = tier.get(entry.key)
+            if sh.reads_into[entry.tier]:  # into pooled buffers: touched before, page-aligned
+                rec = tier.get(entry.key, take=self.capture.pool.take)
+            else:
+                rec = tier.get(entry.key)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(
                 f"step {entry.step} on level {entry.level}: {exc}", key=entry.key,
