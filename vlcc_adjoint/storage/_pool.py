@@ -116,8 +116,6 @@ def unshared_memory(arr: np.ndarray) -> bool:
     return _is_block(block) and sys.getrefcount(block) == _SOLE_BLOCK
 
 
-def _reusable(arr: np.ndarray) -> bool:
-    return arr.flags.writeable and arr.flags.c_contiguous and unshared_memory(arr)
 
 
 class BufferPool:
@@ -207,8 +205,13 @@ class BufferPool:
         """
         if key is not None and len(arrays) == 1:
             arr = arrays.pop()
-            if sys.getrefcount(arr) > _SOLE or not _reusable(arr):
-                self._set_aside([arr])
+            if (sys.getrefcount(arr) > _SOLE or not arr.flags.writeable
+                    or not arr.flags.c_contiguous
+                    or (arr.base is not None and not unshared_memory(arr))):
+                if arr.nbytes >= ALIGNED_MIN:
+                    self._set_aside([arr])
+                else:
+                    self.refused += 1
                 return 0
             with self._lock:
                 nbytes = arr.nbytes
@@ -227,7 +230,9 @@ class BufferPool:
         keep, held = [], []
         while arrays:
             arr = arrays.pop()
-            if sys.getrefcount(arr) > _SOLE or not _reusable(arr):
+            if (sys.getrefcount(arr) > _SOLE or not arr.flags.writeable
+                    or not arr.flags.c_contiguous
+                    or (arr.base is not None and not unshared_memory(arr))):
                 held.append(arr)
                 continue
             keep.append(arr)
@@ -250,11 +255,12 @@ class BufferPool:
         return taken
 
     def _set_aside(self, arrays: list) -> None:
-        """Keep the arrays of `arrays` that are still referenced elsewhere
-        but would be reusable once they are not (pending); refuse the rest."""
+        """Keep the large arrays of `arrays` that are still referenced
+        elsewhere but would be reusable once they are not (pending); refuse
+        the rest."""
         with self._lock:
             for arr in arrays:
-                if (arr.flags.writeable and arr.flags.c_contiguous and arr.nbytes >= ALIGNED_MIN
+                if (arr.nbytes >= ALIGNED_MIN and arr.flags.writeable and arr.flags.c_contiguous
                         and len(self._pending) < _MAX_PENDING
                         and self.free_bytes + arr.nbytes <= self.max_free_bytes
                         and (arr.base is None or _is_block(arr.base))):
