@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-__all__ = ["ALIGNED_MIN", "BufferPool", "PAGE"]
+__all__ = ["ALIGNED_MIN", "BufferPool", "PAGE", "empty", "unshared_memory"]
 
 #: The alignment of large buffers (a page; a multiple of every disk's block size).
 PAGE = 4096
@@ -116,10 +116,9 @@ def unshared_memory(arr: np.ndarray) -> bool:
     return _is_block(block) and sys.getrefcount(block) == _SOLE_BLOCK
 
 
-
-
 class BufferPool:
-    """Free lists of owning numpy arrays, keyed by ``(dtype, shape)``.
+    """Free lists of numpy arrays that own their memory (or are the sole view
+    of a page-aligned block), keyed by ``(dtype, shape)``.
 
     Thread-safe.  Holds at most `max_free_bytes` of free and pending
     buffers; buffers returned beyond that are dropped (freed by the garbage
@@ -191,9 +190,10 @@ class BufferPool:
         """Take back the arrays in `arrays` (the list is emptied).
 
         Each array is kept for reuse only if nobody else references it (see
-        the module docstring), it owns its memory, is writeable and
-        C-contiguous, and the pool has room.  The caller must drop its own
-        other references first.
+        the module docstring), its memory is its own, it is writeable and
+        C-contiguous, and the pool has room.  A large one still referenced
+        is set aside until it is not (pending).  The caller must drop its
+        own other references first.
 
         **Arguments:**
 
