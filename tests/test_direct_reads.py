@@ -260,3 +260,28 @@ def test_only_a_durable_tier_reads_directly(tmp_path, monkeypatch):
         # durable chunks left the page cache: read directly (the large leaf only)
         want = ([8 * MIB if accepts_direct_io(tmp_path) else 0] if durable else [])
         assert calls == want
+
+
+def test_a_subclass_that_overrides_get_without_take_is_read_as_before(tmp_path):
+    seen = []
+
+    class Timed(ZarrTier):
+        def get(self, key):  # the signature of Tier.get, as a user writes it
+            seen.append(key)
+            return super().get(key)
+
+    schedule = StoreAll(4, level=1)
+    store = TieredStore([MemoryTier(), Timed(tmp_path / "z")], plan=io_plan(schedule),
+                        prefetch_bytes=0)  # every load reads the tier
+    with store:
+        for action in schedule:
+            kind = type(action).__name__
+            if kind == "Save":
+                store.save(action.step, np.full(1000, float(action.step)), action.level)
+            elif kind == "Load":
+                store.wait()  # written: the load reads the tier
+                assert np.array_equal(store.load(action.step, action.level),
+                                      np.full(1000, float(action.step)))
+            elif kind == "Delete":
+                store.delete(action.step, action.level)
+    assert len(seen) == 3

@@ -171,6 +171,8 @@ class Tier(abc.ABC):
       writeable, C-contiguous array to read a leaf into (the store passes
       its buffer pool's, so that a read lands in memory touched before, and
       page-aligned for direct I/O).  The arrays returned are those arrays.
+      The store passes ``take`` only to a ``get`` whose signature has it, so
+      a subclass that overrides ``get(key)`` keeps working.
     - :attr:`persistent`: records survive the process (a directory on disk);
       a restart or another process can read them.
     - :attr:`waits_on_io`: ``put`` and ``get`` spend their time waiting for

@@ -9,6 +9,7 @@ book-keeping, so the parts need not agree on a lock order: there is one.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 
@@ -145,7 +146,8 @@ class Shared:
     - `fresh`: ``get`` returns new arrays the caller may own
       (``fresh_gets``): they may be handed over or pooled without a copy.
     - `reads_into`: ``get`` reads into arrays from the engine's pool
-      (``fresh_gets`` and ``reads_into``).
+      (``fresh_gets`` and ``reads_into``, and its ``get`` takes ``take``: a
+      subclass that overrides ``get(key)`` alone is read as before).
     """
 
     def __init__(self, tiers, policy, dedup, workers, prefetch_levels):
@@ -158,7 +160,7 @@ class Shared:
         self.inline = list(self.retains)
         self.direct = [bool(t.retains_references and t.serves_put_arrays) for t in tiers]
         self.fresh = [bool(t.fresh_gets) for t in tiers]
-        self.reads_into = [bool(t.fresh_gets and t.reads_into) for t in tiers]
+        self.reads_into = [bool(t.fresh_gets and t.reads_into) and _takes(t.get) for t in tiers]
         self.prefetch_levels = prefetch_levels
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)  # callers wait for workers
@@ -225,3 +227,12 @@ def snapshot(shared, placement, cache, pool) -> StoreStats:
             cache_limit=cache.capacity_bytes, pool_reused=pool.reused,
             pool_allocated=pool.allocated,
         )
+
+
+def _takes(get) -> bool:
+    """Whether the bound method `get` accepts the keyword argument ``take``."""
+    try:
+        params = inspect.signature(get).parameters
+    except (TypeError, ValueError):
+        return False
+    return "take" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
