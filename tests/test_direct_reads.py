@@ -10,6 +10,8 @@ read-only views come back to the pool once the caller drops the views.
 
 import fcntl
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -104,6 +106,14 @@ def test_buffers_set_aside_count_against_the_limit_and_give_way_to_free_ones():
         pool.recycle(held)
         assert pool.free_bytes <= pool.max_free_bytes
     assert pool.free_bytes == 3 * 8 * MIB  # three set aside: the limit
+    newest = pool.take(np.float64, (MIB,))
+    views.append(newest[:1])
+    first = views[0].ctypes.data
+    held = [newest]
+    del newest
+    pool.recycle(held)  # a fourth set aside displaces the oldest
+    assert pool.free_bytes == 3 * 8 * MIB
+    assert [a.ctypes.data for _, a in pool._pending].count(first) == 0
     free = [np.empty(MIB)]
     assert pool.recycle(free) == 1  # a free buffer displaces one set aside
     assert pool.free_bytes == 3 * 8 * MIB
@@ -285,3 +295,38 @@ def test_a_subclass_that_overrides_get_without_take_is_read_as_before(tmp_path):
             elif kind == "Delete":
                 store.delete(action.step, action.level)
     assert len(seen) == 3
+
+
+def test_a_subarray_dtype_gets_the_shape_numpy_gives_it():
+    dtype = np.dtype(("f8", (4,)))
+    arr = BufferPool(0).take(dtype, (MIB // 16,))
+    assert arr.shape == np.empty(MIB // 16, dtype).shape == (MIB // 16, 4)
+
+
+def test_the_reference_counts_are_calibrated_with_a_debugger_tracing_the_import():
+    """A tracer that reads every frame's locals (as debuggers do) adds a
+    reference while it runs; calibrated under it, the pool would later reuse
+    a buffer that a view still shows."""
+    probe = (
+        "import sys\n"
+        "def tracer(frame, event, arg):\n"
+        "    frame.f_locals\n"
+        "    return tracer\n"
+        "sys.settrace(tracer)\n"
+        "from vlcc_adjoint.storage import _pool\n"
+        "sys.settrace(None)\n"
+        "import numpy as np\n"
+        "pool = _pool.BufferPool(1 << 26)\n"
+        "buf = pool.take(np.float64, (1 << 18,))\n"
+        "lent = buf[:4]\n"
+        "held = [buf]\n"
+        "del buf\n"
+        "pool.recycle(held)\n"
+        "again = pool.take(np.float64, (1 << 18,))\n"
+        "print(_pool._SOLE, _pool._SOLE_BLOCK, _pool._SOLE_PENDING,"
+        " again.ctypes.data == lent.ctypes.data)\n")
+    plain = "from vlcc_adjoint.storage import _pool; print(_pool._SOLE, _pool._SOLE_BLOCK, _pool._SOLE_PENDING)"
+    run = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+           .stdout.split() for code in (probe, plain)]
+    assert run[0][:3] == run[1]
+    assert run[0][3] == "False"  # the memory a live view shows is never handed out

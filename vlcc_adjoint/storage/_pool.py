@@ -33,7 +33,8 @@ view of the buffer at the block itself).
 A buffer given back while somebody still holds it (a read-only view lent
 by ``load(copy=False)``) is kept aside, *pending*, within the same byte
 limit, and reused by a later :meth:`BufferPool.take` once its last outside
-reference is gone; pending buffers are the first dropped when room is needed.
+reference is gone; pending buffers, oldest first, are the first dropped
+when room is needed.
 """
 
 from __future__ import annotations
@@ -66,18 +67,12 @@ def _sole_refcount() -> int:
     return sys.getrefcount(arr)
 
 
-_SOLE = _sole_refcount()
-
-
 def _block_refcount() -> int:
     # Calibrate: the reference count of an aligned buffer's block referenced
     # by the buffer alone, as seen by sys.getrefcount in unshared_memory().
     arr = np.empty(8, np.uint8)[:4]
     block = arr.base
     return sys.getrefcount(block)
-
-
-_SOLE_BLOCK = _block_refcount()
 
 
 def _pending_refcount() -> int:
@@ -88,14 +83,29 @@ def _pending_refcount() -> int:
     return sys.getrefcount(arr)
 
 
-_SOLE_PENDING = _pending_refcount()
+def _calibrate() -> tuple[int, int, int]:
+    """The three reference counts, measured with tracing and profiling off:
+    a tracer that reads ``frame.f_locals`` (a debugger stepping through the
+    import) adds a reference, and a count calibrated one too high would let
+    the pool reuse a buffer that is still referenced."""
+    trace, profile = sys.gettrace(), sys.getprofile()
+    sys.settrace(None)
+    sys.setprofile(None)
+    try:
+        return _sole_refcount(), _block_refcount(), _pending_refcount()
+    finally:
+        sys.settrace(trace)
+        sys.setprofile(profile)
+
+
+_SOLE, _SOLE_BLOCK, _SOLE_PENDING = _calibrate()
 
 
 def empty(dtype: np.dtype, shape: tuple) -> np.ndarray:
     """``np.empty(shape, dtype)``, page-aligned from ``ALIGNED_MIN`` bytes on
     (a view of a private ``uint8`` block, see the module docstring)."""
     nbytes = dtype.itemsize * math.prod(shape)
-    if nbytes < ALIGNED_MIN or dtype.hasobject:
+    if nbytes < ALIGNED_MIN or dtype.hasobject or dtype.subdtype is not None:
         return np.empty(shape, dtype)
     block = np.empty(nbytes + PAGE, np.uint8)
     start = -block.ctypes.data % PAGE
@@ -261,19 +271,20 @@ class BufferPool:
         with self._lock:
             for arr in arrays:
                 if (arr.nbytes >= ALIGNED_MIN and arr.flags.writeable and arr.flags.c_contiguous
-                        and len(self._pending) < _MAX_PENDING
-                        and self.free_bytes + arr.nbytes <= self.max_free_bytes
-                        and (arr.base is None or _is_block(arr.base))):
+                        and (arr.base is None or _is_block(arr.base))
+                        and self._make_room(arr.nbytes, slots=1)):
                     self._pending.append(((arr.dtype, arr.shape), arr))
                     self.free_bytes += arr.nbytes
                 else:
                     self.refused += 1
         arrays.clear()
 
-    def _make_room(self, nbytes: int) -> bool:
-        """Lock held: drop pending buffers (oldest first) until `nbytes` fit."""
+    def _make_room(self, nbytes: int, slots: int = 0) -> bool:
+        """Lock held: drop pending buffers (oldest first) until `nbytes` fit
+        (and `slots` more pending ones)."""
         pending = self._pending
-        while pending and self.free_bytes + nbytes > self.max_free_bytes:
+        while pending and (self.free_bytes + nbytes > self.max_free_bytes
+                           or len(pending) + slots > _MAX_PENDING):
             _, arr = pending.pop(0)
             self.free_bytes -= arr.nbytes
             self.refused += 1

@@ -279,8 +279,8 @@ class TieredStore:
           record is deleted.  Cannot be combined with `out`.
 
         **Returns:** the state.  Without `out` and with ``copy=True`` its
-        arrays are the caller's own: modifying them never changes the
-        stored record.
+        arrays are the caller's own (from 1 MiB on, page-aligned views of a
+        block of their own): changing them never changes the stored record.
 
         A record on a memory level is verified while it is copied out (one
         pass over it); if it turns out corrupt, the arrays of `out` may
