@@ -87,8 +87,7 @@ FIELDS = ("import_s", "first_s", "stats_s", "io_plan_s", "total_s", "warm_s")
 
 
 def _have_pyrevolve() -> bool:
-    done = subprocess.run([sys.executable, "-c", "import pyrevolve.crevolve"],
-                          capture_output=True)
+    done = subprocess.run([sys.executable, "-c", "import pyrevolve.crevolve"], capture_output=True)
     return done.returncode == 0
 
 
@@ -103,21 +102,31 @@ def _once(tool: str, n: int, c: int, warm: int, root: str, timeout: float) -> di
     else:
         code = PYREVOLVE.format(n=n, c=c, warm=warm, bypass=tool == "pyrevolve core")
     try:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                              text=True, env=env, cwd=root, timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=root,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     finally:
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
-                f"rc={done.returncode}"}
+        return {
+            "error": done.stderr.strip().splitlines()[-1]
+            if done.stderr.strip()
+            else f"rc={done.returncode}"
+        }
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(sizes, c=10, repeats=5, warm=5, tools=TOOLS, root=None, timeout=120.0,
-            say=print) -> list[dict]:
+def measure(
+    sizes, c=10, repeats=5, warm=5, tools=TOOLS, root=None, timeout=120.0, say=print
+) -> list[dict]:
     """One row per (tool, n): each field's median/min/max over `repeats` fresh processes."""
     root = os.path.abspath(root or os.path.join(os.path.dirname(__file__), os.pardir))
     if not _have_pyrevolve():
@@ -127,13 +136,23 @@ def measure(sizes, c=10, repeats=5, warm=5, tools=TOOLS, root=None, timeout=120.
         for tool in tools:
             runs = [_once(tool, n, c, warm, root, timeout) for _ in range(repeats)]
             ok = [r for r in runs if "error" not in r]
-            row = dict(tool=tool, n=n, c=c, repeats=len(ok), root=root,
-                       errors=[r["error"] for r in runs if "error" in r])
+            row = dict(
+                tool=tool,
+                n=n,
+                c=c,
+                repeats=len(ok),
+                root=root,
+                errors=[r["error"] for r in runs if "error" in r],
+            )
             for field in FIELDS:
                 values = [r[field] for r in ok if r.get(field) is not None]
                 if values:
-                    row[field] = dict(median=statistics.median(values), min=min(values),
-                                      max=max(values), all=values)
+                    row[field] = dict(
+                        median=statistics.median(values),
+                        min=min(values),
+                        max=max(values),
+                        all=values,
+                    )
             if ok and "numba" in ok[0]:
                 row["numba_imported"] = sorted({r["numba"] for r in ok})
             rows.append(row)
@@ -148,18 +167,22 @@ def _ms(row, field):
     return f"{cell['median'] * 1e3:.3g} [{cell['min'] * 1e3:.3g}, {cell['max'] * 1e3:.3g}]"
 
 
-HEADER = (f"{'tool':<24} {'n':>7}  {'import ms':>20} {'first call ms':>22} "
-          f"{'stats ms':>18} {'io_plan ms':>18} {'total ms':>22} {'warm ms':>10}  numba")
+HEADER = (
+    f"{'tool':<24} {'n':>7}  {'import ms':>20} {'first call ms':>22} "
+    f"{'stats ms':>18} {'io_plan ms':>18} {'total ms':>22} {'warm ms':>10}  numba"
+)
 
 
 def format_row(row) -> str:
     warm = row.get("warm_s")
     warm_ms = f"{warm['median'] * 1e3:.3g}" if warm else "-"
     numba = ",".join(str(v) for v in row.get("numba_imported", [])) or "-"
-    text = (f"{row['tool']:<24} {row['n']:>7}  {_ms(row, 'import_s'):>20} "
-            f"{_ms(row, 'first_s'):>22} {_ms(row, 'stats_s'):>18} {_ms(row, 'io_plan_s'):>18} "
-            f"{_ms(row, 'total_s'):>22} "
-            f"{warm_ms:>10}  {numba}")
+    text = (
+        f"{row['tool']:<24} {row['n']:>7}  {_ms(row, 'import_s'):>20} "
+        f"{_ms(row, 'first_s'):>22} {_ms(row, 'stats_s'):>18} {_ms(row, 'io_plan_s'):>18} "
+        f"{_ms(row, 'total_s'):>22} "
+        f"{warm_ms:>10}  {numba}"
+    )
     if row["errors"]:
         text += f"  errors: {row['errors'][:2]}"
     return text

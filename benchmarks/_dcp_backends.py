@@ -48,8 +48,8 @@ def flatten(sd, prefix: str = "") -> tuple[dict, dict]:
         if isinstance(v, torch.Tensor):
             tensors[key] = v
         elif isinstance(v, (dict, list, tuple)) and any(
-                isinstance(x, (torch.Tensor, dict)) for x in (v.values() if isinstance(v, dict)
-                                                              else v)):
+            isinstance(x, (torch.Tensor, dict)) for x in (v.values() if isinstance(v, dict) else v)
+        ):
             t, o = flatten(v, key + "/")
             tensors.update(t)
             other.update(o)
@@ -135,8 +135,9 @@ class IcechunkBackend:
         if changed_only:
             self.name = "icechunk_changed"
         storage = icechunk.local_filesystem_storage(root)
-        self.repo = (icechunk.Repository.open(storage) if ids else
-                     icechunk.Repository.create(storage))
+        self.repo = (
+            icechunk.Repository.open(storage) if ids else icechunk.Repository.create(storage)
+        )
         self._last: dict[str, bytes] = {}
 
     def save(self, sd: dict, i: int) -> None:
@@ -155,9 +156,14 @@ class IcechunkBackend:
             if key in root:
                 arr = root[key]
             else:
-                arr = root.create_array(key, shape=a.shape, dtype=a.dtype,
-                                        chunks=_chunks(a.shape, a.itemsize),
-                                        compressors=None, fill_value=0)
+                arr = root.create_array(
+                    key,
+                    shape=a.shape,
+                    dtype=a.dtype,
+                    chunks=_chunks(a.shape, a.itemsize),
+                    compressors=None,
+                    fill_value=0,
+                )
             arr[...] = a
         root.attrs["other"] = json.loads(json.dumps(other, default=list))
         self.ids.append(session.commit(f"v{i}"))

@@ -86,8 +86,8 @@ import time
 import numpy as np
 
 from vlcc_adjoint.schedules import StoreAll, io_plan
-from vlcc_adjoint.storage import MemoryTier, TieredStore, ZarrTier, make_record
 from vlcc_adjoint.state import flatten
+from vlcc_adjoint.storage import MemoryTier, TieredStore, ZarrTier, make_record
 
 __all__ = ["memory_touch", "read_rates", "write_rates"]
 
@@ -113,8 +113,12 @@ def memory_touch(nbytes: int, idle_s: float = 3.0) -> dict:
     time.sleep(idle_s)
     t0 = time.perf_counter()
     warm_memory(nbytes)
-    return {"bytes": nbytes, "warm_s": warm, "after_idle_s": time.perf_counter() - t0,
-            "idle_s": idle_s}
+    return {
+        "bytes": nbytes,
+        "warm_s": warm,
+        "after_idle_s": time.perf_counter() - t0,
+        "idle_s": idle_s,
+    }
 
 
 def resident_bytes(paths) -> int | None:
@@ -122,8 +126,12 @@ def resident_bytes(paths) -> int | None:
     (``None`` where it is not installed)."""
     if shutil.which("fincore") is None:
         return None
-    done = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *paths],
-                          check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *paths],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return sum(int(line) for line in done.stdout.split())
 
 
@@ -148,8 +156,11 @@ def _summary(times: dict, nbytes: int, ref: str, loads: list) -> dict:
     for name, ts in times.items():
         out["MB_per_s"][name] = nbytes / statistics.median(ts) / 1e6
         ratios = [r / t for t, r in zip(ts, times[ref])]  # rate / ref rate, same round
-        out["vs_" + ref][name] = {"median": statistics.median(ratios), "min": min(ratios),
-                                  "max": max(ratios)}
+        out["vs_" + ref][name] = {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+        }
     return out
 
 
@@ -162,8 +173,11 @@ def write_rates(base: str, record_bytes: int, count: int, rounds: int, warm: boo
     def run_dd(bs, n):
         target = os.path.join(base, "dd.bin")
         t0 = time.perf_counter()
-        subprocess.run(["dd", "if=/dev/zero", f"of={target}", f"bs={bs}", f"count={n}",
-                        "conv=fdatasync"], check=True, capture_output=True)
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", f"bs={bs}", f"count={n}", "conv=fdatasync"],
+            check=True,
+            capture_output=True,
+        )
         dt = time.perf_counter() - t0
         os.unlink(target)
         return dt
@@ -194,23 +208,27 @@ def write_rates(base: str, record_bytes: int, count: int, rounds: int, warm: boo
         shutil.rmtree(path)
         return dt
 
-    methods = {"dd": lambda: run_dd(MIB, total // MIB),
-               "dd, bs=record": lambda: run_dd(record_bytes, count),
-               "store": lambda: run_store(None),
-               "store, 1 writer": lambda: run_store(1), "put": run_put}
+    methods = {
+        "dd": lambda: run_dd(MIB, total // MIB),
+        "dd, bs=record": lambda: run_dd(record_bytes, count),
+        "store": lambda: run_store(None),
+        "store, 1 writer": lambda: run_store(1),
+        "put": run_put,
+    }
     names = list(methods)
     times = {n: [] for n in names}
     loads = []
     for r in range(rounds):
         loads.append(os.getloadavg()[0])
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             os.sync()  # no earlier write-back left to compete with this one
             if warm and name.startswith("dd"):
                 warm_memory(total + total // 2)
             times[name].append(methods[name]())
     out = _summary(times, total, "dd", loads)
-    out.update(record_bytes=record_bytes, count=count, rounds=rounds, warm_memory=warm,
-               durable=True)
+    out.update(
+        record_bytes=record_bytes, count=count, rounds=rounds, warm_memory=warm, durable=True
+    )
     return out
 
 
@@ -229,13 +247,26 @@ def _walk_plan(store, schedule, states, upto_load: bool) -> None:
             store.delete(action.step, action.level)
 
 
-def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool = True,
-               prefetch_records: int = 2, workers: int | None = None) -> dict:
+def read_rates(
+    base: str,
+    record_bytes: int,
+    count: int,
+    rounds: int,
+    warm: bool = True,
+    prefetch_records: int = 2,
+    workers: int | None = None,
+) -> dict:
     """Reads of durable records not in the page cache (see the module docstring)."""
     states = _states(record_bytes, count + 1)
     schedule = StoreAll(count + 1, level=1)  # saves u_0 .. u_{count-1}, then reads them back
-    names = ["dd", "readinto", "readinto, reused", "readinto, page cache", "direct, reused",
-             "store"]
+    names = [
+        "dd",
+        "readinto",
+        "readinto, reused",
+        "readinto, page cache",
+        "direct, reused",
+        "store",
+    ]
     reused = np.ones(record_bytes // 8)
     aligned = mmap.mmap(-1, record_bytes)  # page-aligned, for O_DIRECT
     aligned.write(b"\1" * record_bytes)  # touched once, before any timing
@@ -244,9 +275,12 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
     for r in range(rounds):
         loads.append(os.getloadavg()[0])
         path = os.path.join(base, "read-store")
-        store = TieredStore([MemoryTier(), ZarrTier(path, durable=True, mode="w")],
-                            plan=io_plan(schedule), prefetch_bytes=prefetch_records * record_bytes,
-                            workers=workers)
+        store = TieredStore(
+            [MemoryTier(), ZarrTier(path, durable=True, mode="w")],
+            plan=io_plan(schedule),
+            prefetch_bytes=prefetch_records * record_bytes,
+            workers=workers,
+        )
         with store:
             _walk_plan(store, schedule, states, upto_load=True)  # the forward pass
             store.wait()
@@ -255,7 +289,7 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
                 names.remove("direct, reused")
                 del times["direct, reused"]
             order = names[:-1]
-            for name in order[r % len(order):] + order[:r % len(order)]:
+            for name in order[r % len(order) :] + order[: r % len(order)]:
                 drop_cached(chunks)
                 if name == "readinto, page cache":
                     for c in chunks:  # bring them back into the page cache
@@ -263,9 +297,12 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
                 if warm:
                     warm_memory(record_bytes * count * 2)
                 times[name].append(
-                    _read_dd(chunks, record_bytes) if name == "dd" else
-                    _read_direct(chunks, record_bytes, aligned) if name == "direct, reused" else
-                    _read_py(chunks, record_bytes, reused if name.endswith("reused") else None))
+                    _read_dd(chunks, record_bytes)
+                    if name == "dd"
+                    else _read_direct(chunks, record_bytes, aligned)
+                    if name == "direct, reused"
+                    else _read_py(chunks, record_bytes, reused if name.endswith("reused") else None)
+                )
             drop_cached(chunks)
             resident.append(resident_bytes(chunks))
             if warm:
@@ -283,10 +320,16 @@ def read_rates(base: str, record_bytes: int, count: int, rounds: int, warm: bool
         times["store"].append(dt * record_bytes * count / got if got else float("inf"))
     out = _summary(times, record_bytes * count, "dd", loads)
     out["vs_readinto"] = _summary(times, record_bytes * count, "readinto", loads)["vs_readinto"]
-    out.update(record_bytes=record_bytes, count=count, rounds=rounds, warm_memory=warm,
-               prefetch_bytes=prefetch_records * record_bytes, store_disk_bytes=disk_bytes,
-               resident_after_drop_bytes=resident,
-               store_stats=hits)
+    out.update(
+        record_bytes=record_bytes,
+        count=count,
+        rounds=rounds,
+        warm_memory=warm,
+        prefetch_bytes=prefetch_records * record_bytes,
+        store_disk_bytes=disk_bytes,
+        resident_after_drop_bytes=resident,
+        store_stats=hits,
+    )
     return out
 
 
@@ -299,8 +342,10 @@ def _chunks_in_load_order(path: str, count: int) -> list[str]:
             steps[int(m.group(1))] = os.path.join(path, key, "0", "c.0")
     chunks = [steps[k] for k in sorted(steps, reverse=True)]
     if len(chunks) != count or not all(os.path.isfile(c) for c in chunks):
-        raise RuntimeError(f"expected {count} records with chunk files under {path}, found "
-                           f"{sorted(os.listdir(path))}: the zarr tier's layout changed")
+        raise RuntimeError(
+            f"expected {count} records with chunk files under {path}, found "
+            f"{sorted(os.listdir(path))}: the zarr tier's layout changed"
+        )
     return chunks
 
 
@@ -350,7 +395,7 @@ def _read_direct(chunks, nbytes: int, buf: mmap.mmap) -> float:
         try:
             done = 0
             while done < nbytes:
-                n = os.readv(fd, [view[done:done + 8 * MIB]])
+                n = os.readv(fd, [view[done : done + 8 * MIB]])
                 if n == 0:
                     raise RuntimeError(f"short read of {c}: {done} of {nbytes} bytes")
                 done += n
@@ -362,8 +407,12 @@ def _read_direct(chunks, nbytes: int, buf: mmap.mmap) -> float:
 def _read_dd(chunks, nbytes: int) -> float:
     total = 0.0
     for c in chunks:
-        done = subprocess.run(["dd", f"if={c}", "of=/dev/null", f"bs={MIB}"], check=True,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["dd", f"if={c}", "of=/dev/null", f"bs={MIB}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         m = _DD_TIME.search(done.stderr)
         if m is None:
             raise RuntimeError(f"cannot read dd's time from {done.stderr!r}")

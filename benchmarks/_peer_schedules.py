@@ -22,6 +22,7 @@ Action counts differ between the tools and cannot be compared one to one.
 pyrevolve gives advance/takeshot/restore/firstrun/youturn/terminate;
 checkpoint_schedules gives Forward/Reverse/Copy/Move/EndForward/EndReverse.
 """
+
 import contextlib
 import time
 import tracemalloc
@@ -63,7 +64,7 @@ def pyrevolve_actions(n, snapshots, bypass_grabber=False):
     with _grabber(bypass_grabber):
         step = _cr.CRevolve(snapshots, n, None).revolve
         count = 1
-        while step() is not _TERMINATE:   # errors raise RevolveError
+        while step() is not _TERMINATE:  # errors raise RevolveError
             count += 1
     return count
 
@@ -121,7 +122,7 @@ def hrevolve_actions(n, ram, disk, uf=1.0, ub=1.0, wd=2.0, rd=2.0):
     uf, ub, wd, rd)`` up to and including ``EndReverse`` (constructor, which
     runs the pure-Python H-Revolve dynamic program, included). As shipped in
     1.0.4 it passes ``uf``/``ub`` swapped to its DP (see
-    ``tests/cs_referee.py``); that does not change its running time."""
+    ``tests/schedules/cs_referee.py``); that does not change its running time."""
     count = 0
     for action in HRevolve(n, ram, disk, uf=uf, ub=ub, wd=wd, rd=rd):
         count += 1
@@ -167,10 +168,18 @@ def measure(fn, n, snapshots, memory=True, **kw):
 
 if __name__ == "__main__":
     P, CS = pyrevolve_actions, checkpoint_schedules_actions
-    cases = [(P, 1000, 10), (P, 10**4, 100), (P, 10**5, 100), (P, 10**6, 100),
-             (CS, 1000, 10), (CS, 2000, 10)]
+    cases = [
+        (P, 1000, 10),
+        (P, 10**4, 100),
+        (P, 10**5, 100),
+        (P, 10**6, 100),
+        (CS, 1000, 10),
+        (CS, 2000, 10),
+    ]
     for fn, n, c in cases:
-        for kw in ([{}, {"bypass_grabber": True}] if fn is P else [{}]):
+        for kw in [{}, {"bypass_grabber": True}] if fn is P else [{}]:
             res, t, peak = measure(fn, n, c, memory=n <= 10**5, **kw)
-            print(f"{fn.__name__} {kw or ''} n={n} c={c} actions={res} "
-                  f"process_time={t:.4f}s peak={peak}B")
+            print(
+                f"{fn.__name__} {kw or ''} n={n} c={c} actions={res} "
+                f"process_time={t:.4f}s peak={peak}B"
+            )

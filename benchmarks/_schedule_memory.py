@@ -102,27 +102,53 @@ print("@@MEM " + json.dumps(out))
 """
 
 
-def measure_case(kind: str, n: int, root: str, *, c: int = 100, levels=None, fwd: float = 1.0,
-                 adj: float = 1.0, arrays: bool = True, timeout: float = 600.0) -> dict:
+def measure_case(
+    kind: str,
+    n: int,
+    root: str,
+    *,
+    c: int = 100,
+    levels=None,
+    fwd: float = 1.0,
+    adj: float = 1.0,
+    arrays: bool = True,
+    timeout: float = 600.0,
+) -> dict:
     """One case in a fresh interpreter; the JSON the worker printed, or an error.
     `arrays`: also build the plan's arrays (``O(len)``: 2 GB at ``n = 10^7``)."""
     warm = 300 if kind == "revolve" else 40
-    code = CODE.format(kind=kind, n=int(n), c=int(c), levels=levels, fwd=fwd, adj=adj, warm=warm,
-                       arrays=bool(arrays))
+    code = CODE.format(
+        kind=kind,
+        n=int(n),
+        c=int(c),
+        levels=levels,
+        fwd=fwd,
+        adj=adj,
+        warm=warm,
+        arrays=bool(arrays),
+    )
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                              text=True, env=env, timeout=timeout, cwd=root)
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            cwd=root,
+        )
     except subprocess.TimeoutExpired:
         return dict(status="timeout", note=f"killed after {timeout:.0f} s")
     for line in done.stdout.splitlines():
         if line.startswith("@@MEM "):
-            return dict(status="ok", **json.loads(line[len("@@MEM "):]))
+            return dict(status="ok", **json.loads(line[len("@@MEM ") :]))
     return dict(status="error", note=(done.stderr or "no output").strip().splitlines()[-1][:300])
 
 
-HEADER = (f"{'schedule':<26} {'n':>9} {'held_MiB':>9} {'build':>14} {'blocks':>14} "
-          f"{'stats':>14} {'io_plan':>14} {'windows':>14} {'plan_arrays':>14}")
+HEADER = (
+    f"{'schedule':<26} {'n':>9} {'held_MiB':>9} {'build':>14} {'blocks':>14} "
+    f"{'stats':>14} {'io_plan':>14} {'windows':>14} {'plan_arrays':>14}"
+)
 
 
 def format_row(label: str, n: int, res: dict) -> str:
@@ -137,9 +163,11 @@ def format_row(label: str, n: int, res: dict) -> str:
             return f"{'-':>14}"
         return f"{p['peak_growth_bytes'] / 2**20:>7.1f} {p['seconds']:>5.2f}s"
 
-    return (f"{label:<26} {n:>9} {res['held_bytes'] / 2**20:>9.2f} {cell('build')} "
-            f"{cell('blocks')} {cell('stats')} {cell('io_plan')} {cell('plan_windows')} "
-            f"{cell('plan_arrays')}")
+    return (
+        f"{label:<26} {n:>9} {res['held_bytes'] / 2**20:>9.2f} {cell('build')} "
+        f"{cell('blocks')} {cell('stats')} {cell('io_plan')} {cell('plan_windows')} "
+        f"{cell('plan_arrays')}"
+    )
 
 
 def measure(cases, root: str, say=print) -> list[dict]:

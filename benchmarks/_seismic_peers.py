@@ -185,17 +185,31 @@ class PyrevolveSeismic:
         # "reverse" is the taped forward step (if any) plus the adjoint step.
         ms = wrp.profiler.timings
         seconds = {
-            "forward_seconds": 1e-3 * sum(ms.get(sec, {}).get(a, 0.0)
-                                          for sec in ("forward", "reverse")
-                                          for a in ("advance", "lastfw")),
+            "forward_seconds": 1e-3
+            * sum(
+                ms.get(sec, {}).get(a, 0.0)
+                for sec in ("forward", "reverse")
+                for a in ("advance", "lastfw")
+            ),
             "reverse_seconds": 1e-3 * ms.get("reverse", {}).get("reverse", 0.0),
-            "store_seconds": 1e-3 * sum(ms.get(sec, {}).get(a, 0.0)
-                                        for sec in ("forward", "reverse")
-                                        for a in ("takeshot", "restore", "remove")),
+            "store_seconds": 1e-3
+            * sum(
+                ms.get(sec, {}).get(a, 0.0)
+                for sec in ("forward", "reverse")
+                for a in ("takeshot", "restore", "remove")
+            ),
         }
-        n_ops = sum(wrp.profiler.counts.get(sec, {}).get(a, 0)
-                    for sec in ("forward", "reverse") for a in ("takeshot", "restore"))
+        n_ops = sum(
+            wrp.profiler.counts.get(sec, {}).get(a, 0)
+            for sec in ("forward", "reverse")
+            for a in ("takeshot", "restore")
+        )
         seconds["store_ops"] = n_ops
-        self.counts = {"forward_steps": fwd.steps, "advances": fwd.steps - taped,
-                       "taped": taped, "adjoint_steps": rev.calls, **seconds}
+        self.counts = {
+            "forward_steps": fwd.steps,
+            "advances": fwd.steps - taped,
+            "taped": taped,
+            "adjoint_steps": rev.calls,
+            **seconds,
+        }
         return p.gradient

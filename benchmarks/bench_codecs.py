@@ -122,8 +122,8 @@ def wavefield(n: int = 1024, nt: int = 2000, seed: int = 0) -> np.ndarray:
     """The float64 acoustic wavefield described in the module docstring."""
     dx, dt, f0 = 5.0, 0.75e-3, 15.0
     c = np.full((n, n), 1500.0)
-    c[n // 2:] = 2250.0
-    c[3 * n // 4:] = 3000.0
+    c[n // 2 :] = 2250.0
+    c[3 * n // 4 :] = 3000.0
     c2 = (c * dt / dx) ** 2
     t = np.arange(nt) * dt
     arg = (np.pi * f0 * (t - 1.2 / f0)) ** 2
@@ -134,7 +134,6 @@ def wavefield(n: int = 1024, nt: int = 2000, seed: int = 0) -> np.ndarray:
     return _leapfrog(np.zeros((n, n)), np.zeros((n, n)), c2, nt, sy, sx, ricker)
 
 
-
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _leapfrog3(u_prev, u, c2, nt, src, wavelet):
     """``nt`` steps of the 3-D scheme (seven-point Laplacian), sources at ``src``."""
@@ -143,8 +142,15 @@ def _leapfrog3(u_prev, u, c2, nt, src, wavelet):
         for i in numba.prange(1, nz - 1):
             for j in range(1, ny - 1):
                 for k in range(1, nx - 1):
-                    lap = (u[i - 1, j, k] + u[i + 1, j, k] + u[i, j - 1, k] + u[i, j + 1, k]
-                           + u[i, j, k - 1] + u[i, j, k + 1] - 6.0 * u[i, j, k])
+                    lap = (
+                        u[i - 1, j, k]
+                        + u[i + 1, j, k]
+                        + u[i, j - 1, k]
+                        + u[i, j + 1, k]
+                        + u[i, j, k - 1]
+                        + u[i, j, k + 1]
+                        - 6.0 * u[i, j, k]
+                    )
                     u_prev[i, j, k] = 2.0 * u[i, j, k] - u_prev[i, j, k] + c2[i] * lap
         for s in range(src.shape[0]):
             u_prev[src[s, 0], src[s, 1], src[s, 2]] += wavelet[it]
@@ -156,8 +162,8 @@ def wavefield3d(n: int = 256, seed: int = 0) -> np.ndarray:
     """The float32 3-D acoustic wavefield described in the module docstring."""
     dx, dt, f0 = 10.0, 1.2e-3, 12.0
     c = np.full(n, 1500.0)
-    c[n // 2:] = 2250.0
-    c[3 * n // 4:] = 3000.0
+    c[n // 2 :] = 2250.0
+    c[3 * n // 4 :] = 3000.0
     c2 = (c * dt / dx) ** 2
     nt = int(n * dx / 1500.0 / dt)
     t = np.arange(nt) * dt
@@ -183,8 +189,14 @@ class Case:
 def _zfpy_case(a, tol, label):
     import zfpy
 
-    return Case(label, "zfp", lambda: zfpy.compress_numpy(a, tolerance=tol),
-                zfpy.decompress_numpy, True, tol)
+    return Case(
+        label,
+        "zfp",
+        lambda: zfpy.compress_numpy(a, tolerance=tol),
+        zfpy.decompress_numpy,
+        True,
+        tol,
+    )
 
 
 def _sz3_case(a, tol, label):
@@ -194,8 +206,14 @@ def _sz3_case(a, tol, label):
     cfg.errorBoundMode = pysz.szErrorBoundMode.ABS
     cfg.absErrorBound = tol
     cfg.openmp = False
-    return Case(label, "sz3", lambda: pysz.sz.compress(a, cfg)[0],
-                lambda b: pysz.sz.decompress(b, a.dtype, a.shape)[0], True, tol)
+    return Case(
+        label,
+        "sz3",
+        lambda: pysz.sz.compress(a, cfg)[0],
+        lambda b: pysz.sz.decompress(b, a.dtype, a.shape)[0],
+        True,
+        tol,
+    )
 
 
 def _nbytes(blob) -> int:
@@ -254,24 +272,58 @@ def make_cases(a: np.ndarray, eb: float, quick: bool, large: bool):
     cases = []
     eb_codec = ErrorBounded(eb)
     out = np.empty_like(a)
-    cases.append(Case("ours ErrorBounded", "ours", lambda: eb_codec.encode(a),
-                      lambda b: eb_codec.decode(b, out=out), True))
-    cases.append(Case("ours ErrorBounded (new out)", "ours", lambda: eb_codec.encode(a),
-                      lambda b: eb_codec.decode(b), True))
+    cases.append(
+        Case(
+            "ours ErrorBounded",
+            "ours",
+            lambda: eb_codec.encode(a),
+            lambda b: eb_codec.decode(b, out=out),
+            True,
+        )
+    )
+    cases.append(
+        Case(
+            "ours ErrorBounded (new out)",
+            "ours",
+            lambda: eb_codec.encode(a),
+            lambda b: eb_codec.decode(b),
+            True,
+        )
+    )
     if not large:
-        for bits in ((8,) if quick else (8, 12)):
+        for bits in (8,) if quick else (8, 12):
             fr = FixedRate(bits)
-            cases.append(Case(f"ours FixedRate({bits})", "ours", lambda fr=fr: fr.encode(a),
-                              lambda b, fr=fr: fr.decode(b, out=out), False))
+            cases.append(
+                Case(
+                    f"ours FixedRate({bits})",
+                    "ours",
+                    lambda fr=fr: fr.encode(a),
+                    lambda b, fr=fr: fr.decode(b, out=out),
+                    False,
+                )
+            )
         lossless = Lossless()
-        cases.append(Case("ours Lossless", "ours", lambda: lossless.encode(a),
-                          lambda b: lossless.decode(b, out=out), False))
-        for label, codec in (("blosc2 lz4", blosc2.Codec.LZ4),
-                             ("blosc2 zstd", blosc2.Codec.ZSTD)):
+        cases.append(
+            Case(
+                "ours Lossless",
+                "ours",
+                lambda: lossless.encode(a),
+                lambda b: lossless.decode(b, out=out),
+                False,
+            )
+        )
+        for label, codec in (("blosc2 lz4", blosc2.Codec.LZ4), ("blosc2 zstd", blosc2.Codec.ZSTD)):
+
             def comp(codec=codec):
-                return blosc2.compress2(a, codec=codec, clevel=5, typesize=a.itemsize,
-                                        filters=[blosc2.Filter.SHUFFLE], filters_meta=[0],
-                                        nthreads=1)
+                return blosc2.compress2(
+                    a,
+                    codec=codec,
+                    clevel=5,
+                    typesize=a.itemsize,
+                    filters=[blosc2.Filter.SHUFFLE],
+                    filters_meta=[0],
+                    nthreads=1,
+                )
 
             def decomp(b):
                 blosc2.decompress2(b, dst=out, nthreads=1)
@@ -283,8 +335,9 @@ def make_cases(a: np.ndarray, eb: float, quick: bool, large: bool):
     searches = {}
     for family, make in (("zfpy", _zfpy_case), ("SZ3", _sz3_case)):
         cases.append(make(a, eb, f"{family} (stated eb)"))
-        tol, points = equal_error_tolerance(a, lambda t, make=make: make(a, t, ""), ours_err,
-                                            steps=6 if quick else 9)
+        tol, points = equal_error_tolerance(
+            a, lambda t, make=make: make(a, t, ""), ours_err, steps=6 if quick else 9
+        )
         searches[family] = dict(target_max_err=ours_err, tolerance=tol, points=points)
         cases.append(make(a, tol, f"{family} (equal error)"))
     return cases, searches
@@ -297,8 +350,9 @@ def _timed(fn, *args):
     return result, c1 - c0, w1 - w0
 
 
-def run_dataset(name: str, a: np.ndarray, repeats: int, quick: bool,
-                large: bool = False) -> tuple[list[dict], dict]:
+def run_dataset(
+    name: str, a: np.ndarray, repeats: int, quick: bool, large: bool = False
+) -> tuple[list[dict], dict]:
     eb = 1e-4 * float(a.max() - a.min())
     cases, searches = make_cases(a, eb, quick, large)
     rows = {}
@@ -312,20 +366,32 @@ def run_dataset(name: str, a: np.ndarray, repeats: int, quick: bool,
             ok = err <= ours_err
         else:
             ok = err <= case.tolerance
-        rows[case.name] = dict(dataset=name, codec=case.name, family=case.family,
-                               dtype=str(a.dtype), shape=list(a.shape), nbytes=a.nbytes,
-                               eb=eb, tolerance=case.tolerance, bounded=case.bounded,
-                               compressed_nbytes=_nbytes(blob),
-                               ratio=a.nbytes / _nbytes(blob), max_err=err,
-                               max_err_over_eb=err / eb, bound_ok=ok,
-                               comp_cpu_s=[], comp_wall_s=[], decomp_cpu_s=[],
-                               decomp_wall_s=[])
+        rows[case.name] = dict(
+            dataset=name,
+            codec=case.name,
+            family=case.family,
+            dtype=str(a.dtype),
+            shape=list(a.shape),
+            nbytes=a.nbytes,
+            eb=eb,
+            tolerance=case.tolerance,
+            bounded=case.bounded,
+            compressed_nbytes=_nbytes(blob),
+            ratio=a.nbytes / _nbytes(blob),
+            max_err=err,
+            max_err_over_eb=err / eb,
+            bound_ok=ok,
+            comp_cpu_s=[],
+            comp_wall_s=[],
+            decomp_cpu_s=[],
+            decomp_wall_s=[],
+        )
         del blob
     for rep in range(repeats):  # interleaved: a, b, c, b, c, a, c, a, b, ...
         # (each round starts one codec later, so that no codec always runs right
         # after the same one: what a codec leaves behind, freed pages, evicted
         # caches, changes the next one's time by up to ~25% on these VMs)
-        for case in cases[rep % len(cases):] + cases[:rep % len(cases)]:
+        for case in cases[rep % len(cases) :] + cases[: rep % len(cases)]:
             r = rows[case.name]
             blob, cpu, wall = _timed(case.compress)
             r["comp_cpu_s"].append(cpu)
@@ -345,8 +411,10 @@ def run_dataset(name: str, a: np.ndarray, repeats: int, quick: bool,
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'data':<10} {'codec':<28} {'ratio':>7} {'comp':>7} {'decomp':>7} "
-            f"{'max_err/eb':>10} {'ok':>4}   (GB/s per core, CPU time)")
+    head = (
+        f"{'data':<10} {'codec':<28} {'ratio':>7} {'comp':>7} {'decomp':>7} "
+        f"{'max_err/eb':>10} {'ok':>4}   (GB/s per core, CPU time)"
+    )
     print(head)
     print("-" * len(head))
     last = None
@@ -355,8 +423,10 @@ def print_table(rows: list[dict]) -> None:
             print()
         last = r["dataset"]
         ok = "" if r["bound_ok"] is None else ("yes" if r["bound_ok"] else "NO")
-        print(f"{r['dataset']:<10} {r['codec']:<28} {r['ratio']:7.2f} {r['comp_GBps']:7.2f} "
-              f"{r['decomp_GBps']:7.2f} {r['max_err_over_eb']:10.3g} {ok:>4}")
+        print(
+            f"{r['dataset']:<10} {r['codec']:<28} {r['ratio']:7.2f} {r['comp_GBps']:7.2f} "
+            f"{r['decomp_GBps']:7.2f} {r['max_err_over_eb']:10.3g} {ok:>4}"
+        )
 
 
 def goals(rows: list[dict]) -> dict:
@@ -367,35 +437,49 @@ def goals(rows: list[dict]) -> dict:
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         by = {r["codec"]: r for r in rows if r["dataset"] == ds}
         ours, sz3, zfp = by["ours ErrorBounded"], by["SZ3 (equal error)"], by["zfpy (equal error)"]
-        comp_vs_sz3 = (statistics.median(sz3["comp_cpu_s"])
-                       / statistics.median(ours["comp_cpu_s"]))
-        decomp_vs_sz3 = (statistics.median(sz3["decomp_cpu_s"])
-                         / statistics.median(ours["decomp_cpu_s"]))
+        comp_vs_sz3 = statistics.median(sz3["comp_cpu_s"]) / statistics.median(ours["comp_cpu_s"])
+        decomp_vs_sz3 = statistics.median(sz3["decomp_cpu_s"]) / statistics.median(
+            ours["decomp_cpu_s"]
+        )
         result[ds] = dict(
-            ratio=ours["ratio"], max_err=ours["max_err"], sz3_ratio=sz3["ratio"],
-            sz3_max_err=sz3["max_err"], sz3_tolerance=sz3["tolerance"], zfpy_ratio=zfp["ratio"],
-            zfpy_max_err=zfp["max_err"], zfpy_tolerance=zfp["tolerance"],
-            ratio_over_sz3=ours["ratio"] / sz3["ratio"], ratio_over_zfpy=ours["ratio"] / zfp["ratio"],
-            comp_GBps=ours["comp_GBps"], decomp_GBps=ours["decomp_GBps"],
-            comp_speedup_vs_sz3=comp_vs_sz3, decomp_speedup_vs_sz3=decomp_vs_sz3,
-            comp_speedup_vs_zfpy=(statistics.median(zfp["comp_cpu_s"])
-                                  / statistics.median(ours["comp_cpu_s"])),
-            ratio_met=ours["ratio"] >= sz3["ratio"], comp_speed_met=comp_vs_sz3 >= 10,
-            decomp_speed_met=ours["decomp_GBps"] >= 2)
+            ratio=ours["ratio"],
+            max_err=ours["max_err"],
+            sz3_ratio=sz3["ratio"],
+            sz3_max_err=sz3["max_err"],
+            sz3_tolerance=sz3["tolerance"],
+            zfpy_ratio=zfp["ratio"],
+            zfpy_max_err=zfp["max_err"],
+            zfpy_tolerance=zfp["tolerance"],
+            ratio_over_sz3=ours["ratio"] / sz3["ratio"],
+            ratio_over_zfpy=ours["ratio"] / zfp["ratio"],
+            comp_GBps=ours["comp_GBps"],
+            decomp_GBps=ours["decomp_GBps"],
+            comp_speedup_vs_sz3=comp_vs_sz3,
+            decomp_speedup_vs_sz3=decomp_vs_sz3,
+            comp_speedup_vs_zfpy=(
+                statistics.median(zfp["comp_cpu_s"]) / statistics.median(ours["comp_cpu_s"])
+            ),
+            ratio_met=ours["ratio"] >= sz3["ratio"],
+            comp_speed_met=comp_vs_sz3 >= 10,
+            decomp_speed_met=ours["decomp_GBps"] >= 2,
+        )
     return result
 
 
 def summary(g: dict) -> list[str]:
     """One line per data set: the targets, met or missed."""
+
     def word(ok):
         return "met" if ok else "MISSED"
 
-    return [f"{ds}: ratio {v['ratio']:.2f} vs SZ3 {v['sz3_ratio']:.2f} and zfpy "
-            f"{v['zfpy_ratio']:.2f} at equal measured error ({word(v['ratio_met'])}); "
-            f"compression {v['comp_speedup_vs_sz3']:.1f}x SZ3 "
-            f"({word(v['comp_speed_met'])} >= 10x); decompression "
-            f"{v['decomp_GBps']:.2f} GB/s per core ({word(v['decomp_speed_met'])} >= 2)"
-            for ds, v in g.items()]
+    return [
+        f"{ds}: ratio {v['ratio']:.2f} vs SZ3 {v['sz3_ratio']:.2f} and zfpy "
+        f"{v['zfpy_ratio']:.2f} at equal measured error ({word(v['ratio_met'])}); "
+        f"compression {v['comp_speedup_vs_sz3']:.1f}x SZ3 "
+        f"({word(v['comp_speed_met'])} >= 10x); decompression "
+        f"{v['decomp_GBps']:.2f} GB/s per core ({word(v['decomp_speed_met'])} >= 2)"
+        for ds, v in g.items()
+    ]
 
 
 def plot(rows: list[dict], searches: dict, path: Path) -> None:
@@ -406,23 +490,41 @@ def plot(rows: list[dict], searches: dict, path: Path) -> None:
     from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(3, len(datasets), figsize=(4.6 * len(datasets), 12.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(3, len(datasets), figsize=(4.6 * len(datasets), 12.5), squeeze=False)
     colors = {"ours": "tab:red", "blosc2": "tab:gray", "zfp": "tab:blue", "sz3": "tab:green"}
-    markers = {"ours ErrorBounded": "*", "ours ErrorBounded (new out)": "P", "ours Lossless": "s",
-               "blosc2 lz4": "s", "blosc2 zstd": "D", "zfpy (stated eb)": "o",
-               "zfpy (equal error)": "o", "SZ3 (stated eb)": "^", "SZ3 (equal error)": "^"}
+    markers = {
+        "ours ErrorBounded": "*",
+        "ours ErrorBounded (new out)": "P",
+        "ours Lossless": "s",
+        "blosc2 lz4": "s",
+        "blosc2 zstd": "D",
+        "zfpy (stated eb)": "o",
+        "zfpy (equal error)": "o",
+        "SZ3 (stated eb)": "^",
+        "SZ3 (equal error)": "^",
+    }
     for col, ds in enumerate(datasets):
         for row, key in enumerate(("comp", "decomp")):
             ax = axes[row][col]
             for r in (r for r in rows if r["dataset"] == ds):
                 hollow = r["codec"].endswith("(stated eb)")
-                ax.scatter(r[f"{key}_GBps"], r["ratio"], s=90, marker=markers.get(r["codec"], "v"),
-                           label=r["codec"], facecolors="none" if hollow else colors[r["family"]],
-                           edgecolors=colors[r["family"]])
+                ax.scatter(
+                    r[f"{key}_GBps"],
+                    r["ratio"],
+                    s=90,
+                    marker=markers.get(r["codec"], "v"),
+                    label=r["codec"],
+                    facecolors="none" if hollow else colors[r["family"]],
+                    edgecolors=colors[r["family"]],
+                )
                 below = r["codec"].endswith("(new out)") or r["codec"].endswith("(stated eb)")
-                ax.annotate(r["codec"].replace("ours ", ""), (r[f"{key}_GBps"], r["ratio"]),
-                            fontsize=7, xytext=(4, -9 if below else 3), textcoords="offset points")
+                ax.annotate(
+                    r["codec"].replace("ours ", ""),
+                    (r[f"{key}_GBps"], r["ratio"]),
+                    fontsize=7,
+                    xytext=(4, -9 if below else 3),
+                    textcoords="offset points",
+                )
             ax.set_xscale("log")
             ax.set_yscale("log")
             for axis in (ax.xaxis, ax.yaxis):
@@ -437,11 +539,24 @@ def plot(rows: list[dict], searches: dict, path: Path) -> None:
         eb = next(r["eb"] for r in rows if r["dataset"] == ds)
         for family, color in (("zfpy", "tab:blue"), ("SZ3", "tab:green")):
             pts = sorted(searches[ds][family]["points"], key=lambda p: p["max_err"])
-            ax.plot([p["max_err"] / eb for p in pts], [p["ratio"] for p in pts], "o-", ms=3,
-                    color=color, label=family)
+            ax.plot(
+                [p["max_err"] / eb for p in pts],
+                [p["ratio"] for p in pts],
+                "o-",
+                ms=3,
+                color=color,
+                label=family,
+            )
         ours = next(r for r in rows if r["dataset"] == ds and r["codec"] == "ours ErrorBounded")
-        ax.scatter(ours["max_err_over_eb"], ours["ratio"], s=120, marker="*", color="tab:red",
-                   label="ours ErrorBounded", zorder=3)
+        ax.scatter(
+            ours["max_err_over_eb"],
+            ours["ratio"],
+            s=120,
+            marker="*",
+            color="tab:red",
+            label="ours ErrorBounded",
+            zorder=3,
+        )
         ax.axvline(ours["max_err_over_eb"], color="tab:red", lw=0.8, ls=":")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -461,9 +576,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and configurations")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5/25)")
-    parser.add_argument("--out", type=Path, default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
-    parser.add_argument("--update-results", action="store_true",
-                        help="write benchmarks/results/ (the tracked results) instead of --out")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
+    )
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write benchmarks/results/ (the tracked results) instead of --out",
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 25)
     out_dir = HERE / "results" if args.update_results else Path(args.out)
@@ -478,15 +600,19 @@ def main(argv=None) -> int:
     u64 = wavefield()
     u3 = wavefield3d(128 if args.quick else 256)
     t_sim = time.perf_counter() - t0
-    datasets = {"wave-f32": u64.astype(np.float32), "wave-f64": u64,
-                "noise-f32": np.random.default_rng(1).standard_normal((1024, 1024)).astype(
-                    np.float32), "wave3d-f32": u3}
+    datasets = {
+        "wave-f32": u64.astype(np.float32),
+        "wave-f64": u64,
+        "noise-f32": np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32),
+        "wave3d-f32": u3,
+    }
     print(f"wavefields simulated in {t_sim:.1f} s; load average {load_before}")
     rows, searches = [], {}
     for name, a in datasets.items():
         large = a.nbytes > 32 << 20
-        got, searches[name] = run_dataset(name, a, max(5, repeats // 3) if large else repeats,
-                                          args.quick, large)
+        got, searches[name] = run_dataset(
+            name, a, max(5, repeats // 3) if large else repeats, args.quick, large
+        )
         rows.extend(got)
     load_after = os.getloadavg()
     print_table(rows)
@@ -497,17 +623,30 @@ def main(argv=None) -> int:
         print(line)
     print(f"load average before {load_before}, after {load_after}; {os.cpu_count()} CPUs")
 
-    meta = dict(quick=args.quick, repeats=repeats, load_before=load_before, load_after=load_after,
-                cpu_count=os.cpu_count(), platform=platform.platform(),
-                processor=platform.processor(), python=platform.python_version(),
-                numpy=np.__version__, numba=numba.__version__, blosc2=blosc2.__version__,
-                zfpy=getattr(zfpy, "__version__", "1.0.1"), simulate_s=t_sim, summary=lines,
-                seconds=time.perf_counter() - t0)
+    meta = dict(
+        quick=args.quick,
+        repeats=repeats,
+        load_before=load_before,
+        load_after=load_after,
+        cpu_count=os.cpu_count(),
+        platform=platform.platform(),
+        processor=platform.processor(),
+        python=platform.python_version(),
+        numpy=np.__version__,
+        numba=numba.__version__,
+        blosc2=blosc2.__version__,
+        zfpy=getattr(zfpy, "__version__", "1.0.1"),
+        simulate_s=t_sim,
+        summary=lines,
+        seconds=time.perf_counter() - t0,
+    )
     with open(out_dir / "bench_codecs.json", "w") as f:
         json.dump(dict(meta=meta, goals=g, rows=rows, searches=searches), f, indent=1)
     plot(rows, searches, out_dir / "bench_codecs.png")
-    print(f"wrote {out_dir / 'bench_codecs.json'} and {out_dir / 'bench_codecs.png'} "
-          f"in {meta['seconds']:.0f} s")
+    print(
+        f"wrote {out_dir / 'bench_codecs.json'} and {out_dir / 'bench_codecs.png'} "
+        f"in {meta['seconds']:.0f} s"
+    )
     return 0
 
 

@@ -87,23 +87,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import _dcp_backends as B  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from bench_lineage import disk_bytes  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
 
-import _dcp_backends as B  # noqa: E402
-from bench_lineage import disk_bytes  # noqa: E402
 from vlcc_adjoint._examples import tiny_lm as lm  # noqa: E402
 
 BACKENDS = ["vlcc", "vlcc_deltas", "dcp_fs", "icechunk", "icechunk_changed"]
-CONFIG = ("d_model", "layers", "rank", "batch", "versions", "k", "repeats", "train_steps",
-          "train_repeats")
+CONFIG = (
+    "d_model",
+    "layers",
+    "rank",
+    "batch",
+    "versions",
+    "k",
+    "repeats",
+    "train_steps",
+    "train_repeats",
+)
 
 
 def _setup(args, adapters: bool):
     """A model, its optimizer over the trainable tensors, and the trainable bytes."""
-    model = lm.TinyLM(d_model=args.d_model, n_layers=args.layers, n_heads=4,
-                      adapter_rank=args.rank if adapters else 0, seed=0)
+    model = lm.TinyLM(
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=4,
+        adapter_rank=args.rank if adapters else 0,
+        seed=0,
+    )
     params = lm.freeze_base(model) if adapters else list(model.parameters())
     return model, torch.optim.AdamW(params, weight_decay=0.0)
 
@@ -150,23 +164,37 @@ def _one_backend(name, states, template, root, repeats) -> dict:
     first = copy.deepcopy(template)
     backend.load(0, first)
     backend.close()
-    return {"save_s_cold": save_s[0], "save_s_warm": statistics.median(save_s[1:]),
-            "save_s": save_s, "load_s_cold": load_s[0],
-            "load_s_warm": statistics.median(load_s[1:]), "load_s": load_s,
-            "bytes_after": after, "bytes_first": after[0],
-            "bytes_per_version": (after[-1] - after[0]) / (n - 1),
-            "restored_equal": _equal(target, states[-1]) and _equal(first, states[0]),
-            "ids": [str(i) for i in backend.ids]}
+    return {
+        "save_s_cold": save_s[0],
+        "save_s_warm": statistics.median(save_s[1:]),
+        "save_s": save_s,
+        "load_s_cold": load_s[0],
+        "load_s_warm": statistics.median(load_s[1:]),
+        "load_s": load_s,
+        "bytes_after": after,
+        "bytes_first": after[0],
+        "bytes_per_version": (after[-1] - after[0]) / (n - 1),
+        "restored_equal": _equal(target, states[-1]) and _equal(first, states[0]),
+        "ids": [str(i) for i in backend.ids],
+    }
 
 
 def _child(task: dict) -> dict:
     """Run `task` in a fresh interpreter (its peak memory is its own); its JSON answer."""
     env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(task)],
-                          capture_output=True, text=True, timeout=1800, env=env)
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(task)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"the child process for {task['kind']} ({task.get('name')}) failed:\n"
-                           + done.stdout[-2000:] + done.stderr[-3000:])
+        raise RuntimeError(
+            f"the child process for {task['kind']} ({task.get('name')}) failed:\n"
+            + done.stdout[-2000:]
+            + done.stderr[-3000:]
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -203,13 +231,31 @@ def _run_child(task: dict) -> dict:
 def _memory(args, work, workload, name, root, ids) -> dict:
     """A save into a new store and a load of the last version, each in a fresh process."""
     config = {k: getattr(args, k) for k in CONFIG}
-    save = _child({"kind": "save", "config": config, "workload": workload, "name": name,
-                   "root": os.path.join(work, f"mem-{workload}-{name}")})
-    load = _child({"kind": "load", "config": config, "workload": workload, "name": name,
-                   "root": root, "ids": ids})
-    return {"rss_save_bytes": save["rss_peak_above_start"],
-            "rss_load_bytes": load["rss_peak_above_start"],
-            "save_s_new_process": save["seconds"], "load_s_new_process": load["seconds"]}
+    save = _child(
+        {
+            "kind": "save",
+            "config": config,
+            "workload": workload,
+            "name": name,
+            "root": os.path.join(work, f"mem-{workload}-{name}"),
+        }
+    )
+    load = _child(
+        {
+            "kind": "load",
+            "config": config,
+            "workload": workload,
+            "name": name,
+            "root": root,
+            "ids": ids,
+        }
+    )
+    return {
+        "rss_save_bytes": save["rss_peak_above_start"],
+        "rss_load_bytes": load["rss_peak_above_start"],
+        "save_s_new_process": save["seconds"],
+        "load_s_new_process": load["seconds"],
+    }
 
 
 def storage(args, work: str, adapters: bool) -> dict:
@@ -218,8 +264,13 @@ def storage(args, work: str, adapters: bool) -> dict:
     opt.zero_grad()
     lm.train_step(model, opt, *lm.batch(lm.corpus("grammar", 5_000), 0, 2), 0.0)  # moments exist
     template = _state(model, opt)
-    out = {"state_bytes": total, "trainable_bytes": trainable, "versions": len(states),
-           "steps_between": args.k, "backends": {}}
+    out = {
+        "state_bytes": total,
+        "trainable_bytes": trainable,
+        "versions": len(states),
+        "steps_between": args.k,
+        "backends": {},
+    }
     workload = "adapters" if adapters else "full"
     for name in args.backends:
         root = os.path.join(work, f"{workload}-{name}")
@@ -254,8 +305,13 @@ def _timed_loop(args, step, checkpoint, finish=None) -> dict:
         finish()
         blocked += time.perf_counter() - b0
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"seconds": seconds, "cpu_seconds": cpu, "blocked_seconds": blocked, "rss_start": start,
-            "rss_peak_above_start": B.peak_rss_above(start)}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "blocked_seconds": blocked,
+        "rss_start": start,
+        "rss_peak_above_start": B.peak_rss_above(start),
+    }
 
 
 def _train_run(args, mode: str, work: str) -> dict:
@@ -301,8 +357,10 @@ def _train_run_torch_save(args, work: str) -> dict:
         lm.train_step(model, opt, *lm.batch(data, s, args.batch), 1e-3)
 
     def checkpoint(s):
-        torch.save({"model": model.state_dict(), "optim": opt.state_dict()},
-                   os.path.join(root, f"step{s}.pt"))
+        torch.save(
+            {"model": model.state_dict(), "optim": opt.state_dict()},
+            os.path.join(root, f"step{s}.pt"),
+        )
 
     out = _timed_loop(args, step, checkpoint)
     shutil.rmtree(root, ignore_errors=True)
@@ -323,8 +381,9 @@ def _train_run_deepspeed(args, mode: str, work: str) -> dict:
     from vlcc_adjoint.torch import VlccCheckpointEngine
 
     port = 29500 + os.getpid() % 2000
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # one process: not needed
     data = lm.corpus("grammar", 50_000)
     model, opt = _setup(args, adapters=False)
@@ -346,8 +405,12 @@ def _train_run_deepspeed(args, mode: str, work: str) -> dict:
     def finish():
         engine.checkpoint_engine.wait()
 
-    out = _timed_loop(args, step, None if mode == "ds:none" else checkpoint,
-                      finish if mode == "ds_vlcc:sync" else None)
+    out = _timed_loop(
+        args,
+        step,
+        None if mode == "ds:none" else checkpoint,
+        finish if mode == "ds_vlcc:sync" else None,
+    )
     engine.destroy()
     shutil.rmtree(root, ignore_errors=True)
     return out
@@ -379,15 +442,23 @@ def training(args, work: str) -> dict:
     load_before = os.getloadavg()
     order = [*baselines, *modes]
     for r in range(args.train_repeats):
-        for mode in order[r % len(order):] + order[: r % len(order)]:
-            runs[mode].append(_child({"kind": "train", "config": config, "name": mode,
-                                      "dir": work}))
+        for mode in order[r % len(order) :] + order[: r % len(order)]:
+            runs[mode].append(
+                _child({"kind": "train", "config": config, "name": mode, "dir": work})
+            )
     none = [x["seconds"] for x in runs["none"]]
-    out = {"steps": args.train_steps, "k": args.k, "repeats": args.train_repeats,
-           "load_before": load_before, "load_after": os.getloadavg(),
-           "seconds_none": none, "step_s_none": statistics.median(none) / args.train_steps,
-           "rss_none_bytes": statistics.median(x["rss_peak_above_start"] for x in runs["none"]),
-           "deepspeed": deepspeed, "modes": {}}
+    out = {
+        "steps": args.train_steps,
+        "k": args.k,
+        "repeats": args.train_repeats,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "seconds_none": none,
+        "step_s_none": statistics.median(none) / args.train_steps,
+        "rss_none_bytes": statistics.median(x["rss_peak_above_start"] for x in runs["none"]),
+        "deepspeed": deepspeed,
+        "modes": {},
+    }
     out["cpu_seconds_none"] = [x["cpu_seconds"] for x in runs["none"]]
     if deepspeed:
         out["seconds_ds_none"] = [x["seconds"] for x in runs["ds:none"]]
@@ -401,12 +472,18 @@ def training(args, work: str) -> dict:
         cpu = [x["cpu_seconds"] / b["cpu_seconds"] - 1.0 for x, b in zip(runs[m], base)]
         peaks = [x["rss_peak_above_start"] for x in runs[m]]
         out["modes"][m.replace(":", "_")] = {
-            "seconds": seconds, "slowdown": ratios, "slowdown_median": statistics.median(ratios),
+            "seconds": seconds,
+            "slowdown": ratios,
+            "slowdown_median": statistics.median(ratios),
             "blocked_seconds": [x["blocked_seconds"] for x in runs[m]],
-            "blocked_fraction": blocked, "blocked_fraction_median": statistics.median(blocked),
-            "cpu_seconds": [x["cpu_seconds"] for x in runs[m]], "cpu_overhead": cpu,
+            "blocked_fraction": blocked,
+            "blocked_fraction_median": statistics.median(blocked),
+            "cpu_seconds": [x["cpu_seconds"] for x in runs[m]],
+            "cpu_overhead": cpu,
             "cpu_overhead_median": statistics.median(cpu),
-            "rss_peak_bytes": peaks, "rss_peak_median_bytes": statistics.median(peaks)}
+            "rss_peak_bytes": peaks,
+            "rss_peak_median_bytes": statistics.median(peaks),
+        }
     return out
 
 
@@ -423,15 +500,23 @@ def main(argv=None) -> int:
     parser.add_argument("--train-steps", type=int, default=40)
     parser.add_argument("--train-repeats", type=int, default=3)
     parser.add_argument("--backends", nargs="*", default=BACKENDS, choices=BACKENDS)
-    parser.add_argument("--memory-backends", nargs="*", default=None, choices=BACKENDS,
-                        help="backends whose save/load memory is measured in fresh processes "
-                        "(default: all; --quick: vlcc and dcp_fs)")
+    parser.add_argument(
+        "--memory-backends",
+        nargs="*",
+        default=None,
+        choices=BACKENDS,
+        help="backends whose save/load memory is measured in fresh processes "
+        "(default: all; --quick: vlcc and dcp_fs)",
+    )
     parser.add_argument("--no-training", action="store_true", help="skip the slowdown runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help="where the stores go (default: temp)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
-    parser.add_argument("--update-results", action="store_true",
-                        help="write benchmarks/results/bench_dcp.json")
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
+    parser.add_argument(
+        "--update-results", action="store_true", help="write benchmarks/results/bench_dcp.json"
+    )
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_run_child(json.loads(args.child))))
@@ -448,8 +533,10 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="vlcc-dcp-", dir=args.dir)
     t_start = time.time()
     try:
-        res = {"full": storage(args, work, adapters=False),
-               "adapters": storage(args, work, adapters=True)}
+        res = {
+            "full": storage(args, work, adapters=False),
+            "adapters": storage(args, work, adapters=True),
+        }
         if not args.no_training:
             res["training"] = training(args, work)
             res["training"]["state_bytes"] = res["full"]["state_bytes"]
@@ -458,21 +545,28 @@ def main(argv=None) -> int:
     import icechunk
 
     result = {
-        "benchmark": "bench_dcp", "quick": args.quick,
-        "command": "python benchmarks/bench_dcp.py " + " ".join(argv if argv is not None
-                                                                 else sys.argv[1:]),
+        "benchmark": "bench_dcp",
+        "quick": args.quick,
+        "command": "python benchmarks/bench_dcp.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": {k: getattr(args, k) for k in CONFIG},
         "wall_s": time.time() - t_start,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": sys.version.split()[0], "torch": torch.__version__,
-                    "icechunk": icechunk.__version__, "threads": torch.get_num_threads(),
-                    "load_avg": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "icechunk": icechunk.__version__,
+            "threads": torch.get_num_threads(),
+            "load_avg": os.getloadavg(),
+        },
         **res,
     }
     ours = res["adapters"]["backends"].get("vlcc")
     if ours is not None:
-        result["targets"] = {"adapters_per_version_le_1.1_trainable":
-                             ours["per_version_vs_trainable"] <= 1.1}
+        result["targets"] = {
+            "adapters_per_version_le_1.1_trainable": ours["per_version_vs_trainable"] <= 1.1
+        }
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_dcp.json")
     with open(path, "w") as f:
@@ -490,29 +584,40 @@ def _print(result: dict) -> None:
     mib = float(1 << 20)
     for w in ("full", "adapters"):
         r = result[w]
-        print(f"\n{w}: state {r['state_bytes'] / mib:.2f} MiB, trainable "
-              f"{r['trainable_bytes'] / mib:.3f} MiB, {r['versions']} versions")
-        print("  backend            save cold/warm ms   load cold/warm ms   MiB first  "
-              "per version (x state, x trainable)   RSS save/load MiB  equal")
+        print(
+            f"\n{w}: state {r['state_bytes'] / mib:.2f} MiB, trainable "
+            f"{r['trainable_bytes'] / mib:.3f} MiB, {r['versions']} versions"
+        )
+        print(
+            "  backend            save cold/warm ms   load cold/warm ms   MiB first  "
+            "per version (x state, x trainable)   RSS save/load MiB  equal"
+        )
         for name, b in r["backends"].items():
-            print(f"  {name:17s} {b['save_s_cold'] * 1e3:8.1f} {b['save_s_warm'] * 1e3:8.1f}  "
-                  f"{b['load_s_cold'] * 1e3:8.1f} {b['load_s_warm'] * 1e3:8.1f}  "
-                  f"{b['bytes_first'] / mib:9.2f}  {b['bytes_per_version'] / mib:8.3f} "
-                  f"({b['per_version_vs_state']:.3f}x, {b['per_version_vs_trainable']:.3f}x)  "
-                  f"{_mib(b.get('rss_save_bytes')):>8s} {_mib(b.get('rss_load_bytes')):>6s}  "
-                  f"{b['restored_equal']}")
+            print(
+                f"  {name:17s} {b['save_s_cold'] * 1e3:8.1f} {b['save_s_warm'] * 1e3:8.1f}  "
+                f"{b['load_s_cold'] * 1e3:8.1f} {b['load_s_warm'] * 1e3:8.1f}  "
+                f"{b['bytes_first'] / mib:9.2f}  {b['bytes_per_version'] / mib:8.3f} "
+                f"({b['per_version_vs_state']:.3f}x, {b['per_version_vs_trainable']:.3f}x)  "
+                f"{_mib(b.get('rss_save_bytes')):>8s} {_mib(b.get('rss_load_bytes')):>6s}  "
+                f"{b['restored_equal']}"
+            )
     t = result.get("training")
     if t:
-        print(f"\ntraining: {t['steps']} steps, a checkpoint every {t['k']}; step "
-              f"{t['step_s_none'] * 1e3:.0f} ms without; load {t['load_before'][0]:.1f} -> "
-              f"{t['load_after'][0]:.1f}; state {t['state_bytes'] / mib:.1f} MiB; peak memory "
-              f"above the start without checkpoints {_mib(t['rss_none_bytes'])} MiB")
+        print(
+            f"\ntraining: {t['steps']} steps, a checkpoint every {t['k']}; step "
+            f"{t['step_s_none'] * 1e3:.0f} ms without; load {t['load_before'][0]:.1f} -> "
+            f"{t['load_after'][0]:.1f}; state {t['state_bytes'] / mib:.1f} MiB; peak memory "
+            f"above the start without checkpoints {_mib(t['rss_none_bytes'])} MiB"
+        )
         for m, v in t["modes"].items():
-            print(f"  {m:14s} wall slowdown median {v['slowdown_median'] * 100:6.1f}%  "
-                  f"({', '.join(f'{x * 100:.1f}' for x in v['slowdown'])}); blocked "
-                  f"{v['blocked_fraction_median'] * 100:.1f}% of the training time; CPU "
-                  f"+{v['cpu_overhead_median'] * 100:.1f}%; peak memory "
-                  f"{_mib(v['rss_peak_median_bytes'])} MiB")
+            print(
+                f"  {m:14s} wall slowdown median {v['slowdown_median'] * 100:6.1f}%  "
+                f"({', '.join(f'{x * 100:.1f}' for x in v['slowdown'])}); blocked "
+                f"{v['blocked_fraction_median'] * 100:.1f}% of the training time; CPU "
+                f"+{v['cpu_overhead_median'] * 100:.1f}%; peak memory "
+                f"{_mib(v['rss_peak_median_bytes'])} MiB"
+            )
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

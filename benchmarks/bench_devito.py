@@ -92,12 +92,21 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="151x151, 600 samples, 2 repeats")
     parser.add_argument("--n", type=int, default=None, help="grid points per side")
     parser.add_argument("--nt", type=int, default=None, help="time samples (nt - 2 steps)")
-    parser.add_argument("--snapshots", type=int, default=None,
-                        help="snapshots for every method (default: pyrevolve's choice)")
+    parser.add_argument(
+        "--snapshots",
+        type=int,
+        default=None,
+        help="snapshots for every method (default: pyrevolve's choice)",
+    )
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--no-store-all", action="store_true",
-                        help="skip Devito's store-everything run (nt wavefields in memory)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    parser.add_argument(
+        "--no-store-all",
+        action="store_true",
+        help="skip Devito's store-everything run (nt wavefields in memory)",
+    )
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     args = parser.parse_args(argv)
     size = args.n or (151 if args.quick else 301)
     nt = args.nt or (600 if args.quick else 1500)
@@ -120,9 +129,11 @@ def main(argv=None):
     problem.observe()
     Revolve(8, 2)  # load the numba planners
     state_bytes = 2 * problem.u._data_allocated[0].nbytes
-    print(f"Devito {devito.__version__}, pyrevolve {pyrevolve.__version__}: grid {size}x{size}, "
-          f"{n} steps, {c} snapshots of {state_bytes / 2**20:.2f} MiB; "
-          f"operators built in {compile_seconds:.1f} s")
+    print(
+        f"Devito {devito.__version__}, pyrevolve {pyrevolve.__version__}: grid {size}x{size}, "
+        f"{n} steps, {c} snapshots of {state_bytes / 2**20:.2f} MiB; "
+        f"operators built in {compile_seconds:.1f} s"
+    )
 
     fwd, u = problem.op("forward")
     grad_op, _ = problem.op("gradient")
@@ -130,8 +141,9 @@ def main(argv=None):
     def wrappers(counting=False):
         problem._reset()
         fw = CheckpointOperator(fwd, u=u, src=problem.src, rec=problem.rec, dt=problem.dt)
-        rv = CheckpointOperator(grad_op, u=u, v=problem.v, grad=problem.grad,
-                                residual=problem.residual, dt=problem.dt)
+        rv = CheckpointOperator(
+            grad_op, u=u, v=problem.v, grad=problem.grad, residual=problem.residual, dt=problem.dt
+        )
         return (_Counting(fw), _Counting(rv)) if counting else (fw, rv)
 
     def via_revolver(Revolver, counting=False, snapshots=c, **options):
@@ -148,17 +160,23 @@ def main(argv=None):
     t0 = time.perf_counter()
     problem.gradient_vlcc(Revolve(n, c))
     step_seconds = (time.perf_counter() - t0) / (3 * n)  # rough: ~3n operator iterations
-    budget = plan(n, m * state_bytes, c * state_bytes, state_bytes=state_bytes,
-                  step_seconds=step_seconds)
-    multistage = Multistage(n, [Level(m),
-                                Level(c, budget.write_seconds / step_seconds,
-                                      budget.read_seconds / step_seconds)])
+    budget = plan(
+        n, m * state_bytes, c * state_bytes, state_bytes=state_bytes, step_seconds=step_seconds
+    )
+    multistage = Multistage(
+        n,
+        [
+            Level(m),
+            Level(c, budget.write_seconds / step_seconds, budget.read_seconds / step_seconds),
+        ],
+    )
     tmp = tempfile.TemporaryDirectory(prefix="vlcc-bench-devito-")
 
     def via_multistage(counting=False):
         problem._reset()
-        store = TieredStore([MemoryTier(), ZarrTier(os.path.join(tmp.name, "s"))],
-                            plan=io_plan(multistage))
+        store = TieredStore(
+            [MemoryTier(), ZarrTier(os.path.join(tmp.name, "s"))], plan=io_plan(multistage)
+        )
         if not counting:
             return problem.gradient_vlcc(multistage, store)[0], None
         fw, rv = wrappers(True)
@@ -171,10 +189,12 @@ def main(argv=None):
     methods = {
         "pyrevolve": lambda counting=False: via_revolver(devito.Revolver, counting),
         "vlcc": lambda counting=False: via_revolver(VlccRevolver, counting),
-        "vlcc recompute": lambda counting=False: via_revolver(VlccRevolver, counting,
-                                                              recompute=True),
+        "vlcc recompute": lambda counting=False: via_revolver(
+            VlccRevolver, counting, recompute=True
+        ),
         f"pyrevolve, {m} snapshots": lambda counting=False: via_revolver(
-            devito.Revolver, counting, snapshots=m),
+            devito.Revolver, counting, snapshots=m
+        ),
         f"vlcc multistage ({m} mem + {c} disk)": via_multistage,
     }
     if not args.no_store_all:
@@ -188,7 +208,7 @@ def main(argv=None):
     cpu = {name: [] for name in names}
     rounds, cpu_rounds = [], []
     for r in range(repeats + 1):  # round 0: warm-up, not kept
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         this, this_cpu = {}, {}
         for name in order:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -201,8 +221,11 @@ def main(argv=None):
             for name in names:
                 times[name].append(this[name])
                 cpu[name].append(this_cpu[name])
-        print(f"round {r}{' (warm-up)' if r == 0 else ''}: "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in this.items()), flush=True)
+        print(
+            f"round {r}{' (warm-up)' if r == 0 else ''}: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in this.items()),
+            flush=True,
+        )
 
     # Untimed: agreement and operator iterations.
     rows = {}
@@ -210,51 +233,77 @@ def main(argv=None):
         grad, ops = methods[name](counting=True)
         if reference is None and name == "pyrevolve":
             reference = grad
-        rel = float(np.max(np.abs(grad.astype(np.float64) - reference))
-                    / np.max(np.abs(reference)))
+        rel = float(np.max(np.abs(grad.astype(np.float64) - reference)) / np.max(np.abs(reference)))
         med = statistics.median(times[name])
         rows[name] = {
-            "seconds": times[name], "median_s": med,
+            "seconds": times[name],
+            "median_s": med,
             "ratio_to_pyrevolve_paired": statistics.median(
-                rd[name] / rd["pyrevolve"] for rd in rounds),
+                rd[name] / rd["pyrevolve"] for rd in rounds
+            ),
             "ratio_of_medians": med / statistics.median(times["pyrevolve"]),
-            "cpu_seconds": cpu[name], "median_cpu_s": statistics.median(cpu[name]),
+            "cpu_seconds": cpu[name],
+            "median_cpu_s": statistics.median(cpu[name]),
             "cpu_ratio_to_pyrevolve_paired": statistics.median(
-                rd[name] / rd["pyrevolve"] for rd in cpu_rounds),
+                rd[name] / rd["pyrevolve"] for rd in cpu_rounds
+            ),
             "forward_iterations": ops[0].iterations if ops else n,
             "reverse_iterations": ops[1].iterations if ops else n,
             "rel_max_diff_to_reference": rel,
         }
     tmp.cleanup()
 
-    print(f"\n{'method':36s} {'wall s':>7s} {'ratio':>6s} {'cpu s':>7s} {'ratio':>6s} "
-          f"{'fwd iters':>9s} {'rev iters':>9s} {'rel diff':>8s}")
+    print(
+        f"\n{'method':36s} {'wall s':>7s} {'ratio':>6s} {'cpu s':>7s} {'ratio':>6s} "
+        f"{'fwd iters':>9s} {'rev iters':>9s} {'rel diff':>8s}"
+    )
     for name in names:
         row = rows[name]
-        print(f"{name:36s} {row['median_s']:7.2f} {row['ratio_to_pyrevolve_paired']:6.3f} "
-              f"{row['median_cpu_s']:7.2f} {row['cpu_ratio_to_pyrevolve_paired']:6.3f} "
-              f"{row['forward_iterations']:9d} {row['reverse_iterations']:9d} "
-              f"{row['rel_max_diff_to_reference']:8.1e}")
-    print(f"(reference: {'Devito store-all' if not args.no_store_all else 'pyrevolve'}; "
-          "ratio: paired median of time / pyrevolve's)")
+        print(
+            f"{name:36s} {row['median_s']:7.2f} {row['ratio_to_pyrevolve_paired']:6.3f} "
+            f"{row['median_cpu_s']:7.2f} {row['cpu_ratio_to_pyrevolve_paired']:6.3f} "
+            f"{row['forward_iterations']:9d} {row['reverse_iterations']:9d} "
+            f"{row['rel_max_diff_to_reference']:8.1e}"
+        )
+    print(
+        f"(reference: {'Devito store-all' if not args.no_store_all else 'pyrevolve'}; "
+        "ratio: paired median of time / pyrevolve's)"
+    )
 
     result = {
         "benchmark": "bench_devito",
-        "problem": {"grid": [size, size], "nt": nt, "steps": n, "snapshots": c,
-                    "state_bytes": state_bytes, "space_order": problem.space_order,
-                    "multistage": {"memory_slots": m, "disk_slots": c,
-                                   "write_seconds": budget.write_seconds,
-                                   "read_seconds": budget.read_seconds}},
+        "problem": {
+            "grid": [size, size],
+            "nt": nt,
+            "steps": n,
+            "snapshots": c,
+            "state_bytes": state_bytes,
+            "space_order": problem.space_order,
+            "multistage": {
+                "memory_slots": m,
+                "disk_slots": c,
+                "write_seconds": budget.write_seconds,
+                "read_seconds": budget.read_seconds,
+            },
+        },
         "reference": "store-all" if not args.no_store_all else "pyrevolve",
-        "repeats": repeats, "quick": args.quick,
-        "methods": rows, "rounds": rounds, "cpu_rounds": cpu_rounds,
+        "repeats": repeats,
+        "quick": args.quick,
+        "methods": rows,
+        "rounds": rounds,
+        "cpu_rounds": cpu_rounds,
         "compile_seconds": compile_seconds,
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "devito": devito.__version__,
-                    "pyrevolve": pyrevolve.__version__, "numpy": np.__version__,
-                    "DEVITO_LANGUAGE": os.environ.get("DEVITO_LANGUAGE"),
-                    "DEVITO_ARCH": os.environ.get("DEVITO_ARCH"),
-                    "loadavg": os.getloadavg()},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "devito": devito.__version__,
+            "pyrevolve": pyrevolve.__version__,
+            "numpy": np.__version__,
+            "DEVITO_LANGUAGE": os.environ.get("DEVITO_LANGUAGE"),
+            "DEVITO_ARCH": os.environ.get("DEVITO_ARCH"),
+            "loadavg": os.getloadavg(),
+        },
     }
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_devito.json")
@@ -283,13 +332,14 @@ def _plot(rows, problem, path):
     for i, k in enumerate(names):
         ax.plot(rows[k]["seconds"], [i + 0.2] * len(rows[k]["seconds"]), "k.", ms=3)
         ax.plot(rows[k]["cpu_seconds"], [i - 0.2] * len(rows[k]["cpu_seconds"]), "k.", ms=3)
-    ax.set_yticks(y, [f"{k}\n{rows[k]['forward_iterations']} fwd iters" for k in names],
-                  fontsize=8)
+    ax.set_yticks(y, [f"{k}\n{rows[k]['forward_iterations']} fwd iters" for k in names], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds per gradient")
     grid = "x".join(map(str, problem["grid"]))
-    ax.set_title(f"Devito FWI gradient, {grid}, {problem['steps']} steps, "
-                 f"{problem['snapshots']} snapshots", fontsize=10)
+    ax.set_title(
+        f"Devito FWI gradient, {grid}, {problem['steps']} steps, {problem['snapshots']} snapshots",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -142,17 +142,34 @@ def child(steps: int, slots: int) -> dict:
     for i in range(steps - 1, -1, -1):
         lam = adjoint(u0, lam, i)
     t_calls = time.perf_counter() - t0
-    return {"package": vlcc_adjoint.__file__, "run_adjoint": t_run, "dict_store": t_dict,
-            "bare_loop": t_bare,
-            "calls_only": t_calls, "actions": int(len(table)), "forward_count": n_forward}
+    return {
+        "package": vlcc_adjoint.__file__,
+        "run_adjoint": t_run,
+        "dict_store": t_dict,
+        "bare_loop": t_bare,
+        "calls_only": t_calls,
+        "actions": int(len(table)),
+        "forward_count": n_forward,
+    }
 
 
 def run_child(version: str, baseline: str | None, args) -> dict:
     path = baseline if version == "before" else ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [path] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps),
-           "--slots", str(args.slots)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [path] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--steps",
+        str(args.steps),
+        "--slots",
+        str(args.slots),
+    ]
     load0 = os.getloadavg()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -167,12 +184,21 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=100_000, help="time steps n (10^5)")
     parser.add_argument("--slots", type=int, default=10, help="Revolve snapshots c (10)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
-    parser.add_argument("--baseline", help="a directory holding another vlcc_adjoint package "
-                        "(the 'before' version), run side by side with this tree")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
-                        help="folder for bench_executor.json (default: $TMPDIR/vlcc-bench-results)")
-    parser.add_argument("--update-results", action="store_true",
-                        help="write bench_executor.json into benchmarks/results/ (the tracked results)")
+    parser.add_argument(
+        "--baseline",
+        help="a directory holding another vlcc_adjoint package "
+        "(the 'before' version), run side by side with this tree",
+    )
+    parser.add_argument(
+        "--out",
+        default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
+        help="folder for bench_executor.json (default: $TMPDIR/vlcc-bench-results)",
+    )
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write bench_executor.json into benchmarks/results/ (the tracked results)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.update_results:
@@ -184,35 +210,45 @@ def main(argv=None):
     versions = ["before", "after"] if args.baseline else ["after"]
     runs = {v: [] for v in versions}
     for rnd in range(args.rounds):
-        for v in (versions if rnd % 2 == 0 else versions[::-1]):
+        for v in versions if rnd % 2 == 0 else versions[::-1]:
             r = run_child(v, args.baseline, args)
             runs[v].append(r)
-            print(f"round {rnd + 1}/{args.rounds} {v:6s} run_adjoint {r['run_adjoint']:.2f} s, "
-                  f"dict store {r['dict_store']:.2f} s, bare loop {r['bare_loop']:.2f} s, load {r['loadavg_before'][0]:.2f}",
-                  flush=True)
+            print(
+                f"round {rnd + 1}/{args.rounds} {v:6s} run_adjoint {r['run_adjoint']:.2f} s, "
+                f"dict store {r['dict_store']:.2f} s, bare loop {r['bare_loop']:.2f} s, load {r['loadavg_before'][0]:.2f}",
+                flush=True,
+            )
 
     actions = runs[versions[0]][0]["actions"]
-    print(f"\nRevolve({args.steps}, {args.slots}): {actions} actions, "
-          f"{runs[versions[0]][0]['forward_count']} forward steps; 8-float state; "
-          f"median of {args.rounds} rounds (seconds)")
-    head = (f"{'version':8s} {'run_adjoint':>12s} {'dict store':>11s} {'bare loop':>10s} "
-            f"{'calls only':>11s} {'x bare':>7s} {'dict x bare':>12s} {'x calls':>8s} "
-            f"{'us/action over bare':>20s}")
+    print(
+        f"\nRevolve({args.steps}, {args.slots}): {actions} actions, "
+        f"{runs[versions[0]][0]['forward_count']} forward steps; 8-float state; "
+        f"median of {args.rounds} rounds (seconds)"
+    )
+    head = (
+        f"{'version':8s} {'run_adjoint':>12s} {'dict store':>11s} {'bare loop':>10s} "
+        f"{'calls only':>11s} {'x bare':>7s} {'dict x bare':>12s} {'x calls':>8s} "
+        f"{'us/action over bare':>20s}"
+    )
     print(head)
     print("-" * len(head))
     summary = {}
     for v in versions:
-        med = {k: float(np.median([r[k] for r in runs[v]]))
-               for k in ("run_adjoint", "dict_store", "bare_loop", "calls_only")}
+        med = {
+            k: float(np.median([r[k] for r in runs[v]]))
+            for k in ("run_adjoint", "dict_store", "bare_loop", "calls_only")
+        }
         med["x_bare"] = med["run_adjoint"] / med["bare_loop"]
         med["dict_x_bare"] = med["dict_store"] / med["bare_loop"]
         med["x_calls"] = med["run_adjoint"] / med["calls_only"]
         med["us_per_action_over_bare"] = (med["run_adjoint"] - med["bare_loop"]) / actions * 1e6
         summary[v] = med
-        print(f"{v:8s} {med['run_adjoint']:12.2f} {med['dict_store']:11.2f} "
-              f"{med['bare_loop']:10.2f} {med['calls_only']:11.2f} {med['x_bare']:7.2f} "
-              f"{med['dict_x_bare']:12.2f} {med['x_calls']:8.2f} "
-              f"{med['us_per_action_over_bare']:20.2f}")
+        print(
+            f"{v:8s} {med['run_adjoint']:12.2f} {med['dict_store']:11.2f} "
+            f"{med['bare_loop']:10.2f} {med['calls_only']:11.2f} {med['x_bare']:7.2f} "
+            f"{med['dict_x_bare']:12.2f} {med['x_calls']:8.2f} "
+            f"{med['us_per_action_over_bare']:20.2f}"
+        )
     if args.baseline:
         ratio = summary["before"]["run_adjoint"] / summary["after"]["run_adjoint"]
         print(f"run_adjoint before / after: {ratio:.2f}x")
@@ -221,11 +257,25 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "bench_executor.json")
     with open(path, "w") as fh:
-        json.dump({"benchmark": "bench_executor", "argv": sys.argv[1:], "steps": args.steps,
-                   "slots": args.slots, "rounds": args.rounds, "baseline": args.baseline,
-                   "machine": {"platform": platform.platform(),
-                               "python": platform.python_version(), "cpus": os.cpu_count()},
-                   "summary": summary, "runs": runs}, fh, indent=1)
+        json.dump(
+            {
+                "benchmark": "bench_executor",
+                "argv": sys.argv[1:],
+                "steps": args.steps,
+                "slots": args.slots,
+                "rounds": args.rounds,
+                "baseline": args.baseline,
+                "machine": {
+                    "platform": platform.platform(),
+                    "python": platform.python_version(),
+                    "cpus": os.cpu_count(),
+                },
+                "summary": summary,
+                "runs": runs,
+            },
+            fh,
+            indent=1,
+        )
     print(f"wrote {path}")
 
 

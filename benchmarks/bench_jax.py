@@ -73,22 +73,24 @@ for _i, _arg in enumerate(sys.argv):
     elif _arg.startswith("--threads="):
         _THREADS = _arg.split("=", 1)[1]
 if _THREADS != "0" and "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
-                               f"{'false' if _THREADS == '1' else 'true'} "
-                               f"intra_op_parallelism_threads={_THREADS}").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
+        f"{'false' if _THREADS == '1' else 'true'} "
+        f"intra_op_parallelism_threads={_THREADS}"
+    ).strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-
 from jax_wave import make_problem  # noqa: E402
+
 from vlcc_adjoint.jax import checkpointed_scan  # noqa: E402
 from vlcc_adjoint.schedules import Level, Multistage, Revolve  # noqa: E402
 
 try:
-    import equinox.internal as eqxi
     import equinox
+    import equinox.internal as eqxi
 
     EQX_VERSION = equinox.__version__
 except ImportError:  # pragma: no cover
@@ -110,6 +112,7 @@ def make_contenders(problem, observed, n, ks):
         def loss(c, init):
             _, traces = scan(lambda carry, x: step(carry, x, c), init)
             return 0.5 * jnp.sum((traces - observed) ** 2)
+
         return loss
 
     def plain(f, init):
@@ -149,8 +152,11 @@ def make_contenders(problem, observed, n, ks):
 
     plan_s = {}
 
-    out = {"lax.scan": misfit(plain), "scan(checkpoint)": misfit(per_step),
-           f"nested remat {n // k}x{k}": misfit(nested)}
+    out = {
+        "lax.scan": misfit(plain),
+        "scan(checkpoint)": misfit(per_step),
+        f"nested remat {n // k}x{k}": misfit(nested),
+    }
     for K in ks:
         if eqxi is not None:
             out[f"equinox K={K}"] = misfit(equinox_k(K))
@@ -173,8 +179,9 @@ def run_case(grid: int, n: int, ks, rounds: int, skip=()):
     problem = make_problem(grid, n)
     c0, init = problem["c0"], problem["init"]
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(init))
-    observed = jax.jit(lambda c: lax.scan(lambda carry, x: problem["step"](carry, x, c),
-                                          init, problem["xs"])[1])(problem["c_true"])
+    observed = jax.jit(
+        lambda c: lax.scan(lambda carry, x: problem["step"](carry, x, c), init, problem["xs"])[1]
+    )(problem["c_true"])
     contenders, plain_loss, plan_s = make_contenders(problem, observed, n, ks)
     contenders = {k: v for k, v in contenders.items() if not any(s in k for s in skip)}
 
@@ -188,6 +195,7 @@ def run_case(grid: int, n: int, ks, rounds: int, skip=()):
             _, pullback = jax.vjp(lambda u, cc: step(u, x, cc)[0], init, c)
             du, dc = pullback(lam)
             return (du, gc + dc), None
+
         return lax.scan(body, (init, c), problem["xs"])[0]
 
     def n_steps(c, init):
@@ -201,12 +209,17 @@ def run_case(grid: int, n: int, ks, rounds: int, skip=()):
         compiled[name] = grad.lower(c0, init).compile()
         compile_s = time.perf_counter() - t0
         mem = compiled[name].memory_analysis()
-        info[name] = {"compile_s": compile_s,
-                      "temp_bytes": None if mem is None else int(mem.temp_size_in_bytes)}
+        info[name] = {
+            "compile_s": compile_s,
+            "temp_bytes": None if mem is None else int(mem.temp_size_in_bytes),
+        }
         if name in plan_s:
             info[name]["schedule_build_s"] = plan_s[name]
-        print(f"  compiled {name:<22} {compile_s:6.2f} s, working memory "
-              f"{info[name]['temp_bytes'] / 2**20 if mem else float('nan'):9.1f} MiB", flush=True)
+        print(
+            f"  compiled {name:<22} {compile_s:6.2f} s, working memory "
+            f"{info[name]['temp_bytes'] / 2**20 if mem else float('nan'):9.1f} MiB",
+            flush=True,
+        )
         if name.startswith("ours"):
             fwd = jax.jit(lambda c, u, loss=loss: jax.vjp(loss, c, u))
             extra[f"{name} forward+captures"] = fwd
@@ -231,17 +244,23 @@ def run_case(grid: int, n: int, ks, rounds: int, skip=()):
     med_c = {k: statistics.median(v) for k, v in cpu.items()}
     for name in compiled:
         info[name].update(
-            grad_wall_s=med_w[name], grad_cpu_s=med_c[name],
+            grad_wall_s=med_w[name],
+            grad_cpu_s=med_c[name],
             grad_over_forward_cpu=med_c[name] / med_c["forward"],
             grad_over_forward_wall=med_w[name] / med_w["forward"],
-            wall_repeats=wall[name], cpu_repeats=cpu[name])
+            wall_repeats=wall[name],
+            cpu_repeats=cpu[name],
+        )
         if name.startswith("ours"):
             key = f"{name} forward+captures"
             info[name]["forward_captures_over_forward_cpu"] = med_c[key] / med_c["forward"]
             info[name]["forward_captures_over_forward_wall"] = med_w[key] / med_w["forward"]
     return {
-        "grid": grid, "n": n, "state_bytes": state_bytes,
-        "forward_wall_s": med_w["forward"], "forward_cpu_s": med_c["forward"],
+        "grid": grid,
+        "n": n,
+        "state_bytes": state_bytes,
+        "forward_wall_s": med_w["forward"],
+        "forward_cpu_s": med_c["forward"],
         "step_vjp_over_step_cpu": med_c["n step VJPs"] / med_c["n steps"],
         "step_vjp_over_step_wall": med_w["n step VJPs"] / med_w["n steps"],
         "contenders": info,
@@ -282,13 +301,13 @@ def out_of_core_schedule(n: int, device: int, host: int):
     from vlcc_adjoint.schedules import Periodic
 
     if n <= 300:
-        return Multistage(n, [Level(device, 0.0, 0.0), Level(host, 0.2, 0.2),
-                              Level(n, 2.0, 2.0)])
+        return Multistage(n, [Level(device, 0.0, 0.0), Level(host, 0.2, 0.2), Level(n, 2.0, 2.0)])
     return Periodic(n, max(2, math.isqrt(n)), level=2, buffer_level=0)
 
 
-def out_of_core_gradient(grid: int, n: int, path, device: int = 4, host: int = 8,
-                         in_memory: bool = False):
+def out_of_core_gradient(
+    grid: int, n: int, path, device: int = 4, host: int = 8, in_memory: bool = False
+):
     """The wave gradient with its checkpoints on device, host memory and a ZarrTier
     (`in_memory`: the same period, every checkpoint in device memory)."""
     from vlcc_adjoint.jax import host_io_stats
@@ -298,7 +317,8 @@ def out_of_core_gradient(grid: int, n: int, path, device: int = 4, host: int = 8
     problem = make_problem(grid, n)
     c0, init, step, xs = problem["c0"], problem["init"], problem["step"], problem["xs"]
     observed = jax.jit(lambda c: lax.scan(lambda u, x: step(u, x, c), init, xs)[1])(
-        problem["c_true"])
+        problem["c_true"]
+    )
     schedule = out_of_core_schedule(n, device, host)
     if in_memory:
         from vlcc_adjoint.schedules import Periodic
@@ -309,8 +329,13 @@ def out_of_core_gradient(grid: int, n: int, path, device: int = 4, host: int = 8
         host_io_stats(store, reset=True)
 
         def loss(c, u0):
-            _, tr = checkpointed_scan(lambda u, x: step(u, x, c), u0, xs, schedule=schedule,
-                                      store=None if in_memory else store)
+            _, tr = checkpointed_scan(
+                lambda u, x: step(u, x, c),
+                u0,
+                xs,
+                schedule=schedule,
+                store=None if in_memory else store,
+            )
             return 0.5 * jnp.sum((tr - observed) ** 2)
 
         grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
@@ -324,20 +349,31 @@ def out_of_core_gradient(grid: int, n: int, path, device: int = 4, host: int = 8
         peak = stop()
         io = host_io_stats(store)
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(init))
-    return dict(grid=grid, n=n, schedule=repr(schedule), state_bytes=state_bytes,
-                states_total_bytes=state_bytes * (n + 1), compile_s=compile_s,
-                grad_wall_s=wall, grad_cpu_s=cpu, peak_rss_bytes=peak,
-                reads=list(stats.reads), writes=list(stats.writes),
-                forward_count=stats.forward_count, io=dataclasses.asdict(io),
-                loss=float(value)), (g, loss, c0, init)
+    return dict(
+        grid=grid,
+        n=n,
+        schedule=repr(schedule),
+        state_bytes=state_bytes,
+        states_total_bytes=state_bytes * (n + 1),
+        compile_s=compile_s,
+        grad_wall_s=wall,
+        grad_cpu_s=cpu,
+        peak_rss_bytes=peak,
+        reads=list(stats.reads),
+        writes=list(stats.writes),
+        forward_count=stats.forward_count,
+        io=dataclasses.asdict(io),
+        loss=float(value),
+    ), (g, loss, c0, init)
 
 
 def run_out_of_core(grid, n, ref_grid, ref_n, path, rss_budget_gib):
     """Beyond memory: the gradient with states spilled to disk, checked at a small size."""
     # 1. Exactness at a size where plain lax.scan fits.
     # (Two device and two host slots: the reference spills to the disk level.)
-    ref, (g, loss, c0, init) = out_of_core_gradient(ref_grid, ref_n, Path(path) / "ref",
-                                                    device=2, host=2)
+    ref, (g, loss, c0, init) = out_of_core_gradient(
+        ref_grid, ref_n, Path(path) / "ref", device=2, host=2
+    )
     plain = jax.jit(jax.grad(_plain_loss(ref_grid, ref_n)))(c0, init)
     ref["grad_rel_err_vs_lax_scan"] = float(jnp.max(jnp.abs(g - plain)) / jnp.max(jnp.abs(plain)))
     # 2. The large run.
@@ -350,12 +386,15 @@ def run_out_of_core(grid, n, ref_grid, ref_n, path, rss_budget_gib):
     big["time_over_extrapolated_cpu"] = big["grad_cpu_s"] / (per_step * n)
     big["rss_budget_bytes"] = int(rss_budget_gib * 2**30)
     big["rss_within_budget"] = big["peak_rss_bytes"] <= big["rss_budget_bytes"]
-    print(f"out of core {grid}^2 x {n}: states {big['states_total_bytes'] / 2**30:.1f} GiB, "
-          f"grad {big['grad_wall_s']:.1f} s wall, peak RSS {big['peak_rss_bytes'] / 2**30:.2f} GiB "
-          f"(budget {rss_budget_gib} GiB), {big['time_over_extrapolated_cpu']:.2f}x the in-memory "
-          f"per-step cost; stall {big['io']['stall_s']:.2f} s over {big['io']['loads']} restores "
-          f"({big['io']['prefetched']} read ahead); reference grad error "
-          f"{ref['grad_rel_err_vs_lax_scan']:.1e}", flush=True)
+    print(
+        f"out of core {grid}^2 x {n}: states {big['states_total_bytes'] / 2**30:.1f} GiB, "
+        f"grad {big['grad_wall_s']:.1f} s wall, peak RSS {big['peak_rss_bytes'] / 2**30:.2f} GiB "
+        f"(budget {rss_budget_gib} GiB), {big['time_over_extrapolated_cpu']:.2f}x the in-memory "
+        f"per-step cost; stall {big['io']['stall_s']:.2f} s over {big['io']['loads']} restores "
+        f"({big['io']['prefetched']} read ahead); reference grad error "
+        f"{ref['grad_rel_err_vs_lax_scan']:.1e}",
+        flush=True,
+    )
     return {"reference": ref, "large": big, "in_memory": mem}
 
 
@@ -363,7 +402,8 @@ def _plain_loss(grid, n):
     problem = make_problem(grid, n)
     step, xs, init = problem["step"], problem["xs"], problem["init"]
     observed = jax.jit(lambda c: lax.scan(lambda u, x: step(u, x, c), init, xs)[1])(
-        problem["c_true"])
+        problem["c_true"]
+    )
 
     def loss(c, u0):
         _, tr = lax.scan(lambda u, x: step(u, x, c), u0, xs)
@@ -374,44 +414,80 @@ def _plain_loss(grid, n):
 
 def report(case, ks):
     n, sb = case["n"], case["state_bytes"]
-    print(f"\n2-D wave {case['grid']}^2 float32, n = {n}: forward {case['forward_cpu_s']:.3f} s CPU "
-          f"({case['forward_wall_s']:.3f} s wall); one step VJP = "
-          f"{case['step_vjp_over_step_cpu']:.1f} x one forward step (CPU)")
-    print(f"  {'contender':<24}{'grad/fwd CPU':>13}{'grad/fwd wall':>14}{'memory MiB':>12}"
-          f"{'compile s':>11}{'grad err':>10}")
+    print(
+        f"\n2-D wave {case['grid']}^2 float32, n = {n}: forward {case['forward_cpu_s']:.3f} s CPU "
+        f"({case['forward_wall_s']:.3f} s wall); one step VJP = "
+        f"{case['step_vjp_over_step_cpu']:.1f} x one forward step (CPU)"
+    )
+    print(
+        f"  {'contender':<24}{'grad/fwd CPU':>13}{'grad/fwd wall':>14}{'memory MiB':>12}"
+        f"{'compile s':>11}{'grad err':>10}"
+    )
     c = case["contenders"]
     for name, v in c.items():
         mem = v["temp_bytes"] / 2**20 if v["temp_bytes"] is not None else float("nan")
-        print(f"  {name:<24}{v['grad_over_forward_cpu']:>13.2f}{v['grad_over_forward_wall']:>14.2f}"
-              f"{mem:>12.1f}{v['compile_s']:>11.2f}{v.get('grad_rel_err', float('nan')):>10.1e}")
+        print(
+            f"  {name:<24}{v['grad_over_forward_cpu']:>13.2f}{v['grad_over_forward_wall']:>14.2f}"
+            f"{mem:>12.1f}{v['compile_s']:>11.2f}{v.get('grad_rel_err', float('nan')):>10.1e}"
+        )
     checks = []
     nested = next((k for k in c if k.startswith("nested")), None)
     for K in ks:
         ours = c.get(f"ours K={K}")
         if ours is None:
             continue
-        checks.append((f"ours K={K}: forward with captures <= 1.05 x forward",
-                       ours["forward_captures_over_forward_cpu"], 1.05))
+        checks.append(
+            (
+                f"ours K={K}: forward with captures <= 1.05 x forward",
+                ours["forward_captures_over_forward_cpu"],
+                1.05,
+            )
+        )
         resid = None
         if "lax.scan" in c and c["lax.scan"]["temp_bytes"]:
             resid = c["lax.scan"]["temp_bytes"] / n  # one step's residuals, about
         if resid:
-            checks.append((f"ours K={K}: working memory <= K x state + one step's residuals "
-                           f"({(K * sb + resid) / 2**20:.1f} MiB)",
-                           ours["temp_bytes"] / (K * sb + resid), 1.0))
+            checks.append(
+                (
+                    f"ours K={K}: working memory <= K x state + one step's residuals "
+                    f"({(K * sb + resid) / 2**20:.1f} MiB)",
+                    ours["temp_bytes"] / (K * sb + resid),
+                    1.0,
+                )
+            )
         if K >= 100 and nested:
-            checks.append((f"ours K={K}: gradient time <= nested remat's",
-                           ours["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
+            checks.append(
+                (
+                    f"ours K={K}: gradient time <= nested remat's",
+                    ours["grad_cpu_s"] / c[nested]["grad_cpu_s"],
+                    1.0,
+                )
+            )
             ms = c.get(f"ours Multistage K={K}")
             if ms:
-                checks.append((f"ours Multistage K={K}: gradient time <= nested remat's",
-                               ms["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
-            checks.append((f"ours K={K}: working memory < nested remat's",
-                           ours["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+                checks.append(
+                    (
+                        f"ours Multistage K={K}: gradient time <= nested remat's",
+                        ms["grad_cpu_s"] / c[nested]["grad_cpu_s"],
+                        1.0,
+                    )
+                )
+            checks.append(
+                (
+                    f"ours K={K}: working memory < nested remat's",
+                    ours["temp_bytes"] / c[nested]["temp_bytes"],
+                    1.0,
+                )
+            )
         eq = c.get(f"equinox K={K}")
         if eq:
-            checks.append((f"ours K={K}: gradient time <= 0.5 x equinox K={K}",
-                           ours["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
+            checks.append(
+                (
+                    f"ours K={K}: gradient time <= 0.5 x equinox K={K}",
+                    ours["grad_cpu_s"] / eq["grad_cpu_s"],
+                    0.5,
+                )
+            )
         checks.append((f"ours K={K}: compile <= 3 s", ours["compile_s"], 3.0))
     # Segments (checkpointed_scan(segment=...)): appended, so that the
     # targets above keep their positions in the JSON.
@@ -420,23 +496,53 @@ def report(case, ks):
         if seg is None:
             continue
         if K >= 100 and nested:
-            checks.append((f"ours K={K} segments: gradient time <= nested remat's",
-                           seg["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
-            checks.append((f"ours K={K} segments: working memory <= nested remat's",
-                           seg["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+            checks.append(
+                (
+                    f"ours K={K} segments: gradient time <= nested remat's",
+                    seg["grad_cpu_s"] / c[nested]["grad_cpu_s"],
+                    1.0,
+                )
+            )
+            checks.append(
+                (
+                    f"ours K={K} segments: working memory <= nested remat's",
+                    seg["temp_bytes"] / c[nested]["temp_bytes"],
+                    1.0,
+                )
+            )
         eq = c.get(f"equinox K={K}")
         if eq:
-            checks.append((f"ours K={K} segments: gradient time <= 0.5 x equinox K={K}",
-                           seg["grad_cpu_s"] / eq["grad_cpu_s"], 0.5))
-        checks.append((f"ours K={K} segments: forward with captures <= 1.05 x forward",
-                       seg["forward_captures_over_forward_cpu"], 1.05))
+            checks.append(
+                (
+                    f"ours K={K} segments: gradient time <= 0.5 x equinox K={K}",
+                    seg["grad_cpu_s"] / eq["grad_cpu_s"],
+                    0.5,
+                )
+            )
+        checks.append(
+            (
+                f"ours K={K} segments: forward with captures <= 1.05 x forward",
+                seg["forward_captures_over_forward_cpu"],
+                1.05,
+            )
+        )
         checks.append((f"ours K={K} segments: compile <= 3 s", seg["compile_s"], 3.0))
     same = next((k for k in c if k.startswith("ours segments ")), None)
     if same and nested:
-        checks.append((f"{same} (nested remat's layout): gradient time <= nested remat's",
-                       c[same]["grad_cpu_s"] / c[nested]["grad_cpu_s"], 1.0))
-        checks.append((f"{same} (nested remat's layout): working memory <= nested remat's",
-                       c[same]["temp_bytes"] / c[nested]["temp_bytes"], 1.0))
+        checks.append(
+            (
+                f"{same} (nested remat's layout): gradient time <= nested remat's",
+                c[same]["grad_cpu_s"] / c[nested]["grad_cpu_s"],
+                1.0,
+            )
+        )
+        checks.append(
+            (
+                f"{same} (nested remat's layout): working memory <= nested remat's",
+                c[same]["temp_bytes"] / c[nested]["temp_bytes"],
+                1.0,
+            )
+        )
         checks.append((f"{same}: compile <= 3 s", c[same]["compile_s"], 3.0))
     print("  targets (measured / bound):")
     for text, value, bound in checks:
@@ -463,8 +569,9 @@ def plot(cases, path):
         width = 0.4 / max(1, len(cases) - 1) if len(cases) > 1 else 0.6
         axes[0].bar(xs + offset, times, width, label=f"n = {case['n']}")
         axes[1].bar(xs + offset, mems, width, label=f"n = {case['n']}")
-    for ax, title in zip(axes, ["gradient CPU time / forward CPU time",
-                                "XLA working memory (MiB, log)"]):
+    for ax, title in zip(
+        axes, ["gradient CPU time / forward CPU time", "XLA working memory (MiB, log)"]
+    ):
         ax.set_xticks(np.arange(len(names)))
         ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
         ax.set_title(title)
@@ -483,18 +590,33 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, nargs="*", default=None)
     parser.add_argument("--ks", type=int, nargs="*", default=[100, 10])
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
-    parser.add_argument("--update-results", action="store_true",
-                        help="write into benchmarks/results/ (the tracked results)")
-    parser.add_argument("--threads", default="1",
-                        help="XLA CPU threads (1: single-threaded kernels, the default; "
-                             "0: XLA's own default)")
-    parser.add_argument("--out-of-core", action="store_true",
-                        help="slow: also the gradient with its states on disk, beyond memory")
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write into benchmarks/results/ (the tracked results)",
+    )
+    parser.add_argument(
+        "--threads",
+        default="1",
+        help="XLA CPU threads (1: single-threaded kernels, the default; 0: XLA's own default)",
+    )
+    parser.add_argument(
+        "--out-of-core",
+        action="store_true",
+        help="slow: also the gradient with its states on disk, beyond memory",
+    )
     parser.add_argument("--ooc-grid", type=int, default=1024)
     parser.add_argument("--ooc-steps", type=int, default=8000)
-    parser.add_argument("--ooc-ref", type=int, nargs=2, default=[64, 200],
-                        help="grid and steps of the exactness check against lax.scan")
+    parser.add_argument(
+        "--ooc-ref",
+        type=int,
+        nargs=2,
+        default=[64, 200],
+        help="grid and steps of the exactness check against lax.scan",
+    )
     parser.add_argument("--ooc-dir", default=None, help="disk level (default: under --out)")
     parser.add_argument("--ooc-rss-gib", type=float, default=4.0, help="the stated RSS budget")
     parser.add_argument("--skip-scan", action="store_true", help="only the out-of-core case")
@@ -505,7 +627,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     cases = []
-    for n in ([] if args.skip_scan else steps):
+    for n in [] if args.skip_scan else steps:
         print(f"n = {n}, grid {args.grid}^2, K in {args.ks}, {rounds} rounds", flush=True)
         # At n = 10,000 every contender costs ~10 s a call; 3 rounds suffice.
         case = run_case(args.grid, n, args.ks, rounds if n <= 1000 else min(rounds, 3))
@@ -513,13 +635,18 @@ def main(argv=None):
         cases.append(case)
     meta = {
         "benchmark": "bench_jax",
-        "jax": jax.__version__, "equinox": EQX_VERSION, "python": platform.python_version(),
-        "machine": platform.machine(), "cpus": os.cpu_count(),
-        "backend": jax.default_backend(), "quick": args.quick,
+        "jax": jax.__version__,
+        "equinox": EQX_VERSION,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "quick": args.quick,
         "memory_method": "compiled.memory_analysis().temp_size_in_bytes",
         "time_method": "median of interleaved rounds; CPU = time.process_time (all threads)",
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
     }
     result = {"meta": meta, "cases": cases}
     if args.out_of_core:
@@ -528,8 +655,9 @@ def main(argv=None):
 
         root = Path(tempfile.mkdtemp(prefix="vlcc-ooc-", dir=args.ooc_dir or out))
         try:
-            result["out_of_core"] = run_out_of_core(args.ooc_grid, args.ooc_steps, *args.ooc_ref,
-                                                    root, args.ooc_rss_gib)
+            result["out_of_core"] = run_out_of_core(
+                args.ooc_grid, args.ooc_steps, *args.ooc_ref, root, args.ooc_rss_gib
+            )
         finally:
             shutil.rmtree(root, ignore_errors=True)  # the disk level's states
     name = "bench_jax_ooc.json" if args.skip_scan else "bench_jax.json"

@@ -130,12 +130,12 @@ def mutate(state: dict, rng: np.random.Generator, fraction: float = 0.05) -> Non
     for name in ("field", "params"):
         flat = state[name].reshape(-1)
         if fraction >= 1:
-            flat[int(rng.integers(0, 1000))::MIB // 16] += 1.0
+            flat[int(rng.integers(0, 1000)) :: MIB // 16] += 1.0
             continue
         nchunks = max(1, flat.nbytes // MIB)
         for _ in range(max(1, round(fraction * nchunks))):
             start = int(rng.integers(0, flat.size - 128))
-            flat[start:start + 128] += 1.0
+            flat[start : start + 128] += 1.0
     state["step"] += 1
 
 
@@ -192,9 +192,15 @@ def _timed_versions(base, versions, seed, fraction, gap, save, load, flush=None)
 def run_lineage(path, base, versions, seed, fraction, gap, **kw):
     with History(path, **kw) as h:
         blocked, total, restore, last = _timed_versions(
-            base, versions, seed, fraction, gap,
+            base,
+            versions,
+            seed,
+            fraction,
+            gap,
             save=lambda k, state: h.commit(state, meta={"step": state["step"]}),
-            load=lambda: h.load("main"), flush=h.wait)
+            load=lambda: h.load("main"),
+            flush=h.wait,
+        )
     assert last["step"] == versions - 1
     return blocked, total, restore
 
@@ -219,8 +225,10 @@ def run_torchsave(path, base, versions, seed, fraction, gap):
     os.makedirs(path)
 
     def save(k, state):
-        torch.save({name: torch.from_numpy(state[name]) for name in ("field", "params")},
-                   os.path.join(path, f"v{k}.pt"))
+        torch.save(
+            {name: torch.from_numpy(state[name]) for name in ("field", "params")},
+            os.path.join(path, f"v{k}.pt"),
+        )
 
     def load():
         return torch.load(os.path.join(path, f"v{versions - 1}.pt"), weights_only=True)
@@ -242,31 +250,37 @@ def methods() -> dict:
     return out
 
 
-def bench(base_dir: str, mb: float, versions: int, repeats: int, fraction: float,
-          gap: float = 0.0) -> tuple[dict, int]:
+def bench(
+    base_dir: str, mb: float, versions: int, repeats: int, fraction: float, gap: float = 0.0
+) -> tuple[dict, int]:
     base = make_state(mb)
     one = sum(v.nbytes for v in base.values() if isinstance(v, np.ndarray))
     runs = {name: [] for name in methods()}
     names = list(runs)
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate
         for name in order:
             path = os.path.join(base_dir, f"{name.replace(' ', '-')}-{r}")
             blocked, total, restore = methods()[name](path, base, versions, r, fraction, gap)
             size = disk_bytes(path)
             shutil.rmtree(path)
-            runs[name].append({
-                "first_blocked_s": blocked[0],
-                "blocked_s": statistics.median(blocked[1:]) if len(blocked) > 1 else blocked[0],
-                "blocked_all_s": blocked,
-                "total_s": total,
-                "throughput_GB_s": versions * one / total / 1e9,
-                "restore_s": restore,
-                "disk_bytes": size,
-                "storage_x": size / one,
-            })
-            print(f"  repeat {r} {name:<13} blocked {runs[name][-1]['blocked_s'] * 1e3:7.1f} ms"
-                  f"  total {total:6.2f} s  storage {size / one:5.2f}x", flush=True)
+            runs[name].append(
+                {
+                    "first_blocked_s": blocked[0],
+                    "blocked_s": statistics.median(blocked[1:]) if len(blocked) > 1 else blocked[0],
+                    "blocked_all_s": blocked,
+                    "total_s": total,
+                    "throughput_GB_s": versions * one / total / 1e9,
+                    "restore_s": restore,
+                    "disk_bytes": size,
+                    "storage_x": size / one,
+                }
+            )
+            print(
+                f"  repeat {r} {name:<13} blocked {runs[name][-1]['blocked_s'] * 1e3:7.1f} ms"
+                f"  total {total:6.2f} s  storage {size / one:5.2f}x",
+                flush=True,
+            )
     return runs, one
 
 
@@ -274,31 +288,47 @@ def summarise(runs: dict) -> dict:
     ref = runs["np.save"]
     out = {}
     for name, reps in runs.items():
-        med = {k: statistics.median(r[k] for r in reps)
-               for k in ("first_blocked_s", "blocked_s", "total_s", "throughput_GB_s",
-                         "restore_s", "storage_x", "disk_bytes")}
+        med = {
+            k: statistics.median(r[k] for r in reps)
+            for k in (
+                "first_blocked_s",
+                "blocked_s",
+                "total_s",
+                "throughput_GB_s",
+                "restore_s",
+                "storage_x",
+                "disk_bytes",
+            )
+        }
         med["blocked_vs_npsave"] = statistics.median(
-            r["blocked_s"] / q["blocked_s"] for r, q in zip(reps, ref))
+            r["blocked_s"] / q["blocked_s"] for r, q in zip(reps, ref)
+        )
         med["throughput_vs_npsave"] = statistics.median(
-            r["throughput_GB_s"] / q["throughput_GB_s"] for r, q in zip(reps, ref))
+            r["throughput_GB_s"] / q["throughput_GB_s"] for r, q in zip(reps, ref)
+        )
         out[name] = med
     return out
 
 
-def print_table(summary: dict, one: int, versions: int, fraction: float, gap: float = 0.0
-                ) -> None:
+def print_table(summary: dict, one: int, versions: int, fraction: float, gap: float = 0.0) -> None:
     work = f", {gap:g} s of computation between versions" if gap else ", back to back"
-    print(f"\n{versions} versions of a {one / 1e6:.0f} MB state, {100 * fraction:.0f} % of chunks "
-          f"changed per version{work} (medians; ratios paired with np.save in each repeat)")
-    head = (f"{'method':<13} {'storage':>8} {'blocked/version':>16} {'first':>8} "
-            f"{'vs np.save':>10} {'GB/s':>6} {'vs np.save':>10} {'restore':>8}")
+    print(
+        f"\n{versions} versions of a {one / 1e6:.0f} MB state, {100 * fraction:.0f} % of chunks "
+        f"changed per version{work} (medians; ratios paired with np.save in each repeat)"
+    )
+    head = (
+        f"{'method':<13} {'storage':>8} {'blocked/version':>16} {'first':>8} "
+        f"{'vs np.save':>10} {'GB/s':>6} {'vs np.save':>10} {'restore':>8}"
+    )
     print(head)
     print("-" * len(head))
     for name, m in summary.items():
-        print(f"{name:<13} {m['storage_x']:7.2f}x {m['blocked_s'] * 1e3:13.1f} ms "
-              f"{m['first_blocked_s'] * 1e3:6.0f}ms {m['blocked_vs_npsave']:9.2f}x "
-              f"{m['throughput_GB_s']:6.2f} {m['throughput_vs_npsave']:9.2f}x "
-              f"{m['restore_s'] * 1e3:6.0f}ms")
+        print(
+            f"{name:<13} {m['storage_x']:7.2f}x {m['blocked_s'] * 1e3:13.1f} ms "
+            f"{m['first_blocked_s'] * 1e3:6.0f}ms {m['blocked_vs_npsave']:9.2f}x "
+            f"{m['throughput_GB_s']:6.2f} {m['throughput_vs_npsave']:9.2f}x "
+            f"{m['restore_s'] * 1e3:6.0f}ms"
+        )
 
 
 def main(argv=None):
@@ -307,10 +337,16 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--mb", type=float, default=100.0, help="state size in MB")
     parser.add_argument("--versions", type=int, default=20)
-    parser.add_argument("--gap", type=float, default=0.3,
-                        help="seconds of computation between versions in workload (c)")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.3,
+        help="seconds of computation between versions in workload (c)",
+    )
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 5)
     t_start = time.time()
@@ -334,8 +370,9 @@ def main(argv=None):
     if "torch.save" not in summary:
         print("(torch is not installed: torch.save skipped)")
     lineage = summary["lineage"]
-    targets = {"storage_at_most_2.5x": {"value": lineage["storage_x"],
-                                        "pass": lineage["storage_x"] <= 2.5}}
+    targets = {
+        "storage_at_most_2.5x": {"value": lineage["storage_x"], "pass": lineage["storage_x"] <= 2.5}
+    }
     import networkx
     import zarr
 
@@ -348,15 +385,24 @@ def main(argv=None):
         "changed_chunk_fraction": 0.05,
         "chunk_bytes": MIB,
         "wall_s": time.time() - t_start,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": sys.version.split()[0], "numpy": np.__version__,
-                    "zarr": zarr.__version__, "networkx": networkx.__version__,
-                    "load_avg": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+            "zarr": zarr.__version__,
+            "networkx": networkx.__version__,
+            "load_avg": os.getloadavg(),
+        },
         "summary": summary,
         "runs": runs,
         "all_changed": {"versions": all_versions, "summary": summary_all, "runs": runs_all},
-        "all_changed_with_computation": {"versions": all_versions, "gap_s": args.gap,
-                                         "summary": summary_gap, "runs": runs_gap},
+        "all_changed_with_computation": {
+            "versions": all_versions,
+            "gap_s": args.gap,
+            "summary": summary_gap,
+            "runs": runs_gap,
+        },
         "targets": targets,
         "torch": "torch.save" in summary,
     }

@@ -72,9 +72,13 @@ def _run(path, states, deltas):
     with History(path, mode="r") as h:
         h.checkout(last)
     checkout_s = time.perf_counter() - t0
-    return {"chunk_bytes_after": after, "disk_bytes": disk,
-            "commit_s_median": statistics.median(commit_s[1:]), "commit_s_first": commit_s[0],
-            "checkout_last_s": checkout_s}
+    return {
+        "chunk_bytes_after": after,
+        "disk_bytes": disk,
+        "commit_s_median": statistics.median(commit_s[1:]),
+        "commit_s_first": commit_s[0],
+        "checkout_last_s": checkout_s,
+    }
 
 
 def _unaligned(rng, nbytes, versions, frac, region):
@@ -83,7 +87,7 @@ def _unaligned(rng, nbytes, versions, frac, region):
         if k:
             for _ in range(int(frac * nbytes) // region):
                 off = int(rng.integers(0, nbytes - region))
-                x[off:off + region] = rng.integers(0, 256, region, dtype=np.uint8)
+                x[off : off + region] = rng.integers(0, 256, region, dtype=np.uint8)
         yield {"x": x}
 
 
@@ -100,8 +104,9 @@ def _full(rng, nbytes, versions, rel):
     for k in range(versions):
         if k:
             u = np.abs(rng.standard_normal(w.size)).astype(np.float32)
-            w -= np.float32(rel * 0.02) * np.sign(rng.standard_normal(w.size)).astype(
-                np.float32) * u
+            w -= (
+                np.float32(rel * 0.02) * np.sign(rng.standard_normal(w.size)).astype(np.float32) * u
+            )
         yield {"w": w}
 
 
@@ -117,9 +122,14 @@ def main(argv=None) -> int:
     parser.add_argument("--mb", type=int, default=32, help="state size in MiB")
     parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--dir", default=None, help="where the repositories go (default: temp)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
-    parser.add_argument("--update-results", action="store_true",
-                        help="write benchmarks/results/bench_lineage_delta.json")
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write benchmarks/results/bench_lineage_delta.json",
+    )
     args = parser.parse_args(argv)
     if args.update_results:
         args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -131,13 +141,22 @@ def main(argv=None) -> int:
         minimum = nbytes * (1 + (n - 1) * 0.05)
         un = {}
         for deltas in (False, True):
-            r = _run(f"{work}/u{deltas}", _unaligned(np.random.default_rng(0), nbytes, n, 0.05,
-                                                     64 << 10), deltas)
+            r = _run(
+                f"{work}/u{deltas}",
+                _unaligned(np.random.default_rng(0), nbytes, n, 0.05, 64 << 10),
+                deltas,
+            )
             r["vs_one_version"] = r["chunk_bytes_after"][-1] / nbytes
             r["vs_minimum"] = r["chunk_bytes_after"][-1] / minimum
             un["deltas" if deltas else "full_chunks"] = r
-        res["unaligned"] = {"state_bytes": nbytes, "versions": n, "changed_fraction": 0.05,
-                            "region_bytes": 64 << 10, "minimum_bytes": minimum, **un}
+        res["unaligned"] = {
+            "state_bytes": nbytes,
+            "versions": n,
+            "changed_fraction": 0.05,
+            "region_bytes": 64 << 10,
+            "minimum_bytes": minimum,
+            **un,
+        }
         ad = {}
         trainable = 16 * 1024 * 16 * 4
         for deltas in (False, True):
@@ -145,14 +164,16 @@ def main(argv=None) -> int:
             b = r["chunk_bytes_after"]
             r["per_version_vs_trainable"] = (b[-1] - b[0]) / (n - 1) / trainable
             ad["deltas" if deltas else "full_chunks"] = r
-        res["adapters"] = {"base_bytes": nbytes, "trainable_bytes": trainable, "versions": n,
-                           **ad}
+        res["adapters"] = {"base_bytes": nbytes, "trainable_bytes": trainable, "versions": n, **ad}
         full = {}
         for rel in (1e-4, 1e-3, 1e-2):
             row = {"xor_lz4_vs_raw": _xor_ratio(np.random.default_rng(3), nbytes, rel)}
             for deltas in (False, True):
-                r = _run(f"{work}/f{rel}{deltas}", _full(np.random.default_rng(2), nbytes, 5,
-                                                         rel), deltas)
+                r = _run(
+                    f"{work}/f{rel}{deltas}",
+                    _full(np.random.default_rng(2), nbytes, 5, rel),
+                    deltas,
+                )
                 b = r["chunk_bytes_after"]
                 r["per_version_vs_state"] = (b[-1] - b[0]) / 4 / nbytes
                 row["deltas" if deltas else "full_chunks"] = r
@@ -161,15 +182,22 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
-        "benchmark": "bench_lineage_delta", "chunk_bytes": MIB, "wall_s": time.time() - t_start,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": sys.version.split()[0], "numpy": np.__version__,
-                    "load_avg": os.getloadavg()},
+        "benchmark": "bench_lineage_delta",
+        "chunk_bytes": MIB,
+        "wall_s": time.time() - t_start,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+            "load_avg": os.getloadavg(),
+        },
         **res,
-        "targets": {"unaligned_vs_minimum_le_1.05":
-                    res["unaligned"]["deltas"]["vs_minimum"] <= 1.05,
-                    "adapters_per_version_le_1.1":
-                    res["adapters"]["deltas"]["per_version_vs_trainable"] <= 1.1},
+        "targets": {
+            "unaligned_vs_minimum_le_1.05": res["unaligned"]["deltas"]["vs_minimum"] <= 1.05,
+            "adapters_per_version_le_1.1": res["adapters"]["deltas"]["per_version_vs_trainable"]
+            <= 1.1,
+        },
     }
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_lineage_delta.json")
@@ -180,18 +208,24 @@ def main(argv=None) -> int:
     print("    storage        vs one   vs min   commit/version  checkout last")
     for k in ("full_chunks", "deltas"):
         r = u[k]
-        print(f"    {k:13s} {r['vs_one_version']:6.2f}x {r['vs_minimum']:6.2f}x "
-              f"{r['commit_s_median'] * 1e3:9.1f} ms {r['checkout_last_s'] * 1e3:10.1f} ms")
+        print(
+            f"    {k:13s} {r['vs_one_version']:6.2f}x {r['vs_minimum']:6.2f}x "
+            f"{r['commit_s_median'] * 1e3:9.1f} ms {r['checkout_last_s'] * 1e3:10.1f} ms"
+        )
     print("(b) adapters: bytes per version / trainable bytes")
     for k in ("full_chunks", "deltas"):
         r = res["adapters"][k]
-        print(f"    {k:13s} {r['per_version_vs_trainable']:6.3f}x  commit "
-              f"{r['commit_s_median'] * 1e3:.1f} ms  checkout {r['checkout_last_s'] * 1e3:.1f} ms")
+        print(
+            f"    {k:13s} {r['per_version_vs_trainable']:6.3f}x  commit "
+            f"{r['commit_s_median'] * 1e3:.1f} ms  checkout {r['checkout_last_s'] * 1e3:.1f} ms"
+        )
     print("(c) full training: bytes per version / state bytes")
     for rel, row in full.items():
-        print(f"    step {rel:>6s}: full chunks {row['full_chunks']['per_version_vs_state']:.3f}x"
-              f"  deltas {row['deltas']['per_version_vs_state']:.3f}x"
-              f"  XOR+shuffle+LZ4 {row['xor_lz4_vs_raw']:.3f}x")
+        print(
+            f"    step {rel:>6s}: full chunks {row['full_chunks']['per_version_vs_state']:.3f}x"
+            f"  deltas {row['deltas']['per_version_vs_state']:.3f}x"
+            f"  XOR+shuffle+LZ4 {row['xor_lz4_vs_raw']:.3f}x"
+        )
     print(f"\nwrote {path}; targets: {json.dumps(result['targets'])}")
     return 0
 

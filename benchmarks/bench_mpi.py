@@ -107,40 +107,64 @@ def _worker(args) -> None:
         nz = args.rows * (size if args.mode == "weak" else 1)
         solver = DistributedSeismic(comm, nx=args.cols, nz=nz, nt=args.nt, courant=0.4)
         solver.d_obs  # noqa: B018
-        schedule = Multistage(args.nt, [Level(args.memory_slots, 0.05, 0.05),
-                                        Level(args.disk_slots, 2.0, 2.0)])
+        schedule = Multistage(
+            args.nt, [Level(args.memory_slots, 0.05, 0.05), Level(args.disk_slots, 2.0, 2.0)]
+        )
         runs = []
         for k in range(args.repeats + 1):  # the first run warms up (page cache, allocations)
             path = os.path.join(args.dir, f"h{k}")
-            store = DistributedStore(comm, [MemoryTier(), SharedZarrTier(path, comm)],
-                                     io_plan(schedule))
+            store = DistributedStore(
+                comm, [MemoryTier(), SharedZarrTier(path, comm)], io_plan(schedule)
+            )
             solver.reset_gradient()
             comm.Barrier()
             t0 = time.perf_counter()
-            res = run_adjoint(solver, schedule, solver.initial_state(), solver.final_adjoint,
-                              store=store, comm=comm)
+            res = run_adjoint(
+                solver,
+                schedule,
+                solver.initial_state(),
+                solver.final_adjoint,
+                store=store,
+                comm=comm,
+            )
             wall = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             r = res.reduced
             cap = comm.allreduce(res.store_stats.capture_bandwidth, op=MPI.MIN)
             if k > 0:
-                runs.append({"wall": wall, "forward": r.forward_seconds_max,
-                             "adjoint": r.adjoint_seconds_max, "wait": r.comm_wait_seconds_max,
-                             "stall": r.stall_seconds_max, "commit": r.commit_seconds_max,
-                             "bytes_written": list(r.bytes_written),
-                             "bytes_read": list(r.bytes_read), "capture_bw": cap})
+                runs.append(
+                    {
+                        "wall": wall,
+                        "forward": r.forward_seconds_max,
+                        "adjoint": r.adjoint_seconds_max,
+                        "wait": r.comm_wait_seconds_max,
+                        "stall": r.stall_seconds_max,
+                        "commit": r.commit_seconds_max,
+                        "bytes_written": list(r.bytes_written),
+                        "bytes_read": list(r.bytes_read),
+                        "capture_bw": cap,
+                    }
+                )
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
         st = schedule.stats()
-        out.update(nz=nz, nx=args.cols, nt=args.nt, blocks=comm.gather(solver.nl),
-                   forward_count=st.forward_count, writes=list(st.writes), reads=list(st.reads),
-                   state_bytes_per_rank=2 * solver.nl * args.cols * 8,
-                   runs=runs)
+        out.update(
+            nz=nz,
+            nx=args.cols,
+            nt=args.nt,
+            blocks=comm.gather(solver.nl),
+            forward_count=st.forward_count,
+            writes=list(st.writes),
+            reads=list(st.reads),
+            state_bytes_per_rank=2 * solver.nl * args.cols * 8,
+            runs=runs,
+        )
         # the stencil's throughput on this rank count (forward steps only)
         fwd = statistics.median(r["forward"] for r in runs)
         out["points_per_second_per_rank"] = (st.forward_count + 1) * solver.nl * args.cols / fwd
-        out["median"] = {key: statistics.median(r[key] for r in runs)
-                         for key in ("wall", "forward", "adjoint", "wait", "stall", "commit",
-                                     "capture_bw")}
+        out["median"] = {
+            key: statistics.median(r[key] for r in runs)
+            for key in ("wall", "forward", "adjoint", "wait", "stall", "commit", "capture_bw")
+        }
     else:  # io probe
         from vlcc_adjoint._mpi._comm import Guard
         from vlcc_adjoint.mpi import Decomposition, DistributedArray
@@ -175,10 +199,14 @@ def _worker(args) -> None:
         commit = statistics.median(commit)
         guard.close()
         nbytes = block.nbytes
-        out.update(bytes_per_rank=nbytes, put_seconds=put, get_seconds=get,
-                   commit_seconds=commit,
-                   write_bw_per_rank=nbytes / statistics.median(put),
-                   read_bw_per_rank=nbytes / statistics.median(get))
+        out.update(
+            bytes_per_rank=nbytes,
+            put_seconds=put,
+            get_seconds=get,
+            commit_seconds=commit,
+            write_bw_per_rank=nbytes / statistics.median(put),
+            read_bw_per_rank=nbytes / statistics.median(get),
+        )
     if rank == 0:
         with open(args.result, "w") as f:
             json.dump(out, f)
@@ -205,8 +233,17 @@ def commit_time(P: int, leaves: int, chunks_per_rank: int, a, software: float) -
     return software + 4 * hops * a.latency + gather + (3 + 2 * leaves) * a.md_latency
 
 
-def replay(schedule, t_fwd, t_adj, t_copy, t_write, t_read, staging: int, cache: int,
-           asynchronous: bool = True) -> dict:
+def replay(
+    schedule,
+    t_fwd,
+    t_adj,
+    t_copy,
+    t_write,
+    t_read,
+    staging: int,
+    cache: int,
+    asynchronous: bool = True,
+) -> dict:
     """Time a schedule's table under the model of the module docstring.
 
     Compute and copies run on the caller's clock; PFS operations (level 1:
@@ -224,8 +261,13 @@ def replay(schedule, t_fwd, t_adj, t_copy, t_write, t_read, staging: int, cache:
     from vlcc_adjoint.schedules import ActionKind
 
     t = schedule.table
-    kinds, a, b, lv, dst = (t["kind"].tolist(), t["a"].tolist(), t["b"].tolist(),
-                            t["level"].tolist(), t["dst"].tolist())
+    kinds, a, b, lv, dst = (
+        t["kind"].tolist(),
+        t["a"].tolist(),
+        t["b"].tolist(),
+        t["level"].tolist(),
+        t["dst"].tolist(),
+    )
 
     def pfs(k, level, to):
         if k == ActionKind.SAVE and level == 1:
@@ -236,8 +278,11 @@ def replay(schedule, t_fwd, t_adj, t_copy, t_write, t_read, staging: int, cache:
             return "w" if to == 1 else "r" if level == 1 else None
         return None
 
-    io = [(i, op) for i, (k, l, d) in enumerate(zip(kinds, lv, dst))
-          if (op := pfs(k, l, d)) is not None]
+    io = [
+        (i, op)
+        for i, (k, l, d) in enumerate(zip(kinds, lv, dst))
+        if (op := pfs(k, l, d)) is not None
+    ]
     where = {i: j for j, (i, _) in enumerate(io)}
     pos = 0  # the next PFS operation not yet issued
     now = stall = compute = 0.0
@@ -301,27 +346,44 @@ def project(a, scenario: dict, bw: dict, commit_software: float) -> list[dict]:
     for P in PROJECT:
         t_w = io_time(P, S, bw["write"], scenario["files_per_rank"], a)
         t_r = io_time(P, S, bw["read"], 0, a)  # reads open files: no creates
-        sched = Multistage(a.project_steps, [Level(a.project_memory, t_copy / t_fwd, t_copy / t_fwd),
-                                             Level(a.project_disk, t_w / t_fwd, t_r / t_fwd)],
-                           adjoint_cost=scenario["adjoint_over_forward"])
+        sched = Multistage(
+            a.project_steps,
+            [
+                Level(a.project_memory, t_copy / t_fwd, t_copy / t_fwd),
+                Level(a.project_disk, t_w / t_fwd, t_r / t_fwd),
+            ],
+            adjoint_cost=scenario["adjoint_over_forward"],
+        )
         st = simulate(sched)
         asyn = replay(sched, t_fwd, t_adj, t_copy, t_w, t_r, a.staging, a.cache, True)
         sync = replay(sched, t_fwd, t_adj, t_copy, t_w, t_r, a.staging, a.cache, False)
         tc = commit_time(P, scenario["leaves"], scenario["files_per_rank"], a, commit_software)
-        out.append({
-            "ranks": P, "nodes": math.ceil(P / a.ranks_per_node),
-            "state_bytes_per_rank": S, "checkpoint_bytes_all_ranks": S * P,
-            "t_write_s": t_w, "t_read_s": t_r, "t_step_s": t_fwd,
-            "write_cost_in_steps": t_w / t_fwd,
-            "pfs_bound": a.pfs_gbs * 1e9 / P < min(bw["write"], a.node_gbs * 1e9 / a.ranks_per_node),
-            "forward_count": st.forward_count, "pfs_writes": st.writes[1], "pfs_reads": st.reads[1],
-            "memory_writes": st.writes[0],
-            "pfs_bytes_written": st.writes[1] * S * P, "pfs_bytes_read": st.reads[1] * S * P,
-            "files_created": st.writes[1] * scenario["files_per_rank"] * P,
-            "compute_s": asyn["compute"], "stall_async_s": asyn["stall"],
-            "stall_sync_s": sync["stall"], "wall_async_s": asyn["wall"] + tc,
-            "commit_s": tc,
-        })
+        out.append(
+            {
+                "ranks": P,
+                "nodes": math.ceil(P / a.ranks_per_node),
+                "state_bytes_per_rank": S,
+                "checkpoint_bytes_all_ranks": S * P,
+                "t_write_s": t_w,
+                "t_read_s": t_r,
+                "t_step_s": t_fwd,
+                "write_cost_in_steps": t_w / t_fwd,
+                "pfs_bound": a.pfs_gbs * 1e9 / P
+                < min(bw["write"], a.node_gbs * 1e9 / a.ranks_per_node),
+                "forward_count": st.forward_count,
+                "pfs_writes": st.writes[1],
+                "pfs_reads": st.reads[1],
+                "memory_writes": st.writes[0],
+                "pfs_bytes_written": st.writes[1] * S * P,
+                "pfs_bytes_read": st.reads[1] * S * P,
+                "files_created": st.writes[1] * scenario["files_per_rank"] * P,
+                "compute_s": asyn["compute"],
+                "stall_async_s": asyn["stall"],
+                "stall_sync_s": sync["stall"],
+                "wall_async_s": asyn["wall"] + tc,
+                "commit_s": tc,
+            }
+        )
     return out
 
 
@@ -331,8 +393,10 @@ def project(a, scenario: dict, bw: dict, commit_software: float) -> list[dict]:
 
 
 def _mpiexec() -> str:
-    exe = shutil.which("mpiexec", path=os.pathsep.join([os.path.dirname(sys.executable),
-                                                        os.environ.get("PATH", "")]))
+    exe = shutil.which(
+        "mpiexec",
+        path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+    )
     if exe is None:
         sys.exit("mpiexec not found: pip install mpi4py mpich (into this environment)")
     return exe
@@ -340,10 +404,24 @@ def _mpiexec() -> str:
 
 def _launch(P: int, argv: list, tmp: str, timeout: float = 1800) -> dict:
     result = os.path.join(tmp, f"r{time.monotonic_ns()}.json")
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    cmd = [_mpiexec(), "-n", str(P), sys.executable, os.path.abspath(__file__), "--result",
-           result, "--dir", tmp, *map(str, argv)]
+    env = dict(
+        os.environ,
+        NUMBA_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        _mpiexec(),
+        "-n",
+        str(P),
+        sys.executable,
+        os.path.abspath(__file__),
+        "--result",
+        result,
+        "--dir",
+        tmp,
+        *map(str, argv),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -361,7 +439,9 @@ def _gib(x: float) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller grids, one repeat")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--strong", type=int, nargs=2, default=None, metavar=("ROWS", "COLS"))
     ap.add_argument("--weak", type=int, nargs=2, default=None, metavar=("ROWS_PER_RANK", "COLS"))
@@ -372,8 +452,12 @@ def main(argv=None) -> None:
     ap.add_argument("--pfs-gbs", type=float, default=1000.0, help="aggregate PFS bandwidth, GB/s")
     ap.add_argument("--node-gbs", type=float, default=25.0, help="per-node injection, GB/s")
     ap.add_argument("--ranks-per-node", type=int, default=64)
-    ap.add_argument("--md-rate", type=float, default=50_000.0,
-                    help="aggregate file creates per second of the metadata servers")
+    ap.add_argument(
+        "--md-rate",
+        type=float,
+        default=50_000.0,
+        help="aggregate file creates per second of the metadata servers",
+    )
     ap.add_argument("--md-latency", type=float, default=5e-4, help="one metadata op, seconds")
     ap.add_argument("--latency", type=float, default=2e-6, help="network latency per hop, s")
     ap.add_argument("--link-gbs", type=float, default=12.5, help="link bandwidth, GB/s")
@@ -420,84 +504,127 @@ def main(argv=None) -> None:
         common = ["--nt", a.nt, "--repeats", a.repeats]
         for P in RANKS:
             for mode, (rows, cols) in (("strong", a.strong), ("weak", a.weak)):
-                r = _launch(P, ["--worker", "run", "--mode", mode, "--rows", rows, "--cols", cols,
-                                *common], tmp)
+                r = _launch(
+                    P,
+                    ["--worker", "run", "--mode", mode, "--rows", rows, "--cols", cols, *common],
+                    tmp,
+                )
                 runs[mode].append(r)
                 m = r["median"]
                 print(f"  {mode:6s} P={P}: {r['nz']}x{r['nx']}, wall {m['wall']:.2f} s", flush=True)
-            probes.append(_launch(P, ["--worker", "io", "--probe-mib", a.probe_mib,
-                                      "--probe-count", a.probe_count], tmp))
+            probes.append(
+                _launch(
+                    P,
+                    ["--worker", "io", "--probe-mib", a.probe_mib, "--probe-count", a.probe_count],
+                    tmp,
+                )
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     load_after = os.getloadavg()
 
-    note = (f"{os.cpu_count()} cores: 4 ranks are oversubscribed (2 per core); "
-            f"NUMBA_NUM_THREADS=OMP_NUM_THREADS=1; load average {load_before[0]:.1f} before, "
-            f"{load_after[0]:.1f} after (a shared machine: other jobs inflate every time)")
-    print(f"\nSPMD seismic gradient, Multistage (RAM + shared zarr), nt={a.nt}, "
-          f"median of {a.repeats}.  {note}")
+    note = (
+        f"{os.cpu_count()} cores: 4 ranks are oversubscribed (2 per core); "
+        f"NUMBA_NUM_THREADS=OMP_NUM_THREADS=1; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after (a shared machine: other jobs inflate every time)"
+    )
+    print(
+        f"\nSPMD seismic gradient, Multistage (RAM + shared zarr), nt={a.nt}, "
+        f"median of {a.repeats}.  {note}"
+    )
     for mode in ("strong", "weak"):
         base = runs[mode][0]["median"]["wall"]
-        print(f"\n({'a' if mode == 'strong' else 'b'}) {mode} scaling"
-              + (f": {a.strong[0]}x{a.strong[1]} grid" if mode == "strong"
-                 else f": {a.weak[0]} rows x {a.weak[1]} per rank"))
-        print(f"{'ranks':>5} {'grid':>10} {'wall s':>7} {'eff':>5} {'fwd s':>6} {'adj s':>6} "
-              f"{'wait s':>6} {'stall s':>7} {'commit s':>8} {'RAM write':>10} {'PFS write':>10}")
+        print(
+            f"\n({'a' if mode == 'strong' else 'b'}) {mode} scaling"
+            + (
+                f": {a.strong[0]}x{a.strong[1]} grid"
+                if mode == "strong"
+                else f": {a.weak[0]} rows x {a.weak[1]} per rank"
+            )
+        )
+        print(
+            f"{'ranks':>5} {'grid':>10} {'wall s':>7} {'eff':>5} {'fwd s':>6} {'adj s':>6} "
+            f"{'wait s':>6} {'stall s':>7} {'commit s':>8} {'RAM write':>10} {'PFS write':>10}"
+        )
         for r in runs[mode]:
             m = r["median"]
             P = r["ranks"]
             eff = base / (m["wall"] * P) if mode == "strong" else base / m["wall"]
             bw = r["runs"][0]["bytes_written"]
-            print(f"{P:>5} {r['nz']:>5}x{r['nx']:<4} {m['wall']:>7.2f} {eff:>5.2f} "
-                  f"{m['forward']:>6.2f} {m['adjoint']:>6.2f} {m['wait']:>6.2f} {m['stall']:>7.3f} "
-                  f"{m['commit']:>8.3f} {_gib(bw[0]):>10} {_gib(bw[1]):>10}")
-    print(f"\n(c) I/O probe: {a.probe_mib:g} MiB per rank per record, SharedZarrTier put/get "
-          "(page cache, no fsync), all ranks at once")
-    print(f"{'ranks':>5} {'write MB/s/rank':>16} {'read MB/s/rank':>15} {'aggregate write':>16} "
-          f"{'commit ms':>10}")
+            print(
+                f"{P:>5} {r['nz']:>5}x{r['nx']:<4} {m['wall']:>7.2f} {eff:>5.2f} "
+                f"{m['forward']:>6.2f} {m['adjoint']:>6.2f} {m['wait']:>6.2f} {m['stall']:>7.3f} "
+                f"{m['commit']:>8.3f} {_gib(bw[0]):>10} {_gib(bw[1]):>10}"
+            )
+    print(
+        f"\n(c) I/O probe: {a.probe_mib:g} MiB per rank per record, SharedZarrTier put/get "
+        "(page cache, no fsync), all ranks at once"
+    )
+    print(
+        f"{'ranks':>5} {'write MB/s/rank':>16} {'read MB/s/rank':>15} {'aggregate write':>16} "
+        f"{'commit ms':>10}"
+    )
     for p in probes:
-        print(f"{p['ranks']:>5} {p['write_bw_per_rank'] / 1e6:>16.0f} "
-              f"{p['read_bw_per_rank'] / 1e6:>15.0f} "
-              f"{p['ranks'] * p['write_bw_per_rank'] / 1e6:>13.0f} MB/s "
-              f"{1e3 * p['commit_seconds']:>10.2f}")
+        print(
+            f"{p['ranks']:>5} {p['write_bw_per_rank'] / 1e6:>16.0f} "
+            f"{p['read_bw_per_rank'] / 1e6:>15.0f} "
+            f"{p['ranks'] * p['write_bw_per_rank'] / 1e6:>13.0f} MB/s "
+            f"{1e3 * p['commit_seconds']:>10.2f}"
+        )
 
     # -- projection -----------------------------------------------------------------
     one = probes[0]
     weak1 = runs["weak"][0]
-    bw = {"write": one["write_bw_per_rank"], "read": one["read_bw_per_rank"],
-          "capture": weak1["median"]["capture_bw"] or 5e9}
+    bw = {
+        "write": one["write_bw_per_rank"],
+        "read": one["read_bw_per_rank"],
+        "capture": weak1["median"]["capture_bw"] or 5e9,
+    }
     t_fwd_measured = weak1["median"]["forward"] / (weak1["forward_count"] + 1)
     adj_ratio = weak1["median"]["adjoint"] / a.nt / t_fwd_measured
     pps = weak1["points_per_second_per_rank"]
-    n3 = a.block3d ** 3
+    n3 = a.block3d**3
     scenarios = {
         "measured 2-D block": {
-            "state_bytes": weak1["state_bytes_per_rank"], "t_fwd": t_fwd_measured,
-            "adjoint_over_forward": adj_ratio, "files_per_rank": 2, "leaves": 2,
+            "state_bytes": weak1["state_bytes_per_rank"],
+            "t_fwd": t_fwd_measured,
+            "adjoint_over_forward": adj_ratio,
+            "files_per_rank": 2,
+            "leaves": 2,
             "what": f"{a.weak[0]} x {a.weak[1]} float64 wavefield pair per rank, step time "
-                    "measured (1 rank)"},
+            "measured (1 rank)",
+        },
         "3-D production block": {
-            "state_bytes": 2 * n3 * 4, "t_fwd": 1.5 * n3 / pps,
-            "adjoint_over_forward": adj_ratio, "files_per_rank": 2, "leaves": 2,
+            "state_bytes": 2 * n3 * 4,
+            "t_fwd": 1.5 * n3 / pps,
+            "adjoint_over_forward": adj_ratio,
+            "files_per_rank": 2,
+            "leaves": 2,
             "what": f"{a.block3d}^3 float32 wavefield pair per rank (128 MiB at 256^3), step "
-                    "time = points / measured 2-D stencil throughput x 1.5 (13-point 3-D "
-                    "stencil vs 9-point 2-D)"},
+            "time = points / measured 2-D stencil throughput x 1.5 (13-point 3-D "
+            "stencil vs 9-point 2-D)",
+        },
     }
     assumptions = {
-        "pfs_aggregate_GBps": a.pfs_gbs, "node_injection_GBps": a.node_gbs,
-        "ranks_per_node": a.ranks_per_node, "metadata_creates_per_s": a.md_rate,
-        "metadata_latency_s": a.md_latency, "network_latency_s": a.latency,
-        "link_GBps": a.link_gbs, "staging_states": a.staging, "prefetch_cache_states": a.cache,
+        "pfs_aggregate_GBps": a.pfs_gbs,
+        "node_injection_GBps": a.node_gbs,
+        "ranks_per_node": a.ranks_per_node,
+        "metadata_creates_per_s": a.md_rate,
+        "metadata_latency_s": a.md_latency,
+        "network_latency_s": a.latency,
+        "link_GBps": a.link_gbs,
+        "staging_states": a.staging,
+        "prefetch_cache_states": a.cache,
         "schedule": f"Multistage(n={a.project_steps}, RAM {a.project_memory} slots, PFS "
-                    f"{a.project_disk} slots), costs from the model at each P",
+        f"{a.project_disk} slots), costs from the model at each P",
         "per_rank_bandwidth": "measured by (c) with 1 rank on this VM (page cache): the software "
-                              "path's ceiling; the PFS and node terms cap it at scale",
+        "path's ceiling; the PFS and node terms cap it at scale",
         "simultaneity": "all ranks checkpoint the same step at once (SPMD): the PFS bandwidth "
-                        "is shared by P writers",
+        "is shared by P writers",
         "files_per_rank": "one chunk file per distributed leaf (aligned layout); rank 0 writes "
-                          "2 metadata files per leaf and one rename per record at commit",
+        "2 metadata files per leaf and one rename per record at commit",
         "commit": "the commit's software cost measured with 1 rank (c), plus 4 log2(P) "
-                  "network latencies, the checksum gather and rank 0's metadata ops on the PFS",
+        "network latencies, the checksum gather and rank 0's metadata ops on the PFS",
     }
     print("\n(d) projection on a parallel file system (model; assumptions below)")
     for key, value in assumptions.items():
@@ -506,26 +633,41 @@ def main(argv=None) -> None:
     for name, sc in scenarios.items():
         rows = project(a, sc, bw, probes[0]["commit_seconds"])
         projections[name] = {"scenario": sc, "rows": rows}
-        print(f"\n  {name}: {sc['what']}; S = {_gib(sc['state_bytes'])} per rank, "
-              f"step {sc['t_fwd'] * 1e3:.2f} ms")
-        print(f"  {'ranks':>6} {'t_write':>8} {'cost':>6} {'PFS wr':>6} {'PFS rd':>6} "
-              f"{'fwd':>5} {'PFS written':>12} {'PFS read':>10} {'files':>9} {'compute s':>9} "
-              f"{'stall async':>11} {'stall sync':>10} {'commit':>8}")
+        print(
+            f"\n  {name}: {sc['what']}; S = {_gib(sc['state_bytes'])} per rank, "
+            f"step {sc['t_fwd'] * 1e3:.2f} ms"
+        )
+        print(
+            f"  {'ranks':>6} {'t_write':>8} {'cost':>6} {'PFS wr':>6} {'PFS rd':>6} "
+            f"{'fwd':>5} {'PFS written':>12} {'PFS read':>10} {'files':>9} {'compute s':>9} "
+            f"{'stall async':>11} {'stall sync':>10} {'commit':>8}"
+        )
         for r in rows:
-            print(f"  {r['ranks']:>6} {r['t_write_s']:>7.3f}s {r['write_cost_in_steps']:>6.1f} "
-                  f"{r['pfs_writes']:>6} {r['pfs_reads']:>6} {r['forward_count']:>5} "
-                  f"{_gib(r['pfs_bytes_written']):>12} {_gib(r['pfs_bytes_read']):>10} "
-                  f"{r['files_created']:>9} {r['compute_s']:>9.1f} {r['stall_async_s']:>10.2f}s "
-                  f"{r['stall_sync_s']:>9.2f}s {1e3 * r['commit_s']:>6.1f}ms")
+            print(
+                f"  {r['ranks']:>6} {r['t_write_s']:>7.3f}s {r['write_cost_in_steps']:>6.1f} "
+                f"{r['pfs_writes']:>6} {r['pfs_reads']:>6} {r['forward_count']:>5} "
+                f"{_gib(r['pfs_bytes_written']):>12} {_gib(r['pfs_bytes_read']):>10} "
+                f"{r['files_created']:>9} {r['compute_s']:>9.1f} {r['stall_async_s']:>10.2f}s "
+                f"{r['stall_sync_s']:>9.2f}s {1e3 * r['commit_s']:>6.1f}ms"
+            )
 
     doc = {
-        "benchmark": "bench_mpi", "quick": q, "note": note,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "loadavg_before": load_before,
-                    "loadavg_after": load_after},
+        "benchmark": "bench_mpi",
+        "quick": q,
+        "note": note,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
         "config": {k: v for k, v in vars(a).items() if k not in ("worker", "result", "dir")},
-        "scaling": runs, "io_probe": probes, "assumptions": assumptions,
-        "projection": projections, "seconds": time.perf_counter() - t_start,
+        "scaling": runs,
+        "io_probe": probes,
+        "assumptions": assumptions,
+        "projection": projections,
+        "seconds": time.perf_counter() - t_start,
     }
     try:
         from vlcc_adjoint._mpi._comm import environment_summary
@@ -551,10 +693,19 @@ def _plot(doc, path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for mode, marker in (("strong", "o"), ("weak", "s")):
         rs = doc["scaling"][mode]
-        ax1.plot([r["ranks"] for r in rs], [r["median"]["wall"] for r in rs], marker=marker,
-                 label=f"{mode} scaling: wall")
-        ax1.plot([r["ranks"] for r in rs], [r["median"]["wait"] for r in rs], marker=marker,
-                 linestyle=":", label=f"{mode}: waiting for neighbours")
+        ax1.plot(
+            [r["ranks"] for r in rs],
+            [r["median"]["wall"] for r in rs],
+            marker=marker,
+            label=f"{mode} scaling: wall",
+        )
+        ax1.plot(
+            [r["ranks"] for r in rs],
+            [r["median"]["wait"] for r in rs],
+            marker=marker,
+            linestyle=":",
+            label=f"{mode}: waiting for neighbours",
+        )
     ax1.set_xlabel("ranks (2 cores: 4 ranks oversubscribed)")
     ax1.set_ylabel("seconds")
     ax1.set_xticks(list(RANKS))
@@ -563,10 +714,21 @@ def _plot(doc, path) -> None:
     for (name, proj), color in zip(doc["projection"].items(), ("C0", "C3")):
         rows = proj["rows"]
         P = [r["ranks"] for r in rows]
-        ax2.plot(P, [r["stall_sync_s"] / r["compute_s"] for r in rows], marker="x",
-                 linestyle="--", color=color, label=f"{name}: synchronous store")
-        ax2.plot(P, [r["stall_async_s"] / r["compute_s"] for r in rows], marker="o",
-                 color=color, label=f"{name}: asynchronous engine")
+        ax2.plot(
+            P,
+            [r["stall_sync_s"] / r["compute_s"] for r in rows],
+            marker="x",
+            linestyle="--",
+            color=color,
+            label=f"{name}: synchronous store",
+        )
+        ax2.plot(
+            P,
+            [r["stall_async_s"] / r["compute_s"] for r in rows],
+            marker="o",
+            color=color,
+            label=f"{name}: asynchronous engine",
+        )
     ax2.set_xscale("log")
     ax2.set_yscale("symlog", linthresh=1e-3)
     ax2.set_ylim(bottom=0)

@@ -82,7 +82,10 @@ def _old_source(args) -> Path:
     else:
         src = subprocess.run(
             ["git", "show", f"{args.old_rev}:vlcc_adjoint/schedules/_multistage.py"],
-            cwd=ROOT, check=True, capture_output=True, text=True,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     # numba cannot reload its on-disk cache for a module imported from a file
     # path, so the old copy compiles in every run (in the untimed warm-up)
@@ -108,14 +111,18 @@ def _run(which, old_path, n, cfg, cap):
 def _predict(rows, cfg, which, n):
     """CPU seconds at ``n`` extrapolated from the last two sizes measured
     (a power law), or None."""
-    done = [(r["n"], r[which]["cpu"]) for r in rows
-            if r["config"] == cfg and r[which] and r[which]["cpu"] > 0.05]
+    done = [
+        (r["n"], r[which]["cpu"])
+        for r in rows
+        if r["config"] == cfg and r[which] and r[which]["cpu"] > 0.05
+    ]
     if len(done) < 2:
         return None
     (n1, t1), (n2, t2) = done[-2:]
     if n2 <= n1 or t2 <= 0:
         return None
     import math
+
     slope = max(1.0, math.log(t2 / t1) / math.log(n2 / n1))
     return t2 * (n / n2) ** slope
 
@@ -129,13 +136,17 @@ def main():
     ap.add_argument("--old-rev", default="9660f89")
     ap.add_argument("--old-file", default=None)
     ap.add_argument("--only-new", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     args = ap.parse_args()
     old_path = _old_source(args)
     rows = []
     print(f"old: {old_path}   cpu count {os.cpu_count()}, load {os.getloadavg()}")
-    print(f"{'cfg':>3} {'n':>7} | {'old wall':>9} {'old cpu':>9} | {'new wall':>9} {'new cpu':>9} |"
-          f" {'speed-up (cpu)':>14} | optimal_time")
+    print(
+        f"{'cfg':>3} {'n':>7} | {'old wall':>9} {'old cpu':>9} | {'new wall':>9} {'new cpu':>9} |"
+        f" {'speed-up (cpu)':>14} | optimal_time"
+    )
     for cfg in args.configs:
         dead = {"old": False, "new": False}
         for n in args.n:
@@ -156,34 +167,64 @@ def main():
                         runs[which].append(res)
             med = {}
             for which, rs in runs.items():
-                med[which] = (dict(wall=statistics.median(x["wall"] for x in rs),
-                                   cpu=statistics.median(x["cpu"] for x in rs),
-                                   optimal_time=rs[0]["optimal_time"], runs=rs) if rs else None)
+                med[which] = (
+                    dict(
+                        wall=statistics.median(x["wall"] for x in rs),
+                        cpu=statistics.median(x["cpu"] for x in rs),
+                        optimal_time=rs[0]["optimal_time"],
+                        runs=rs,
+                    )
+                    if rs
+                    else None
+                )
             if med["old"] and med["new"]:
                 a, b = med["old"]["optimal_time"], med["new"]["optimal_time"]
                 assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), (cfg, n, a, b)
+
             def fmt(m, key, which):
                 if m:
                     return f"{m[key]:9.3f}"
                 if which == "old" and args.only_new:
                     return f"{'-':>9}"
                 p = predicted[which]
-                return f"{'~%.0f' % p if p else '> cap':>9}"
-            speed = (f"{med['old']['cpu'] / med['new']['cpu']:14.1f}"
-                     if med["old"] and med["new"] else f"{'-':>14}")
+                return f"{f'~{p:.0f}' if p else '> cap':>9}"
+
+            speed = (
+                f"{med['old']['cpu'] / med['new']['cpu']:14.1f}"
+                if med["old"] and med["new"]
+                else f"{'-':>14}"
+            )
             opt = (med["new"] or med["old"] or {}).get("optimal_time")
             if not med["old"] and predicted["old"] and med["new"]:
                 speed = f"{'~%.0f' % (predicted['old'] / med['new']['cpu']):>14}"
-            print(f"{cfg:>3} {n:>7} | {fmt(med['old'], 'wall', 'old')} {fmt(med['old'], 'cpu', 'old')} |"
-                  f" {fmt(med['new'], 'wall', 'new')} {fmt(med['new'], 'cpu', 'new')} | {speed} | {opt}",
-                  flush=True)
-            rows.append(dict(config=cfg, n=n, old=med["old"], new=med["new"], cap=args.cap,
-                             old_predicted_cpu=None if med["old"] else predicted["old"]))
+            print(
+                f"{cfg:>3} {n:>7} | {fmt(med['old'], 'wall', 'old')} {fmt(med['old'], 'cpu', 'old')} |"
+                f" {fmt(med['new'], 'wall', 'new')} {fmt(med['new'], 'cpu', 'new')} | {speed} | {opt}",
+                flush=True,
+            )
+            rows.append(
+                dict(
+                    config=cfg,
+                    n=n,
+                    old=med["old"],
+                    new=med["new"],
+                    cap=args.cap,
+                    old_predicted_cpu=None if med["old"] else predicted["old"],
+                )
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_multistage.json").write_text(json.dumps(
-        dict(rows=rows, old=str(old_path), when=time.strftime("%Y-%m-%d %H:%M:%S"),
-             load=os.getloadavg()), indent=1))
+    (out / "bench_multistage.json").write_text(
+        json.dumps(
+            dict(
+                rows=rows,
+                old=str(old_path),
+                when=time.strftime("%Y-%m-%d %H:%M:%S"),
+                load=os.getloadavg(),
+            ),
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

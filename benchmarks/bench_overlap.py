@@ -143,8 +143,11 @@ def _forward(mode, args, scratch):
     if mode.startswith(("sync", "async")):
         state_bytes = 2 * args.n * args.n * 8
         workers = 0 if mode.startswith("sync") else 2 if mode == "async w2" else None
-        store = TieredStore([ZarrTier(path, durable=mode.endswith("fsync"))], workers=workers,
-                            staging_bytes=args.staging * state_bytes)
+        store = TieredStore(
+            [ZarrTier(path, durable=mode.endswith("fsync"))],
+            workers=workers,
+            staging_bytes=args.staging * state_bytes,
+        )
     if mode == "zarr API":
         import zarr
 
@@ -167,8 +170,13 @@ def _forward(mode, args, scratch):
             elif mode == "zarr API":
                 group = root.create_group(f"u{i}")
                 for name, leaf in solver.state().items():
-                    arr = group.create_array(name, shape=leaf.shape, dtype=leaf.dtype,
-                                             chunks=leaf.shape, compressors=None)
+                    arr = group.create_array(
+                        name,
+                        shape=leaf.shape,
+                        dtype=leaf.dtype,
+                        chunks=leaf.shape,
+                        compressors=None,
+                    )
                     arr[...] = leaf
         if i < args.steps:
             solver.step()
@@ -182,11 +190,16 @@ def _forward(mode, args, scratch):
     if mode == "copy only":
         out["capture_gbs"] = copied / copy_s / 1e9
     if stats is not None:
-        out.update(stall_s=stats.stall_seconds + stats.flush_seconds,
-                   save_stall_s=stats.stall_seconds, flush_s=stats.flush_seconds,
-                   io_s=stats.io_seconds, hidden_stats=stats.hidden_fraction,
-                   capture_gbs=stats.capture_bandwidth / 1e9,
-                   pool_reused=stats.pool_reused, pool_allocated=stats.pool_allocated)
+        out.update(
+            stall_s=stats.stall_seconds + stats.flush_seconds,
+            save_stall_s=stats.stall_seconds,
+            flush_s=stats.flush_seconds,
+            io_s=stats.io_seconds,
+            hidden_stats=stats.hidden_fraction,
+            capture_gbs=stats.capture_bandwidth / 1e9,
+            pool_reused=stats.pool_reused,
+            pool_allocated=stats.pool_allocated,
+        )
     return out
 
 
@@ -212,8 +225,9 @@ def _backward(mode, args, scratch):
     state_bytes = 2 * args.n * args.n * 8
     path = tempfile.mkdtemp(dir=scratch, prefix="bwd-")
     cache = args.cache * state_bytes if mode == "prefetch on" else 0
-    store = TieredStore([MemoryTier(), ZarrTier(path)], plan=io_plan(schedule),
-                        prefetch_bytes=cache)
+    store = TieredStore(
+        [MemoryTier(), ZarrTier(path)], plan=io_plan(schedule), prefetch_bytes=cache
+    )
     actions = list(schedule)
     first_load = next(k for k, a in enumerate(actions) if isinstance(a, Load))
     for a in actions[:first_load]:  # the forward sweep (not timed)
@@ -240,9 +254,13 @@ def _backward(mode, args, scratch):
     after = store.stats()
     store.close()
     shutil.rmtree(path, ignore_errors=True)
-    return {"total_s": total, "stall_s": after.stall_seconds - before.stall_seconds,
-            "hits": after.prefetch_hits, "misses": after.prefetch_misses,
-            "peak_cache_MiB": after.peak_cache_bytes / 2**20}
+    return {
+        "total_s": total,
+        "stall_s": after.stall_seconds - before.stall_seconds,
+        "hits": after.prefetch_hits,
+        "misses": after.prefetch_misses,
+        "peak_cache_MiB": after.peak_cache_bytes / 2**20,
+    }
 
 
 # -- driver -----------------------------------------------------------------------------
@@ -251,7 +269,7 @@ def _backward(mode, args, scratch):
 def _interleaved(fn, modes, args, scratch, repeats):
     runs = {m: [] for m in modes}
     for r in range(repeats):
-        order = modes[r % len(modes):] + modes[: r % len(modes)]
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
         for mode in order:
             result = fn(mode, args, scratch)
             result["load1"] = os.getloadavg()[0]  # the machine's load right after the run
@@ -276,14 +294,25 @@ def main(argv=None):
     parser.add_argument("--every", type=int, default=20, help="save every k-th state")
     parser.add_argument("--staging", type=int, default=4, help="staging budget, in states")
     parser.add_argument("--back", type=int, default=None, help="states read back (backward)")
-    parser.add_argument("--adjoint", type=int, default=4,
-                        help="stencil sweeps per adjoint step in the backward pass")
+    parser.add_argument(
+        "--adjoint",
+        type=int,
+        default=4,
+        help="stencil sweeps per adjoint step in the backward pass",
+    )
     parser.add_argument("--cache", type=int, default=4, help="prefetch budget, in states")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--warm", action="store_true",
-                        help="backward: read from the page cache (default: drop it first)")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="backward: read from the page cache (default: drop it first)",
+    )
     parser.add_argument("--dir", default=None, help="scratch directory for the zarr tiers")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"), help="directory for bench_overlap.json")
+    parser.add_argument(
+        "--out",
+        default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
+        help="directory for bench_overlap.json",
+    )
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = 150 if args.quick else 400
@@ -315,8 +344,16 @@ def main(argv=None):
         copyto_gbs = src.nbytes / statistics.median(times[3:]) / 1e9
         del src, dst
 
-        fmodes = ["compute", "copy only", "zarr API", "sync", "async", "async w2",
-                  "sync fsync", "async fsync"]
+        fmodes = [
+            "compute",
+            "copy only",
+            "zarr API",
+            "sync",
+            "async",
+            "async w2",
+            "sync fsync",
+            "async fsync",
+        ]
         fruns = _interleaved(_forward, fmodes, args, scratch, args.repeats)
         bmodes = ["prefetch off", "prefetch on"]
         bruns = _interleaved(_backward, bmodes, args, scratch, args.repeats)
@@ -329,60 +366,90 @@ def main(argv=None):
     hidden_ext = (t_s - t_a) / (t_s - t_c) if t_s > t_c else None
     saves = args.steps // args.every + 1
     state_mib = 2 * args.n * args.n * 8 / 2**20
-    print(f"\n(a) forward: {args.steps} steps of a {args.n}^2 wave equation "
-          f"({step_s * 1e3:.1f} ms/step), {saves} saves of {state_mib:.0f} MiB to a ZarrTier; "
-          f"medians of {args.repeats}")
+    print(
+        f"\n(a) forward: {args.steps} steps of a {args.n}^2 wave equation "
+        f"({step_s * 1e3:.1f} ms/step), {saves} saves of {state_mib:.0f} MiB to a ZarrTier; "
+        f"medians of {args.repeats}"
+    )
     copy_gbs = fmed["copy only"]["capture_gbs"]
-    print(f"{'mode':<11} {'total_s':>8} {'vs compute':>10} {'vs sync':>8} {'stall_s':>8} "
-          f"{'io_s':>7} {'hidden(ext)':>11} {'hidden(stats)':>13} {'capture GB/s':>12} "
-          f"{'/copy':>5}")
+    print(
+        f"{'mode':<11} {'total_s':>8} {'vs compute':>10} {'vs sync':>8} {'stall_s':>8} "
+        f"{'io_s':>7} {'hidden(ext)':>11} {'hidden(stats)':>13} {'capture GB/s':>12} "
+        f"{'/copy':>5}"
+    )
     for m in fmodes:
         r = fmed[m]
         base = fmed["sync fsync" if m.endswith("fsync") else "sync"]["total_s"]
-        ext = (base - r["total_s"]) / (base - t_c) if m.startswith("async") and base > t_c \
-            else None
+        ext = (base - r["total_s"]) / (base - t_c) if m.startswith("async") and base > t_c else None
         cap = r.get("capture_gbs")
-        print(f"{m:<11} {r['total_s']:>8.3f} {r['total_s'] / t_c:>10.2f} "
-              f"{r['total_s'] / base:>8.2f} "
-              f"{_fmt(r.get('stall_s'), '8.3f'):>8} {_fmt(r.get('io_s'), '7.3f'):>7} "
-              f"{_fmt(ext, '11.2f'):>11} {_fmt(r.get('hidden_stats'), '13.2f'):>13} "
-              f"{_fmt(cap, '12.2f'):>12} "
-              f"{_fmt(None if cap is None else cap / copy_gbs, '5.2f'):>5}")
-    print(f"np.copyto back to back into a reused array: {copyto_gbs:.2f} GB/s.  async / sync = "
-          f"{t_a / t_s:.2f}; overhead over compute: sync {t_s - t_c:.3f} s, async "
-          f"{t_a - t_c:.3f} s")
+        print(
+            f"{m:<11} {r['total_s']:>8.3f} {r['total_s'] / t_c:>10.2f} "
+            f"{r['total_s'] / base:>8.2f} "
+            f"{_fmt(r.get('stall_s'), '8.3f'):>8} {_fmt(r.get('io_s'), '7.3f'):>7} "
+            f"{_fmt(ext, '11.2f'):>11} {_fmt(r.get('hidden_stats'), '13.2f'):>13} "
+            f"{_fmt(cap, '12.2f'):>12} "
+            f"{_fmt(None if cap is None else cap / copy_gbs, '5.2f'):>5}"
+        )
+    print(
+        f"np.copyto back to back into a reused array: {copyto_gbs:.2f} GB/s.  async / sync = "
+        f"{t_a / t_s:.2f}; overhead over compute: sync {t_s - t_c:.3f} s, async "
+        f"{t_a - t_c:.3f} s"
+    )
 
     bmed = {m: {k: _median(bruns[m], k) for k in bruns[m][0]} for m in bmodes}
     off, on = bmed["prefetch off"], bmed["prefetch on"]
-    print(f"\n(b) backward: {args.back - 1} loads of {state_mib:.0f} MiB from the ZarrTier "
-          f"({'warm' if args.warm else 'cold'} page cache), {args.adjoint} sweeps per adjoint "
-          f"step; medians of {args.repeats}")
-    print(f"{'mode':<13} {'total_s':>8} {'stall_s':>8} {'hits':>5} {'misses':>6} "
-          f"{'peak cache MiB':>14}")
+    print(
+        f"\n(b) backward: {args.back - 1} loads of {state_mib:.0f} MiB from the ZarrTier "
+        f"({'warm' if args.warm else 'cold'} page cache), {args.adjoint} sweeps per adjoint "
+        f"step; medians of {args.repeats}"
+    )
+    print(
+        f"{'mode':<13} {'total_s':>8} {'stall_s':>8} {'hits':>5} {'misses':>6} "
+        f"{'peak cache MiB':>14}"
+    )
     for m in bmodes:
         r = bmed[m]
-        print(f"{m:<13} {r['total_s']:>8.3f} {r['stall_s']:>8.3f} {r['hits']:>5.0f} "
-              f"{r['misses']:>6.0f} {r['peak_cache_MiB']:>14.0f}")
+        print(
+            f"{m:<13} {r['total_s']:>8.3f} {r['stall_s']:>8.3f} {r['hits']:>5.0f} "
+            f"{r['misses']:>6.0f} {r['peak_cache_MiB']:>14.0f}"
+        )
     ratio = on["stall_s"] / off["stall_s"] if off["stall_s"] > 0 else None
-    print(f"stall on / off = {_fmt(ratio, '.2f')}; time on / off = "
-          f"{on['total_s'] / off['total_s']:.2f}")
-    print(f"\nload average before {load_before}, after {load_after}; "
-          f"{time.perf_counter() - t_start:.0f} s in all")
+    print(
+        f"stall on / off = {_fmt(ratio, '.2f')}; time on / off = "
+        f"{on['total_s'] / off['total_s']:.2f}"
+    )
+    print(
+        f"\nload average before {load_before}, after {load_after}; "
+        f"{time.perf_counter() - t_start:.0f} s in all"
+    )
 
     result = {
         "benchmark": "bench_overlap",
         "args": vars(args),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "numpy": np.__version__,
-                    "numba": numba.__version__},
-        "loadavg_before": load_before, "loadavg_after": load_after,
-        "step_seconds": step_s, "copyto_gbs": copyto_gbs,
-        "forward": {"medians": fmed, "runs": fruns, "async_over_sync": t_a / t_s,
-                    "hidden_external": hidden_ext,
-                    "async_over_sync_fsync": fmed["async fsync"]["total_s"]
-                    / fmed["sync fsync"]["total_s"]},
-        "backward": {"medians": bmed, "runs": bruns, "stall_on_over_off": ratio,
-                     "time_on_over_off": on["total_s"] / off["total_s"]},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "numba": numba.__version__,
+        },
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "step_seconds": step_s,
+        "copyto_gbs": copyto_gbs,
+        "forward": {
+            "medians": fmed,
+            "runs": fruns,
+            "async_over_sync": t_a / t_s,
+            "hidden_external": hidden_ext,
+            "async_over_sync_fsync": fmed["async fsync"]["total_s"] / fmed["sync fsync"]["total_s"],
+        },
+        "backward": {
+            "medians": bmed,
+            "runs": bruns,
+            "stall_on_over_off": ratio,
+            "time_on_over_off": on["total_s"] / off["total_s"],
+        },
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_overlap.json"), "w") as fh:

@@ -39,12 +39,12 @@ What is timed (nothing executes a schedule; only the action list is built):
 
   tools ``ours`` (``Multistage``), ``cs.HRevolve(n, ram, disk, uf, ub, wd,
   rd)`` as shipped, ``cs.HRevolve fixed`` (A only: 1.0.4 passes uf/ub swapped
-  to its DP, which only matters when uf != ub; ``tests/cs_referee.py`` undoes
+  to its DP, which only matters when uf != ub; ``tests/schedules/cs_referee.py`` undoes
   it) and ``cs.DiskRevolve(n, ram, ...)`` (RAM slots plus *unbounded* disk: a
   different, less constrained problem, so its time may be below ours). The
   ``pred`` note is each schedule's predicted time under our cost model
   (``Schedule.stats().predicted_time`` for ours, which equals
-  ``Multistage.optimal_time``; ``tests/cs_referee.py``'s count +
+  ``Multistage.optimal_time``; ``tests/schedules/cs_referee.py``'s count +
   ``n * adjoint_cost`` for the peers).
 
 * Cold first calls (``benchmarks/_cold_start.py``, JSON key ``cold_start``):
@@ -150,14 +150,21 @@ CONFIGS = {
 
 # Exponent of n used to predict the next size's time before two sizes exist.
 DEFAULT_EXPONENT = {
-    "ours": 1.1, "ours.stats": 1.1, "pyrevolve core": 1.1, "pyrevolve shipped": 1.1,
-    "cs.Revolve": 2.0, "cs.HRevolve": 2.0, "cs.HRevolve fixed": 2.0, "cs.DiskRevolve": 2.0,
+    "ours": 1.1,
+    "ours.stats": 1.1,
+    "pyrevolve core": 1.1,
+    "pyrevolve shipped": 1.1,
+    "cs.Revolve": 2.0,
+    "cs.HRevolve": 2.0,
+    "cs.HRevolve fixed": 2.0,
+    "cs.DiskRevolve": 2.0,
 }
 
 
 # ---------------------------------------------------------------------------
 # worker side: runs in a fresh subprocess, reports on stdout
 # ---------------------------------------------------------------------------
+
 
 def _say(kind, payload=None):
     sys.stdout.write(TAG + kind + " " + json.dumps(payload) + "\n")
@@ -214,9 +221,15 @@ def _traced(fn):
 
 
 def _row(spec, times, first_s, rss_delta, **extra):
-    row = dict(spec_id=spec["id"], status="ok", times_s=times, repeats=len(times),
-               median_s=statistics.median(times), first_s=first_s,
-               rss_delta_bytes=rss_delta)
+    row = dict(
+        spec_id=spec["id"],
+        status="ok",
+        times_s=times,
+        repeats=len(times),
+        median_s=statistics.median(times),
+        first_s=first_s,
+        rss_delta_bytes=rss_delta,
+    )
     row.update(extra)
     return row
 
@@ -255,12 +268,31 @@ def _worker_revolve(spec):
         stimes = _repeat(replay, rmax, budget)
         rss_stats = _maxrss() - rss1
         stats, speak, _ = _traced(replay)
-        rows.append(_row(spec, times, first_build, rss_build, tool="ours",
-                         peak_traced_bytes=peak, held_traced_bytes=held,
-                         table_nbytes=nbytes, table_rows=rows_,
-                         forward_count=int(stats.forward_count)))
-        rows.append(_row(spec, stimes, first_stats, rss_stats, tool="ours.stats",
-                         peak_traced_bytes=speak, forward_count=int(stats.forward_count)))
+        rows.append(
+            _row(
+                spec,
+                times,
+                first_build,
+                rss_build,
+                tool="ours",
+                peak_traced_bytes=peak,
+                held_traced_bytes=held,
+                table_nbytes=nbytes,
+                table_rows=rows_,
+                forward_count=int(stats.forward_count),
+            )
+        )
+        rows.append(
+            _row(
+                spec,
+                stimes,
+                first_stats,
+                rss_stats,
+                tool="ours.stats",
+                peak_traced_bytes=speak,
+                forward_count=int(stats.forward_count),
+            )
+        )
         return rows
 
     import _peer_schedules as peers
@@ -302,6 +334,7 @@ def _worker_multistage(spec):
     first = lambda t: _say("FIRST", t)  # noqa: E731
     if tool == "ours":
         import numpy as np
+
         from vlcc_adjoint.schedules import Multistage
 
         levels = _levels(cfg)
@@ -324,10 +357,13 @@ def _worker_multistage(spec):
             extra["peak_traced_bytes"] = None
             extra["note"] = f"tracemalloc run skipped (run {med:.0f} s)"
         st = sched.stats()
-        extra.update(table_nbytes=int(sched.table.nbytes), table_rows=len(sched.table),
-                     predicted_time=float(st.predicted_time),
-                     optimal_time=float(sched.optimal_time),
-                     forward_count=int(st.forward_count))
+        extra.update(
+            table_nbytes=int(sched.table.nbytes),
+            table_rows=len(sched.table),
+            predicted_time=float(st.predicted_time),
+            optimal_time=float(sched.optimal_time),
+            forward_count=int(st.forward_count),
+        )
         return [_row(spec, times, first_s, rss, **extra)]
 
     import contextlib
@@ -369,8 +405,11 @@ def _worker_multistage(spec):
     else:
         extra["note"] = f"tracemalloc run skipped (run {med:.0f} s)"
     res = pred()
-    extra.update(predicted_time=float(res["time"] + n * ac), forward_count=int(res["forward"]),
-                 peak_slots=[res["peak"][0], res["peak"][1]])
+    extra.update(
+        predicted_time=float(res["time"] + n * ac),
+        forward_count=int(res["forward"]),
+        peak_slots=[res["peak"][0], res["peak"][1]],
+    )
     return [_row(spec, times, first_s, rss, **extra)]
 
 
@@ -382,9 +421,11 @@ def _worker_compile(spec):
 
     out["import_s"] = time.perf_counter() - t0
     load_kernels()  # the kernels at every size, so they compile here
-    for name, fn in [("Revolve(10, 3)", lambda: Revolve(10, 3)),
-                     ("Revolve(10, 3).stats()", lambda: Revolve(10, 3).stats()),
-                     ("Multistage(10, A)", lambda: Multistage(10, _levels("A"), 3.0, 1.0))]:
+    for name, fn in [
+        ("Revolve(10, 3)", lambda: Revolve(10, 3)),
+        ("Revolve(10, 3).stats()", lambda: Revolve(10, 3).stats()),
+        ("Multistage(10, A)", lambda: Multistage(10, _levels("A"), 3.0, 1.0)),
+    ]:
         t0 = time.perf_counter()
         fn()
         cold = time.perf_counter() - t0
@@ -411,6 +452,7 @@ def worker_main(spec):
 # parent side
 # ---------------------------------------------------------------------------
 
+
 def run_worker(spec, cap, env=None, startup_s=300.0):
     """Run one case in a subprocess. The first timed run gets ``1.5 cap``
     seconds, the rest (more repeats, tracemalloc, checks) a budget scaled by
@@ -435,14 +477,17 @@ def run_worker(spec, cap, env=None, startup_s=300.0):
                 proc.kill()
                 proc.wait()
                 limit = {"startup": startup_s, "first run": 1.5 * cap}.get(phase, None)
-                return {"status": "timeout", "phase": phase,
-                        "note": f"killed in {phase}" + (f" after {limit:.0f} s" if limit else "")}
+                return {
+                    "status": "timeout",
+                    "phase": phase,
+                    "note": f"killed in {phase}" + (f" after {limit:.0f} s" if limit else ""),
+                }
             if line is None:
                 rc = proc.wait()
                 return {"status": "error", "note": f"worker exited rc={rc} in {phase}"}
             if not line.startswith(TAG):
                 continue
-            kind, _, payload = line[len(TAG):].partition(" ")
+            kind, _, payload = line[len(TAG) :].partition(" ")
             payload = json.loads(payload)
             if kind == "STARTED":
                 phase = "first run"
@@ -485,20 +530,39 @@ class Runner:
         label = f"{kind} {tool} n={n} " + (f"c={c}" if c else f"config={config}")
         pred = self.predict(key, tool, n) if predict else 0.0
         if pred > cap:
-            why = ("a smaller size was skipped or timed out" if math.isinf(pred)
-                   else f"predicted {pred:.0f} s > cap {cap:.0f} s")
+            why = (
+                "a smaller size was skipped or timed out"
+                if math.isinf(pred)
+                else f"predicted {pred:.0f} s > cap {cap:.0f} s"
+            )
             print(f"  skip {label}: {why}", flush=True)
-            self.rows.append(dict(base, status="skipped", note=f"skipped: {why}",
-                                  predicted_s=None if math.isinf(pred) else pred))
+            self.rows.append(
+                dict(
+                    base,
+                    status="skipped",
+                    note=f"skipped: {why}",
+                    predicted_s=None if math.isinf(pred) else pred,
+                )
+            )
             self.history.setdefault(key, []).append((n, None))
             if tool == "ours" and kind == "revolve":
-                self.rows.append(dict(base, tool="ours.stats", status="skipped",
-                                      note=f"skipped: {why}"))
+                self.rows.append(
+                    dict(base, tool="ours.stats", status="skipped", note=f"skipped: {why}")
+                )
             return
         self.counter += 1
-        spec = dict(kind=kind, tool=tool, n=n, c=c, config=config, verify=verify,
-                    rmax=self.args.repeats, budget=self.args.budget,
-                    mem_cap=self.args.mem_cap, id=self.counter)
+        spec = dict(
+            kind=kind,
+            tool=tool,
+            n=n,
+            c=c,
+            config=config,
+            verify=verify,
+            rmax=self.args.repeats,
+            budget=self.args.budget,
+            mem_cap=self.args.mem_cap,
+            id=self.counter,
+        )
         t0 = time.perf_counter()
         print(f"  run  {label} ...", end="", flush=True)
         out = run_worker(spec, cap)
@@ -508,8 +572,9 @@ class Runner:
             self.rows.append(dict(base, status=out["status"], note=out["note"]))
             self.history.setdefault(key, []).append((n, None))
             if tool == "ours" and kind == "revolve":
-                self.rows.append(dict(base, tool="ours.stats", status=out["status"],
-                                      note=out["note"]))
+                self.rows.append(
+                    dict(base, tool="ours.stats", status=out["status"], note=out["note"])
+                )
             return
         for r in out["result"]:
             r.pop("spec_id", None)
@@ -521,8 +586,14 @@ class Runner:
 
 def _ours(rows, r):
     for o in rows:
-        if (o["problem"] == r["problem"] and o["n"] == r["n"] and o["c"] == r["c"]
-                and o["config"] == r["config"] and o["tool"] == "ours" and o["status"] == "ok"):
+        if (
+            o["problem"] == r["problem"]
+            and o["n"] == r["n"]
+            and o["c"] == r["c"]
+            and o["config"] == r["config"]
+            and o["tool"] == "ours"
+            and o["status"] == "ok"
+        ):
             return o
     return None
 
@@ -535,28 +606,43 @@ def postprocess(rows):
         if r["status"] != "ok":
             continue
         o = _ours(rows, r)
-        r["ratio_vs_ours"] = (r["median_s"] / o["median_s"]) if o and r["tool"] != "ours" else (
-            1.0 if r["tool"] == "ours" else None)
+        r["ratio_vs_ours"] = (
+            (r["median_s"] / o["median_s"])
+            if o and r["tool"] != "ours"
+            else (1.0 if r["tool"] == "ours" else None)
+        )
         if r["problem"] == "revolve" and r["tool"] == "pyrevolve core" and "forward_count" in r:
             t = binomial_forward_count(r["n"], r["c"])
             ours_f = o.get("forward_count") if o else None
             ok = ours_f == r["forward_count"] == t
-            checks.append(dict(n=r["n"], c=r["c"], ours=ours_f, pyrevolve=r["forward_count"],
-                               binomial=t, agree=ok))
+            checks.append(
+                dict(
+                    n=r["n"],
+                    c=r["c"],
+                    ours=ours_f,
+                    pyrevolve=r["forward_count"],
+                    binomial=t,
+                    agree=ok,
+                )
+            )
             note = f"fwd {r['forward_count']} {'== ours == t(n,c)' if ok else 'MISMATCH'}"
             r["note"] = (r.get("note", "") + "; " + note).strip("; ")
             if o is not None:
                 o["forward_check"] = ok
         if r["problem"] == "revolve" and r["tool"] == "ours" and "forward_count" in r:
             t = binomial_forward_count(r["n"], r["c"])
-            r.setdefault("note", f"fwd {r['forward_count']}"
-                         + (" == t(n,c)" if r["forward_count"] == t else f" != t(n,c)={t}"))
+            r.setdefault(
+                "note",
+                f"fwd {r['forward_count']}"
+                + (" == t(n,c)" if r["forward_count"] == t else f" != t(n,c)={t}"),
+            )
         if r["problem"] == "multistage" and r.get("predicted_time") is not None:
             note = f"pred {r['predicted_time']:.6g}"
             if o and o.get("predicted_time") and r["tool"] != "ours":
                 note += f" ({r['predicted_time'] / o['predicted_time']:.4f}x ours)"
             if r["tool"] == "ours" and abs(r["predicted_time"] - r["optimal_time"]) > 1e-9 * max(
-                    1.0, r["optimal_time"]):
+                1.0, r["optimal_time"]
+            ):
                 note += f" != optimal_time {r['optimal_time']:.6g}"
             if r["tool"] == "ours" and r.get("F_bytes"):
                 note += f", F table {r['F_bytes'] / MiB:.2f} MiB"
@@ -571,8 +657,10 @@ def _fmt(x, spec):
 
 
 def print_table(rows, compile_info):
-    head = (f"{'problem':<15} {'n':>9} {'tool':<18} {'reps':>4} {'median_s':>10} {'first_s':>8} "
-            f"{'peer/ours':>9} {'trace_MiB':>9} {'rss+_MiB':>8} {'table_MiB':>9}  note")
+    head = (
+        f"{'problem':<15} {'n':>9} {'tool':<18} {'reps':>4} {'median_s':>10} {'first_s':>8} "
+        f"{'peer/ours':>9} {'trace_MiB':>9} {'rss+_MiB':>8} {'table_MiB':>9}  note"
+    )
     print()
     print(head)
     print("-" * len(head))
@@ -586,18 +674,22 @@ def print_table(rows, compile_info):
         peak = r.get("peak_traced_bytes")
         rss = r.get("rss_delta_bytes")
         tb = r.get("table_nbytes")
-        print(f"{prob:<15} {r['n']:>9} {r['tool']:<18} {_fmt(r.get('repeats'), 'd'):>4} "
-              f"{_fmt(r.get('median_s') if ok else None, '.4g'):>10} "
-              f"{_fmt(r.get('first_s'), '.3f'):>8} {_fmt(r.get('ratio_vs_ours'), '.3g'):>9} "
-              f"{_fmt(None if peak is None else peak / MiB, '.2f'):>9} "
-              f"{_fmt(None if rss is None else rss / MiB, '.1f'):>8} "
-              f"{_fmt(None if tb is None else tb / MiB, '.2f'):>9}  {r.get('note', '')}")
+        print(
+            f"{prob:<15} {r['n']:>9} {r['tool']:<18} {_fmt(r.get('repeats'), 'd'):>4} "
+            f"{_fmt(r.get('median_s') if ok else None, '.4g'):>10} "
+            f"{_fmt(r.get('first_s'), '.3f'):>8} {_fmt(r.get('ratio_vs_ours'), '.3g'):>9} "
+            f"{_fmt(None if peak is None else peak / MiB, '.2f'):>9} "
+            f"{_fmt(None if rss is None else rss / MiB, '.1f'):>8} "
+            f"{_fmt(None if tb is None else tb / MiB, '.2f'):>9}  {r.get('note', '')}"
+        )
     if compile_info:
         print("\ncold numba compile (empty NUMBA_CACHE_DIR), first vs second call in seconds:")
         for k, v in compile_info.items():
             if isinstance(v, dict):
                 print(f"  {k:<24} first {v['first_s']:.3f}  second {v['second_s']:.5f}")
-        print(f"  import vlcc_adjoint.schedules: {compile_info.get('import_s', float('nan')):.3f} s")
+        print(
+            f"  import vlcc_adjoint.schedules: {compile_info.get('import_s', float('nan')):.3f} s"
+        )
 
 
 def plot(rows, path):
@@ -609,8 +701,10 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     colors = {}
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, problem, var, styles in [(axes[0], "revolve", "c", {10: "-", 100: "--"}),
-                                     (axes[1], "multistage", "config", {"A": "-", "B": "--"})]:
+    for ax, problem, var, styles in [
+        (axes[0], "revolve", "c", {10: "-", 100: "--"}),
+        (axes[1], "multistage", "config", {"A": "-", "B": "--"}),
+    ]:
         lines = {}
         for r in rows:
             if r["problem"] == problem and r["status"] == "ok":
@@ -618,12 +712,21 @@ def plot(rows, path):
         for (tool, v), pts in sorted(lines.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
             pts.sort()
             color = colors.setdefault(tool, palette[len(colors) % len(palette)])
-            ax.loglog([p[0] for p in pts], [p[1] for p in pts], styles.get(v, ":"), marker="o",
-                      color=color, label=f"{tool}, {var}={v}")
+            ax.loglog(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                styles.get(v, ":"),
+                marker="o",
+                color=color,
+                label=f"{tool}, {var}={v}",
+            )
         ax.set_xlabel("n (steps)")
         ax.set_ylabel("generation time, median [s]")
-        ax.set_title("Revolve(n, c)" if problem == "revolve"
-                     else "Multistage A: [3, (4,10,10)] fwd 3;  B: [10, (20,5,5)] fwd 1")
+        ax.set_title(
+            "Revolve(n, c)"
+            if problem == "revolve"
+            else "Multistage A: [3, (4,10,10)] fwd 3;  B: [10, (20,5,5)] fwd 1"
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -634,33 +737,65 @@ def plot(rows, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only (a few minutes)")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"), help="results directory")
-    ap.add_argument("--cap", type=float, default=60.0,
-                    help="skip peer runs predicted above this many seconds; kill at 1.5x")
-    ap.add_argument("--ms-cap", type=float, default=180.0,
-                    help="the same for our Multistage")
+    ap.add_argument(
+        "--out",
+        default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"),
+        help="results directory",
+    )
+    ap.add_argument(
+        "--cap",
+        type=float,
+        default=60.0,
+        help="skip peer runs predicted above this many seconds; kill at 1.5x",
+    )
+    ap.add_argument("--ms-cap", type=float, default=180.0, help="the same for our Multistage")
     ap.add_argument("--repeats", type=int, default=None, help="max timed repeats (7; quick 3)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds of timed repeats per case before stopping (20; quick 5)")
-    ap.add_argument("--mem-cap", type=float, default=None,
-                    help="skip the extra tracemalloc run of a peer whose run takes more than "
-                         "a third of this (s); ours: more than 3 times this (30; quick 5)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds of timed repeats per case before stopping (20; quick 5)",
+    )
+    ap.add_argument(
+        "--mem-cap",
+        type=float,
+        default=None,
+        help="skip the extra tracemalloc run of a peer whose run takes more than "
+        "a third of this (s); ours: more than 3 times this (30; quick 5)",
+    )
     ap.add_argument("--only", choices=["revolve", "multistage", "cold", "memory"], default=None)
-    ap.add_argument("--memory-sizes", default=None,
-                    help="comma-separated n of Revolve in the memory part (1e5..1e7; quick "
-                         "1e5, 1e6)")
-    ap.add_argument("--memory-root", default=str(ROOT),
-                    help="source tree whose vlcc_adjoint the memory part imports")
-    ap.add_argument("--update-results", action="store_true",
-                    help="write benchmarks/results/bench_schedules.json (with --only: only "
-                         "that part of it)")
-    ap.add_argument("--cold-sizes", default=None,
-                    help="comma-separated n of the cold first-call part (1e2..1e5; quick 1e2..1e4)")
-    ap.add_argument("--cold-repeats", type=int, default=5,
-                    help="fresh processes per cold case (median, min, max over them)")
-    ap.add_argument("--cold-root", default=str(ROOT),
-                    help="source tree whose vlcc_adjoint the cold part imports (another "
-                         "checkout gives before/after numbers)")
+    ap.add_argument(
+        "--memory-sizes",
+        default=None,
+        help="comma-separated n of Revolve in the memory part (1e5..1e7; quick 1e5, 1e6)",
+    )
+    ap.add_argument(
+        "--memory-root",
+        default=str(ROOT),
+        help="source tree whose vlcc_adjoint the memory part imports",
+    )
+    ap.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write benchmarks/results/bench_schedules.json (with --only: only that part of it)",
+    )
+    ap.add_argument(
+        "--cold-sizes",
+        default=None,
+        help="comma-separated n of the cold first-call part (1e2..1e5; quick 1e2..1e4)",
+    )
+    ap.add_argument(
+        "--cold-repeats",
+        type=int,
+        default=5,
+        help="fresh processes per cold case (median, min, max over them)",
+    )
+    ap.add_argument(
+        "--cold-root",
+        default=str(ROOT),
+        help="source tree whose vlcc_adjoint the cold part imports (another "
+        "checkout gives before/after numbers)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -680,8 +815,11 @@ def main(argv=None):
         print("cold numba compile ...", flush=True)
         cache = tempfile.mkdtemp(prefix="bench_numba_cache_")
         try:
-            res = run_worker(dict(kind="compile", id=0, budget=600.0), cap=600.0,
-                             env=dict(os.environ, NUMBA_CACHE_DIR=cache))
+            res = run_worker(
+                dict(kind="compile", id=0, budget=600.0),
+                cap=600.0,
+                env=dict(os.environ, NUMBA_CACHE_DIR=cache),
+            )
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         compile_info = res.get("result") if res["status"] == "ok" else {"error": res["note"]}
@@ -718,14 +856,26 @@ def main(argv=None):
     if args.only in (None, "cold"):
         import _cold_start
 
-        cold_sizes = ([int(float(x)) for x in args.cold_sizes.split(",")] if args.cold_sizes
-                      else [10**2, 10**3, 10**4] if args.quick else [10**2, 10**3, 10**4, 10**5])
-        print(f"Cold first calls (fresh process each; median [min, max] of "
-              f"{args.cold_repeats}; c = 10; warm: median of up to 5 more calls in that "
-              f"process, within 1 s):")
+        cold_sizes = (
+            [int(float(x)) for x in args.cold_sizes.split(",")]
+            if args.cold_sizes
+            else [10**2, 10**3, 10**4]
+            if args.quick
+            else [10**2, 10**3, 10**4, 10**5]
+        )
+        print(
+            f"Cold first calls (fresh process each; median [min, max] of "
+            f"{args.cold_repeats}; c = 10; warm: median of up to 5 more calls in that "
+            f"process, within 1 s):"
+        )
         print(_cold_start.HEADER, flush=True)
-        cold = _cold_start.measure(cold_sizes, c=10, repeats=args.cold_repeats,
-                                   root=args.cold_root, say=lambda line: print(line, flush=True))
+        cold = _cold_start.measure(
+            cold_sizes,
+            c=10,
+            repeats=args.cold_repeats,
+            root=args.cold_root,
+            say=lambda line: print(line, flush=True),
+        )
 
     memory = []
     if args.only in (None, "memory"):
@@ -737,25 +887,46 @@ def main(argv=None):
         print_table(rows, compile_info)
     if checks:
         bad = [ch for ch in checks if not ch["agree"]]
-        print(f"\nforward counts ours == pyrevolve == t(n, c): "
-              f"{len(checks) - len(bad)}/{len(checks)} sizes agree" + (f"; MISMATCH {bad}" if bad else ""))
+        print(
+            f"\nforward counts ours == pyrevolve == t(n, c): "
+            f"{len(checks) - len(bad)}/{len(checks)} sizes agree"
+            + (f"; MISMATCH {bad}" if bad else "")
+        )
     import checkpoint_schedules
     import numba
     import numpy
 
     meta = dict(
-        command=" ".join([Path(sys.executable).name, "benchmarks/bench_schedules.py"] + (argv or sys.argv[1:])),
-        quick=args.quick, cap_s=args.cap, ms_cap_s=args.ms_cap, repeats_max=args.repeats,
-        budget_s=args.budget, mem_cap_s=args.mem_cap, python=platform.python_version(),
-        numba=numba.__version__, numpy=numpy.__version__,
+        command=" ".join(
+            [Path(sys.executable).name, "benchmarks/bench_schedules.py"] + (argv or sys.argv[1:])
+        ),
+        quick=args.quick,
+        cap_s=args.cap,
+        ms_cap_s=args.ms_cap,
+        repeats_max=args.repeats,
+        budget_s=args.budget,
+        mem_cap_s=args.mem_cap,
+        python=platform.python_version(),
+        numba=numba.__version__,
+        numpy=numpy.__version__,
         checkpoint_schedules=getattr(checkpoint_schedules, "__version__", "1.0.4?"),
-        pyrevolve=_version("pyrevolve"), cpu_count=os.cpu_count(), machine=platform.machine(),
+        pyrevolve=_version("pyrevolve"),
+        cpu_count=os.cpu_count(),
+        machine=platform.machine(),
         numba_threading_layer=os.environ.get("NUMBA_THREADING_LAYER"),
-        configs=CONFIGS, source_sha256=_sources(), wall_s=time.perf_counter() - t_start,
+        configs=CONFIGS,
+        source_sha256=_sources(),
+        wall_s=time.perf_counter() - t_start,
         started=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-    result = dict(meta=meta, compile=compile_info, rows=rows, forward_checks=checks,
-                  cold_start=cold, memory=memory)
+    result = dict(
+        meta=meta,
+        compile=compile_info,
+        rows=rows,
+        forward_checks=checks,
+        cold_start=cold,
+        memory=memory,
+    )
     if args.only is not None and (out / "bench_schedules.json").exists():
         result = _merge(json.loads((out / "bench_schedules.json").read_text()), result, args.only)
     with open(out / "bench_schedules.json", "w") as f:
@@ -771,24 +942,38 @@ def _memory_part(args):
     """The memory section (module docstring): one fresh process per case."""
     import _schedule_memory
 
-    sizes = ([int(float(x)) for x in args.memory_sizes.split(",")] if args.memory_sizes
-             else [10**5, 10**6] if args.quick else [10**5, 10**6, 10**7])
+    sizes = (
+        [int(float(x)) for x in args.memory_sizes.split(",")]
+        if args.memory_sizes
+        else [10**5, 10**6]
+        if args.quick
+        else [10**5, 10**6, 10**7]
+    )
     cases = []
     for c in (10, 100):
         for n in sizes:
             cases.append((f"Revolve c={c}", "revolve", n, dict(c=c, arrays=n <= 10**6)))
     for cfg in ("A", "B"):
         conf = CONFIGS[cfg]
-        for n in ([10**4] if args.quick else [10**4, 10**5]):
+        for n in [10**4] if args.quick else [10**4, 10**5]:
             if cfg == "B" and n > 10**4:
                 continue  # minutes of dynamic program (bench_multistage.py times it)
-            cases.append((f"Multistage {cfg}", "multistage", n,
-                          dict(levels=conf["levels"], fwd=conf["forward_cost"],
-                               adj=conf["adjoint_cost"])))
-    print(f"Memory (fresh process each; peak RSS growth in MiB over the process after its "
-          f"imports and kernels, and seconds, after each phase; root {args.memory_root}):")
+            cases.append(
+                (
+                    f"Multistage {cfg}",
+                    "multistage",
+                    n,
+                    dict(levels=conf["levels"], fwd=conf["forward_cost"], adj=conf["adjoint_cost"]),
+                )
+            )
+    print(
+        f"Memory (fresh process each; peak RSS growth in MiB over the process after its "
+        f"imports and kernels, and seconds, after each phase; root {args.memory_root}):"
+    )
     print(_schedule_memory.HEADER, flush=True)
-    return _schedule_memory.measure(cases, args.memory_root, say=lambda line: print(line, flush=True))
+    return _schedule_memory.measure(
+        cases, args.memory_root, say=lambda line: print(line, flush=True)
+    )
 
 
 def _merge(old, new, only):
@@ -800,11 +985,18 @@ def _merge(old, new, only):
             merged["forward_checks"] = new["forward_checks"]
     else:
         merged[{"cold": "cold_start", "memory": "memory"}[only]] = new[
-            {"cold": "cold_start", "memory": "memory"}[only]]
+            {"cold": "cold_start", "memory": "memory"}[only]
+        ]
     meta = dict(old.get("meta", {}))
     meta.setdefault("partial_updates", []).append(
-        dict(only=only, command=new["meta"]["command"], started=new["meta"]["started"],
-             wall_s=new["meta"]["wall_s"], source_sha256=new["meta"]["source_sha256"]))
+        dict(
+            only=only,
+            command=new["meta"]["command"],
+            started=new["meta"]["started"],
+            wall_s=new["meta"]["wall_s"],
+            source_sha256=new["meta"]["source_sha256"],
+        )
+    )
     merged["meta"] = meta
     return merged
 
@@ -814,8 +1006,10 @@ def _sources():
     package changes under this benchmark, so results name what they timed."""
     import hashlib
 
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-            for p in sorted((ROOT / "vlcc_adjoint" / "schedules").glob("*.py"))}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        for p in sorted((ROOT / "vlcc_adjoint" / "schedules").glob("*.py"))
+    }
 
 
 def _version(dist):

@@ -133,7 +133,6 @@ import json
 import os
 import pathlib
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -153,6 +152,7 @@ _MiB = 1 << 20
 # ---------------------------------------------------------------------------
 # measurement helpers
 # ---------------------------------------------------------------------------
+
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -227,8 +227,11 @@ def _unit_costs(problem, reps: int = 3, steps: int = 40) -> dict:
         t0 = time.perf_counter()
         np.copyto(b, a)
         cp.append(time.perf_counter() - t0)
-    return {"forward_step_s": statistics.median(fwd), "adjoint_step_s": statistics.median(adj),
-            "copy_state_s": statistics.median(cp)}
+    return {
+        "forward_step_s": statistics.median(fwd),
+        "adjoint_step_s": statistics.median(adj),
+        "copy_state_s": statistics.median(cp),
+    }
 
 
 def _predict(schedule, costs: dict, budget) -> dict:
@@ -240,15 +243,20 @@ def _predict(schedule, costs: dict, budget) -> dict:
     t_f, t_a = costs["forward_step_s"], costs["adjoint_step_s"]
     copy = budget.copy_seconds
     rw = [(copy, copy), (budget.write_seconds, budget.read_seconds)]
-    levels = [Level(lv.slots, rw[min(k, 1)][0] / t_f, rw[min(k, 1)][1] / t_f)
-              for k, lv in enumerate(schedule.levels)]
-    priced = Schedule(schedule.table, schedule.n_steps, levels, forward_cost=1.0,
-                      adjoint_cost=t_a / t_f)
+    levels = [
+        Level(lv.slots, rw[min(k, 1)][0] / t_f, rw[min(k, 1)][1] / t_f)
+        for k, lv in enumerate(schedule.levels)
+    ]
+    priced = Schedule(
+        schedule.table, schedule.n_steps, levels, forward_cost=1.0, adjoint_cost=t_a / t_f
+    )
     stats = simulate(priced)
     # run_adjoint evaluates u_n once more when the schedule never reaches it.
     extra = 1
-    io = [(stats.writes[k] * rw[min(k, 1)][0], stats.reads[k] * rw[min(k, 1)][1])
-          for k in range(len(levels))]
+    io = [
+        (stats.writes[k] * rw[min(k, 1)][0], stats.reads[k] * rw[min(k, 1)][1])
+        for k in range(len(levels))
+    ]
     return {
         "predicted_s": (stats.predicted_time + extra) * t_f,
         "forward_s": (stats.forward_count + extra) * t_f,
@@ -256,7 +264,9 @@ def _predict(schedule, costs: dict, budget) -> dict:
         "io_s": sum(w + r for w, r in io),
         "io_per_level_s": io,
         "as_planned_s": simulate(schedule).predicted_time * t_f,
-        "forward_count": stats.forward_count, "writes": stats.writes, "reads": stats.reads,
+        "forward_count": stats.forward_count,
+        "writes": stats.writes,
+        "reads": stats.reads,
     }
 
 
@@ -264,29 +274,50 @@ def _predict(schedule, costs: dict, budget) -> dict:
 # the benchmark
 # ---------------------------------------------------------------------------
 
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="256x256, 1000 steps, 3 rounds")
     parser.add_argument("--n", type=int, default=None, help="grid points per side")
     parser.add_argument("--nt", type=int, default=None, help="time steps")
     parser.add_argument("--snapshots", type=int, default=32, help="case 1: c for both")
-    parser.add_argument("--mem-snapshots", type=int, default=10,
-                        help="case 2: states that fit in memory (c_mem)")
-    parser.add_argument("--disk-snapshots", type=int, default=None,
-                        help="case 2: disk slots offered to plan() (64; --quick: 32)")
-    parser.add_argument("--fraction", type=float, default=0.10,
-                        help="case 3: memory budget as a fraction of store-all's")
-    parser.add_argument("--fraction-disk-snapshots", type=int, default=None,
-                        help="case 3: disk slots offered to plan() (24; --quick: 12); the "
-                        "exact two-level program costs O(n m d)")
+    parser.add_argument(
+        "--mem-snapshots", type=int, default=10, help="case 2: states that fit in memory (c_mem)"
+    )
+    parser.add_argument(
+        "--disk-snapshots",
+        type=int,
+        default=None,
+        help="case 2: disk slots offered to plan() (64; --quick: 32)",
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=0.10,
+        help="case 3: memory budget as a fraction of store-all's",
+    )
+    parser.add_argument(
+        "--fraction-disk-snapshots",
+        type=int,
+        default=None,
+        help="case 3: disk slots offered to plan() (24; --quick: 12); the "
+        "exact two-level program costs O(n m d)",
+    )
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--store-all-executor", choices=("auto", "rounds", "warmup", "off"),
-                        default="auto", help="run_adjoint(StoreAll(n)): in every round, "
-                        "in the warm-up only, or not (auto: rounds when it needs <= 2 GiB)")
-    parser.add_argument("--no-store-all", action="store_true",
-                        help="skip the store-everything runs (case 3)")
+    parser.add_argument(
+        "--store-all-executor",
+        choices=("auto", "rounds", "warmup", "off"),
+        default="auto",
+        help="run_adjoint(StoreAll(n)): in every round, "
+        "in the warm-up only, or not (auto: rounds when it needs <= 2 GiB)",
+    )
+    parser.add_argument(
+        "--no-store-all", action="store_true", help="skip the store-everything runs (case 3)"
+    )
     parser.add_argument("--dir", default=None, help="directory for the zarr tiers")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     args = parser.parse_args(argv)
     size = args.n or (256 if args.quick else 512)
     nt = args.nt or (1000 if args.quick else 2000)
@@ -298,9 +329,9 @@ def main(argv=None):
 
     import numba
     import pyrevolve
+    from _seismic_peers import PyrevolveSeismic
 
     import vlcc_adjoint
-    from _seismic_peers import PyrevolveSeismic
     from vlcc_adjoint import plan, run_adjoint
     from vlcc_adjoint._examples.seismic import SeismicProblem
     from vlcc_adjoint.schedules import Revolve, StoreAll, binomial_forward_count
@@ -317,31 +348,47 @@ def main(argv=None):
     record_bytes = state_bytes + 4096 * 3  # plan() counts zarr metadata per record
     tmp = tempfile.TemporaryDirectory(prefix="vlcc-bench-seismic-", dir=args.dir)
     Revolve(8, 2)  # load the numba planners
-    print(f"{problem}\nstate {state_bytes / _MiB:.1f} MiB, store-all list "
-          f"{store_all_bytes / 2**30:.2f} GiB; pyrevolve {pyrevolve.__version__}, "
-          f"numba {numba.__version__}; setup {time.perf_counter() - t_setup:.1f} s", flush=True)
+    print(
+        f"{problem}\nstate {state_bytes / _MiB:.1f} MiB, store-all list "
+        f"{store_all_bytes / 2**30:.2f} GiB; pyrevolve {pyrevolve.__version__}, "
+        f"numba {numba.__version__}; setup {time.perf_counter() - t_setup:.1f} s",
+        flush=True,
+    )
 
     # The budget plans (not timed per gradient: done once per budget).
     plans, plan_seconds = {}, {}
     t0 = time.perf_counter()
-    plans["starved"] = plan(n, memory_bytes=c_mem * state_bytes,
-                            disk_bytes=args.disk_snapshots * record_bytes,
-                            solver=problem, u0=u0, disk_path=tmp.name)
+    plans["starved"] = plan(
+        n,
+        memory_bytes=c_mem * state_bytes,
+        disk_bytes=args.disk_snapshots * record_bytes,
+        solver=problem,
+        u0=u0,
+        disk_path=tmp.name,
+    )
     plan_seconds["starved"] = time.perf_counter() - t0
-    print(f"\nplan, case 2 ({plan_seconds['starved']:.1f} s):\n{plans['starved'].explain}",
-          flush=True)
+    print(
+        f"\nplan, case 2 ({plan_seconds['starved']:.1f} s):\n{plans['starved'].explain}", flush=True
+    )
     if not args.no_store_all:
         t0 = time.perf_counter()
         # The budget: the fraction of store-all's list, less our own live arrays
         # beyond store-all's (the adjoint state and the state in hand: 2 states),
         # so that the whole process grows by at most that fraction of store-all's.
         budget3 = int(args.fraction * store_all_bytes) - 2 * state_bytes
-        plans["fraction"] = plan(n, memory_bytes=budget3,
-                                 disk_bytes=args.fraction_disk_snapshots * record_bytes,
-                                 solver=problem, u0=u0, disk_path=tmp.name)
+        plans["fraction"] = plan(
+            n,
+            memory_bytes=budget3,
+            disk_bytes=args.fraction_disk_snapshots * record_bytes,
+            solver=problem,
+            u0=u0,
+            disk_path=tmp.name,
+        )
         plan_seconds["fraction"] = time.perf_counter() - t0
-        print(f"\nplan, case 3 ({plan_seconds['fraction']:.1f} s):\n"
-              f"{plans['fraction'].explain}", flush=True)
+        print(
+            f"\nplan, case 3 ({plan_seconds['fraction']:.1f} s):\n{plans['fraction'].explain}",
+            flush=True,
+        )
 
     run_no = iter(range(10**6))
 
@@ -349,6 +396,7 @@ def main(argv=None):
         def make(schedule):
             path = os.path.join(tmp.name, f"run{next(run_no)}")
             return plans[key].make_store(path=path)
+
         return make
 
     # ----------------------------------------------------------- methods
@@ -359,6 +407,7 @@ def main(argv=None):
         def run():
             g = peer.run()
             return g, dict(peer.counts)
+
         return run
 
     def vlcc(make_schedule, make_store=None):
@@ -366,8 +415,9 @@ def main(argv=None):
             problem.reset_gradient()
             schedule = make_schedule()
             store = make_store(schedule) if make_store else None
-            res = run_adjoint(problem, schedule, problem.initial_state(),
-                              problem.final_adjoint, store=store)
+            res = run_adjoint(
+                problem, schedule, problem.initial_state(), problem.final_adjoint, store=store
+            )
             st = res.store_stats
             info = {
                 "forward_steps": res.forward_steps,
@@ -382,14 +432,18 @@ def main(argv=None):
                 "io_seconds": st.io_seconds,
                 "hidden_io_fraction": st.hidden_fraction,
                 "run_adjoint_wall_seconds": res.wall_seconds,
-                "writes": res.schedule_stats.writes, "reads": res.schedule_stats.reads,
-                "prefetch_hits": st.prefetch_hits, "prefetch_late": st.prefetch_late,
-                "prefetch_misses": st.prefetch_misses, "staged_hits": st.staged_hits,
+                "writes": res.schedule_stats.writes,
+                "reads": res.schedule_stats.reads,
+                "prefetch_hits": st.prefetch_hits,
+                "prefetch_late": st.prefetch_late,
+                "prefetch_misses": st.prefetch_misses,
+                "staged_hits": st.staged_hits,
                 "peak_staging_bytes": st.peak_staging_bytes,
                 "peak_cache_bytes": st.peak_cache_bytes,
             }
             run.schedule = schedule
             return problem.gradient, info
+
         return run
 
     starved = plans["starved"]
@@ -401,16 +455,23 @@ def main(argv=None):
         f"pyrevolve (c={c_mem})": ("2", "peer", pyrev(c_mem, True)),
         f"pyrevolve untaped (c={c_mem})": ("2", "peer*", pyrev(c_mem, False)),
         f"vlcc plan {type(starved.schedule).__name__} ({m2} mem + 3 buf + {d2} disk)": (
-            "2", "ours", vlcc(lambda: starved.schedule, store_for("starved"))),
+            "2",
+            "ours",
+            vlcc(lambda: starved.schedule, store_for("starved")),
+        ),
     }
     if not args.no_store_all:
         frac = plans["fraction"]
-        methods["store-all (list)"] = ("3", "peer*", lambda: (problem.reference_gradient(),
-                                                              {"forward_steps": n}))
-        methods[f"vlcc {100 * args.fraction:.0f}% memory plan "
-                f"{type(frac.schedule).__name__} ({frac.memory_slots} mem + "
-                f"{frac.disk_slots} disk)"] = ("3", "ours",
-                                               vlcc(lambda: frac.schedule, store_for("fraction")))
+        methods["store-all (list)"] = (
+            "3",
+            "peer*",
+            lambda: (problem.reference_gradient(), {"forward_steps": n}),
+        )
+        methods[
+            f"vlcc {100 * args.fraction:.0f}% memory plan "
+            f"{type(frac.schedule).__name__} ({frac.memory_slots} mem + "
+            f"{frac.disk_slots} disk)"
+        ] = ("3", "ours", vlcc(lambda: frac.schedule, store_for("fraction")))
     # run_adjoint(StoreAll(n)) with an unbounded memory tier: two fields a
     # state, so twice store-all's list.  In every round when that is small
     # (--quick), else once in the warm-up round, or not at all.
@@ -425,19 +486,26 @@ def main(argv=None):
             storeall_exec = "store-all (executor)"
             methods[storeall_exec] = ("3", "alt", vlcc(lambda: StoreAll(n)))
         else:
-            print(f"(skipping store-all (executor): {2 * store_all_bytes / 2**30:.1f} GiB "
-                  f"needed, {_mem_available() / 2**30:.1f} GiB available)")
+            print(
+                f"(skipping store-all (executor): {2 * store_all_bytes / 2**30:.1f} GiB "
+                f"needed, {_mem_available() / 2**30:.1f} GiB available)"
+            )
     names = [k for k in methods if k != storeall_exec or exec_mode == "rounds"]
-    peer_of = {case: next(k for k, v in methods.items() if v[0] == case and v[1] == "peer*")
-               for case in {v[0] for v in methods.values()}}
+    peer_of = {
+        case: next(k for k, v in methods.items() if v[0] == case and v[1] == "peer*")
+        for case in {v[0] for v in methods.values()}
+    }
 
     # ----------------------------------------------------------- warm-up
     print("\nround 0 (warm-up, tracemalloc + RSS sampling on; not in the medians)", flush=True)
     memory, warmup, reference = {}, {}, None
     warm_names = list(methods)
     for name in warm_names:
-        if methods[name][0] == "3" and _mem_available() < 1.3 * store_all_bytes \
-                and "store-all" in name:
+        if (
+            methods[name][0] == "3"
+            and _mem_available() < 1.3 * store_all_bytes
+            and "store-all" in name
+        ):
             print(f"  {name}: skipped, memory too tight")
             continue
         gc.collect()
@@ -454,8 +522,11 @@ def main(argv=None):
             reference = g
         memory[name] = {"peak_traced_bytes": peak_traced, "peak_rss_delta_bytes": rss.delta}
         warmup[name] = {"seconds": wall, "loadavg": load, "info": info, "gradient": g}
-        print(f"  {name}: {wall:.2f} s, peak traced {peak_traced / _MiB:.0f} MiB, "
-              f"peak RSS +{rss.delta / _MiB:.0f} MiB (load {load[0]:.2f})", flush=True)
+        print(
+            f"  {name}: {wall:.2f} s, peak traced {peak_traced / _MiB:.0f} MiB, "
+            f"peak RSS +{rss.delta / _MiB:.0f} MiB (load {load[0]:.2f})",
+            flush=True,
+        )
         del g, info
         gc.collect()
     if reference is None:
@@ -478,11 +549,11 @@ def main(argv=None):
         # A case's methods run back to back (the pairs compared are minutes
         # apart at most, whatever the load does meanwhile); the order of the
         # cases and the order within each case rotate every round.
-        case_order = cases[r % len(cases):] + cases[:r % len(cases)]
+        case_order = cases[r % len(cases) :] + cases[: r % len(cases)]
         order = []
         for case in case_order:
             group = [k for k in names if methods[k][0] == case]
-            order += group[r % len(group):] + group[:r % len(group)]
+            order += group[r % len(group) :] + group[: r % len(group)]
         this, round_costs = {}, []
         for name in order:
             ours = methods[name][1] == "ours"
@@ -493,9 +564,14 @@ def main(argv=None):
             t0, c0 = time.perf_counter(), time.process_time()
             g, info = methods[name][2]()
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            rec = {"seconds": wall, "cpu_seconds": cpu, "loadavg": load, "info": info,
-                   "rel_diff": float(np.max(np.abs(g - reference)) / ref_scale),
-                   "bitwise_equal": bool(np.array_equal(g, reference))}
+            rec = {
+                "seconds": wall,
+                "cpu_seconds": cpu,
+                "loadavg": load,
+                "info": info,
+                "rel_diff": float(np.max(np.abs(g - reference)) / ref_scale),
+                "bitwise_equal": bool(np.array_equal(g, reference)),
+            }
             del g
             if ours:
                 after = _unit_costs(problem, reps=1, steps=calib_steps)
@@ -507,16 +583,21 @@ def main(argv=None):
                 rec["prediction"] = _predict(schedule, costs, budget)
                 # The same model with the run's own step times: what is left
                 # is the model's error on everything but the solver.
-                own = {"forward_step_s": info["forward_seconds"] / info["forward_steps"],
-                       "adjoint_step_s": info["adjoint_seconds"] / info["adjoint_steps"]}
+                own = {
+                    "forward_step_s": info["forward_seconds"] / info["forward_steps"],
+                    "adjoint_step_s": info["adjoint_seconds"] / info["adjoint_steps"],
+                }
                 rec["prediction_own_steps"] = _predict(schedule, own, budget)
             this[name] = rec
         costs = {k: statistics.median(c[k] for c in round_costs) for k in round_costs[0]}
         unit_costs.append(costs)
         rounds.append({"unit_costs": costs, "runs": this})
-        print(f"round {r}: t_f {1e3 * costs['forward_step_s']:.3f} ms, "
-              f"t_a {1e3 * costs['adjoint_step_s']:.3f} ms; "
-              + ", ".join(f"{k} {v['seconds']:.2f} s" for k, v in this.items()), flush=True)
+        print(
+            f"round {r}: t_f {1e3 * costs['forward_step_s']:.3f} ms, "
+            f"t_a {1e3 * costs['adjoint_step_s']:.3f} ms; "
+            + ", ".join(f"{k} {v['seconds']:.2f} s" for k, v in this.items()),
+            flush=True,
+        )
     tmp.cleanup()
 
     # ----------------------------------------------------------- summary
@@ -527,23 +608,28 @@ def main(argv=None):
         cpus = [rd["runs"][name]["cpu_seconds"] for rd in rounds]
         peer = peer_of[case]
         row = {
-            "case": case, "kind": kind,
-            "seconds": secs, "median_s": statistics.median(secs),
-            "min_s": min(secs), "max_s": max(secs),
-            "cpu_seconds": cpus, "median_cpu_s": statistics.median(cpus),
+            "case": case,
+            "kind": kind,
+            "seconds": secs,
+            "median_s": statistics.median(secs),
+            "min_s": min(secs),
+            "max_s": max(secs),
+            "cpu_seconds": cpus,
+            "median_cpu_s": statistics.median(cpus),
             "loadavg": [rd["runs"][name]["loadavg"] for rd in rounds],
             "peer": peer,
             "ratio_to_peer_paired": statistics.median(
-                rd["runs"][name]["seconds"] / rd["runs"][peer]["seconds"] for rd in rounds),
-            "ratio_to_peer_min_max": [min(rd["runs"][name]["seconds"] / rd["runs"][peer]["seconds"]
-                                          for rd in rounds),
-                                      max(rd["runs"][name]["seconds"] / rd["runs"][peer]["seconds"]
-                                          for rd in rounds)],
+                rd["runs"][name]["seconds"] / rd["runs"][peer]["seconds"] for rd in rounds
+            ),
+            "ratio_to_peer_min_max": [
+                min(rd["runs"][name]["seconds"] / rd["runs"][peer]["seconds"] for rd in rounds),
+                max(rd["runs"][name]["seconds"] / rd["runs"][peer]["seconds"] for rd in rounds),
+            ],
             "cpu_ratio_to_peer_paired": statistics.median(
-                rd["runs"][name]["cpu_seconds"] / rd["runs"][peer]["cpu_seconds"]
-                for rd in rounds),
-            "ratio_of_medians": statistics.median(secs) / statistics.median(
-                [rd["runs"][peer]["seconds"] for rd in rounds]),
+                rd["runs"][name]["cpu_seconds"] / rd["runs"][peer]["cpu_seconds"] for rd in rounds
+            ),
+            "ratio_of_medians": statistics.median(secs)
+            / statistics.median([rd["runs"][peer]["seconds"] for rd in rounds]),
             # the least disturbed run of each: robust to additive noise from other jobs
             "ratio_of_mins": min(secs) / min(rd["runs"][peer]["seconds"] for rd in rounds),
             "rel_diff": max(rd["runs"][name]["rel_diff"] for rd in rounds),
@@ -553,21 +639,43 @@ def main(argv=None):
         }
         infos = [rd["runs"][name]["info"] for rd in rounds]
         if kind == "ours":
-            row["split"] = _split([(rd["runs"][name]["seconds"], i["forward_seconds"],
-                                    i["adjoint_seconds"], i["stall_seconds_executor"],
-                                    sum(i["writes"]) + sum(i["reads"]))
-                                   for rd, i in zip(rounds, infos)])
+            row["split"] = _split(
+                [
+                    (
+                        rd["runs"][name]["seconds"],
+                        i["forward_seconds"],
+                        i["adjoint_seconds"],
+                        i["stall_seconds_executor"],
+                        sum(i["writes"]) + sum(i["reads"]),
+                    )
+                    for rd, i in zip(rounds, infos)
+                ]
+            )
         elif "store_seconds" in infos[0]:
-            row["split"] = _split([(rd["runs"][name]["seconds"], i["forward_seconds"],
-                                    i["reverse_seconds"], i["store_seconds"], i["store_ops"])
-                                   for rd, i in zip(rounds, infos)])
+            row["split"] = _split(
+                [
+                    (
+                        rd["runs"][name]["seconds"],
+                        i["forward_seconds"],
+                        i["reverse_seconds"],
+                        i["store_seconds"],
+                        i["store_ops"],
+                    )
+                    for rd, i in zip(rounds, infos)
+                ]
+            )
         if kind == "ours":
             preds = [rd["runs"][name]["prediction"] for rd in rounds]
             infos = [rd["runs"][name]["info"] for rd in rounds]
-            ratios = [rd["runs"][name]["seconds"] / rd["runs"][name]["prediction"]["predicted_s"]
-                      for rd in rounds]
-            own = [rd["runs"][name]["seconds"]
-                   / rd["runs"][name]["prediction_own_steps"]["predicted_s"] for rd in rounds]
+            ratios = [
+                rd["runs"][name]["seconds"] / rd["runs"][name]["prediction"]["predicted_s"]
+                for rd in rounds
+            ]
+            own = [
+                rd["runs"][name]["seconds"]
+                / rd["runs"][name]["prediction_own_steps"]["predicted_s"]
+                for rd in rounds
+            ]
             owns = [rd["runs"][name]["prediction_own_steps"] for rd in rounds]
             row["prediction"] = {
                 "median_measured_over_predicted_own_steps": statistics.median(own),
@@ -578,26 +686,36 @@ def main(argv=None):
                 "median_measured_over_predicted": statistics.median(ratios),
                 "median_predicted_s": statistics.median(p["predicted_s"] for p in preds),
                 "median_as_planned_s": statistics.median(p["as_planned_s"] for p in preds),
-                "terms_predicted_s": {k: statistics.median(p[k] for p in preds)
-                                      for k in ("forward_s", "adjoint_s", "io_s")},
-                "terms_predicted_own_steps_s": {k: statistics.median(p[k] for p in owns)
-                                                for k in ("forward_s", "adjoint_s", "io_s")},
+                "terms_predicted_s": {
+                    k: statistics.median(p[k] for p in preds)
+                    for k in ("forward_s", "adjoint_s", "io_s")
+                },
+                "terms_predicted_own_steps_s": {
+                    k: statistics.median(p[k] for p in owns)
+                    for k in ("forward_s", "adjoint_s", "io_s")
+                },
                 "terms_measured_s": {
                     "forward_s": statistics.median(i["forward_seconds"] for i in infos),
                     "adjoint_s": statistics.median(i["adjoint_seconds"] for i in infos),
                     "store_calls_s": statistics.median(i["stall_seconds_executor"] for i in infos),
                     "executor_other_s": statistics.median(
-                        rd["runs"][name]["seconds"] - i["forward_seconds"] - i["adjoint_seconds"]
-                        - i["stall_seconds_executor"] for rd, i in zip(rounds, infos)),
+                        rd["runs"][name]["seconds"]
+                        - i["forward_seconds"]
+                        - i["adjoint_seconds"]
+                        - i["stall_seconds_executor"]
+                        for rd, i in zip(rounds, infos)
+                    ),
                 },
                 "last": preds[-1],
             }
             row["stall_share_executor"] = statistics.median(
                 i["stall_seconds_executor"] / rd["runs"][name]["seconds"]
-                for rd, i in zip(rounds, infos))
+                for rd, i in zip(rounds, infos)
+            )
             row["stall_share_store"] = statistics.median(
                 i["stall_seconds_store"] / rd["runs"][name]["seconds"]
-                for rd, i in zip(rounds, infos))
+                for rd, i in zip(rounds, infos)
+            )
         rows[name] = row
 
     # forward counts against Griewank's optimum
@@ -609,14 +727,20 @@ def main(argv=None):
                 continue
             info = rows[name]["info"]
             if methods[name][1] == "ours" and case == "1":
-                checks[name] = {"t(n,c)": opt, "schedule_forward_count":
-                                info["schedule_forward_count"],
-                                "forward_steps": info["forward_steps"],
-                                "equal": info["schedule_forward_count"] == opt}
+                checks[name] = {
+                    "t(n,c)": opt,
+                    "schedule_forward_count": info["schedule_forward_count"],
+                    "forward_steps": info["forward_steps"],
+                    "equal": info["schedule_forward_count"] == opt,
+                }
             elif methods[name][1] != "ours":
-                checks[name] = {"t(n,c)": opt, "advances": info["advances"],
-                                "taped": info["taped"], "forward_steps": info["forward_steps"],
-                                "equal": info["advances"] == opt + 1}
+                checks[name] = {
+                    "t(n,c)": opt,
+                    "advances": info["advances"],
+                    "taped": info["taped"],
+                    "forward_steps": info["forward_steps"],
+                    "equal": info["advances"] == opt + 1,
+                }
 
     _print_tables(rows, names, checks, memory, warmup, n, c, c_mem, storeall_exec)
 
@@ -629,29 +753,60 @@ def main(argv=None):
         "benchmark": "bench_seismic",
         "command": "python benchmarks/bench_seismic.py" + (" --quick" if args.quick else ""),
         "argv": sys.argv[1:] if argv is None else list(argv),
-        "problem": {"grid": [size, size], "steps": n, "repr": repr(problem),
-                    "state_bytes": state_bytes, "store_all_bytes": store_all_bytes,
-                    "snapshots": c, "mem_snapshots": c_mem,
-                    "disk_snapshots_offered": args.disk_snapshots,
-                    "fraction": args.fraction,
-                    "fraction_disk_snapshots_offered": args.fraction_disk_snapshots},
-        "plans": {k: {"schedule": repr(p.schedule), "memory_slots": p.memory_slots,
-                      "disk_slots": p.disk_slots, "memory_bytes": p.memory_bytes,
-                      "disk_bytes": p.disk_bytes, "step_seconds": p.step_seconds,
-                      "write_seconds": p.write_seconds, "read_seconds": p.read_seconds,
-                      "copy_seconds": p.copy_seconds, "predicted_seconds": p.predicted_seconds,
-                      "candidates": p.candidates, "explain": p.explain,
-                      "plan_seconds": plan_seconds[k]} for k, p in plans.items()},
-        "repeats": repeats, "quick": args.quick,
-        "methods": rows, "forward_count_checks": checks, "targets": targets,
-        "warmup": warmup, "memory": memory, "unit_costs": unit_costs,
-        "rounds": [{"unit_costs": rd["unit_costs"],
-                    "runs": {k: {kk: vv for kk, vv in v.items()} for k, v in rd["runs"].items()}}
-                   for rd in rounds],
+        "problem": {
+            "grid": [size, size],
+            "steps": n,
+            "repr": repr(problem),
+            "state_bytes": state_bytes,
+            "store_all_bytes": store_all_bytes,
+            "snapshots": c,
+            "mem_snapshots": c_mem,
+            "disk_snapshots_offered": args.disk_snapshots,
+            "fraction": args.fraction,
+            "fraction_disk_snapshots_offered": args.fraction_disk_snapshots,
+        },
+        "plans": {
+            k: {
+                "schedule": repr(p.schedule),
+                "memory_slots": p.memory_slots,
+                "disk_slots": p.disk_slots,
+                "memory_bytes": p.memory_bytes,
+                "disk_bytes": p.disk_bytes,
+                "step_seconds": p.step_seconds,
+                "write_seconds": p.write_seconds,
+                "read_seconds": p.read_seconds,
+                "copy_seconds": p.copy_seconds,
+                "predicted_seconds": p.predicted_seconds,
+                "candidates": p.candidates,
+                "explain": p.explain,
+                "plan_seconds": plan_seconds[k],
+            }
+            for k, p in plans.items()
+        },
+        "repeats": repeats,
+        "quick": args.quick,
+        "methods": rows,
+        "forward_count_checks": checks,
+        "targets": targets,
+        "warmup": warmup,
+        "memory": memory,
+        "unit_costs": unit_costs,
+        "rounds": [
+            {
+                "unit_costs": rd["unit_costs"],
+                "runs": {k: {kk: vv for kk, vv in v.items()} for k, v in rd["runs"].items()},
+            }
+            for rd in rounds
+        ],
         "machine": {**_machine(), "loadavg_start": load_start},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                     "numba": numba.__version__, "pyrevolve": pyrevolve.__version__,
-                     "vlcc_adjoint": vlcc_adjoint.__version__, "git": _git()},
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "numba": numba.__version__,
+            "pyrevolve": pyrevolve.__version__,
+            "vlcc_adjoint": vlcc_adjoint.__version__,
+            "git": _git(),
+        },
     }
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_seismic.json")
@@ -669,9 +824,13 @@ def _split(samples) -> dict:
     """Medians of (wall, forward, reverse, store, store ops) over rounds."""
     wall, fwd, rev, store, ops = zip(*samples)
     other = [w - f - r - st for w, f, r, st in zip(wall, fwd, rev, store)]
-    return {"forward_s": statistics.median(fwd), "reverse_s": statistics.median(rev),
-            "store_s": statistics.median(store), "other_s": statistics.median(other),
-            "store_ops": int(statistics.median(ops))}
+    return {
+        "forward_s": statistics.median(fwd),
+        "reverse_s": statistics.median(rev),
+        "store_s": statistics.median(store),
+        "other_s": statistics.median(other),
+        "store_ops": int(statistics.median(ops)),
+    }
 
 
 def _jsonable(x):
@@ -688,8 +847,9 @@ def _machine() -> dict:
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), "")
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), ""
+            )
     except OSError:
         pass
     try:
@@ -697,98 +857,138 @@ def _machine() -> dict:
             total = int(f.readline().split()[1]) * 1024
     except OSError:
         total = None
-    return {"platform": platform.platform(), "cpu": model, "cpus": os.cpu_count(),
-            "memory_bytes": total, "loadavg_end": os.getloadavg()}
+    return {
+        "platform": platform.platform(),
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "memory_bytes": total,
+        "loadavg_end": os.getloadavg(),
+    }
 
 
 def _git() -> dict:
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
-                                "vlcc_adjoint"], capture_output=True, text=True,
-                               timeout=10).stdout.split("\n")
-        diff = subprocess.run(["git", "-C", str(ROOT), "diff", "HEAD", "--", "vlcc_adjoint"],
-                              capture_output=True, timeout=10).stdout
-        return {"head": head, "library_changes_uncommitted": [d for d in dirty if d],
-                "library_diff_sha1": hashlib.sha1(diff).hexdigest()}
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "vlcc_adjoint"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split("\n")
+        diff = subprocess.run(
+            ["git", "-C", str(ROOT), "diff", "HEAD", "--", "vlcc_adjoint"],
+            capture_output=True,
+            timeout=10,
+        ).stdout
+        return {
+            "head": head,
+            "library_changes_uncommitted": [d for d in dirty if d],
+            "library_diff_sha1": hashlib.sha1(diff).hexdigest(),
+        }
     except (OSError, subprocess.SubprocessError):
         return {}
 
 
 def _print_tables(rows, names, checks, memory, warmup, n, c, c_mem, storeall_exec):
-    print(f"\n{'case':4s} {'method':58s} {'median s':>8s} {'min':>6s} {'max':>6s} "
-          f"{'ratio':>6s} {'r(min)':>6s} {'cpu s':>6s} {'ratio':>6s} {'fwd steps':>9s} "
-          f"{'peak MiB':>8s} {'rel diff':>8s}")
+    print(
+        f"\n{'case':4s} {'method':58s} {'median s':>8s} {'min':>6s} {'max':>6s} "
+        f"{'ratio':>6s} {'r(min)':>6s} {'cpu s':>6s} {'ratio':>6s} {'fwd steps':>9s} "
+        f"{'peak MiB':>8s} {'rel diff':>8s}"
+    )
     for name in names:
         row = rows[name]
         mem = memory.get(name)
         peak = f"{mem['peak_traced_bytes'] / _MiB:8.0f}" if mem else f"{'-':>8s}"
-        print(f"{row['case']:4s} {name:58s} {row['median_s']:8.2f} {row['min_s']:6.2f} "
-              f"{row['max_s']:6.2f} {row['ratio_to_peer_paired']:6.3f} "
-              f"{row['ratio_of_mins']:6.3f} {row['median_cpu_s']:6.2f} "
-              f"{row['cpu_ratio_to_peer_paired']:6.3f} "
-              f"{row['info']['forward_steps']:9d} {peak} {row['rel_diff']:8.1e}")
+        print(
+            f"{row['case']:4s} {name:58s} {row['median_s']:8.2f} {row['min_s']:6.2f} "
+            f"{row['max_s']:6.2f} {row['ratio_to_peer_paired']:6.3f} "
+            f"{row['ratio_of_mins']:6.3f} {row['median_cpu_s']:6.2f} "
+            f"{row['cpu_ratio_to_peer_paired']:6.3f} "
+            f"{row['info']['forward_steps']:9d} {peak} {row['rel_diff']:8.1e}"
+        )
     if storeall_exec and storeall_exec in warmup:
         w = warmup[storeall_exec]
         ws = warmup.get("store-all (list)")
-        print(f"3    {storeall_exec + ' [warm-up only]':58s} {w['seconds']:8.2f} "
-              f"{'':6s} {'':6s} {w['seconds'] / ws['seconds'] if ws else float('nan'):6.3f} "
-              f"{'':6s} {'':6s} {'':6s} {w['info']['forward_steps']:9d} "
-              f"{memory[storeall_exec]['peak_traced_bytes'] / _MiB:8.0f} {w['rel_diff']:8.1e}")
-    print("ratio: median over rounds of (wall or CPU) time / that of the case's peer in the "
-          "same round (cases 1-2: pyrevolve untaped; 3: store-all (list)); r(min): fastest "
-          "run / the peer's fastest run; CPU: process time, "
-          "all threads; peak: traced, warm-up round; [warm-up only]: both under tracemalloc")
+        print(
+            f"3    {storeall_exec + ' [warm-up only]':58s} {w['seconds']:8.2f} "
+            f"{'':6s} {'':6s} {w['seconds'] / ws['seconds'] if ws else float('nan'):6.3f} "
+            f"{'':6s} {'':6s} {'':6s} {w['info']['forward_steps']:9d} "
+            f"{memory[storeall_exec]['peak_traced_bytes'] / _MiB:8.0f} {w['rel_diff']:8.1e}"
+        )
+    print(
+        "ratio: median over rounds of (wall or CPU) time / that of the case's peer in the "
+        "same round (cases 1-2: pyrevolve untaped; 3: store-all (list)); r(min): fastest "
+        "run / the peer's fastest run; CPU: process time, "
+        "all threads; peak: traced, warm-up round; [warm-up only]: both under tracemalloc"
+    )
 
     print(f"\nforward steps against t(n, c) (n = {n}):")
     for name, ck in checks.items():
-        extra = (f"advances {ck['advances']} (= t + 1: {ck['equal']}), taped {ck['taped']}"
-                 if "advances" in ck else
-                 f"schedule {ck['schedule_forward_count']} (= t: {ck['equal']}), "
-                 f"evaluated {ck['forward_steps']} (+1: u_n)")
+        extra = (
+            f"advances {ck['advances']} (= t + 1: {ck['equal']}), taped {ck['taped']}"
+            if "advances" in ck
+            else f"schedule {ck['schedule_forward_count']} (= t: {ck['equal']}), "
+            f"evaluated {ck['forward_steps']} (+1: u_n)"
+        )
         print(f"  {name:40s} t(n,c) = {ck['t(n,c)']}: {extra}")
 
-    print(f"\n{'time split (medians)':58s} {'wall s':>7s} {'fwd s':>6s} {'rev s':>6s} "
-          f"{'store s':>7s} {'other':>6s} {'ops':>6s} {'us/op':>7s}")
+    print(
+        f"\n{'time split (medians)':58s} {'wall s':>7s} {'fwd s':>6s} {'rev s':>6s} "
+        f"{'store s':>7s} {'other':>6s} {'ops':>6s} {'us/op':>7s}"
+    )
     for name in names:
         sp = rows[name].get("split")
         if not sp:
             continue
-        print(f"{name:58s} {rows[name]['median_s']:7.2f} {sp['forward_s']:6.2f} "
-              f"{sp['reverse_s']:6.2f} {sp['store_s']:7.2f} {sp['other_s']:6.2f} "
-              f"{sp['store_ops']:6d} {1e6 * sp['store_s'] / max(sp['store_ops'], 1):7.0f}")
-    print("fwd: forward advances; rev: adjoint steps (pyrevolve taped: with their forward "
-          "step); store: time in the checkpoint store's calls (ours: run_adjoint's store "
-          "calls, copies included; pyrevolve: takeshot + restore); ops: states saved + "
-          "loaded; us/op: store time per state saved or loaded")
+        print(
+            f"{name:58s} {rows[name]['median_s']:7.2f} {sp['forward_s']:6.2f} "
+            f"{sp['reverse_s']:6.2f} {sp['store_s']:7.2f} {sp['other_s']:6.2f} "
+            f"{sp['store_ops']:6d} {1e6 * sp['store_s'] / max(sp['store_ops'], 1):7.0f}"
+        )
+    print(
+        "fwd: forward advances; rev: adjoint steps (pyrevolve taped: with their forward "
+        "step); store: time in the checkpoint store's calls (ours: run_adjoint's store "
+        "calls, copies included; pyrevolve: takeshot + restore); ops: states saved + "
+        "loaded; us/op: store time per state saved or loaded"
+    )
 
-    print(f"\n{'ours':58s} {'meas s':>7s} {'pred*':>6s} {'m/p*':>6s} {'store m/p':>11s} "
-          f"{'other':>6s} {'pred s':>6s} {'m/p':>6s} {'fwd m/p':>9s} {'adj m/p':>9s} "
-          f"{'planned':>7s} {'stall ex':>8s} {'stall st':>8s}")
+    print(
+        f"\n{'ours':58s} {'meas s':>7s} {'pred*':>6s} {'m/p*':>6s} {'store m/p':>11s} "
+        f"{'other':>6s} {'pred s':>6s} {'m/p':>6s} {'fwd m/p':>9s} {'adj m/p':>9s} "
+        f"{'planned':>7s} {'stall ex':>8s} {'stall st':>8s}"
+    )
     for name in names:
         row = rows[name]
         if row["kind"] != "ours":
             continue
         p = row["prediction"]
         tm, tp = p["terms_measured_s"], p["terms_predicted_s"]
-        print(f"{name:58s} {row['median_s']:7.2f} {p['median_predicted_own_steps_s']:6.2f} "
-              f"{p['median_measured_over_predicted_own_steps']:6.3f} "
-              f"{tm['store_calls_s']:5.2f}/{p['io_predicted_s']:5.2f} "
-              f"{tm['executor_other_s']:6.2f} {p['median_predicted_s']:6.2f} "
-              f"{p['median_measured_over_predicted']:6.3f} "
-              f"{tm['forward_s']:4.2f}/{tp['forward_s']:4.2f} "
-              f"{tm['adjoint_s']:4.2f}/{tp['adjoint_s']:4.2f} "
-              f"{p['median_as_planned_s']:7.2f} "
-              f"{100 * row['stall_share_executor']:7.1f}% {100 * row['stall_share_store']:7.1f}%")
-    print("pred*, m/p*: simulate with the run's own mean forward / adjoint step times and "
-          "plan's copy / disk costs, measured / predicted; store: time in store calls vs the "
-          "model's I/O term; other: wall minus solver and store calls (not in the model); "
-          "pred s, m/p: the same with t_f, t_a timed over a block of steps around the run "
-          "(steps ~100-500 of this problem run 2-4x slower: denormals in the wavefront's "
-          "decaying precursor, so a block is not a representative step); planned: "
-          "simulate(schedule) with its own costs x t_f; stall ex/st: "
-          "AdjointResult.stall_seconds / StoreStats.stall_seconds as a share of the wall time")
+        print(
+            f"{name:58s} {row['median_s']:7.2f} {p['median_predicted_own_steps_s']:6.2f} "
+            f"{p['median_measured_over_predicted_own_steps']:6.3f} "
+            f"{tm['store_calls_s']:5.2f}/{p['io_predicted_s']:5.2f} "
+            f"{tm['executor_other_s']:6.2f} {p['median_predicted_s']:6.2f} "
+            f"{p['median_measured_over_predicted']:6.3f} "
+            f"{tm['forward_s']:4.2f}/{tp['forward_s']:4.2f} "
+            f"{tm['adjoint_s']:4.2f}/{tp['adjoint_s']:4.2f} "
+            f"{p['median_as_planned_s']:7.2f} "
+            f"{100 * row['stall_share_executor']:7.1f}% {100 * row['stall_share_store']:7.1f}%"
+        )
+    print(
+        "pred*, m/p*: simulate with the run's own mean forward / adjoint step times and "
+        "plan's copy / disk costs, measured / predicted; store: time in store calls vs the "
+        "model's I/O term; other: wall minus solver and store calls (not in the model); "
+        "pred s, m/p: the same with t_f, t_a timed over a block of steps around the run "
+        "(steps ~100-500 of this problem run 2-4x slower: denormals in the wavefront's "
+        "decaying precursor, so a block is not a representative step); planned: "
+        "simulate(schedule) with its own costs x t_f; stall ex/st: "
+        "AdjointResult.stall_seconds / StoreStats.stall_seconds as a share of the wall time"
+    )
 
 
 def _targets(rows, names, memory, fraction, peer_of) -> dict:
@@ -797,31 +997,35 @@ def _targets(rows, names, memory, fraction, peer_of) -> dict:
     if "1" in ours:
         name, row = ours["1"]
         taped = next(k for k in names if rows[k]["case"] == "1" and rows[k]["kind"] == "peer")
-        r_taped = statistics.median(
-            a / b for a, b in zip(row["seconds"], rows[taped]["seconds"]))
+        r_taped = statistics.median(a / b for a, b in zip(row["seconds"], rows[taped]["seconds"]))
         r = row["ratio_to_peer_paired"]
         out["1: vlcc Revolve no slower than pyrevolve, same c"] = {
             "met": r <= 1.0,
             "detail": f"{r:.3f}x pyrevolve untaped, {r_taped:.3f}x pyrevolve as shipped "
-                      f"(paired medians; <= 1 wanted); fastest runs {row['ratio_of_mins']:.3f}x, "
-                      f"CPU {row['cpu_ratio_to_peer_paired']:.3f}x pyrevolve untaped"}
+            f"(paired medians; <= 1 wanted); fastest runs {row['ratio_of_mins']:.3f}x, "
+            f"CPU {row['cpu_ratio_to_peer_paired']:.3f}x pyrevolve untaped",
+        }
     if "2" in ours:
         name, row = ours["2"]
         r = row["ratio_to_peer_paired"]
         out["2: memory + disk strictly better than pyrevolve with c_mem"] = {
-            "met": r < 1.0, "detail": f"{r:.3f}x pyrevolve untaped (c_mem) (< 1 wanted); "
-                                      "per-round range "
-                                      f"{row['ratio_to_peer_min_max'][0]:.3f}-"
-                                      f"{row['ratio_to_peer_min_max'][1]:.3f}; fastest runs "
-                                      f"{row['ratio_of_mins']:.3f}x, CPU "
-                                      f"{row['cpu_ratio_to_peer_paired']:.3f}x"}
+            "met": r < 1.0,
+            "detail": f"{r:.3f}x pyrevolve untaped (c_mem) (< 1 wanted); "
+            "per-round range "
+            f"{row['ratio_to_peer_min_max'][0]:.3f}-"
+            f"{row['ratio_to_peer_min_max'][1]:.3f}; fastest runs "
+            f"{row['ratio_of_mins']:.3f}x, CPU "
+            f"{row['cpu_ratio_to_peer_paired']:.3f}x",
+        }
     if "3" in ours:
         name, row = ours["3"]
         r = row["ratio_to_peer_paired"]
         out["3a: within 1.2x of store-all"] = {
-            "met": r <= 1.2, "detail": f"{r:.3f}x store-all (list); fastest runs "
-                                       f"{row['ratio_of_mins']:.3f}x, CPU "
-                                       f"{row['cpu_ratio_to_peer_paired']:.3f}x"}
+            "met": r <= 1.2,
+            "detail": f"{r:.3f}x store-all (list); fastest runs "
+            f"{row['ratio_of_mins']:.3f}x, CPU "
+            f"{row['cpu_ratio_to_peer_paired']:.3f}x",
+        }
         base = memory.get(peer_of["3"])
         mine = memory.get(name)
         if base and mine:
@@ -829,20 +1033,23 @@ def _targets(rows, names, memory, fraction, peer_of) -> dict:
             m_rss = mine["peak_rss_delta_bytes"] / max(base["peak_rss_delta_bytes"], 1)
             out["3b: at most 10% of store-all's memory"] = {
                 "met": m <= fraction,
-                "detail": f"peak traced {100 * m:.1f}%, peak RSS growth {100 * m_rss:.1f}%"}
+                "detail": f"peak traced {100 * m:.1f}%, peak RSS growth {100 * m_rss:.1f}%",
+            }
         out["3c: stall under 10% of total"] = {
             "met": row["stall_share_store"] < 0.1 and row["stall_share_executor"] < 0.1,
             "detail": f"executor (store calls, copies included) "
-                      f"{100 * row['stall_share_executor']:.1f}%, store (blocked waiting) "
-                      f"{100 * row['stall_share_store']:.1f}%"}
+            f"{100 * row['stall_share_executor']:.1f}%, store (blocked waiting) "
+            f"{100 * row['stall_share_store']:.1f}%",
+        }
     for case, (name, row) in sorted(ours.items()):
         q = row["prediction"]["median_measured_over_predicted"]
         q2 = row["prediction"]["median_measured_over_predicted_own_steps"]
         out[f"4: predicted within 20%, case {case}"] = {
             "met": abs(q2 - 1) <= 0.2,
             "detail": f"measured / predicted {q2:.3f} with the run's own mean step times; "
-                      f"{q:.3f} with step times from a block timed around the run, whose "
-                      f"errors partly cancel ({name})"}
+            f"{q:.3f} with step times from a block timed around the run, whose "
+            f"errors partly cancel ({name})",
+        }
     return out
 
 
@@ -856,32 +1063,54 @@ def _plot(rows, names, problem, path):
     import matplotlib.pyplot as plt
 
     colors = {"peer": "#999999", "peer*": "#555555", "ours": "#1f77b4", "alt": "#bbbbbb"}
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 0.5 * len(names) + 2.6),
-                                 gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(15, 0.5 * len(names) + 2.6), gridspec_kw={"width_ratios": [3, 2]}
+    )
     y = np.arange(len(names))
     med = [rows[k]["median_s"] for k in names]
-    err = [[rows[k]["median_s"] - rows[k]["min_s"] for k in names],
-           [rows[k]["max_s"] - rows[k]["median_s"] for k in names]]
+    err = [
+        [rows[k]["median_s"] - rows[k]["min_s"] for k in names],
+        [rows[k]["max_s"] - rows[k]["median_s"] for k in names],
+    ]
     ax.barh(y, med, 0.6, xerr=err, color=[colors[rows[k]["kind"]] for k in names], capsize=3)
-    ax.plot([rows[k]["median_cpu_s"] for k in names], y, ls="none", marker="o", mfc="white",
-            mec="black", ms=5, label="CPU seconds (median, all threads)")
+    ax.plot(
+        [rows[k]["median_cpu_s"] for k in names],
+        y,
+        ls="none",
+        marker="o",
+        mfc="white",
+        mec="black",
+        ms=5,
+        label="CPU seconds (median, all threads)",
+    )
     for i, k in enumerate(names):
         ax.plot(rows[k]["seconds"], [i] * len(rows[k]["seconds"]), "k.", ms=3)
-        ax.text(rows[k]["max_s"], i, f"  {rows[k]['ratio_to_peer_paired']:.2f}x", va="center",
-                fontsize=7)
+        ax.text(
+            rows[k]["max_s"],
+            i,
+            f"  {rows[k]['ratio_to_peer_paired']:.2f}x",
+            va="center",
+            fontsize=7,
+        )
     ax.set_yticks(y, [f"[{rows[k]['case']}] {k}" for k in names], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds per gradient (ratio: to the case's peer, paired)")
     grid = "x".join(map(str, problem["grid"]))
-    ax.set_title(f"seismic FWI gradient, {grid}, {problem['steps']} steps "
-                 "(bar: median wall, whisker: min-max, dots: rounds)", fontsize=9)
+    ax.set_title(
+        f"seismic FWI gradient, {grid}, {problem['steps']} steps "
+        "(bar: median wall, whisker: min-max, dots: rounds)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, loc="lower right")
 
     ours = [k for k in names if rows[k]["kind"] == "ours"]
     yy = np.arange(len(ours))
-    parts = [("forward_s", "forward", "#1f77b4"), ("adjoint_s", "adjoint", "#ff7f0e"),
-             ("store_calls_s", "store calls / I/O", "#2ca02c"),
-             ("executor_other_s", "executor other", "#d62728")]
+    parts = [
+        ("forward_s", "forward", "#1f77b4"),
+        ("adjoint_s", "adjoint", "#ff7f0e"),
+        ("store_calls_s", "store calls / I/O", "#2ca02c"),
+        ("executor_other_s", "executor other", "#d62728"),
+    ]
     left = np.zeros(len(ours))
     for key, label, col in parts:
         vals = np.array([rows[k]["prediction"]["terms_measured_s"][key] for k in ours])
@@ -889,17 +1118,18 @@ def _plot(rows, names, problem, path):
         left += vals
     left = np.zeros(len(ours))
     for key, col in (("forward_s", "#1f77b4"), ("adjoint_s", "#ff7f0e"), ("io_s", "#2ca02c")):
-        vals = np.array([rows[k]["prediction"]["terms_predicted_own_steps_s"][key]
-                         for k in ours])
+        vals = np.array([rows[k]["prediction"]["terms_predicted_own_steps_s"][key] for k in ours])
         bx.barh(yy + 0.2, vals, 0.38, left=left, color=col, alpha=0.45, hatch="//")
         left += vals
-    bx.set_yticks(yy, [f"[{rows[k]['case']}] {k.split(' (')[0]}\nmeasured / predicted (hatched)"
-                       for k in ours], fontsize=7)
+    bx.set_yticks(
+        yy,
+        [f"[{rows[k]['case']}] {k.split(' (')[0]}\nmeasured / predicted (hatched)" for k in ours],
+        fontsize=7,
+    )
     bx.invert_yaxis()
     bx.set_xlabel("seconds (medians)")
     bx.legend(fontsize=7, loc="lower right")
-    bx.set_title("ours: measured parts vs simulate() terms (run's own step times)",
-                 fontsize=10)
+    bx.set_title("ours: measured parts vs simulate() terms (run's own step times)", fontsize=10)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     print(f"wrote {path}")

@@ -219,16 +219,24 @@ def child_seismic(nt: int, slots: int) -> dict:
     s = r.store_stats
     # The same run with the copy-only store: the copies alone, in situ.
     t0 = time.perf_counter()
-    c = run_adjoint(p, Revolve(nt, slots), p.initial_state(), p.final_adjoint,
-                    store=CopyOnlyStore())
+    c = run_adjoint(
+        p, Revolve(nt, slots), p.initial_state(), p.final_adjoint, store=CopyOnlyStore()
+    )
     copy_wall = time.perf_counter() - t0
     from vlcc_adjoint.state import flatten
 
-    assert all(np.array_equal(a, b) for a, b in zip(flatten(c.adjoint)[0],
-                                                    flatten(r.adjoint)[0]))
-    return {"package": vlcc_adjoint.__file__, "wall": wall, "store": r.stall_seconds,
-            "forward": r.forward_seconds, "adjoint": r.adjoint_seconds, "saves": s.saves,
-            "loads": s.loads, "copy_store": c.stall_seconds, "copy_wall": copy_wall}
+    assert all(np.array_equal(a, b) for a, b in zip(flatten(c.adjoint)[0], flatten(r.adjoint)[0]))
+    return {
+        "package": vlcc_adjoint.__file__,
+        "wall": wall,
+        "store": r.stall_seconds,
+        "forward": r.forward_seconds,
+        "adjoint": r.adjoint_seconds,
+        "saves": s.saves,
+        "loads": s.loads,
+        "copy_store": c.stall_seconds,
+        "copy_wall": copy_wall,
+    }
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -236,18 +244,34 @@ def child_seismic(nt: int, slots: int) -> dict:
 
 def run_child(kind: str, version: str, baseline: str | None, args) -> dict:
     path = baseline if version == "before" else ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [path] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--nt", str(args.nt),
-           "--slots", str(args.slots)] + (["--quick"] if args.quick else [])
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [path] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        kind,
+        "--nt",
+        str(args.nt),
+        "--slots",
+        str(args.slots),
+    ] + (["--quick"] if args.quick else [])
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} ({version}) failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result.update(version=version, loadavg_before=load0, loadavg_after=os.getloadavg(),
-                  seconds=time.perf_counter() - t0)
+    result.update(
+        version=version,
+        loadavg_before=load0,
+        loadavg_after=os.getloadavg(),
+        seconds=time.perf_counter() - t0,
+    )
     return result
 
 
@@ -263,16 +287,20 @@ def median_of(runs, *keys):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline", help="a directory holding another vlcc_adjoint package "
-                        "(the 'before' version), run side by side with this tree")
+    parser.add_argument(
+        "--baseline",
+        help="a directory holding another vlcc_adjoint package "
+        "(the 'before' version), run side by side with this tree",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats, a shorter run")
     parser.add_argument("--nt", type=int, default=None, help="seismic time steps (2000)")
     parser.add_argument("--slots", type=int, default=10, help="Revolve slots (10)")
     parser.add_argument("--skip-seismic", action="store_true")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
-    parser.add_argument("--child", choices=["calls", "seismic", "kernels"],
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
+    parser.add_argument("--child", choices=["calls", "seismic", "kernels"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.nt is None:
         args.nt = 600 if args.quick else 2000
@@ -288,33 +316,44 @@ def main(argv=None):
 
     versions = ["before", "after"] if args.baseline else ["after"]
     uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    runs = {"calls": {v: [] for v in versions}, "seismic": {v: [] for v in versions},
-            "kernels": {"after": []}}
+    runs = {
+        "calls": {v: [] for v in versions},
+        "seismic": {v: [] for v in versions},
+        "kernels": {"after": []},
+    }
     kinds = ["kernels", "calls"] + ([] if args.skip_seismic else ["seismic"])
     for rnd in range(args.rounds):
         order = versions if rnd % 2 == 0 else versions[::-1]
         for kind in kinds:
-            for version in (order if kind != "kernels" else ["after"]):
+            for version in order if kind != "kernels" else ["after"]:
                 result = run_child(kind, version, args.baseline, args)
                 runs[kind][version].append(result)
-                print(f"round {rnd + 1}/{args.rounds} {kind:8s} {version:6s} "
-                      f"load {result['loadavg_before'][0]:.2f} ({result['seconds']:.0f} s)",
-                      flush=True)
+                print(
+                    f"round {rnd + 1}/{args.rounds} {kind:8s} {version:6s} "
+                    f"load {result['loadavg_before'][0]:.2f} ({result['seconds']:.0f} s)",
+                    flush=True,
+                )
     uptime_after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
     # Tables.
     summary = {"calls": {}, "seismic": {}, "kernels": {}}
-    print(f"\n(0) checksum paths, one leaf, median of {args.rounds} rounds of medians "
-          "(microseconds; x = multiple of np.copyto)")
+    print(
+        f"\n(0) checksum paths, one leaf, median of {args.rounds} rounds of medians "
+        "(microseconds; x = multiple of np.copyto)"
+    )
     kpaths = list(runs["kernels"]["after"][0]["64 KiB"])
     print(f"{'leaf':8s} " + " ".join(f"{p:>22s}" for p in kpaths))
     for name in SIZES:
         row = {p: median_of(runs["kernels"]["after"], name, p) for p in kpaths}
         summary["kernels"][name] = row
-        print(f"{name:8s} " + " ".join(f"{row[p]:12.1f} ({row[p] / row['copyto']:5.2f}x)"
-                                       for p in kpaths))
-    print(f"\n(a) per call, memory level, median of {args.rounds} rounds of medians "
-          "(microseconds; x = multiple of np.copyto of the same bytes)")
+        print(
+            f"{name:8s} "
+            + " ".join(f"{row[p]:12.1f} ({row[p] / row['copyto']:5.2f}x)" for p in kpaths)
+        )
+    print(
+        f"\n(a) per call, memory level, median of {args.rounds} rounds of medians "
+        "(microseconds; x = multiple of np.copyto of the same bytes)"
+    )
     head = f"{'state':8s} {'version':7s} " + " ".join(f"{op:>17s}" for op in OPS)
     print(head)
     print("-" * len(head))
@@ -322,13 +361,13 @@ def main(argv=None):
         summary["calls"][name] = {}
         for v in versions:
             rs = runs["calls"][v]
-            row = {op: median_of(rs, "sizes", name, op) for op in OPS
-                   if op in rs[0]["sizes"][name]}
+            row = {op: median_of(rs, "sizes", name, op) for op in OPS if op in rs[0]["sizes"][name]}
             copy = row["copyto"]
-            summary["calls"][name][v] = {op: {"us": t, "x_copy": t / copy}
-                                         for op, t in row.items()}
-            cells = [f"{row[op]:9.1f} ({row[op] / copy:4.2f}x)" if op in row else f"{'-':>17s}"
-                     for op in OPS]
+            summary["calls"][name][v] = {op: {"us": t, "x_copy": t / copy} for op, t in row.items()}
+            cells = [
+                f"{row[op]:9.1f} ({row[op] / copy:4.2f}x)" if op in row else f"{'-':>17s}"
+                for op in OPS
+            ]
             print(f"{name:8s} {v:7s} " + " ".join(cells))
         if args.baseline:
             # Round by round, after / before of each call's multiple of its
@@ -338,37 +377,74 @@ def main(argv=None):
             paired = {}
             for op in OPS:
                 if all(op in r["sizes"][name] for pair in pairs for r in pair):
-                    paired[op] = float(np.median([
-                        (a["sizes"][name][op] / a["sizes"][name]["copyto"])
-                        / (b["sizes"][name][op] / b["sizes"][name]["copyto"]) for b, a in pairs]))
+                    paired[op] = float(
+                        np.median(
+                            [
+                                (a["sizes"][name][op] / a["sizes"][name]["copyto"])
+                                / (b["sizes"][name][op] / b["sizes"][name]["copyto"])
+                                for b, a in pairs
+                            ]
+                        )
+                    )
             summary["calls"][name]["paired_after_over_before"] = paired
-            print(f"{name:8s} {'a/b':7s} " + " ".join(
-                f"{paired[op]:17.2f}" if op in paired else f"{'-':>17s}" for op in OPS))
+            print(
+                f"{name:8s} {'a/b':7s} "
+                + " ".join(f"{paired[op]:17.2f}" if op in paired else f"{'-':>17s}" for op in OPS)
+            )
     if "seismic" in kinds:
-        print(f"\n(b) seismic 300 x 300, nt = {args.nt}, Revolve({args.nt}, {args.slots}), "
-              f"median of {args.rounds} (seconds)")
-        print(f"{'version':7s} {'wall':>7s} {'store':>7s} {'copies':>7s} {'its wall':>9s} "
-              f"{'forward':>8s} {'adjoint':>8s} {'saves':>6s} {'loads':>6s}")
+        print(
+            f"\n(b) seismic 300 x 300, nt = {args.nt}, Revolve({args.nt}, {args.slots}), "
+            f"median of {args.rounds} (seconds)"
+        )
+        print(
+            f"{'version':7s} {'wall':>7s} {'store':>7s} {'copies':>7s} {'its wall':>9s} "
+            f"{'forward':>8s} {'adjoint':>8s} {'saves':>6s} {'loads':>6s}"
+        )
         for v in versions:
             rs = runs["seismic"][v]
-            row = {k: median_of(rs, k) for k in ("wall", "store", "copy_store", "copy_wall",
-                                                 "forward", "adjoint", "saves", "loads")}
+            row = {
+                k: median_of(rs, k)
+                for k in (
+                    "wall",
+                    "store",
+                    "copy_store",
+                    "copy_wall",
+                    "forward",
+                    "adjoint",
+                    "saves",
+                    "loads",
+                )
+            }
             summary["seismic"][v] = row
-            print(f"{v:7s} {row['wall']:7.2f} {row['store']:7.2f} {row['copy_store']:7.2f} "
-                  f"{row['copy_wall']:9.2f} {row['forward']:8.2f} {row['adjoint']:8.2f} "
-                  f"{row['saves']:6.0f} {row['loads']:6.0f}")
-        print("copies: store-call time of the same run with a store that only copies "
-              "(np.copyto in and out of reused buffers), in the same process")
+            print(
+                f"{v:7s} {row['wall']:7.2f} {row['store']:7.2f} {row['copy_store']:7.2f} "
+                f"{row['copy_wall']:9.2f} {row['forward']:8.2f} {row['adjoint']:8.2f} "
+                f"{row['saves']:6.0f} {row['loads']:6.0f}"
+            )
+        print(
+            "copies: store-call time of the same run with a store that only copies "
+            "(np.copyto in and out of reused buffers), in the same process"
+        )
     print(f"\nload: {uptime_before}\n   -> {uptime_after}")
 
     os.makedirs(args.out, exist_ok=True)
     result = {
-        "benchmark": "bench_store_calls", "argv": sys.argv[1:], "quick": args.quick,
-        "rounds": args.rounds, "baseline": args.baseline, "nt": args.nt, "slots": args.slots,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count()},
-        "uptime_before": uptime_before, "uptime_after": uptime_after,
-        "summary": summary, "runs": runs,
+        "benchmark": "bench_store_calls",
+        "argv": sys.argv[1:],
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "baseline": args.baseline,
+        "nt": args.nt,
+        "slots": args.slots,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "uptime_before": uptime_before,
+        "uptime_after": uptime_after,
+        "summary": summary,
+        "runs": runs,
     }
     path = os.path.join(args.out, "bench_store_calls.json")
     with open(path, "w") as fh:
@@ -392,8 +468,7 @@ def plot(summary, versions, path):
         for j, v in enumerate(versions):
             cells = dict(summary["calls"][name][v])
             # A save is done when its record is: count the background part too.
-            cells["save + settle"] = {"x_copy": cells["save"]["x_copy"]
-                                      + cells["settle"]["x_copy"]}
+            cells["save + settle"] = {"x_copy": cells["save"]["x_copy"] + cells["settle"]["x_copy"]}
             ys = [cells[op]["x_copy"] if op in cells else 0.0 for op in ops]
             ax.bar(np.arange(len(ops)) + j * width, ys, width, label=v)
         ax.axhline(1.0, color="k", lw=0.8)

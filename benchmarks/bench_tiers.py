@@ -132,8 +132,16 @@ def bench_capture(sizes, repeats):
         times = _interleave(methods, repeats if n <= 1024 else max(3, repeats // 3))
         for name, ts in times.items():
             med = statistics.median(ts)
-            rows.append({"n": n, "bytes": u.nbytes, "method": name, "median_s": med,
-                         "GB_s": u.nbytes / med / 1e9, "times_s": ts})
+            rows.append(
+                {
+                    "n": n,
+                    "bytes": u.nbytes,
+                    "method": name,
+                    "median_s": med,
+                    "GB_s": u.nbytes / med / 1e9,
+                    "times_s": ts,
+                }
+            )
     return rows
 
 
@@ -145,7 +153,7 @@ def _plain_write(path, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
     try:
         view = memoryview(data).cast("B")
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -214,8 +222,14 @@ def bench_tiers(base, sizes, repeats, with_zarr_api=True):
         def m_zarr_api():
             path = os.path.join(case, "zapi", f"a{nxt()}")
             t0 = time.perf_counter()
-            arr = zarr.create_array(store=path, shape=x.shape, chunks=x.shape, dtype=x.dtype,
-                                    compressors=None, zarr_format=3)
+            arr = zarr.create_array(
+                store=path,
+                shape=x.shape,
+                chunks=x.shape,
+                dtype=x.dtype,
+                compressors=None,
+                zarr_format=3,
+            )
             arr[...] = x
             dt = time.perf_counter() - t0
             shutil.rmtree(path)
@@ -231,8 +245,12 @@ def bench_tiers(base, sizes, repeats, with_zarr_api=True):
             _plain_read(os.path.join(case, "plain", "r"), x.shape, x.dtype)
             return time.perf_counter() - t0
 
-        methods = {"plain": m_plain, "plain rewrite": m_rewrite, "zarr-tier": lambda: m_put(tier),
-                   "zarr-tier fresh": lambda: m_put(fresh)}
+        methods = {
+            "plain": m_plain,
+            "plain rewrite": m_rewrite,
+            "zarr-tier": lambda: m_put(tier),
+            "zarr-tier fresh": lambda: m_put(fresh),
+        }
         if with_zarr_api:
             methods["zarr API"] = m_zarr_api
         methods["plain read"] = m_plain_read
@@ -242,13 +260,21 @@ def bench_tiers(base, sizes, repeats, with_zarr_api=True):
         for name, ts in times.items():
             ref_ts = times["plain read" if name in ("get", "plain read") else "plain"]
             med, ref = statistics.median(ts), statistics.median(ref_ts)
-            rows.append({"bytes": nbytes, "method": name, "median_s": med,
-                         "ratio_to_plain": med / ref,
-                         # the same ratio per round (adjacent calls), then the median:
-                         # robust to the machine's drift between rounds
-                         "paired_ratio": statistics.median(t / r for t, r in zip(ts, ref_ts)),
-                         "GB_s": nbytes / med / 1e9, "overhead_us": (med - ref) * 1e6,
-                         "repeats": len(ts), "times_s": ts})
+            rows.append(
+                {
+                    "bytes": nbytes,
+                    "method": name,
+                    "median_s": med,
+                    "ratio_to_plain": med / ref,
+                    # the same ratio per round (adjacent calls), then the median:
+                    # robust to the machine's drift between rounds
+                    "paired_ratio": statistics.median(t / r for t, r in zip(ts, ref_ts)),
+                    "GB_s": nbytes / med / 1e9,
+                    "overhead_us": (med - ref) * 1e6,
+                    "repeats": len(ts),
+                    "times_s": ts,
+                }
+            )
         shutil.rmtree(case, ignore_errors=True)
     return rows
 
@@ -293,10 +319,14 @@ def print_tables(capture, tiers, checksum_gbs):
     print(f"{'state':>18} " + " ".join(f"{m:>11}" for m in methods))
     for n in sizes:
         cells = {r["method"]: r for r in capture if r["n"] == n}
-        print(f"{f'{n}x{n} ({_fmt_bytes(n * n * 8)})':>18} "
-              + " ".join(f"{cells[m]['GB_s']:>11.2f}" for m in methods))
+        print(
+            f"{f'{n}x{n} ({_fmt_bytes(n * n * 8)})':>18} "
+            + " ".join(f"{cells[m]['GB_s']:>11.2f}" for m in methods)
+        )
     print(f"\nchecksum (xxh3-64, one thread): {checksum_gbs:.1f} GB/s")
-    print("\n(b) one record of one float64 leaf: median time, paired ratio to plain write/read, GB/s")
+    print(
+        "\n(b) one record of one float64 leaf: median time, paired ratio to plain write/read, GB/s"
+    )
     methods = list(dict.fromkeys(r["method"] for r in tiers))
     print(f"{'record':>8} " + " ".join(f"{m:>21}" for m in methods))
     for nbytes in sorted({r["bytes"] for r in tiers}):
@@ -317,8 +347,11 @@ def verdict(tiers):
         rows = [r for r in tiers if r["method"] == method]
         out[method] = {
             "within_2x_of_plain": {_fmt_bytes(r["bytes"]): r["paired_ratio"] <= 2.0 for r in rows},
-            "bandwidth_fraction_large": {_fmt_bytes(r["bytes"]): 1.0 / r["paired_ratio"]
-                                         for r in rows if r["bytes"] >= 16 * MIB},
+            "bandwidth_fraction_large": {
+                _fmt_bytes(r["bytes"]): 1.0 / r["paired_ratio"]
+                for r in rows
+                if r["bytes"] >= 16 * MIB
+            },
         }
     return out
 
@@ -340,17 +373,28 @@ def bench_disk(base, quick):
 
 def print_disk(disk):
     touch = disk["memory_touch"]
-    print(f"\n(c) durable writes and cold reads against dd (MB/s, median; paired ratio to dd "
-          f"with min-max). Touching {_fmt_bytes(touch['bytes'])} of fresh memory: "
-          f"{touch['warm_s']:.2f} s warm, {touch['after_idle_s']:.2f} s after "
-          f"{touch['idle_s']:.0f} s idle")
-    for key, what in (("burst", "burst"), ("burst_cold", "burst, memory as found"),
-                      ("single", "single record"), ("read", "read, not in page cache")):
+    print(
+        f"\n(c) durable writes and cold reads against dd (MB/s, median; paired ratio to dd "
+        f"with min-max). Touching {_fmt_bytes(touch['bytes'])} of fresh memory: "
+        f"{touch['warm_s']:.2f} s warm, {touch['after_idle_s']:.2f} s after "
+        f"{touch['idle_s']:.0f} s idle"
+    )
+    for key, what in (
+        ("burst", "burst"),
+        ("burst_cold", "burst, memory as found"),
+        ("single", "single record"),
+        ("read", "read, not in page cache"),
+    ):
         d = disk[key]
-        cells = [f"{m} {d['MB_per_s'][m]:.0f} ({r['median']:.2f}x, {r['min']:.2f}-{r['max']:.2f})"
-                 for m, r in d["vs_dd"].items() if m != "dd"]
-        print(f"{what:>24}: {d['count']} x {_fmt_bytes(d['record_bytes'])}, dd "
-              f"{d['MB_per_s']['dd']:.0f}; " + "; ".join(cells))
+        cells = [
+            f"{m} {d['MB_per_s'][m]:.0f} ({r['median']:.2f}x, {r['min']:.2f}-{r['max']:.2f})"
+            for m, r in d["vs_dd"].items()
+            if m != "dd"
+        ]
+        print(
+            f"{what:>24}: {d['count']} x {_fmt_bytes(d['record_bytes'])}, dd "
+            f"{d['MB_per_s']['dd']:.0f}; " + "; ".join(cells)
+        )
     r = disk["read"]["vs_readinto"]["store"]
     print(f"{'':>24}  store vs readinto: {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
 
@@ -370,11 +414,18 @@ def _fs_of(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller records (~25 s)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repeats, smaller records (~25 s)"
+    )
     parser.add_argument("--dir", default=None, help="where the files go (default: system temp)")
-    parser.add_argument("--update-results", action="store_true",
-                        help="write bench_tiers.json into benchmarks/results/ (the tracked results)")
-    parser.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write bench_tiers.json into benchmarks/results/ (the tracked results)",
+    )
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     args = parser.parse_args(argv)
     if args.update_results:
         args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -403,9 +454,14 @@ def main(argv=None):
         "benchmark": "bench_tiers",
         "quick": args.quick,
         "wall_s": time.time() - t_start,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": sys.version.split()[0], "numpy": np.__version__,
-                    "zarr": zarr.__version__, "filesystem": _fs_of(os.path.realpath(base))},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+            "zarr": zarr.__version__,
+            "filesystem": _fs_of(os.path.realpath(base)),
+        },
         "capture": capture,
         "checksum_GB_s": checksum_gbs,
         "tiers": tiers,

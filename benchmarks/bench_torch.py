@@ -94,8 +94,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from vlcc_adjoint.torch import (VlccCheckpointEngine, checkpoint_sequence,  # noqa: E402
-                                plan_sequence)
+from vlcc_adjoint.torch import VlccCheckpointEngine, checkpoint_sequence, plan_sequence  # noqa: E402
 
 # -- (a) the RNN chain ----------------------------------------------------------------------
 
@@ -119,15 +118,18 @@ def make_runner(config, n, cell, xs, h0, counter=None):
         def counted(x, h):
             counter[0] += 1
             return base(x, h)
+
         stepf = counted
     else:
         stepf = cell
     if kind == "plain":
+
         def run():
             h = h0
             for i in range(n):
                 h = stepf(xs[i], h)
             h.sum().backward()
+
         return run
     if kind.startswith("ckpt_seq"):
         from torch.utils.checkpoint import checkpoint_sequential
@@ -147,37 +149,71 @@ def make_runner(config, n, cell, xs, h0, counter=None):
         def run():
             h = checkpoint_sequential(seq, config["segments"], h0, use_reentrant=reentrant)
             h.sum().backward()
+
         return run
     if kind == "vlcc":
+
         def run():
-            h = checkpoint_sequence(stepf, h0, n, inputs=xs, block=config["block"],
-                                    snapshots=config["snapshots"], params=list(cell.parameters()))
+            h = checkpoint_sequence(
+                stepf,
+                h0,
+                n,
+                inputs=xs,
+                block=config["block"],
+                snapshots=config["snapshots"],
+                params=list(cell.parameters()),
+            )
             h.sum().backward()
+
         return run
     raise ValueError(kind)
 
 
 def rnn_configs(n, quick):
     floor = math.isqrt(n)
-    segments = sorted({max(2, floor), max(2, floor // 2), 10, 4} if not quick
-                      else {max(2, floor), 4})
+    segments = sorted(
+        {max(2, floor), max(2, floor // 2), 10, 4} if not quick else {max(2, floor), 4}
+    )
     configs = [{"name": "plain", "kind": "plain", "memory": n}]
     for s in segments:
         mem = s + n / s
-        configs.append({"name": f"ckpt_seq s={s}", "kind": "ckpt_seq", "segments": s,
-                        "memory": mem})
-        configs.append({"name": f"ckpt_seq s={s} reentrant", "kind": "ckpt_seq_reentrant",
-                        "segments": s, "memory": mem})
+        configs.append(
+            {"name": f"ckpt_seq s={s}", "kind": "ckpt_seq", "segments": s, "memory": mem}
+        )
+        configs.append(
+            {
+                "name": f"ckpt_seq s={s} reentrant",
+                "kind": "ckpt_seq_reentrant",
+                "segments": s,
+                "memory": mem,
+            }
+        )
         p = plan_sequence(n, mem)
-        configs.append({"name": f"vlcc M={mem:.0f}", "kind": "vlcc", "block": p.block,
-                        "snapshots": p.snapshots, "memory": p.memory, "vs": s})
+        configs.append(
+            {
+                "name": f"vlcc M={mem:.0f}",
+                "kind": "vlcc",
+                "block": p.block,
+                "snapshots": p.snapshots,
+                "memory": p.memory,
+                "vs": s,
+            }
+        )
     c = math.isqrt(n - 1) + 1
-    configs.append({"name": "vlcc default", "kind": "vlcc", "block": 1, "snapshots": c,
-                    "memory": c + 1})
-    for mem in ([10, 24] if not quick else [12]):
+    configs.append(
+        {"name": "vlcc default", "kind": "vlcc", "block": 1, "snapshots": c, "memory": c + 1}
+    )
+    for mem in [10, 24] if not quick else [12]:
         p = plan_sequence(n, mem)
-        configs.append({"name": f"vlcc M={mem} (below floor)", "kind": "vlcc", "block": p.block,
-                        "snapshots": p.snapshots, "memory": p.memory})
+        configs.append(
+            {
+                "name": f"vlcc M={mem} (below floor)",
+                "kind": "vlcc",
+                "block": p.block,
+                "snapshots": p.snapshots,
+                "memory": p.memory,
+            }
+        )
     return configs
 
 
@@ -215,7 +251,7 @@ class LiveBytes:
     def _see(self, out):
         import weakref
 
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                 st = t.untyped_storage()
                 key = st.data_ptr()
@@ -262,8 +298,9 @@ def part_a(n, repeats, quick):
         if cfg["kind"] == "plain":
             ref = grads
         else:
-            err = max(float((a - b).abs().max() / (b.abs().max() + 1e-30))
-                      for a, b in zip(grads, ref))
+            err = max(
+                float((a - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(grads, ref)
+            )
             cfg["max_rel_err"] = err
     times = {c["name"]: [] for c in configs}
     walls = {c["name"]: [] for c in configs}
@@ -282,10 +319,19 @@ def part_a(n, repeats, quick):
     rows = []
     for cfg in configs:
         t = statistics.median(times[cfg["name"]])
-        rows.append(dict(cfg, seconds=t, repeats=times[cfg["name"]], extra=t - plain_t,
-                         wall=statistics.median(walls[cfg["name"]]), wall_repeats=walls[cfg["name"]],
-                         evals=evals[cfg["name"]], peak_rss=memory[cfg["name"]],
-                         peak_states=memory[cfg["name"]] / state_bytes))
+        rows.append(
+            dict(
+                cfg,
+                seconds=t,
+                repeats=times[cfg["name"]],
+                extra=t - plain_t,
+                wall=statistics.median(walls[cfg["name"]]),
+                wall_repeats=walls[cfg["name"]],
+                evals=evals[cfg["name"]],
+                peak_rss=memory[cfg["name"]],
+                peak_states=memory[cfg["name"]] / state_bytes,
+            )
+        )
     by = {r["name"]: r for r in rows}
     for r in rows:
         if r["kind"] == "vlcc" and "vs" in r:
@@ -293,19 +339,27 @@ def part_a(n, repeats, quick):
                 cs = by[f"ckpt_seq s={r['vs']}{mode}"]
                 key = "ratio_vs_reentrant" if mode else "ratio_vs_nonreentrant"
                 r[key] = cs["extra"] / r["extra"] if r["extra"] > 0 else float("inf")
-    print(f"\n(a) RNNCell, n={n}, batch {RNN['batch']}, hidden {RNN['hidden']}: one state = "
-          f"{state_bytes >> 10} KiB; thread CPU seconds, medians of {repeats} interleaved repeats")
-    print(f"{'config':30s} {'blk':>4s} {'snap':>5s} {'M(st)':>6s} {'peakMiB':>8s} {'peak st':>8s} "
-          f"{'evals':>6s} {'cpu s':>7s} {'extra s':>8s} {'ratio':>11s}")
+    print(
+        f"\n(a) RNNCell, n={n}, batch {RNN['batch']}, hidden {RNN['hidden']}: one state = "
+        f"{state_bytes >> 10} KiB; thread CPU seconds, medians of {repeats} interleaved repeats"
+    )
+    print(
+        f"{'config':30s} {'blk':>4s} {'snap':>5s} {'M(st)':>6s} {'peakMiB':>8s} {'peak st':>8s} "
+        f"{'evals':>6s} {'cpu s':>7s} {'extra s':>8s} {'ratio':>11s}"
+    )
     for r in rows:
         ratio = ""
         if "ratio_vs_nonreentrant" in r:
             ratio = f"{r['ratio_vs_nonreentrant']:.2f}/{r['ratio_vs_reentrant']:.2f}"
-        print(f"{r['name']:30s} {r.get('block', ''):>4} {r.get('snapshots', ''):>5} "
-              f"{r['memory']:6.0f} {r['peak_rss'] / 2**20:8.1f} {r['peak_states']:8.0f} "
-              f"{r['evals']:6d} {r['seconds']:7.2f} {r['extra']:8.2f} {ratio:>11s}")
-    print("ratio: checkpoint_sequential's extra time / ours at the same memory "
-          "(use_reentrant=False / True)")
+        print(
+            f"{r['name']:30s} {r.get('block', ''):>4} {r.get('snapshots', ''):>5} "
+            f"{r['memory']:6.0f} {r['peak_rss'] / 2**20:8.1f} {r['peak_states']:8.0f} "
+            f"{r['evals']:6d} {r['seconds']:7.2f} {r['extra']:8.2f} {ratio:>11s}"
+        )
+    print(
+        "ratio: checkpoint_sequential's extra time / ours at the same memory "
+        "(use_reentrant=False / True)"
+    )
     return {"n": n, "rnn": RNN, "state_bytes": state_bytes, "rows": rows}
 
 
@@ -420,23 +474,31 @@ class Vlcc(Method):
         self.defer = defer
         self.wait_on_commit = wait_on_commit
         self.name = ("vlcc deferred" if defer else "vlcc copy") + (
-            " +disk" if wait_on_commit == "written" else "")
+            " +disk" if wait_on_commit == "written" else ""
+        )
 
     def setup(self, model, opt, root):
         self.root = os.path.join(root, self.name.replace(" ", "_").replace("+", ""))
         kw = dict(model=model, optimizer=opt) if self.defer else {}
-        self.engine = VlccCheckpointEngine(os.path.join(self.root, "history"), defer=self.defer,
-                                           wait_on_commit=self.wait_on_commit, **kw)
+        self.engine = VlccCheckpointEngine(
+            os.path.join(self.root, "history"),
+            defer=self.defer,
+            wait_on_commit=self.wait_on_commit,
+            **kw,
+        )
         self.opt = opt
 
     def checkpoint(self, model, opt, i):
         class Info:
             tag, save_dir, save_latest = f"global_step{i}", self.root, True
+
         t0 = time.perf_counter()
         self.engine.create(Info)
         os.makedirs(os.path.join(self.root, Info.tag), exist_ok=True)
-        self.engine.save({"module": model.state_dict(), "optimizer": opt.state_dict()},
-                         os.path.join(self.root, Info.tag, "mp_rank_00_model_states.pt"))
+        self.engine.save(
+            {"module": model.state_dict(), "optimizer": opt.state_dict()},
+            os.path.join(self.root, Info.tag, "mp_rank_00_model_states.pt"),
+        )
         self.info = Info
         return time.perf_counter() - t0
 
@@ -450,6 +512,7 @@ class Vlcc(Method):
         self.engine.wait()
         h = self.engine.history()
         from vlcc_adjoint.lineage import KeepPolicy
+
         h.gc(KeepPolicy(last=1))  # keep the disk bounded (untimed)
         return time.perf_counter() - t0
 
@@ -461,8 +524,7 @@ def part_b(layers, width, batch, steps, rounds, root):
     model, opt = make_model(layers, width)
     train_step(model, opt, batch, width)  # AdamW state exists
     state_bytes = sum(p.numel() * 4 for p in model.parameters()) * 3
-    methods = [TorchSave(), DCP(False), DCP(True), Vlcc(False), Vlcc(True),
-               Vlcc(True, "written")]
+    methods = [TorchSave(), DCP(False), DCP(True), Vlcc(False), Vlcc(True), Vlcc(True, "written")]
     for m in methods:
         m.setup(model, opt, root)
     methods = [m for m in methods if getattr(m, "available", True)]
@@ -499,20 +561,32 @@ def part_b(layers, width, batch, steps, rounds, root):
         m.close()
     rows = []
     base = statistics.median(res["torch.save"]["blocked"])
-    print(f"\n(b) MLP {layers} x {width}^2 + AdamW: {state_bytes / 2**20:.0f} MiB of state; "
-          f"training step {step_time:.2f} s (batch {batch}); medians of {rounds} interleaved rounds")
-    print(f"{'method':16s} {'blocked s':>10s} {'in call':>8s} {'wait':>7s} {'write s':>8s} "
-          f"{'/torch.save':>12s}")
+    print(
+        f"\n(b) MLP {layers} x {width}^2 + AdamW: {state_bytes / 2**20:.0f} MiB of state; "
+        f"training step {step_time:.2f} s (batch {batch}); medians of {rounds} interleaved rounds"
+    )
+    print(
+        f"{'method':16s} {'blocked s':>10s} {'in call':>8s} {'wait':>7s} {'write s':>8s} "
+        f"{'/torch.save':>12s}"
+    )
     for m in methods:
         r = res[m.name]
-        row = {"method": m.name, **{k: statistics.median(v) for k, v in r.items()},
-               "repeats": r}
+        row = {"method": m.name, **{k: statistics.median(v) for k, v in r.items()}, "repeats": r}
         row["vs_torch_save"] = row["blocked"] / base
         rows.append(row)
-        print(f"{m.name:16s} {row['blocked']:10.3f} {row['call']:8.3f} {row['wait']:7.3f} "
-              f"{row['write']:8.3f} {row['vs_torch_save']:12.3f}")
-    return {"layers": layers, "width": width, "batch": batch, "steps_between": steps,
-            "state_bytes": state_bytes, "train_step_seconds": step_time, "rows": rows}
+        print(
+            f"{m.name:16s} {row['blocked']:10.3f} {row['call']:8.3f} {row['wait']:7.3f} "
+            f"{row['write']:8.3f} {row['vs_torch_save']:12.3f}"
+        )
+    return {
+        "layers": layers,
+        "width": width,
+        "batch": batch,
+        "steps_between": steps,
+        "state_bytes": state_bytes,
+        "train_step_seconds": step_time,
+        "rows": rows,
+    }
 
 
 def main(argv=None):
@@ -524,13 +598,21 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--dir", default=None)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     args = ap.parse_args(argv)
     n = args.steps or (500 if args.quick else 2000)
     repeats = args.repeats or (3 if args.quick else 7)
-    meta = {"python": sys.version.split()[0], "torch": torch.__version__,
-            "machine": platform.machine(), "cpus": os.cpu_count(), "quick": args.quick,
-            "loadavg_before": os.getloadavg(), "threads": torch.get_num_threads()}
+    meta = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+        "loadavg_before": os.getloadavg(),
+        "threads": torch.get_num_threads(),
+    }
     out = {"meta": meta}
     if "a" in args.part:
         out["a"] = part_a(n, repeats, args.quick)

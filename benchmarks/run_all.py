@@ -75,16 +75,37 @@ BENCHMARKS = {
     "lineage_delta": (["--mb", "8"], []),
     "dcp": (["--quick"], ["--train-repeats", "5"]),
     "executor": (["--steps", "20000", "--rounds", "1"], ["--rounds", "3"]),
-    "jax_ooc": (["--out-of-core", "--skip-scan", "--ooc-grid", "128", "--ooc-steps", "400"],
-                ["--out-of-core", "--skip-scan"]),
+    "jax_ooc": (
+        ["--out-of-core", "--skip-scan", "--ooc-grid", "128", "--ooc-steps", "400"],
+        ["--out-of-core", "--skip-scan"],
+    ),
 }
 
 #: benchmarks run by another benchmark's script (with the arguments above)
 SCRIPTS = {"jax_ooc": "bench_jax.py"}
 
-PACKAGES = ["vlcc-adjoint", "numpy", "numba", "zarr", "blosc2", "xxhash", "networkx", "jax",
-            "jaxlib", "equinox", "devito", "pyrevolve", "checkpoint-schedules", "zfpy", "pysz",
-            "torch", "deepspeed", "mpi4py", "mpich", "icechunk"]
+PACKAGES = [
+    "vlcc-adjoint",
+    "numpy",
+    "numba",
+    "zarr",
+    "blosc2",
+    "xxhash",
+    "networkx",
+    "jax",
+    "jaxlib",
+    "equinox",
+    "devito",
+    "pyrevolve",
+    "checkpoint-schedules",
+    "zfpy",
+    "pysz",
+    "torch",
+    "deepspeed",
+    "mpi4py",
+    "mpich",
+    "icechunk",
+]
 
 
 def machine() -> dict:
@@ -108,13 +129,13 @@ def machine() -> dict:
 
 def source() -> dict:
     """The commit of the source tree, and whether it has changes (``git``)."""
+
     def git(*args):
         done = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else None
 
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"),
-            "changed": None if status is None else bool(status)}
+    return {"commit": git("rev-parse", "HEAD"), "changed": None if status is None else bool(status)}
 
 
 def resumable(out: Path, quick: bool, here: dict) -> dict:
@@ -128,8 +149,11 @@ def resumable(out: Path, quick: bool, here: dict) -> dict:
         earlier = json.loads(path.read_text())
         if earlier["quick"] != quick or earlier["machine"]["source"] != here:
             return {}
-        return {run["name"]: run for run in earlier["runs"] if run["status"] == 0
-                and run.get("figure", {}).get("status", 0) == 0}
+        return {
+            run["name"]: run
+            for run in earlier["runs"]
+            if run["status"] == 0 and run.get("figure", {}).get("status", 0) == 0
+        }
     except (ValueError, KeyError, TypeError):
         return {}
 
@@ -142,17 +166,30 @@ def run_one(name: str, args: list[str], out: Path, timeout: float) -> dict:
     t0 = time.perf_counter()
     env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
     try:
-        proc = subprocess.run([sys.executable, str(script), *args, "--out", str(out)],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            [sys.executable, str(script), *args, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
         status, tail = proc.returncode, (proc.stdout[-3000:] + proc.stderr[-2000:])
     except subprocess.TimeoutExpired as error:
         status, tail = "timeout", str(error)[-2000:]
     wall = time.perf_counter() - t0
-    written = sorted(p.name for p in out.glob("*") if p.is_file()
-                     and before.get(p.name) != p.stat().st_mtime)
-    return {"name": name, "args": args, "status": status, "wall_seconds": wall,
-            "load_before": load_before, "load_after": os.getloadavg(), "written": written,
-            "output_tail": tail}
+    written = sorted(
+        p.name for p in out.glob("*") if p.is_file() and before.get(p.name) != p.stat().st_mtime
+    )
+    return {
+        "name": name,
+        "args": args,
+        "status": status,
+        "wall_seconds": wall,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "written": written,
+        "output_tail": tail,
+    }
 
 
 def draw_figure(record: dict, out: Path) -> bool:
@@ -194,31 +231,47 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="every benchmark's quick size")
-    size.add_argument("--full", action="store_true", help="the full sizes (about an hour on two cores)")
+    size.add_argument(
+        "--full", action="store_true", help="the full sizes (about an hour on two cores)"
+    )
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), default=None)
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"folder for the results (default: {default_out()}; "
-                        "outside the source tree)")
-    parser.add_argument("--update-results", action="store_true",
-                        help="write into benchmarks/results/, the results the paper quotes")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the clean runs of an earlier run_all.json in the output "
-                        "folder made from this same commit (no local changes), at this size, "
-                        "and run the others")
-    parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="seconds before one benchmark is stopped")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"folder for the results (default: {default_out()}; outside the source tree)",
+    )
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write into benchmarks/results/, the results the paper quotes",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the clean runs of an earlier run_all.json in the output "
+        "folder made from this same commit (no local changes), at this size, "
+        "and run the others",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds before one benchmark is stopped"
+    )
     args = parser.parse_args(argv)
     if args.update_results and args.out is not None:
-        parser.error("--update-results writes benchmarks/results/; drop --out, or drop "
-                     "--update-results to write to --out")
+        parser.error(
+            "--update-results writes benchmarks/results/; drop --out, or drop "
+            "--update-results to write to --out"
+        )
     if args.update_results:
         args.out = RESULTS
     elif args.out is None:
         args.out = default_out()
     elif _inside(args.out, RESULTS):
-        parser.error(f"--out {args.out} is inside benchmarks/results/, the tracked results "
-                     "the paper quotes; pass --update-results to rewrite them, or choose "
-                     "another folder")
+        parser.error(
+            f"--out {args.out} is inside benchmarks/results/, the tracked results "
+            "the paper quotes; pass --update-results to rewrite them, or choose "
+            "another folder"
+        )
     return args
 
 
@@ -244,15 +297,25 @@ def main(argv=None, prog: str | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.only or list(BENCHMARKS)
     command = prog or "python benchmarks/run_all.py"
-    index = {"command": " ".join([command, *(sys.argv[1:] if argv is None else argv)]),
-             "quick": not args.full, "out": str(args.out), "machine": machine(), "runs": []}
-    print(f"writing to {args.out}"
-          + (" (benchmarks/results/, the tracked results)" if args.update_results else ""),
-          flush=True)
+    index = {
+        "command": " ".join([command, *(sys.argv[1:] if argv is None else argv)]),
+        "quick": not args.full,
+        "out": str(args.out),
+        "machine": machine(),
+        "runs": [],
+    }
+    print(
+        f"writing to {args.out}"
+        + (" (benchmarks/results/, the tracked results)" if args.update_results else ""),
+        flush=True,
+    )
     kept = resumable(args.out, index["quick"], index["machine"]["source"]) if args.resume else {}
     if args.resume:
-        print(f"resuming: {len(kept)} clean runs of this commit kept"
-              + (f" ({', '.join(n for n in names if n in kept)})" if kept else ""), flush=True)
+        print(
+            f"resuming: {len(kept)} clean runs of this commit kept"
+            + (f" ({', '.join(n for n in names if n in kept)})" if kept else ""),
+            flush=True,
+        )
     failed = 0
     start = time.perf_counter()
     for i, name in enumerate(names, 1):
@@ -260,8 +323,9 @@ def main(argv=None, prog: str | None = None) -> int:
         tag = f"[{i}/{len(names)}] bench_{name}"
         if name in kept:
             index["runs"].append(kept[name])
-            print(f"{tag} kept from the earlier run ({kept[name]['wall_seconds']:.0f} s)",
-                  flush=True)
+            print(
+                f"{tag} kept from the earlier run ({kept[name]['wall_seconds']:.0f} s)", flush=True
+            )
             continue
         print(f"{tag} ... (run time {_clock(time.perf_counter() - start)})", flush=True)
         record = run_one(name, full if args.full else quick, args.out, args.timeout)
@@ -269,12 +333,19 @@ def main(argv=None, prog: str | None = None) -> int:
         drawn = draw_figure(record, args.out)
         ok = record["status"] == 0 and drawn
         failed += not ok
-        status = ("ok" if ok else f"FAILED ({record['status']})" if record["status"] != 0
-                  else "FAILED (figure)")
-        print(f"{tag} {status} in {record['wall_seconds']:.0f} s (run time "
-              f"{_clock(time.perf_counter() - start)}), load {record['load_before'][0]:.1f} -> "
-              f"{record['load_after'][0]:.1f}; wrote {', '.join(record['written']) or 'nothing'}",
-              flush=True)
+        status = (
+            "ok"
+            if ok
+            else f"FAILED ({record['status']})"
+            if record["status"] != 0
+            else "FAILED (figure)"
+        )
+        print(
+            f"{tag} {status} in {record['wall_seconds']:.0f} s (run time "
+            f"{_clock(time.perf_counter() - start)}), load {record['load_before'][0]:.1f} -> "
+            f"{record['load_after'][0]:.1f}; wrote {', '.join(record['written']) or 'nothing'}",
+            flush=True,
+        )
         if record["status"] != 0:
             print(record["output_tail"], flush=True)
         if not drawn:
@@ -282,8 +353,10 @@ def main(argv=None, prog: str | None = None) -> int:
         (args.out / "run_all.json").write_text(json.dumps(index, indent=1))  # so far
     index["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (args.out / "run_all.json").write_text(json.dumps(index, indent=1))
-    print(f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran "
-          f"cleanly in {_clock(time.perf_counter() - start)}; results in {args.out}")
+    print(
+        f"wrote {args.out / 'run_all.json'}; {len(names) - failed} of {len(names)} ran "
+        f"cleanly in {_clock(time.perf_counter() - start)}; results in {args.out}"
+    )
     return 1 if failed else 0
 
 

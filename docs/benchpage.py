@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 QUOTING = {"README.md": ROOT / "README.md", "paper": ROOT / "paper" / "paper.md"}
 SOURCE = re.compile(r"([-+]?[\d][\d,]*(?:\.\d+)?\s*[x%]?)<!--\s*(.*?)\s*-->", re.S)
-MAX_ROWS = 150          # leaves listed per file under "Every number"
-LONG_LIST = 8           # numeric lists longer than this are summarised
+MAX_ROWS = 150  # leaves listed per file under "Every number"
+LONG_LIST = 8  # numeric lists longer than this are summarised
 
 
 def escape(key: str) -> str:
@@ -69,7 +69,7 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-UNITS = {"KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "kB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
 def quoted_sources() -> dict[str, list[dict]]:
@@ -77,7 +77,7 @@ def quoted_sources() -> dict[str, list[dict]]:
 
     A source is ``FILE#POINTER``, a ratio ``REF / REF`` (the second may be
     ``#POINTER``: the same file), or ``REF in UNIT`` (bytes shown in a unit);
-    see tests/test_paper.py.  Each entry: ``refs`` [(file, pointer)], ``unit``,
+    see tests/project/test_paper.py.  Each entry: ``refs`` [(file, pointer)], ``unit``,
     ``quoted`` (the number as written), ``where`` (README.md, paper).
     """
     out: dict[str, dict[tuple, dict]] = {}
@@ -90,7 +90,7 @@ def quoted_sources() -> dict[str, list[dict]]:
             unit = None
             m = re.search(r"\s+in\s+(KiB|MiB|GiB|kB|MB|GB)$", source)
             if m:
-                unit, source = m.group(1), source[:m.start()]
+                unit, source = m.group(1), source[: m.start()]
             refs, default = [], None
             for ref in source.split(" / "):
                 file, hash_, pointer = ref.strip().partition("#")
@@ -104,7 +104,8 @@ def quoted_sources() -> dict[str, list[dict]]:
                 continue
             key = (tuple(refs), unit, quoted.strip())
             entry = out.setdefault(refs[0][0], {}).setdefault(
-                key, {"refs": refs, "unit": unit, "quoted": quoted.strip(), "where": []})
+                key, {"refs": refs, "unit": unit, "quoted": quoted.strip(), "where": []}
+            )
             if where not in entry["where"]:
                 entry["where"].append(where)
     return {file: list(entries.values()) for file, entries in out.items()}
@@ -133,8 +134,10 @@ def evaluate(entry: dict) -> str:
 
 def source_text(entry: dict) -> str:
     first = entry["refs"][0][0]
-    text = " / ".join(f"{file}#{pointer}" if i == 0 or file != first else f"#{pointer}"
-                      for i, (file, pointer) in enumerate(entry["refs"]))
+    text = " / ".join(
+        f"{file}#{pointer}" if i == 0 or file != first else f"#{pointer}"
+        for i, (file, pointer) in enumerate(entry["refs"])
+    )
     return text + (f" in {entry['unit']}" if entry["unit"] else "")
 
 
@@ -144,8 +147,9 @@ def leaves(node, pointer: str = ""):
         for k, v in node.items():
             yield from leaves(v, f"{pointer}/{escape(str(k))}")
     elif isinstance(node, list):
-        if len(node) > LONG_LIST and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                         for v in node):
+        if len(node) > LONG_LIST and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in node
+        ):
             yield pointer, f"{len(node)} numbers, {fmt(min(node))} .. {fmt(max(node))}"
         else:
             for i, v in enumerate(node):
@@ -162,7 +166,9 @@ def summaries(doc) -> list[tuple[str, str]]:
         if isinstance(s, str):
             out.append((f"{base}/summary", s))
         elif isinstance(s, list):
-            out += [(f"{base}/summary/{i}", line) for i, line in enumerate(s) if isinstance(line, str)]
+            out += [
+                (f"{base}/summary/{i}", line) for i, line in enumerate(s) if isinstance(line, str)
+            ]
     return out
 
 
@@ -170,8 +176,11 @@ def script_of(stem: str, doc) -> Path:
     """The benchmark script that wrote ``<stem>.json``."""
     candidates = [ROOT / "benchmarks" / f"{stem}.py"]
     if isinstance(doc, dict):
-        named = [doc.get("benchmark"), doc.get("command"), (doc.get("meta") or {}).get("benchmark")
-                 if isinstance(doc.get("meta"), dict) else None]
+        named = [
+            doc.get("benchmark"),
+            doc.get("command"),
+            (doc.get("meta") or {}).get("benchmark") if isinstance(doc.get("meta"), dict) else None,
+        ]
         for text in named:
             if isinstance(text, str):
                 m = re.search(r"(?:benchmarks/)?(bench_\w+)(?:\.py)?", text)
@@ -180,9 +189,11 @@ def script_of(stem: str, doc) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise SystemExit(f"docs: benchmarks/results/{stem}.* has no producing script (looked for "
-                     f"{', '.join(str(p.relative_to(ROOT)) for p in candidates)}); add the script "
-                     "or remove the stale result")
+    raise SystemExit(
+        f"docs: benchmarks/results/{stem}.* has no producing script (looked for "
+        f"{', '.join(str(p.relative_to(ROOT)) for p in candidates)}); add the script "
+        "or remove the stale result"
+    )
 
 
 def docstring(path: Path) -> tuple[str, str]:
@@ -193,7 +204,9 @@ def docstring(path: Path) -> tuple[str, str]:
 
 def commands(script: Path, doc: str) -> list[str]:
     """The reproducing commands the script's docstring lists, or the plain invocation."""
-    pattern = re.compile(r"^(?:[A-Z_]+=\S+\s+)*python3?\s+benchmarks/" + re.escape(script.name) + r"\b")
+    pattern = re.compile(
+        r"^(?:[A-Z_]+=\S+\s+)*python3?\s+benchmarks/" + re.escape(script.name) + r"\b"
+    )
     found = [line.strip() for line in doc.splitlines() if pattern.match(line.strip())]
     return found or [f"python benchmarks/{script.name}"]
 
@@ -204,41 +217,69 @@ def section(stem: str, figdir: Path, quoted: list[dict]) -> list[str]:
     script = script_of(stem, doc)
     title, rest = docstring(script)
     rel = script.relative_to(ROOT)
-    parts = [f"## {stem}: {title.removeprefix('Benchmark: ')} {{#{stem}}}\n",
-             f"Produced by `{rel}`" + (f", which wrote `benchmarks/results/{stem}.json`" if doc is not None
-                                       else "") + ".  To reproduce it:\n",
-             "```bash", *commands(script, rest), "```", ""]
+    parts = [
+        f"## {stem}: {title.removeprefix('Benchmark: ')} {{#{stem}}}\n",
+        f"Produced by `{rel}`"
+        + (f", which wrote `benchmarks/results/{stem}.json`" if doc is not None else "")
+        + ".  To reproduce it:\n",
+        "```bash",
+        *commands(script, rest),
+        "```",
+        "",
+    ]
     figures = sorted(RESULTS.glob(f"{stem}.png")) + sorted(RESULTS.glob(f"{stem}_*.png"))
     for png in figures:
         shutil.copy2(png, figdir / png.name)
-        parts += [f"![{png.stem}](benchmarks/{png.name})", "",
-                  f"*Figure: `benchmarks/results/{png.name}`.*", ""]
+        parts += [
+            f"![{png.stem}](benchmarks/{png.name})",
+            "",
+            f"*Figure: `benchmarks/results/{png.name}`.*",
+            "",
+        ]
     if doc is None:
         parts += ["This benchmark has a figure but no JSON results file.", ""]
     else:
         name = f"{stem}.json"
         if quoted:
-            parts += [f"**Numbers README.md and the paper quote from `{name}`**, read from the "
-                      "file when this page was built (a ratio `A / B` is computed from the two):\n",
-                      "| source (file#JSON pointer) | value | quoted as | in |", "|---|---|---|---|"]
-            parts += [f"| `{cell(source_text(e))}` | {cell(evaluate(e))} | {cell(e['quoted'])} | "
-                      f"{', '.join(e['where'])} |" for e in quoted]
+            parts += [
+                f"**Numbers README.md and the paper quote from `{name}`**, read from the "
+                "file when this page was built (a ratio `A / B` is computed from the two):\n",
+                "| source (file#JSON pointer) | value | quoted as | in |",
+                "|---|---|---|---|",
+            ]
+            parts += [
+                f"| `{cell(source_text(e))}` | {cell(evaluate(e))} | {cell(e['quoted'])} | "
+                f"{', '.join(e['where'])} |"
+                for e in quoted
+            ]
             parts.append("")
         lines = summaries(doc)
         if lines:
-            parts += [f"**The benchmark's summary** (`{name}`):\n", "| JSON pointer | line |", "|---|---|"]
+            parts += [
+                f"**The benchmark's summary** (`{name}`):\n",
+                "| JSON pointer | line |",
+                "|---|---|",
+            ]
             parts += [f"| `{name}#{cell(p)}` | {cell(s)} |" for p, s in lines]
             parts.append("")
         rows = list(leaves(doc))
         shown = rows[:MAX_ROWS]
-        parts += [f'??? note "Every number in {name} ({len(rows)})"',
-                  "    | JSON pointer | value |", "    |---|---|"]
+        parts += [
+            f'??? note "Every number in {name} ({len(rows)})"',
+            "    | JSON pointer | value |",
+            "    |---|---|",
+        ]
         parts += [f"    | `{name}#{cell(p)}` | {cell(fmt(v))} |" for p, v in shown]
         if len(rows) > len(shown):
             parts.append(f"\n    and {len(rows) - len(shown)} more in `benchmarks/results/{name}`.")
         parts.append("")
-    parts += ['??? note "What it measures (the script\'s description)"',
-              "    ```text", *("    " + line for line in rest.splitlines()), "    ```", ""]
+    parts += [
+        '??? note "What it measures (the script\'s description)"',
+        "    ```text",
+        *("    " + line for line in rest.splitlines()),
+        "    ```",
+        "",
+    ]
     return parts
 
 
@@ -257,14 +298,17 @@ def page(out: Path) -> str:
     figdir.mkdir(parents=True, exist_ok=True)
     quoted = quoted_sources()
     names = stems()
-    parts = ["# Benchmarks\n",
-             "Generated when this site was built from the files in `benchmarks/results/`: for each "
-             "one, the script that produced it and the command that reproduces it, its figures, "
-             "and its numbers, each with its file and JSON pointer.  "
-             "`python benchmarks/run_all.py --quick` runs every benchmark into "
-             "`$TMPDIR/vlcc-bench-results/`; `--full --update-results` rewrites "
-             "`benchmarks/results/`.\n",
-             *(f"- [{s}](#{s})" for s in names), ""]
+    parts = [
+        "# Benchmarks\n",
+        "Generated when this site was built from the files in `benchmarks/results/`: for each "
+        "one, the script that produced it and the command that reproduces it, its figures, "
+        "and its numbers, each with its file and JSON pointer.  "
+        "`python benchmarks/run_all.py --quick` runs every benchmark into "
+        "`$TMPDIR/vlcc-bench-results/`; `--full --update-results` rewrites "
+        "`benchmarks/results/`.\n",
+        *(f"- [{s}](#{s})" for s in names),
+        "",
+    ]
     for stem in names:
         parts += section(stem, figdir, quoted.get(f"{stem}.json", []))
     return "\n".join(parts)

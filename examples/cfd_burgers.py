@@ -24,11 +24,19 @@ def main(argv=None):
     parser.add_argument("--snapshots", type=int, default=30, help="Revolve snapshot slots")
     parser.add_argument("--sensors", type=int, default=0, help="sensors read every step (0: none)")
     parser.add_argument("--png", default="burgers_gradient.png", help="figure ('' for none)")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="skip the store-everything referee")
+    parser.add_argument(
+        "--no-reference", action="store_true", help="skip the store-everything referee"
+    )
     args = parser.parse_args(argv)
-    burgers_demo(args.cells, args.t_final, args.nu, args.snapshots, sensors=args.sensors,
-                 png=args.png or None, reference=not args.no_reference)
+    burgers_demo(
+        args.cells,
+        args.t_final,
+        args.nu,
+        args.snapshots,
+        sensors=args.sensors,
+        png=args.png or None,
+        reference=not args.no_reference,
+    )
 
 
 if __name__ == "__main__":

@@ -62,31 +62,34 @@ class AcousticFWI:
     - `space_order`: spatial order of the stencils.
     """
 
-    def __init__(self, shape=(101, 101), spacing=10.0, nbl=20, nt=500, f0=0.010,
-                 space_order=4):
+    def __init__(self, shape=(101, 101), spacing=10.0, nbl=20, nt=500, f0=0.010, space_order=4):
         from devito import Function, Grid, SparseTimeFunction, TimeFunction
 
         nx, nz = shape
         self.shape, self.nt, self.space_order = tuple(shape), int(nt), space_order
-        self.grid = grid = Grid(shape=shape, extent=((nx - 1) * spacing, (nz - 1) * spacing),
-                                dtype=np.float32)
+        self.grid = grid = Grid(
+            shape=shape, extent=((nx - 1) * spacing, (nz - 1) * spacing), dtype=np.float32
+        )
         x = np.arange(nx)[:, None] * spacing
         z = np.arange(nz)[None, :] * spacing
         # Two layers (1.5 over 2.5 km/s); the truth adds a 3.0 km/s disc.
         vp0 = np.where(z < 0.45 * nz * spacing, 1.5, 2.5) + 0 * x
-        disc = (x - 0.5 * nx * spacing) ** 2 + (z - 0.62 * nz * spacing) ** 2 \
-            < (0.12 * nx * spacing) ** 2
+        disc = (x - 0.5 * nx * spacing) ** 2 + (z - 0.62 * nz * spacing) ** 2 < (
+            0.12 * nx * spacing
+        ) ** 2
         vp_true = np.where(disc, 3.0, vp0)
         self.m0 = Function(name="m", grid=grid, space_order=space_order)
-        self.m0.data[:] = 1.0 / vp0 ** 2
+        self.m0.data[:] = 1.0 / vp0**2
         self.m_true = Function(name="m_true", grid=grid, space_order=space_order)
-        self.m_true.data[:] = 1.0 / vp_true ** 2
+        self.m_true.data[:] = 1.0 / vp_true**2
         # Damping: a quadratic ramp across the border (1/ms).
         self.damp = Function(name="damp", grid=grid)
-        dist = np.minimum(np.minimum(np.arange(nx), np.arange(nx)[::-1])[:, None],
-                          np.minimum(np.arange(nz), np.arange(nz)[::-1])[None, :])
+        dist = np.minimum(
+            np.minimum(np.arange(nx), np.arange(nx)[::-1])[:, None],
+            np.minimum(np.arange(nz), np.arange(nz)[::-1])[None, :],
+        )
         ramp = np.clip((nbl - dist) / nbl, 0.0, 1.0)
-        self.damp.data[:] = 0.2 * ramp ** 2
+        self.damp.data[:] = 0.2 * ramp**2
         self.dt = np.float32(0.4 * spacing / 3.0)  # CFL 0.4 at the fastest speed
         time_axis = np.arange(nt) * self.dt
 
@@ -113,18 +116,24 @@ class AcousticFWI:
 
         m, s = self.m0, self.grid.stepping_dim.spacing
         pde = m * u.dt2 - u.laplace + self.damp * u.dt
-        return Operator([Eq(u.forward, solve(pde, u.forward))]
-                        + self.src.inject(field=u.forward, expr=self.src * s ** 2 / m)
-                        + self.rec.interpolate(expr=u), name="Forward")
+        return Operator(
+            [Eq(u.forward, solve(pde, u.forward))]
+            + self.src.inject(field=u.forward, expr=self.src * s**2 / m)
+            + self.rec.interpolate(expr=u),
+            name="Forward",
+        )
 
     def _gradient_op(self, u):
         from devito import Eq, Inc, Operator, solve
 
         m, v, s = self.m0, self.v, self.grid.stepping_dim.spacing
         pde = m * v.dt2 - v.laplace + self.damp * v.dt.T
-        return Operator([Eq(v.backward, solve(pde, v.backward))]
-                        + self.residual.inject(field=v.backward, expr=self.residual * s ** 2 / m)
-                        + [Inc(self.grad, -u * v.dt2)], name="Gradient")
+        return Operator(
+            [Eq(v.backward, solve(pde, v.backward))]
+            + self.residual.inject(field=v.backward, expr=self.residual * s**2 / m)
+            + [Inc(self.grad, -u * v.dt2)],
+            name="Gradient",
+        )
 
     def op(self, kind: str, save: bool = False):
         """The ``"forward"`` or ``"gradient"`` operator, over the buffered
@@ -133,8 +142,17 @@ class AcousticFWI:
         if key not in self._ops:
             from devito import TimeFunction
 
-            u = (TimeFunction(name="u", grid=self.grid, time_order=2,
-                              space_order=self.space_order, save=self.nt) if save else self.u)
+            u = (
+                TimeFunction(
+                    name="u",
+                    grid=self.grid,
+                    time_order=2,
+                    space_order=self.space_order,
+                    save=self.nt,
+                )
+                if save
+                else self.u
+            )
             build = self._forward_op if kind == "forward" else self._gradient_op
             self._ops[key] = (build(u), u)
         return self._ops[key]
@@ -149,7 +167,7 @@ class AcousticFWI:
         t0 = time.perf_counter()
         for save in (False, True) if reference else (False,):
             for kind in ("forward", "gradient"):
-                self.op(kind, save)[0].cfunction
+                _ = self.op(kind, save)[0].cfunction  # reading it compiles the operator
         return time.perf_counter() - t0
 
     # -- runs ------------------------------------------------------------------
@@ -194,8 +212,9 @@ class AcousticFWI:
         self._reset()
         cp = DevitoCheckpoint([u])
         wrap_fw = CheckpointOperator(fwd, u=u, src=self.src, rec=self.rec, dt=self.dt)
-        wrap_rev = CheckpointOperator(grad_op, u=u, v=self.v, grad=self.grad,
-                                      residual=self.residual, dt=self.dt)
+        wrap_rev = CheckpointOperator(
+            grad_op, u=u, v=self.v, grad=self.grad, residual=self.residual, dt=self.dt
+        )
         wrp = Revolver(cp, wrap_fw, wrap_rev, n_checkpoints, self.steps, **revolver_options)
         wrp.apply_forward()
         misfit = self._set_residual()
@@ -212,14 +231,20 @@ class AcousticFWI:
         grad_op, _ = self.op("gradient")
         self._reset()
         solver = DevitoSolver(
-            fwd, grad_op, [u],
+            fwd,
+            grad_op,
+            [u],
             forward_kwargs=dict(u=u, src=self.src, rec=self.rec, dt=self.dt),
-            reverse_kwargs=dict(u=u, v=self.v, grad=self.grad, residual=self.residual,
-                                dt=self.dt),
-            recompute=recompute)
+            reverse_kwargs=dict(u=u, v=self.v, grad=self.grad, residual=self.residual, dt=self.dt),
+            recompute=recompute,
+        )
         box = {}
-        result = solver.run(self.steps, schedule, store,
-                            before_reverse=lambda: box.setdefault("J", self._set_residual()))
+        result = solver.run(
+            self.steps,
+            schedule,
+            store,
+            before_reverse=lambda: box.setdefault("J", self._set_residual()),
+        )
         return np.array(self.grad.data), box["J"], result
 
 
@@ -233,8 +258,12 @@ def main(argv=None):
     parser.add_argument("--nx", type=int, default=101)
     parser.add_argument("--nz", type=int, default=101)
     parser.add_argument("--nt", type=int, default=500, help="time samples (nt - 2 steps)")
-    parser.add_argument("--snapshots", type=int, default=None,
-                        help="Revolve snapshots (default: pyrevolve's choice)")
+    parser.add_argument(
+        "--snapshots",
+        type=int,
+        default=None,
+        help="Revolve snapshots (default: pyrevolve's choice)",
+    )
     parser.add_argument("--png", default="devito_gradient.png", help="gradient image ('' for none)")
     args = parser.parse_args(argv)
 
@@ -246,8 +275,10 @@ def main(argv=None):
     problem = AcousticFWI(shape=(args.nx, args.nz), nt=args.nt)
     n = problem.steps
     snapshots = args.snapshots or default_snapshots(n)
-    print(f"Devito acoustic FWI: grid {args.nx}x{args.nz}, {n} steps, "
-          f"{snapshots} snapshots of 2 time levels")
+    print(
+        f"Devito acoustic FWI: grid {args.nx}x{args.nz}, {n} steps, "
+        f"{snapshots} snapshots of 2 time levels"
+    )
     print(f"compiling operators: {problem.compile():.1f} s")
     problem.observe()
     Revolve(8, 2)  # the planners are numba code: load it before the clocks start
@@ -264,37 +295,56 @@ def main(argv=None):
     try:
         from devito import Revolver as PyRevolver
 
-        timed(f"Devito + pyrevolve, {snapshots} snapshots",
-              lambda: problem.gradient_checkpointed(PyRevolver, snapshots))
+        timed(
+            f"Devito + pyrevolve, {snapshots} snapshots",
+            lambda: problem.gradient_checkpointed(PyRevolver, snapshots),
+        )
     except ImportError:
         print("pyrevolve is not installed: skipping its gradient")
-    (wrp,) = timed(f"vlcc Revolver (drop-in), {snapshots} snapshots",
-                   lambda: problem.gradient_checkpointed(VlccRevolver, snapshots))
+    (wrp,) = timed(
+        f"vlcc Revolver (drop-in), {snapshots} snapshots",
+        lambda: problem.gradient_checkpointed(VlccRevolver, snapshots),
+    )
 
     # Fewer snapshots in memory, more on disk: Multistage over memory + zarr,
     # with the disk's write / read times measured by a budget plan.
     step_seconds = rows[0][1] / (2 * n)  # one forward or gradient iteration
     state_bytes = 2 * problem.u._data_allocated[0].nbytes  # two time levels
     memory, disk = max(4, snapshots // 2), 2 * snapshots
-    budget = plan(n, memory * state_bytes, disk * state_bytes, state_bytes=state_bytes,
-                  step_seconds=step_seconds)
-    schedule = Multistage(n, [Level(memory),
-                              Level(disk, budget.write_seconds / step_seconds,
-                                    budget.read_seconds / step_seconds)])
+    budget = plan(
+        n,
+        memory * state_bytes,
+        disk * state_bytes,
+        state_bytes=state_bytes,
+        step_seconds=step_seconds,
+    )
+    schedule = Multistage(
+        n,
+        [
+            Level(memory),
+            Level(disk, budget.write_seconds / step_seconds, budget.read_seconds / step_seconds),
+        ],
+    )
     with tempfile.TemporaryDirectory(prefix="vlcc-devito-") as tmp:
         store = TieredStore([MemoryTier(), ZarrTier(tmp)], plan=io_plan(schedule))
-        (result,) = timed(f"vlcc Multistage, memory {memory} + zarr disk {disk}",
-                          lambda: problem.gradient_vlcc(schedule, store))
+        (result,) = timed(
+            f"vlcc Multistage, memory {memory} + zarr disk {disk}",
+            lambda: problem.gradient_vlcc(schedule, store),
+        )
 
     reference, misfit_ref = rows[0][2], rows[0][3]
     print(f"\nmisfit J = {misfit_ref:.6e}; max |grad| = {np.max(np.abs(reference)):.4e}")
     print(f"{'run':48s} {'seconds':>8s} {'rel. max diff':>14s}")
     for name, seconds, grad, misfit in rows:
         print(f"{name:48s} {seconds:8.2f} {rel_max_diff(grad, reference):14.2e}")
-    print(f"\nvlcc Revolver: {wrp.schedule!r}, forward steps {wrp.result.forward_steps}, "
-          f"reverse recomputes a forward step: {wrp.solver.recompute}")
-    print(f"vlcc Multistage: forward steps {result.forward_steps}, "
-          f"stall {result.stall_seconds:.3f} s of {result.wall_seconds:.2f} s")
+    print(
+        f"\nvlcc Revolver: {wrp.schedule!r}, forward steps {wrp.result.forward_steps}, "
+        f"reverse recomputes a forward step: {wrp.solver.recompute}"
+    )
+    print(
+        f"vlcc Multistage: forward steps {result.forward_steps}, "
+        f"stall {result.stall_seconds:.3f} s of {result.wall_seconds:.2f} s"
+    )
     worst = max(rel_max_diff(g, reference) for _, _, g, _ in rows)
     if args.png:
         try:

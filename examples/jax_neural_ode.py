@@ -77,7 +77,7 @@ def adam(lr=5e-3, b1=0.9, b2=0.999, eps=1e-8):
         t = t + 1
         m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
         v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-        scale = lr * jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        scale = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
         params = jax.tree.map(lambda p, m, v: p - scale * m / (jnp.sqrt(v) + eps), params, m, v)
         return params, (m, v, t)
 
@@ -98,8 +98,9 @@ def main(argv=None):
     key, k_data, k_model = jax.random.split(key, 3)
     z0 = jax.random.uniform(k_data, (args.batch, 2), minval=-2.0, maxval=2.0)
     # The data: the true system, integrated with the same RK4.
-    true_traj = jax.lax.scan(lambda z, _: (rk4(pendulum, z, args.dt),) * 2, z0, None,
-                             length=args.steps)[1][args.every - 1 :: args.every]
+    true_traj = jax.lax.scan(
+        lambda z, _: (rk4(pendulum, z, args.dt),) * 2, z0, None, length=args.steps
+    )[1][args.every - 1 :: args.every]
 
     params = init_mlp(k_model)
 
@@ -116,8 +117,10 @@ def main(argv=None):
         params, opt_state = opt_update(grads, opt_state, params)
         return params, opt_state, value
 
-    print(f"neural ODE: {args.steps} RK4 steps (t = 0..{args.steps * args.dt:g}), batch "
-          f"{args.batch}, {args.snapshots} checkpoint slots, {args.iterations} Adam iterations")
+    print(
+        f"neural ODE: {args.steps} RK4 steps (t = 0..{args.steps * args.dt:g}), batch "
+        f"{args.batch}, {args.snapshots} checkpoint slots, {args.iterations} Adam iterations"
+    )
     t0 = time.perf_counter()
     train_step = train_step.lower(params, opt_state).compile()
     print(f"  compile {time.perf_counter() - t0:.1f} s")

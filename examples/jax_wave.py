@@ -40,8 +40,14 @@ def ricker(t, f0):
     return (1 - 2 * a) * np.exp(-a)
 
 
-def make_problem(grid: int = 128, steps: int = 10_000, shots: int = 8, dx: float = 10.0,
-                 f0: float = 8.0, dtype=jnp.float32):
+def make_problem(
+    grid: int = 128,
+    steps: int = 10_000,
+    shots: int = 8,
+    dx: float = 10.0,
+    f0: float = 8.0,
+    dtype=jnp.float32,
+):
     """The wave problem: a step function, initial state, per-step inputs, models.
 
     Returns a dict with ``step(carry, x, c) -> (carry, traces)`` (``carry =
@@ -52,14 +58,16 @@ def make_problem(grid: int = 128, steps: int = 10_000, shots: int = 8, dx: float
     c_back, c_anom = 1500.0, 1800.0
     z, x = np.meshgrid(np.arange(n) * dx, np.arange(n) * dx, indexing="ij")
     centre = n * dx / 2
-    c_true = np.where((x - centre) ** 2 + (z - 0.6 * n * dx) ** 2 < (0.15 * n * dx) ** 2,
-                      c_anom, c_back)
+    c_true = np.where(
+        (x - centre) ** 2 + (z - 0.6 * n * dx) ** 2 < (0.15 * n * dx) ** 2, c_anom, c_back
+    )
     dt = 0.5 * dx / c_anom  # CFL number 0.5 < 1/sqrt(2)
     # Damping sponge on the sides and the bottom (quadratic ramp, 12 cells).
     width = max(4, n // 10)
-    ramp = np.clip((width - np.minimum.reduce([x / dx, (n - 1) - x / dx,
-                                                 (n - 1) - z / dx])) / width, 0, 1)
-    sigma = 0.5 / dt * ramp ** 2
+    ramp = np.clip(
+        (width - np.minimum.reduce([x / dx, (n - 1) - x / dx, (n - 1) - z / dx])) / width, 0, 1
+    )
+    sigma = 0.5 / dt * ramp**2
     # Shots fire one after another from columns spread along the surface.
     period = max(1, steps // shots)
     t = (np.arange(steps) % period) * dt
@@ -82,9 +90,12 @@ def make_problem(grid: int = 128, steps: int = 10_000, shots: int = 8, dx: float
 
     zeros = jnp.zeros((n, n), dtype)
     return dict(
-        step=step, init=(zeros, zeros),
+        step=step,
+        init=(zeros, zeros),
         xs=(jnp.asarray(amplitude, dtype), jnp.asarray(column)),
-        c_true=jnp.asarray(c_true, dtype), c0=jnp.full((n, n), c_back, dtype), dt=dt,
+        c_true=jnp.asarray(c_true, dtype),
+        c0=jnp.full((n, n), c_back, dtype),
+        dt=dt,
     )
 
 
@@ -96,8 +107,9 @@ def misfit(problem, observed, *, scan: str = "checkpointed", snapshots: int = 30
     def loss(c, init):
         f = lambda carry, x: step(carry, x, c)  # noqa: E731  (c is closed over)
         if scan == "checkpointed":
-            _, traces = checkpointed_scan(f, init, problem["xs"],
-                                          schedule=Revolve(n_steps, snapshots))
+            _, traces = checkpointed_scan(
+                f, init, problem["xs"], schedule=Revolve(n_steps, snapshots)
+            )
         else:
             _, traces = jax.lax.scan(f, init, problem["xs"])
         return 0.5 * jnp.sum((traces - observed) ** 2)
@@ -110,21 +122,29 @@ def main(argv=None):
     parser.add_argument("--grid", type=int, default=128, help="grid points per side")
     parser.add_argument("--steps", type=int, default=10_000, help="time steps")
     parser.add_argument("--snapshots", type=int, default=30, help="checkpoint slots on the device")
-    parser.add_argument("--check", action="store_true",
-                        help="also compute the gradient with plain lax.scan and compare")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also compute the gradient with plain lax.scan and compare",
+    )
     parser.add_argument("--plot", default=None, help="write the gradient image to this PNG")
     args = parser.parse_args(argv)
 
     problem = make_problem(args.grid, args.steps)
-    state_bytes = 2 * args.grid ** 2 * 4
+    state_bytes = 2 * args.grid**2 * 4
     schedule = Revolve(args.steps, args.snapshots)
     stats = schedule.stats()
-    print(f"2-D acoustic wave, {args.grid}x{args.grid} grid, {args.steps} steps, "
-          f"{args.snapshots} slots; Revolve recomputes {stats.forward_count / args.steps:.2f} "
-          "forward steps per step")
+    print(
+        f"2-D acoustic wave, {args.grid}x{args.grid} grid, {args.steps} steps, "
+        f"{args.snapshots} slots; Revolve recomputes {stats.forward_count / args.steps:.2f} "
+        "forward steps per step"
+    )
 
-    record = jax.jit(lambda c: jax.lax.scan(
-        lambda carry, x: problem["step"](carry, x, c), problem["init"], problem["xs"])[1])
+    record = jax.jit(
+        lambda c: jax.lax.scan(
+            lambda carry, x: problem["step"](carry, x, c), problem["init"], problem["xs"]
+        )[1]
+    )
     observed = record(problem["c_true"])
     loss = misfit(problem, observed, snapshots=args.snapshots)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
@@ -142,14 +162,20 @@ def main(argv=None):
     plain = jax.jit(jax.value_and_grad(misfit(problem, observed, scan="plain"), argnums=(0, 1)))
     plain_mem = plain.lower(problem["c0"], problem["init"]).compile().memory_analysis()
     ours_mem = compiled.memory_analysis()
-    print(f"misfit {float(value):.4e}, |grad_c| {float(jnp.linalg.norm(g_c)):.3e}, "
-          f"|grad_u0| {float(jnp.linalg.norm(g_u0[1])):.3e}")
-    print(f"compile {t_compile:.2f} s; gradient {t_grad:.2f} s = {t_grad / t_fwd:.1f} x forward "
-          f"({t_fwd:.2f} s)")
+    print(
+        f"misfit {float(value):.4e}, |grad_c| {float(jnp.linalg.norm(g_c)):.3e}, "
+        f"|grad_u0| {float(jnp.linalg.norm(g_u0[1])):.3e}"
+    )
+    print(
+        f"compile {t_compile:.2f} s; gradient {t_grad:.2f} s = {t_grad / t_fwd:.1f} x forward "
+        f"({t_fwd:.2f} s)"
+    )
     if ours_mem is not None and plain_mem is not None:
-        print(f"XLA working memory: checkpointed {ours_mem.temp_size_in_bytes / 2**20:.1f} MiB "
-              f"(checkpoint buffer {args.snapshots} x {state_bytes / 2**20:.2f} MiB), "
-              f"plain lax.scan {plain_mem.temp_size_in_bytes / 2**20:.1f} MiB")
+        print(
+            f"XLA working memory: checkpointed {ours_mem.temp_size_in_bytes / 2**20:.1f} MiB "
+            f"(checkpoint buffer {args.snapshots} x {state_bytes / 2**20:.2f} MiB), "
+            f"plain lax.scan {plain_mem.temp_size_in_bytes / 2**20:.1f} MiB"
+        )
     # Where the anomaly is, the misfit decreases with a faster model: the
     # gradient is negative there.
     mask = np.asarray(problem["c_true"] > 1600)
@@ -159,8 +185,10 @@ def main(argv=None):
     if args.check:
         v_ref, (g_ref, _) = plain(problem["c0"], problem["init"])
         err = float(jnp.max(jnp.abs(g_ref - g_c)) / jnp.max(jnp.abs(g_ref)))
-        print(f"check against lax.scan: misfit {float(v_ref):.4e}, max relative gradient "
-              f"difference {err:.2e}")
+        print(
+            f"check against lax.scan: misfit {float(v_ref):.4e}, max relative gradient "
+            f"difference {err:.2e}"
+        )
     if args.plot:
         import matplotlib
 

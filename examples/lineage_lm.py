@@ -43,8 +43,12 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from vlcc_adjoint._examples import tiny_lm as lm
 from vlcc_adjoint.cli import main as vlcc
@@ -55,11 +59,16 @@ from vlcc_adjoint.torch.dcp import VlccReader, VlccWriter
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 
-def schedule(step: int, peak: float, spike_at: int, spike: float, warmup: int = 20,
-             horizon: int = 400) -> float:
+def schedule(
+    step: int, peak: float, spike_at: int, spike: float, warmup: int = 20, horizon: int = 400
+) -> float:
     """Linear warm-up, cosine decay, and (the mistake) `spike` x the rate for 3 steps."""
-    rate = peak * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, horizon)
-                                                                      / horizon))
+    rate = (
+        peak
+        * min(1.0, (step + 1) / warmup)
+        * 0.5
+        * (1 + math.cos(math.pi * min(step, horizon) / horizon))
+    )
     return rate * spike if spike_at <= step < spike_at + 3 else rate
 
 
@@ -87,12 +96,14 @@ def restore(repo: str, ref: str, model, optimizer=None) -> None:
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     dcp.load(state, storage_reader=VlccReader(repo, ref=ref))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
 
 
-def train(repo, model, optimizer, data, steps, rate, every, branch, message,
-          stop_on_divergence=False):
+def train(
+    repo, model, optimizer, data, steps, rate, every, branch, message, stop_on_divergence=False
+):
     """Train over `steps`, saving every `every` steps on `branch` (versions named `message`).
 
     **Returns:** ``(losses, versions, first_bad)``: the loss of each step (before
@@ -137,16 +148,27 @@ def main(argv=None) -> dict:
         # 1. The original run, with the spike; it stops once the loss has blown up.
         spiky = lambda s: schedule(s, args.peak, args.spike_at, args.spike)  # noqa: E731
         model, opt = build()
-        original, saved, first_bad = train(repo, model, opt, grammar, range(args.steps), spiky,
-                                           args.every, "main", "pre-training",
-                                           stop_on_divergence=True)
+        original, saved, first_bad = train(
+            repo,
+            model,
+            opt,
+            grammar,
+            range(args.steps),
+            spiky,
+            args.every,
+            "main",
+            "pre-training",
+            stop_on_divergence=True,
+        )
         if first_bad is None:
             print(f"no divergence with a spike of {args.spike}x; nothing to backtrack")
             return {"diverged": False}
         good_step = max(s for s in saved if s <= first_bad)
         good = saved[good_step]
-        print(f"main diverged at step {first_bad} (loss {original[first_bad]:.3f}, best "
-              f"{min(original.values()):.3f}); last good version {good} (step {good_step})")
+        print(
+            f"main diverged at step {first_bad} (loss {original[first_bad]:.3f}, best "
+            f"{min(original.values()):.3f}); last good version {good} (step {good_step})"
+        )
 
         # 2. Backtrack: a fresh model and optimizer, restored from the good version.
         cap = schedule(good_step, args.peak, args.spike_at, 1.0)
@@ -156,9 +178,17 @@ def main(argv=None) -> dict:
             h.tag("last-good", good)
         model, opt = build(seed=1)  # other initial weights: all that matters comes from `good`
         restore(repo, good, model, opt)
-        branch_losses, branch_saved, _ = train(repo, model, opt, grammar,
-                                               range(good_step, args.steps), capped, args.every,
-                                               "lr-capped", "rate capped")
+        branch_losses, branch_saved, _ = train(
+            repo,
+            model,
+            opt,
+            grammar,
+            range(good_step, args.steps),
+            capped,
+            args.every,
+            "lr-capped",
+            "rate capped",
+        )
         pretrained = branch_saved[max(branch_saved)]
         with History(repo) as h:
             h.tag("pretrained", pretrained)
@@ -170,8 +200,17 @@ def main(argv=None) -> dict:
         ft_opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
         with History(repo) as h:
             h.branch("finetune-addition", at=pretrained)
-        ft_losses, ft_saved, _ = train(repo, model, ft_opt, addition, range(args.finetune_steps),
-                                       lambda s: 1e-3, 20, "finetune-addition", "fine-tune")
+        ft_losses, ft_saved, _ = train(
+            repo,
+            model,
+            ft_opt,
+            addition,
+            range(args.finetune_steps),
+            lambda s: 1e-3,
+            20,
+            "finetune-addition",
+            "fine-tune",
+        )
         after = {"grammar": lm.evaluate(model, grammar), "addition": lm.evaluate(model, addition)}
 
         # 4. The graph and the difference between the diverged and the capped run.
@@ -188,22 +227,39 @@ def main(argv=None) -> dict:
             graph = {v.id: list(v.parents) for v in h.log(all=True)}
             branches, tags = dict(h.branches), dict(h.tags)
         equal = [s for s in branch_losses if s in original and branch_losses[s] == original[s]]
-        print(f"\nreplayed from step {good_step}: losses of steps {min(equal)}..{max(equal)} "
-              f"equal the original run's bit for bit; the capped branch ends at loss "
-              f"{branch_losses[max(branch_losses)]:.3f} (step {max(branch_losses)})")
-        print(f"fine-tuned from 'pretrained' for {args.finetune_steps} steps: addition loss "
-              f"{before['addition']:.3f} -> {after['addition']:.3f}, grammar loss "
-              f"{before['grammar']:.3f} -> {after['grammar']:.3f}")
-        result = {"diverged": True, "first_bad": first_bad, "good_step": good_step, "good": good,
-                  "original_losses": original, "branch_losses": branch_losses,
-                  "main_versions": saved, "branch_versions": branch_saved,
-                  "finetune_versions": ft_saved, "finetune_losses": ft_losses,
-                  "pretrained": pretrained, "eval_before": before, "eval_after": after,
-                  "graph": graph, "branches": branches, "tags": tags}
+        print(
+            f"\nreplayed from step {good_step}: losses of steps {min(equal)}..{max(equal)} "
+            f"equal the original run's bit for bit; the capped branch ends at loss "
+            f"{branch_losses[max(branch_losses)]:.3f} (step {max(branch_losses)})"
+        )
+        print(
+            f"fine-tuned from 'pretrained' for {args.finetune_steps} steps: addition loss "
+            f"{before['addition']:.3f} -> {after['addition']:.3f}, grammar loss "
+            f"{before['grammar']:.3f} -> {after['grammar']:.3f}"
+        )
+        result = {
+            "diverged": True,
+            "first_bad": first_bad,
+            "good_step": good_step,
+            "good": good,
+            "original_losses": original,
+            "branch_losses": branch_losses,
+            "main_versions": saved,
+            "branch_versions": branch_saved,
+            "finetune_versions": ft_saved,
+            "finetune_losses": ft_losses,
+            "pretrained": pretrained,
+            "eval_before": before,
+            "eval_after": after,
+            "graph": graph,
+            "branches": branches,
+            "tags": tags,
+        }
     if args.record:
         with open(args.record, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
 
 if __name__ == "__main__":
     main()

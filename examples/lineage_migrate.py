@@ -88,10 +88,16 @@ def main(argv=None) -> dict:
             step(reference)
         with History(there, mode="r") as h:
             log = [v.meta["step"] for v in h.log()]
-    result = {"export/import": digest(moved), "copy": digest(copied),
-              "uninterrupted": digest(reference), "steps in the moved history": log[::-1],
-              "identical": bool(np.array_equal(moved["u"], reference["u"])
-                                and np.array_equal(copied["u"], reference["u"]))}
+    result = {
+        "export/import": digest(moved),
+        "copy": digest(copied),
+        "uninterrupted": digest(reference),
+        "steps in the moved history": log[::-1],
+        "identical": bool(
+            np.array_equal(moved["u"], reference["u"])
+            and np.array_equal(copied["u"], reference["u"])
+        ),
+    }
     for key, value in result.items():
         print(f"{key:>26}: {value}")
     return result

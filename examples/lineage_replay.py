@@ -51,8 +51,10 @@ def version_at(h: History, step_no: int) -> str:
     for v in h.log("main"):
         if v.meta.get("step") == step_no:
             return v.id
-    raise KeyError(f"no version at step {step_no}; steps stored: "
-                   f"{sorted(v.meta.get('step') for v in h.log('main'))}")
+    raise KeyError(
+        f"no version at step {step_no}; steps stored: "
+        f"{sorted(v.meta.get('step') for v in h.log('main'))}"
+    )
 
 
 def main(argv=None) -> dict:
@@ -64,8 +66,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--to-step", type=int, default=160)
     parser.add_argument("--dir", help="work directory (default: a temporary one)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp, \
-            History(os.path.join(tmp, "wave.vlcc")) as h:
+    with (
+        tempfile.TemporaryDirectory(dir=args.dir) as tmp,
+        History(os.path.join(tmp, "wave.vlcc")) as h,
+    ):
         state = initial_state(args.n)
         h.commit(state, message="step 0", meta={"step": 0})
         while state["step"] < args.steps:  # the original run
@@ -81,14 +85,24 @@ def main(argv=None) -> dict:
             peak.append(float(np.abs(replay["u"]).max()))  # the diagnostic we wanted
         stored = version_at(h, args.to_step)
         check = h.compare(stored, replay)
-        h.commit(replay, message=f"replay {args.from_step}..{args.to_step}",
-                 meta={"step": replay["step"], "peak": peak[-1]}, branch="replay")
-        result = {"bitwise": check.bitwise, "equal": check.equal,
-                  "replayed steps": args.to_step - args.from_step,
-                  "max |u| over the window": max(peak), "log": h.draw()}
+        h.commit(
+            replay,
+            message=f"replay {args.from_step}..{args.to_step}",
+            meta={"step": replay["step"], "peak": peak[-1]},
+            branch="replay",
+        )
+        result = {
+            "bitwise": check.bitwise,
+            "equal": check.equal,
+            "replayed steps": args.to_step - args.from_step,
+            "max |u| over the window": max(peak),
+            "log": h.draw(),
+        }
     peak_max = result["max |u| over the window"]
-    print(f"replayed steps {args.from_step}..{args.to_step}: bitwise equal to the stored "
-          f"version: {result['bitwise']}; max |u| in the window {peak_max:.4f}")
+    print(
+        f"replayed steps {args.from_step}..{args.to_step}: bitwise equal to the stored "
+        f"version: {result['bitwise']}; max |u| in the window {peak_max:.4f}"
+    )
     print(result["log"])
     return result
 

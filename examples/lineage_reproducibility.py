@@ -45,8 +45,9 @@ def step(state: dict, dt: float = 0.01) -> dict:
     return state
 
 
-def simulate(h: History, branch: str, steps: int, every: int, inject: int | None,
-             eps: float) -> None:
+def simulate(
+    h: History, branch: str, steps: int, every: int, inject: int | None, eps: float
+) -> None:
     state = h.checkout(branch)  # the common initial version
     while state["step"] < steps:
         step(state)
@@ -69,8 +70,11 @@ def first_divergence(h: History, a: str, b: str, rtol: float, atol: float) -> di
             first_bitwise = s
         if first_beyond is None and not c.equal:
             first_beyond = (s, c.first_leaf, c.max_abs)
-    return {"first_bitwise_difference": first_bitwise, "first_beyond_tolerance": first_beyond,
-            "rows": rows}
+    return {
+        "first_bitwise_difference": first_bitwise,
+        "first_beyond_tolerance": first_beyond,
+        "rows": rows,
+    }
 
 
 def main(argv=None) -> dict:
@@ -85,8 +89,10 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     x0 = 8.0 * np.ones(40)
     x0[19] += 0.01
-    with tempfile.TemporaryDirectory() as tmp, \
-            History(args.repo or os.path.join(tmp, "runs.vlcc")) as h:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        History(args.repo or os.path.join(tmp, "runs.vlcc")) as h,
+    ):
         init = h.commit({"x": x0, "step": 0}, message="initial state", meta={"step": 0})
         h.branch("run-a", at=init)
         h.branch("run-b", at=init)
@@ -96,8 +102,10 @@ def main(argv=None) -> dict:
     print(f"{'step':>6} {'max |a-b|':>10}  within tol  bitwise")
     for s, d, eq, bit in report["rows"]:
         print(f"{s:>6} {d:>10.2e}  {str(eq):>10}  {bit}")
-    print(f"first bitwise difference at step {report['first_bitwise_difference']}; first "
-          f"beyond rtol={args.rtol:g}, atol={args.atol:g}: {report['first_beyond_tolerance']}")
+    print(
+        f"first bitwise difference at step {report['first_bitwise_difference']}; first "
+        f"beyond rtol={args.rtol:g}, atol={args.atol:g}: {report['first_beyond_tolerance']}"
+    )
     return report
 
 

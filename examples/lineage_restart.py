@@ -15,7 +15,7 @@ Try it::
     python examples/lineage_restart.py /tmp/heat.vlcc --steps 2000    # resumes
     vlcc log /tmp/heat.vlcc
 
-``tests/test_lineage_recipes.py`` does exactly that and compares the final
+``tests/examples/test_lineage_recipes.py`` does exactly that and compares the final
 state with an uninterrupted run.
 """
 
@@ -48,8 +48,9 @@ def step(state: dict, dt: float = 0.1, d: float = 0.2) -> dict:
     return state
 
 
-def run(path, steps: int, every: int = 10, n: int = 64, delay: float = 0.0,
-        quiet: bool = False) -> dict:
+def run(
+    path, steps: int, every: int = 10, n: int = 64, delay: float = 0.0, quiet: bool = False
+) -> dict:
     """Advance to `steps`, committing every `every` steps; resume if `path` has versions.
 
     **Returns:** the final state.
@@ -78,8 +79,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--every", type=int, default=10, help="commit every k steps")
     parser.add_argument("--n", type=int, default=64, help="grid points per side")
-    parser.add_argument("--delay", type=float, default=0.0,
-                        help="sleep per step (seconds), to leave time for a kill -9")
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        help="sleep per step (seconds), to leave time for a kill -9",
+    )
     args = parser.parse_args(argv)
     state = run(args.path, args.steps, args.every, args.n, args.delay)
     digest = __import__("hashlib").sha256(state["u"].tobytes()).hexdigest()[:16]

@@ -42,9 +42,14 @@ def dataset(n: int = 256):
 
 def init_params(width: int = 32) -> dict:
     rng = np.random.default_rng(1)
-    return {"w1": rng.standard_normal((1, width)), "b1": np.zeros(width),
-            "w2": rng.standard_normal((width, width)) / np.sqrt(width), "b2": np.zeros(width),
-            "w3": rng.standard_normal((width, 1)) / np.sqrt(width), "b3": np.zeros(1)}
+    return {
+        "w1": rng.standard_normal((1, width)),
+        "b1": np.zeros(width),
+        "w2": rng.standard_normal((width, width)) / np.sqrt(width),
+        "b2": np.zeros(width),
+        "w3": rng.standard_normal((width, 1)) / np.sqrt(width),
+        "b3": np.zeros(1),
+    }
 
 
 def loss_and_grad(p: dict, x: np.ndarray, y: np.ndarray):
@@ -53,12 +58,18 @@ def loss_and_grad(p: dict, x: np.ndarray, y: np.ndarray):
         h1 = np.tanh(x @ p["w1"] + p["b1"])
         h2 = np.tanh(h1 @ p["w2"] + p["b2"])
         r = h2 @ p["w3"] + p["b3"] - y
-        loss = float(np.mean(r ** 2))
+        loss = float(np.mean(r**2))
         d3 = 2.0 * r / len(x)
-        d2 = (d3 @ p["w3"].T) * (1.0 - h2 ** 2)
-        d1 = (d2 @ p["w2"].T) * (1.0 - h1 ** 2)
-        grad = {"w3": h2.T @ d3, "b3": d3.sum(0), "w2": h1.T @ d2, "b2": d2.sum(0),
-                "w1": x.T @ d1, "b1": d1.sum(0)}
+        d2 = (d3 @ p["w3"].T) * (1.0 - h2**2)
+        d1 = (d2 @ p["w2"].T) * (1.0 - h1**2)
+        grad = {
+            "w3": h2.T @ d3,
+            "b3": d3.sum(0),
+            "w2": h1.T @ d2,
+            "b2": d2.sum(0),
+            "w1": x.T @ d1,
+            "b1": d1.sum(0),
+        }
     return loss, grad
 
 
@@ -77,8 +88,11 @@ def train(h: History, state: dict, epochs: int, lr, every: int, x, y, stop_on_di
         state["epoch"] += 1
         diverged = not math.isfinite(loss) or loss > 4.0 * best
         if state["epoch"] % every == 0 or diverged:
-            h.commit(state, message=f"epoch {state['epoch']}",
-                     meta={"epoch": state["epoch"], "loss": loss, "lr": rate})
+            h.commit(
+                state,
+                message=f"epoch {state['epoch']}",
+                meta={"epoch": state["epoch"], "loss": loss, "lr": rate},
+            )
         best = min(best, loss)
         if diverged and stop_on_divergence:
             return state, True
@@ -95,8 +109,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--repo", help="the History directory (default: a temporary one)")
     args = parser.parse_args(argv)
     x, y = dataset()
-    with tempfile.TemporaryDirectory() as tmp, \
-            History(args.repo or os.path.join(tmp, "mlp.vlcc")) as h:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        History(args.repo or os.path.join(tmp, "mlp.vlcc")) as h,
+    ):
         state = {"params": init_params(), "epoch": 0}
         warm = lambda e: 0.02 + (args.lr_max - 0.02) * min(1.0, e / args.warmup)  # noqa: E731
         state, diverged = train(h, state, 10 * args.warmup, warm, args.every, x, y, True)
@@ -113,19 +129,32 @@ def main(argv=None) -> dict:
         state = h.checkout(name)
         state, _ = train(h, state, args.epochs, lambda e: args.lr_small, args.every, x, y, False)
         final_loss, _ = loss_and_grad(state["params"], x, y)
-        h.commit(state, message=f"final (lr {args.lr_small:g})",
-                 meta={"epoch": state["epoch"], "loss": final_loss, "lr": args.lr_small})
+        h.commit(
+            state,
+            message=f"final (lr {args.lr_small:g})",
+            meta={"epoch": state["epoch"], "loss": final_loss, "lr": args.lr_small},
+        )
         drawing = h.draw()
         print(drawing)
         report = h.gc(keep=KeepPolicy(last=2, tagged=True, best=("loss", "min")))
         print(report)
-        result = {"diverged": True, "good": good.id, "good_loss": good.meta["loss"],
-                  "good_epoch": good.meta["epoch"], "diverged_loss": h.version("main").meta["loss"],
-                  "final_loss": final_loss, "branches": sorted(h.branches), "drawing": drawing,
-                  "kept_after_gc": [v.id for v in h.log(all=True)], "gc": report}
-    print(f"main diverged (loss {result['diverged_loss']}); backtracked to epoch "
-          f"{result['good_epoch']} (loss {result['good_loss']:.4f}), branched {name}: final loss "
-          f"{final_loss:.4f}")
+        result = {
+            "diverged": True,
+            "good": good.id,
+            "good_loss": good.meta["loss"],
+            "good_epoch": good.meta["epoch"],
+            "diverged_loss": h.version("main").meta["loss"],
+            "final_loss": final_loss,
+            "branches": sorted(h.branches),
+            "drawing": drawing,
+            "kept_after_gc": [v.id for v in h.log(all=True)],
+            "gc": report,
+        }
+    print(
+        f"main diverged (loss {result['diverged_loss']}); backtracked to epoch "
+        f"{result['good_epoch']} (loss {result['good_loss']:.4f}), branched {name}: final loss "
+        f"{final_loss:.4f}"
+    )
     return result
 
 

@@ -35,8 +35,13 @@ from mpi4py import MPI
 
 from vlcc_adjoint import Level, Multistage, io_plan, run_adjoint
 from vlcc_adjoint._mpi._seismic import DistributedSeismic
-from vlcc_adjoint.mpi import (DistributedArray, DistributedStore, SharedZarrTier, read_checkpoint,
-                              write_checkpoint)
+from vlcc_adjoint.mpi import (
+    DistributedArray,
+    DistributedStore,
+    SharedZarrTier,
+    read_checkpoint,
+    write_checkpoint,
+)
 from vlcc_adjoint.storage import MemoryTier
 
 
@@ -46,11 +51,19 @@ def main(argv=None):
     parser.add_argument("--nz", type=int, default=200)
     parser.add_argument("--nt", type=int, default=1000, help="time steps")
     parser.add_argument("--memory-slots", type=int, default=8, help="snapshots in each rank's RAM")
-    parser.add_argument("--disk-slots", type=int, default=24, help="snapshots on the shared hierarchy")
-    parser.add_argument("--dir", default="mpi_seismic_checkpoints",
-                        help="the shared zarr hierarchy (a path every rank sees)")
-    parser.add_argument("--check", action="store_true",
-                        help="compare with the serial store-everything gradient on rank 0")
+    parser.add_argument(
+        "--disk-slots", type=int, default=24, help="snapshots on the shared hierarchy"
+    )
+    parser.add_argument(
+        "--dir",
+        default="mpi_seismic_checkpoints",
+        help="the shared zarr hierarchy (a path every rank sees)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with the serial store-everything gradient on rank 0",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the hierarchy afterwards")
     args = parser.parse_args(argv)
 
@@ -65,25 +78,33 @@ def main(argv=None):
 
     # Costs in units of one forward step: RAM is almost free, the shared file
     # system costs about two steps per snapshot.
-    schedule = Multistage(args.nt, [Level(args.memory_slots, 0.05, 0.05),
-                                    Level(args.disk_slots, 2.0, 2.0)])
+    schedule = Multistage(
+        args.nt, [Level(args.memory_slots, 0.05, 0.05), Level(args.disk_slots, 2.0, 2.0)]
+    )
     stats = schedule.stats()
-    say(f"schedule: Multistage, {stats.forward_count} forward steps "
-        f"({stats.recompute_ratio:.2f} per step), writes per level {stats.writes}")
+    say(
+        f"schedule: Multistage, {stats.forward_count} forward steps "
+        f"({stats.recompute_ratio:.2f} per step), writes per level {stats.writes}"
+    )
     tiers = [MemoryTier(), SharedZarrTier(args.dir, comm)]
     store = DistributedStore(comm, tiers, io_plan(schedule))
 
     solver.reset_gradient()
     t0 = time.perf_counter()
-    result = run_adjoint(solver, schedule, solver.initial_state(), solver.final_adjoint,
-                         store=store, comm=comm)
+    result = run_adjoint(
+        solver, schedule, solver.initial_state(), solver.final_adjoint, store=store, comm=comm
+    )
     wall = time.perf_counter() - t0
     r = result.reduced
-    say(f"gradient in {wall:.2f} s; slowest rank: forward {r.forward_seconds_max:.2f} s, adjoint "
+    say(
+        f"gradient in {wall:.2f} s; slowest rank: forward {r.forward_seconds_max:.2f} s, adjoint "
         f"{r.adjoint_seconds_max:.2f} s, waiting for neighbours {r.comm_wait_seconds_max:.2f} s, "
-        f"store stall {r.stall_seconds_max:.3f} s, commit {r.commit_seconds_max:.3f} s")
-    say(f"checkpoint traffic (all ranks): written {[f'{b / 2**20:.1f} MiB' for b in r.bytes_written]}"
-        f", read {[f'{b / 2**20:.1f} MiB' for b in r.bytes_read]} per level")
+        f"store stall {r.stall_seconds_max:.3f} s, commit {r.commit_seconds_max:.3f} s"
+    )
+    say(
+        f"checkpoint traffic (all ranks): written {[f'{b / 2**20:.1f} MiB' for b in r.bytes_written]}"
+        f", read {[f'{b / 2**20:.1f} MiB' for b in r.bytes_read]} per level"
+    )
 
     grad = solver.gather_gradient()
     if rank == 0 and args.check:
@@ -93,15 +114,19 @@ def main(argv=None):
 
     # A restart point: u_n written by all ranks, read back by one.
     final = result.final_state
-    state = {"prev": DistributedArray(final.prev[2:-2], solver.decomposition, rank),
-             "curr": DistributedArray(final.curr[2:-2], solver.decomposition, rank),
-             "step": args.nt}
+    state = {
+        "prev": DistributedArray(final.prev[2:-2], solver.decomposition, rank),
+        "curr": DistributedArray(final.curr[2:-2], solver.decomposition, rank),
+        "step": args.nt,
+    }
     name = write_checkpoint(args.dir, state, comm, step=args.nt)
     if rank == 0:
         back = read_checkpoint(args.dir, name)  # serial: one block, the whole grid
         field = back["curr"].local
-        print(f"checkpoint {name!r}: written by {size} ranks, read by 1: u_n of shape "
-              f"{field.shape}, max |u_n| = {np.abs(field).max():.3e}")
+        print(
+            f"checkpoint {name!r}: written by {size} ranks, read by 1: u_n of shape "
+            f"{field.shape}, max |u_n| = {np.abs(field).max():.3e}"
+        )
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
     comm.Barrier()

@@ -28,12 +28,23 @@ def main(argv=None):
     parser.add_argument("--nz", type=int, default=200)
     parser.add_argument("--nt", type=int, default=1000, help="time steps")
     parser.add_argument("--snapshots", type=int, default=30, help="Revolve snapshot slots")
-    parser.add_argument("--png", default="seismic_gradient.png", help="gradient image ('' for none)")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="skip the store-everything referee ((nt+1) nz nx floats of memory)")
+    parser.add_argument(
+        "--png", default="seismic_gradient.png", help="gradient image ('' for none)"
+    )
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the store-everything referee ((nt+1) nz nx floats of memory)",
+    )
     args = parser.parse_args(argv)
-    seismic_demo(args.nx, args.nz, args.nt, args.snapshots, png=args.png or None,
-                 reference=not args.no_reference)
+    seismic_demo(
+        args.nx,
+        args.nz,
+        args.nt,
+        args.snapshots,
+        png=args.png or None,
+        reference=not args.no_reference,
+    )
 
 
 if __name__ == "__main__":

@@ -34,27 +34,31 @@ except ImportError:
     deepspeed = None
 
 if deepspeed is not None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     # One process: DeepSpeed's shared-memory all-reduce op is not needed (it compiles for minutes).
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    config = {"train_batch_size": 32,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=config)
-    VlccCheckpointEngine.attach(engine)                      # <- the whole setup
+    config = {
+        "train_batch_size": 32,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
+    VlccCheckpointEngine.attach(engine)  # <- the whole setup
     for step in range(1, 31):
         x = torch.randn(32, 64)
         loss = (engine(x) - x.sum(1, keepdim=True)).square().mean()
         engine.backward(loss)
         engine.step()
         if step % 10 == 0:
-            engine.save_checkpoint(ckpt)                     # unchanged
+            engine.save_checkpoint(ckpt)  # unchanged
             print(f"step {step}: loss {loss.item():.3f}, checkpoint global_step{step} saved")
-    engine.checkpoint_engine.wait()                          # commit the last one too
-    path, _ = engine.load_checkpoint(ckpt)                   # unchanged
+    engine.checkpoint_engine.wait()  # commit the last one too
+    path, _ = engine.load_checkpoint(ckpt)  # unchanged
     print("loaded", path)
-    engine.destroy()                                         # closes the checkpoint engine too
+    engine.destroy()  # closes the checkpoint engine too
     torch.distributed.destroy_process_group()
 else:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -74,8 +78,10 @@ else:
             Info.tag = f"global_step{step}"
             ce.create(Info)
             os.makedirs(os.path.join(ckpt, Info.tag), exist_ok=True)
-            ce.save({"module": model.state_dict(), "optimizer": opt.state_dict()},
-                    os.path.join(ckpt, Info.tag, "mp_rank_00_model_states.pt"))
+            ce.save(
+                {"module": model.state_dict(), "optimizer": opt.state_dict()},
+                os.path.join(ckpt, Info.tag, "mp_rank_00_model_states.pt"),
+            )
     ce.close()
     state = ce.load(os.path.join(ckpt, "global_step30", "mp_rank_00_model_states.pt"))
     model.load_state_dict(state["module"])

@@ -17,8 +17,9 @@ from vlcc_adjoint.torch import offload_saved_tensors
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU())
-                              for _ in range(24)])
+model = torch.nn.Sequential(
+    *[torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU()) for _ in range(24)]
+)
 x = torch.randn(1024, 512)
 
 
@@ -34,14 +35,18 @@ def grads(ctx=None):
 
 
 reference = grads()
-off = offload_saved_tensors(budget_bytes=16 << 20)     # 16 MiB of the ~96 MiB saved
+off = offload_saved_tensors(budget_bytes=16 << 20)  # 16 MiB of the ~96 MiB saved
 for it in range(3):
     same = all(torch.equal(a, b) for a, b in zip(grads(off), reference))
     print(f"iteration {it}: gradients identical to plain autograd: {same}")
 s = off.stats()
-print(f"saved tensors routed: {s.packed} ({s.packed_bytes / 2**20:.0f} MiB), kept "
-      f"{s.kept}, offloaded {s.offloaded}; prefetch hits {s.prefetch_hits}, "
-      f"synchronous reads {s.sync_reads}")
-print(f"peak host bytes held: {s.peak_bytes / 2**20:.1f} MiB <= budget "
-      f"{s.budget_bytes / 2**20:.0f} MiB")
+print(
+    f"saved tensors routed: {s.packed} ({s.packed_bytes / 2**20:.0f} MiB), kept "
+    f"{s.kept}, offloaded {s.offloaded}; prefetch hits {s.prefetch_hits}, "
+    f"synchronous reads {s.sync_reads}"
+)
+print(
+    f"peak host bytes held: {s.peak_bytes / 2**20:.1f} MiB <= budget "
+    f"{s.budget_bytes / 2**20:.0f} MiB"
+)
 off.close()

@@ -22,7 +22,7 @@ import time
 import torch
 
 from vlcc_adjoint import Level, Multistage, simulate
-from vlcc_adjoint.storage import MemoryTier, TieredStore, ZarrTier
+from vlcc_adjoint.storage import TieredStore, ZarrTier
 from vlcc_adjoint.torch import checkpoint_sequence, plan_sequence
 
 torch.set_num_threads(1)
@@ -34,8 +34,8 @@ head = torch.nn.Linear(hidden, 1)
 opt = torch.optim.Adam([*cell.parameters(), *head.parameters()], lr=3e-3)
 t = torch.linspace(0, 40, n + 1)
 phase = torch.rand(batch, 1) * 6.28
-xs = torch.sin(t[:-1, None, None] + phase).float()          # (n, batch, 1)
-target = torch.sin(t[-1] + phase)                            # predict the next value
+xs = torch.sin(t[:-1, None, None] + phase).float()  # (n, batch, 1)
+target = torch.sin(t[-1] + phase)  # predict the next value
 
 
 def loss_of(h):
@@ -63,21 +63,30 @@ def train(name, forward, iters=3):
 # The same gradients, three ways (check one against plain autograd first).
 h0 = torch.zeros(batch, hidden)
 g_plain = torch.autograd.grad(loss_of(plain()), list(cell.parameters()))
-g_ckpt = torch.autograd.grad(loss_of(checkpoint_sequence(cell, h0, n, inputs=xs)),
-                             list(cell.parameters()))
-print("max |difference| to plain autograd:",
-      max(float((a - b).abs().max()) for a, b in zip(g_plain, g_ckpt)))
+g_ckpt = torch.autograd.grad(
+    loss_of(checkpoint_sequence(cell, h0, n, inputs=xs)), list(cell.parameters())
+)
+print(
+    "max |difference| to plain autograd:",
+    max(float((a - b).abs().max()) for a, b in zip(g_plain, g_ckpt)),
+)
 
 train("plain autograd (2000 tapes)", plain)
 train("Revolve, 45 snapshots", lambda: checkpoint_sequence(cell, h0, n, inputs=xs))
 
 p = plan_sequence(n, memory=30)
-train(f"plan_sequence(30): block {p.block}, {p.snapshots} snaps",
-      lambda: checkpoint_sequence(cell, h0, n, inputs=xs, block=p.block, snapshots=p.snapshots))
+train(
+    f"plan_sequence(30): block {p.block}, {p.snapshots} snaps",
+    lambda: checkpoint_sequence(cell, h0, n, inputs=xs, block=p.block, snapshots=p.snapshots),
+)
 
 schedule = Multistage(n, [Level(8, 0, 0), Level(16, 2, 2)])
 print("multistage:", simulate(schedule).peak_slots, "slots per level")
 with tempfile.TemporaryDirectory() as d, TieredStore([ZarrTier(d)]) as store:
-    train("Multistage: 8 in memory + 16 on disk",
-          lambda: checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store))
-    print("disk level:", store.stats().tiers[0].puts, "writes,", store.stats().tiers[0].gets, "reads")
+    train(
+        "Multistage: 8 in memory + 16 on disk",
+        lambda: checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store),
+    )
+    print(
+        "disk level:", store.stats().tiers[0].puts, "writes,", store.stats().tiers[0].gets, "reads"
+    )

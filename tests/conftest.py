@@ -24,8 +24,13 @@ def ds_env():
     """
     deepspeed = pytest.importorskip("deepspeed")
     old = dict(os.environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")  # the port serves the first group only
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )  # the port serves the first group only
     saved = deepspeed.ops.__compatible_ops__.get("deepspeed_shm_comm")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     yield

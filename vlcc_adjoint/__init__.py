@@ -6,8 +6,10 @@ Heavy optional dependencies (jax, mpi4py, torch) are imported only by the
 modules that need them.
 """
 
+from . import state as _state
 from .budget import BudgetPlan as BudgetPlan
 from .budget import plan as plan
+from .errors import VlccError as VlccError
 from .execute import AdjointResult as AdjointResult
 from .execute import ErrorBudgetReport as ErrorBudgetReport
 from .execute import NonFiniteError as NonFiniteError
@@ -32,15 +34,14 @@ from .schedules import io_plan as io_plan
 from .schedules import simulate as simulate
 from .solver import Solver as Solver
 from .solver import timestep as timestep
-from .errors import VlccError as VlccError
-
-from . import state as _state
 
 # JAX arrays and pytrees in states without importing vlcc_adjoint.jax first:
 # the provider (vlcc_adjoint/jax/_state.py) registers itself the first time a
 # state is flattened or unflattened after JAX is imported, or a checkpoint
 # holds a JAX leaf.  Nothing is imported until then.
-_state.register_lazy_provider("jax", tags=("jax",), load="vlcc_adjoint.jax._state:register_provider")
+_state.register_lazy_provider(
+    "jax", tags=("jax",), load="vlcc_adjoint.jax._state:register_provider"
+)
 
 
 def _run_spmd(*args, **kwargs):

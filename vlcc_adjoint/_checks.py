@@ -20,8 +20,15 @@ import numpy as np
 
 from .errors import VlccError
 
-__all__ = ["NonFiniteError", "StateMismatchError", "check_finite", "check_seed",
-           "describe_mismatch", "matcher", "signature"]
+__all__ = [
+    "NonFiniteError",
+    "StateMismatchError",
+    "check_finite",
+    "check_seed",
+    "describe_mismatch",
+    "matcher",
+    "signature",
+]
 
 
 class StateMismatchError(VlccError, ValueError):
@@ -65,8 +72,10 @@ def signature(state) -> Any:
     if isinstance(state, (list, tuple)):
         return (type(state), tuple(signature(v) for v in state))
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return (type(state), tuple((f.name, signature(getattr(state, f.name)))
-                                   for f in dataclasses.fields(state)))
+        return (
+            type(state),
+            tuple((f.name, signature(getattr(state, f.name))) for f in dataclasses.fields(state)),
+        )
     return (type(state),)
 
 
@@ -99,6 +108,7 @@ def matcher(sig) -> Callable[[Any], bool]:
                     dtypes.append(dtype)
                 return True
             return signature(x) == sig  # JAX / torch arrays
+
         return match_array
     if kind == "dict":
         pairs = tuple((k, matcher(v)) for k, v in sig[1])
@@ -112,6 +122,7 @@ def matcher(sig) -> Callable[[Any], bool]:
                 if not (k == key and match(v)):
                     return False
             return True
+
         return match_dict
     cls = kind
     if len(sig) == 1:  # a type signature does not look into
@@ -126,6 +137,7 @@ def matcher(sig) -> Callable[[Any], bool]:
                 if not match(v):
                     return False
             return True
+
         return match_seq
     names = tuple(name for name, _ in sig[1])
     subs = tuple(matcher(v) for _, v in sig[1])
@@ -137,6 +149,7 @@ def matcher(sig) -> Callable[[Any], bool]:
             if not match(getattr(x, name)):
                 return False
         return True
+
     return match_fields
 
 
@@ -144,8 +157,10 @@ def describe_mismatch(got, want, path="state") -> str:
     if got == want:
         return ""
     if got[0] == "array" and want[0] == "array":
-        return (f"{path} is an array of shape {got[1]} and dtype {got[2]}, "
-                f"expected shape {want[1]} and dtype {want[2]}")
+        return (
+            f"{path} is an array of shape {got[1]} and dtype {got[2]}, "
+            f"expected shape {want[1]} and dtype {want[2]}"
+        )
     if got[0] != want[0]:
         gname = got[0] if isinstance(got[0], str) else got[0].__name__
         wname = want[0] if isinstance(want[0], str) else want[0].__name__
@@ -183,8 +198,10 @@ def _seed_mismatch(got, want, path: str) -> str:
         if have.keys() != need.keys():
             extra = sorted(map(repr, have.keys() - need.keys()))
             missing = sorted(map(repr, need.keys() - have.keys()))
-            return (f"{path} has keys {', '.join(extra) or '(none extra)'} where the state has "
-                    f"{', '.join(missing) or '(none missing)'}")
+            return (
+                f"{path} has keys {', '.join(extra) or '(none extra)'} where the state has "
+                f"{', '.join(missing) or '(none missing)'}"
+            )
         for key, sub in need.items():
             text = _seed_mismatch(have[key], sub, f"{path}[{key!r}]")
             if text:
@@ -252,11 +269,17 @@ def check_finite(x, kind: str, step: int | None) -> None:
     if found is None:
         return
     path, count, size = found
-    what = {"forward": f"forward step {step} returned a state u_{step + 1}" if step is not None
-            else "", "adjoint": f"adjoint step {step} returned an adjoint lambda_{step}",
-            "initial": "the initial state u_0", "seed": "the adjoint seed adj_final"}[kind]
+    what = {
+        "forward": f"forward step {step} returned a state u_{step + 1}" if step is not None else "",
+        "adjoint": f"adjoint step {step} returned an adjoint lambda_{step}",
+        "initial": "the initial state u_0",
+        "seed": "the adjoint seed adj_final",
+    }[kind]
     raise NonFiniteError(
         f"{what} that is not finite: {path} holds {count} nan/inf value(s) of {size}. This is "
         "the first non-finite one of the run; check the step's stability (time step, CFL "
         "condition), its inputs and its divisions",
-        kind=kind, step=step, path=path)
+        kind=kind,
+        step=step,
+        path=path,
+    )

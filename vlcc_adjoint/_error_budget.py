@@ -114,10 +114,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import VlccError
+from .errors import VlccError, VlccValueError
 
-__all__ = ["BudgetRun", "ErrorBudgetReport", "check_rtol", "controlled_run",
-           "lossy_levels"]
+__all__ = ["BudgetRun", "ErrorBudgetReport", "check_rtol", "controlled_run", "lossy_levels"]
 
 #: The chosen bound predicts an error this many times below the budget
 #: (the spread of ``K`` between neighbouring bounds, measured up to 7.5x).
@@ -188,13 +187,14 @@ class ErrorBudgetReport:
 def check_rtol(rtol: Any) -> float:
     """`rtol` as a float in ``(0, 1)``, or a ``ValueError`` saying what to pass."""
     if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.integer, np.floating)):
-        raise ValueError(f"gradient_rtol must be a number in (0, 1), e.g. 1e-3, got {rtol!r}")
+        raise VlccValueError(f"gradient_rtol must be a number in (0, 1), e.g. 1e-3, got {rtol!r}")
     value = float(rtol)
     if not math.isfinite(value) or not 0.0 < value < 1.0:
-        raise ValueError(
+        raise VlccValueError(
             f"gradient_rtol must be a finite number in (0, 1) (the gradient's relative L2 error "
             f"against lossless checkpoints, e.g. 1e-3), got {rtol!r}; for exact checkpoints "
-            "leave it out (None)")
+            "leave it out (None)"
+        )
     return value
 
 
@@ -217,17 +217,19 @@ def lossy_levels(tiers: Sequence[Any]) -> list[int]:
         if settable and getattr(tier, "error_bound", None) is not None:
             levels.append(k)
         elif getattr(tier, "lossy", False):
-            raise ValueError(
+            raise VlccValueError(
                 f"level {k} ({tier!r}) is lossy without an error bound the gradient budget can "
                 "set; use CompressedMemoryTier(ErrorBounded(1e-3)) there, or leave gradient_rtol "
-                "out")
+                "out"
+            )
     if not levels:
         names = ", ".join(type(t).__name__ for t in tiers)
-        raise ValueError(
+        raise VlccValueError(
             f"gradient_rtol sets the error bound of lossy checkpoint levels, and this store has "
             f"none (levels: {names}); give a level CompressedMemoryTier(ErrorBounded(1e-3)) "
             "(the bound is then chosen for you), pass store=None to let run_adjoint build "
-            "compressed levels, or leave gradient_rtol out for exact checkpoints")
+            "compressed levels, or leave gradient_rtol out for exact checkpoints"
+        )
     return levels
 
 
@@ -258,9 +260,13 @@ def _bytes_put(tiers, levels) -> tuple[int, int]:
     return raw, enc
 
 
-def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: float,
-                   gradient: Callable[[Any], Any],
-                   reset: Callable[[], None] | None) -> tuple[Any, ErrorBudgetReport]:
+def controlled_run(
+    run_once: Callable[[], Any],
+    tiers: Sequence[Any],
+    rtol: float,
+    gradient: Callable[[Any], Any],
+    reset: Callable[[], None] | None,
+) -> tuple[Any, ErrorBudgetReport]:
     """Run the schedule until a gradient is within the budget (module docstring).
 
     **Arguments:**
@@ -287,7 +293,8 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
                 f"after {MAX_RUNS} runs (bounds and estimates: "
                 + ", ".join(f"{r.bound:.3g}: {r.error_estimate}" for r in runs)
                 + "); the error does not fall with the bound as a first-order model says "
-                "(a chaotic or non-smooth problem?): use lossless checkpoints")
+                "(a chaotic or non-smooth problem?): use lossless checkpoints"
+            )
         for k in levels:
             tiers[k].set_error_bound(relative=bound)
         if reset is not None:
@@ -303,11 +310,12 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
         totals["seconds"] += seconds
         value = gradient(result)
         if value is None:
-            raise ValueError(
+            raise VlccValueError(
                 "gradient_rtol measures the gradient, and this run returned none (lambda_0 is "
                 "None: the solver keeps its adjoint in its own fields): pass gradient=lambda: "
                 "... (the gradient's data) and reset_gradient=... (zero it and the adjoint "
-                "fields before each run)")
+                "fields before each run)"
+            )
         grads.append((bound, _leaves(value)))
         return result, ratio, seconds
 
@@ -318,9 +326,13 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
         if norm == 0.0:
             raise _ErrorBudgetNotMet(
                 "the gradient is zero, so its relative error is undefined; gradient_rtol needs "
-                "a nonzero gradient (check the objective and the seed adj_final)")
-        pairs = [(other, h) for other, h in grads[:index]
-                 if max(other, bound) >= MIN_PAIR_RATIO * min(other, bound)]
+                "a nonzero gradient (check the objective and the seed adj_final)"
+            )
+        pairs = [
+            (other, h)
+            for other, h in grads[:index]
+            if max(other, bound) >= MIN_PAIR_RATIO * min(other, bound)
+        ]
         return max(_distance(g, h) / (abs(other - bound) * norm) for other, h in pairs)
 
     t_a = min(PILOT_RATIO * rtol, MAX_BOUND)
@@ -343,7 +355,13 @@ def controlled_run(run_once: Callable[[], Any], tiers: Sequence[Any], rtol: floa
             target = rtol / (SAFETY * k_hat)
     final = runs[-1]
     report = ErrorBudgetReport(
-        rtol=rtol, bound=bound, error_estimate=k_hat * bound,
-        compression_ratio=final.compression_ratio, sensitivity=k_hat, runs=tuple(runs),
-        forward_steps=totals["forward"], wall_seconds=totals["seconds"])
+        rtol=rtol,
+        bound=bound,
+        error_estimate=k_hat * bound,
+        compression_ratio=final.compression_ratio,
+        sensitivity=k_hat,
+        runs=tuple(runs),
+        forward_steps=totals["forward"],
+        wall_seconds=totals["seconds"],
+    )
     return result, report

@@ -49,10 +49,16 @@ class Layout:
 
     __slots__ = ("tree", "leaf_specs", "nbytes", "infos", "_walk", "_n", "_build")
 
-    def __init__(self, tree: dict[str, Any], leaf_specs: list[dict[str, Any]], nbytes: int,
-                 walk: Callable[[Any, list[np.ndarray]], bool], n: int,
-                 infos: tuple[tuple[np.dtype, tuple[int, ...]], ...],
-                 build: Callable[[Sequence[np.ndarray]], Any]) -> None:
+    def __init__(
+        self,
+        tree: dict[str, Any],
+        leaf_specs: list[dict[str, Any]],
+        nbytes: int,
+        walk: Callable[[Any, list[np.ndarray]], bool],
+        n: int,
+        infos: tuple[tuple[np.dtype, tuple[int, ...]], ...],
+        build: Callable[[Sequence[np.ndarray]], Any],
+    ) -> None:
         self.tree = tree
         self.leaf_specs = leaf_specs
         self.nbytes = nbytes
@@ -62,8 +68,9 @@ class Layout:
         self._build = build
 
     @classmethod
-    def of(cls, state: Any, leaves: list[np.ndarray] | None = None,
-           spec: dict[str, Any] | None = None) -> Layout | None:
+    def of(
+        cls, state: Any, leaves: list[np.ndarray] | None = None, spec: dict[str, Any] | None = None
+    ) -> Layout | None:
         """The layout of `state` (optionally with its ``flatten`` result), or
         ``None`` if the state holds anything a layout does not model."""
         if spec is None:
@@ -75,8 +82,15 @@ class Layout:
             return None
         build = _compile_build(spec["tree"])
         infos = tuple((leaf.dtype, leaf.shape) for leaf in leaves)
-        return cls(spec["tree"], spec["leaves"], sum(leaf.nbytes for leaf in leaves), walk,
-                   len(leaves), infos, build)
+        return cls(
+            spec["tree"],
+            spec["leaves"],
+            sum(leaf.nbytes for leaf in leaves),
+            walk,
+            len(leaves),
+            infos,
+            build,
+        )
 
     def leaves(self, state: Any) -> list[np.ndarray] | None:
         """The leaves of `state` if it has this layout, else ``None``."""
@@ -96,9 +110,13 @@ class Layout:
         if len(leaves) != self._n:
             return self._unflatten(leaves)
         for leaf, (dtype, shape) in zip(leaves, self.infos):
-            if type(leaf) is not np.ndarray or leaf.shape != shape or (
-                    leaf.dtype is not dtype
-                    and (leaf.dtype != dtype or leaf.dtype.str != dtype.str)):
+            if (
+                type(leaf) is not np.ndarray
+                or leaf.shape != shape
+                or (
+                    leaf.dtype is not dtype and (leaf.dtype != dtype or leaf.dtype.str != dtype.str)
+                )
+            ):
                 return self._unflatten(leaves)
         return self._build(leaves)
 
@@ -126,11 +144,16 @@ def _compile(obj, node, leaves):
         dtype, shape = obj.dtype, obj.shape
 
         def walk_leaf(x, out):
-            if type(x) is np.ndarray and x.dtype is dtype and x.shape == shape \
-                    and x.flags.c_contiguous:
+            if (
+                type(x) is np.ndarray
+                and x.dtype is dtype
+                and x.shape == shape
+                and x.flags.c_contiguous
+            ):
                 out.append(x)
                 return True
             return False
+
         return walk_leaf
     if cls is dict and "dict" in node:
         keys = tuple(node["dict"])
@@ -179,8 +202,11 @@ def _compile(obj, node, leaves):
 
         def check(x):
             return type(x) is cls and len(x) == length
-    if all(type(c) is np.ndarray and item.keys() == {"leaf"} and leaves[item["leaf"]] is c
-           for c, item in zip(children, items)):
+
+    if all(
+        type(c) is np.ndarray and item.keys() == {"leaf"} and leaves[item["leaf"]] is c
+        for c, item in zip(children, items)
+    ):
         infos = tuple((c.dtype, c.shape) for c in children)
         count = len(infos)
 
@@ -191,11 +217,16 @@ def _compile(obj, node, leaves):
             if len(xs) != count:
                 return False
             for v, (dtype, shape) in zip(xs, infos):
-                if type(v) is not np.ndarray or v.dtype is not dtype or v.shape != shape \
-                        or not v.flags.c_contiguous:
+                if (
+                    type(v) is not np.ndarray
+                    or v.dtype is not dtype
+                    or v.shape != shape
+                    or not v.flags.c_contiguous
+                ):
                     return False
             out.extend(xs)
             return True
+
         return walk_leaves
     subs = tuple(_compile(c, n, leaves) for c, n in zip(children, items))
     if any(s is None for s in subs):
@@ -211,8 +242,8 @@ def _compile(obj, node, leaves):
             if not sub(v, out):
                 return False
         return True
-    return walk
 
+    return walk
 
 
 def _compile_build(node):
@@ -245,6 +276,7 @@ def _compile_build(node):
             if provider is None:
                 return _missing(name)
             return provider.unflatten(aux, [leaves[i] for i in idx])
+
         return build_type_of_leaves
 
     def build_type(leaves):
@@ -252,6 +284,7 @@ def _compile_build(node):
         if provider is None:
             return _missing(name)
         return provider.unflatten(aux, [sub(leaves) for sub in subs])
+
     return build_type
 
 
@@ -261,4 +294,5 @@ def _missing(name):
     raise UnknownStateTypeError(
         f"the checkpoint holds a {name!r}, which this process has not registered; call "
         "vlcc_adjoint.state.register(cls) (dataclasses, named tuples) or register(cls, "
-        "flatten_fn, unflatten_fn) before loading (types are never imported from a checkpoint)")
+        "flatten_fn, unflatten_fn) before loading (types are never imported from a checkpoint)"
+    )

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import VlccError
+from .errors import VlccError, VlccTypeError, VlccValueError
 
 __all__ = [
     "LeafProvider",
@@ -76,8 +76,12 @@ def _type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def register(cls: type, flatten_fn: Callable | None = None,
-             unflatten_fn: Callable | None = None, name: str | None = None) -> None:
+def register(
+    cls: type,
+    flatten_fn: Callable | None = None,
+    unflatten_fn: Callable | None = None,
+    name: str | None = None,
+) -> None:
     """Teach the providers a container type.
 
     **Arguments:**
@@ -98,21 +102,23 @@ def register(cls: type, flatten_fn: Callable | None = None,
     checkpoint before it flattens such a type calls ``register(cls)`` first.
     """
     if not isinstance(cls, type):
-        raise TypeError(f"register expects a class, got {cls!r}")
+        raise VlccTypeError(f"register expects a class, got {cls!r}")
     if flatten_fn is None and unflatten_fn is None:
         if dataclasses.is_dataclass(cls):
             _register_dataclass(cls, name)
         elif issubclass(cls, tuple) and hasattr(cls, "_fields"):
             _register_namedtuple(cls, name)
         else:
-            raise TypeError(
+            raise VlccTypeError(
                 f"{cls.__qualname__} is neither a dataclass nor a named tuple; pass "
                 "flatten_fn(obj) -> (children, aux) and unflatten_fn(aux, children) -> obj"
             )
         return
     if not (callable(flatten_fn) and callable(unflatten_fn)):
-        raise TypeError("register needs both flatten_fn and unflatten_fn (or neither, "
-                        "for dataclasses and named tuples)")
+        raise VlccTypeError(
+            "register needs both flatten_fn and unflatten_fn (or neither, "
+            "for dataclasses and named tuples)"
+        )
     _add(cls, _Provider(name or _type_name(cls), flatten_fn, unflatten_fn, user=True))
 
 
@@ -160,20 +166,28 @@ def _register_dataclass(cls: type, name: str | None = None) -> _Provider:
 
 def _check_fields(cls: type, aux, children, names: list[str]) -> None:
     """The spec's field names must be fields of the class (nothing else is set)."""
-    if not (isinstance(aux, list) and len(aux) == len(children)
-            and all(type(a) is str for a in aux)):
-        raise ValueError(f"malformed field list {aux!r} for {cls.__qualname__} in state spec")
+    if not (
+        isinstance(aux, list) and len(aux) == len(children) and all(type(a) is str for a in aux)
+    ):
+        raise VlccValueError(f"malformed field list {aux!r} for {cls.__qualname__} in state spec")
     unknown = set(aux) - set(names)
     if unknown:
-        raise ValueError(
+        raise VlccValueError(
             f"the checkpoint has fields {sorted(unknown)} that {cls.__qualname__} does not have "
             "(the class changed since it was written?); restore with the matching class version"
         )
 
 
 def _register_namedtuple(cls: type, name: str | None = None) -> _Provider:
-    return _add(cls, _Provider(name or _type_name(cls), lambda obj: (list(obj), None),
-                               lambda aux, children: cls(*children), user=False))
+    return _add(
+        cls,
+        _Provider(
+            name or _type_name(cls),
+            lambda obj: (list(obj), None),
+            lambda aux, children: cls(*children),
+            user=False,
+        ),
+    )
 
 
 # -- leaf providers -------------------------------------------------------------------
@@ -219,8 +233,24 @@ class LeafProvider:
 _LEAF_PROVIDERS: dict[str, LeafProvider] = {}  # tag -> provider
 _LEAF_OF_TYPE: dict[type, LeafProvider | None] = {}  # cache of claims(), per type
 _NODE_OWNER: dict[type, LeafProvider | None] = {}  # cache of tree_node(), per type
-_RESERVED = frozenset({"leaf", "value", "dict", "items", "mapping", "list", "tuple", "type",
-                       "aux", "float", "complex", "bytes", "npscalar", "hex"})
+_RESERVED = frozenset(
+    {
+        "leaf",
+        "value",
+        "dict",
+        "items",
+        "mapping",
+        "list",
+        "tuple",
+        "type",
+        "aux",
+        "float",
+        "complex",
+        "bytes",
+        "npscalar",
+        "hex",
+    }
+)
 
 
 def register_leaf_provider(provider: LeafProvider) -> None:
@@ -232,10 +262,12 @@ def register_leaf_provider(provider: LeafProvider) -> None:
       spec format uses itself (``"leaf"``, ``"dict"``, ...).
     """
     if not isinstance(provider, LeafProvider):
-        raise TypeError(f"register_leaf_provider expects a LeafProvider, got {provider!r}")
+        raise VlccTypeError(f"register_leaf_provider expects a LeafProvider, got {provider!r}")
     if not isinstance(provider.tag, str) or not provider.tag or provider.tag in _RESERVED:
-        raise ValueError(f"invalid leaf provider tag {provider.tag!r}: use a name that is not "
-                         f"one of the spec's own keys {sorted(_RESERVED)}")
+        raise VlccValueError(
+            f"invalid leaf provider tag {provider.tag!r}: use a name that is not "
+            f"one of the spec's own keys {sorted(_RESERVED)}"
+        )
     _LEAF_PROVIDERS[provider.tag] = provider
     _LEAF_OF_TYPE.clear()
     _NODE_OWNER.clear()
@@ -320,7 +352,7 @@ def register_lazy_provider(module: str, tags: Sequence[str], load: str) -> None:
       :func:`register`).  Imported only when it runs.
     """
     if not (isinstance(load, str) and load.count(":") == 1):
-        raise ValueError(f"load must be 'package.module:function', got {load!r}")
+        raise VlccValueError(f"load must be 'package.module:function', got {load!r}")
     with _LAZY_LOCK:
         _PENDING[module] = _Lazy(module, frozenset(tags), load)
 

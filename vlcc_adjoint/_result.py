@@ -99,8 +99,11 @@ def _array_summary(x: np.ndarray) -> str:
             values = values[finite]
     if values.size:
         label = "|x| " if x.dtype.kind == "c" else ""
-        notes.insert(0, f"{label}min={values.min():.4g} max={values.max():.4g} "
-                        f"mean={values.mean(dtype=np.float64):.4g}")
+        notes.insert(
+            0,
+            f"{label}min={values.min():.4g} max={values.max():.4g} "
+            f"mean={values.mean(dtype=np.float64):.4g}",
+        )
     return " ".join([head] + notes)
 
 
@@ -122,8 +125,9 @@ def summary(x, depth: int = 0) -> str:
         return f"[{text}]" if isinstance(x, list) else f"({text})"
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         fields = dataclasses.fields(x)
-        items = [f"{f.name}={summary(getattr(x, f.name), depth + 1)}"
-                 for f in fields[:_SUMMARY_ITEMS]]
+        items = [
+            f"{f.name}={summary(getattr(x, f.name), depth + 1)}" for f in fields[:_SUMMARY_ITEMS]
+        ]
         return f"{type(x).__name__}({', '.join(items + ['...'] * (len(fields) > _SUMMARY_ITEMS))})"
     text = repr(x)
     return text if len(text) <= 60 else f"<{type(x).__name__}>"

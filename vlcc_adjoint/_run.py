@@ -20,6 +20,7 @@ from ._checks import check_seed as _check_seed
 from ._checks import describe_mismatch as _describe_mismatch
 from ._checks import matcher as _matcher
 from ._checks import signature as _signature
+from .errors import VlccRuntimeError, VlccValueError
 from .schedules import ActionKind, Online, simulate
 
 _CHUNK = 1 << 16  # table rows converted to Python ints at a time
@@ -36,6 +37,7 @@ def _copy_state(state):
 # ---------------------------------------------------------------------------
 # the interpreter
 # ---------------------------------------------------------------------------
+
 
 class _Run:
     """The machine of :mod:`~vlcc_adjoint.schedules.actions`, driving a solver
@@ -247,17 +249,32 @@ class _Run:
         ``on_load`` hooks, an adjoint step after the first.  What the run
         was doing (:attr:`where`, :attr:`at`) and the index of the action
         (:attr:`index`) are recorded only when one fails."""
-        if self.array is None and self.check and self.signature is not None \
-                and self.signature[0] == "array" and self.u is not None \
-                and type(self.u) is np.ndarray and self.matches(self.u):
+        if (
+            self.array is None
+            and self.check
+            and self.signature is not None
+            and self.signature[0] == "array"
+            and self.u is not None
+            and type(self.u) is np.ndarray
+            and self.matches(self.u)
+        ):
             self.array = (self.u.shape, self.u.dtype)
-        advance, reverse, load, save, move = (self.advance, self.reverse, self.load, self.save,
-                                              self.move)
+        advance, reverse, load, save, move = (
+            self.advance,
+            self.reverse,
+            self.load,
+            self.save,
+            self.move,
+        )
         ADVANCE, REVERSE, LOAD, SAVE, DELETE, MOVE = _KINDS
         store = self.store
         # Which actions run in the loop (else: through their methods).
-        steps_here = self.forward_many is None and self.check and not self.check_finite \
+        steps_here = (
+            self.forward_many is None
+            and self.check
+            and not self.check_finite
             and self.array is not None
+        )
         save_here = self.on_save is None
         load_here = self.on_load is None and not self.in_place
         adjoint_here = not self.check_finite
@@ -277,8 +294,13 @@ class _Run:
         try:
             for start in range(0, len(table), _CHUNK):
                 chunk = table[start : start + _CHUNK]
-                rows = zip(chunk["kind"].tolist(), chunk["a"].tolist(), chunk["b"].tolist(),
-                           chunk["level"].tolist(), chunk["dst"].tolist())
+                rows = zip(
+                    chunk["kind"].tolist(),
+                    chunk["a"].tolist(),
+                    chunk["b"].tolist(),
+                    chunk["level"].tolist(),
+                    chunk["dst"].tolist(),
+                )
                 for kind, a, b, level, dst in rows:
                     index += 1
                     if kind == ADVANCE:
@@ -287,8 +309,11 @@ class _Run:
                             t0 = perf()
                             for i in range(a, b):
                                 u = forward(u, i)
-                                if type(u) is not ndarray or u.shape != shape \
-                                        or u.dtype is not dtype:
+                                if (
+                                    type(u) is not ndarray
+                                    or u.shape != shape
+                                    or u.dtype is not dtype
+                                ):
                                     if not matches(u):
                                         self._mismatch(u, f"forward step {i}")
                             t_forward += perf() - t0
@@ -331,7 +356,7 @@ class _Run:
                     elif kind == MOVE:
                         move(a, level, dst)
                     else:
-                        raise ValueError(f"unknown action kind {kind} in the schedule table")
+                        raise VlccValueError(f"unknown action kind {kind} in the schedule table")
                 if self.bar is not None:
                     self.bar.update(len(chunk))
         except BaseException:
@@ -356,8 +381,17 @@ class _Run:
         self.index = index
 
 
-_KINDS = tuple(int(k) for k in (ActionKind.ADVANCE, ActionKind.REVERSE, ActionKind.LOAD,
-                                ActionKind.SAVE, ActionKind.DELETE, ActionKind.MOVE))
+_KINDS = tuple(
+    int(k)
+    for k in (
+        ActionKind.ADVANCE,
+        ActionKind.REVERSE,
+        ActionKind.LOAD,
+        ActionKind.SAVE,
+        ActionKind.DELETE,
+        ActionKind.MOVE,
+    )
+)
 
 
 def _run_online(run: _Run, online: Online, stop, max_steps):
@@ -373,7 +407,7 @@ def _run_online(run: _Run, online: Online, stop, max_steps):
             if stop(run.u, i):
                 break
             if i >= limit:
-                raise RuntimeError(
+                raise VlccRuntimeError(
                     f"the stop criterion did not hold within max_steps={max_steps} steps; "
                     "raise max_steps or check the criterion"
                 )
@@ -394,5 +428,5 @@ def _run_online(run: _Run, online: Online, stop, max_steps):
     run.final_state = run.copy(run.u)
     full = online.stop(n)
     run.schedule = full
-    run.run_table(full.table[full.reverse_start:], offset=full.reverse_start)
+    run.run_table(full.table[full.reverse_start :], offset=full.reverse_start)
     return full, simulate(full)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import VlccValueError
 from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
 
 if TYPE_CHECKING:
@@ -100,7 +101,9 @@ class BudgetPlan:
     explain: str
     gradient_rtol: float | None = None
 
-    def make_store(self, path: str | os.PathLike | None = None, **store_options: Any) -> TieredStore:
+    def make_store(
+        self, path: str | os.PathLike | None = None, **store_options: Any
+    ) -> TieredStore:
         """A :class:`~vlcc_adjoint.storage.TieredStore` for :attr:`schedule`:
         a memory tier of `memory_bytes` (error-bounded compressed memory
         with :attr:`gradient_rtol`; its bound is set by ``run_adjoint(...,
@@ -120,8 +123,12 @@ class BudgetPlan:
 
             # An encoded record is at most a few headers larger than the state
             # (a leaf that does not compress is stored exactly).
-            tiers = [CompressedMemoryTier(ErrorBounded(1e-3), capacity_bytes=capacity
-                                          + self.memory_slots * DISK_RECORD_OVERHEAD)]
+            tiers = [
+                CompressedMemoryTier(
+                    ErrorBounded(1e-3),
+                    capacity_bytes=capacity + self.memory_slots * DISK_RECORD_OVERHEAD,
+                )
+            ]
         if len(self.schedule.levels) > 1:
             if path is None:
                 path = tempfile.mkdtemp(prefix="vlcc-disk-")
@@ -139,8 +146,9 @@ class BudgetPlan:
         return self.explain
 
 
-def slots_within(memory_bytes: int, disk_bytes: int, state_bytes: int,
-                 leaves: int = 4) -> tuple[int, int, int]:
+def slots_within(
+    memory_bytes: int, disk_bytes: int, state_bytes: int, leaves: int = 4
+) -> tuple[int, int, int]:
     """The checkpoint slots :func:`plan` finds in a memory and a disk budget.
 
     A disk record also carries its zarr metadata (:data:`DISK_RECORD_OVERHEAD`
@@ -194,8 +202,9 @@ def round_cost(ratio: float) -> float:
     return float(2.0 ** (round(COST_GRID * np.log2(ratio)) / COST_GRID))
 
 
-def _time_steps(solver, u0, steps: int, max_steps: int, adj_final=None,
-                seconds: float = CALIBRATION_SECONDS) -> tuple[float, float | None]:
+def _time_steps(
+    solver, u0, steps: int, max_steps: int, adj_final=None, seconds: float = CALIBRATION_SECONDS
+) -> tuple[float, float | None]:
     """Mean seconds of one forward step and of one adjoint step.
 
     Forward steps run on a copy of `u0` (the first one, which may compile,
@@ -297,8 +306,9 @@ def _time_memory(u0, state_bytes: int, slots: int, solver=None) -> float:
     return float(np.median(rounds))
 
 
-def _time_disk(nbytes: int, path=None, seconds: float = CALIBRATION_SECONDS,
-               rounds: tuple[int, int] = (3, 16)) -> tuple[float, float]:
+def _time_disk(
+    nbytes: int, path=None, seconds: float = CALIBRATION_SECONDS, rounds: tuple[int, int] = (3, 16)
+) -> tuple[float, float]:
     """Seconds to write and to read back one record of `nbytes` on a zarr tier.
 
     Records are written and read back, each once, for `seconds` of wall
@@ -398,47 +408,55 @@ def plan(
     ``io_plan(budget_plan.schedule)`` to a store built by hand.
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        raise VlccValueError(f"steps must be an integer >= 1, got {steps!r}")
     if gradient_rtol is not None:
         from ._error_budget import check_rtol
 
         gradient_rtol = check_rtol(gradient_rtol)
     for name, value in (("memory_bytes", memory_bytes), ("disk_bytes", disk_bytes)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{name} must be an integer number of bytes >= 0, got {value!r}")
+            raise VlccValueError(f"{name} must be an integer number of bytes >= 0, got {value!r}")
     n = int(steps)
     if state_bytes is None:
         if u0 is None:
-            raise ValueError("plan needs the size of a state: pass state_bytes= or u0=")
+            raise VlccValueError("plan needs the size of a state: pass state_bytes= or u0=")
         state_bytes = _state_bytes(u0)
     if state_bytes < 1:
-        raise ValueError(f"state_bytes must be >= 1, got {state_bytes}")
+        raise VlccValueError(f"state_bytes must be >= 1, got {state_bytes}")
     leaves = _leaf_count(u0) if u0 is not None else 4
     m, d, reserve = slots_within(memory_bytes, disk_bytes, state_bytes, leaves)
     if m < 1:
-        raise ValueError(
+        raise VlccValueError(
             f"memory_bytes={memory_bytes} holds no state of {state_bytes} bytes; a schedule "
             f"needs at least one state in memory (four with a disk level: one to keep, two "
             f"being written, one read ahead): give memory_bytes >= {(1 + reserve) * state_bytes}"
         )
     if callable(verbose):
+
         def say(text):
             verbose(f"plan: {text}")
     elif verbose:
+
         def say(text):
             print(f"plan: {text}", flush=True)
     else:
+
         def say(text):
             pass
+
     measure_adjoint = adjoint_cost is None and adj_final is not None
     if step_seconds is None or measure_adjoint:
         if solver is None or u0 is None:
-            raise ValueError("plan needs the step time: pass step_seconds=, or solver= and u0= "
-                             "to measure it")
-        say(f"timing forward{' and adjoint' if measure_adjoint else ''} steps of the solver "
-            f"(about {CALIBRATION_SECONDS:g} s each way, on a copy of u0)")
-        forward, backward = _time_steps(solver, u0, max(1, calibration_steps), n,
-                                        adj_final if measure_adjoint else None)
+            raise VlccValueError(
+                "plan needs the step time: pass step_seconds=, or solver= and u0= to measure it"
+            )
+        say(
+            f"timing forward{' and adjoint' if measure_adjoint else ''} steps of the solver "
+            f"(about {CALIBRATION_SECONDS:g} s each way, on a copy of u0)"
+        )
+        forward, backward = _time_steps(
+            solver, u0, max(1, calibration_steps), n, adj_final if measure_adjoint else None
+        )
         if step_seconds is None:
             step_seconds = forward
         if measure_adjoint:
@@ -447,8 +465,10 @@ def plan(
     adjoint_measured = measure_adjoint
     adjoint_cost = 1.0 if adjoint_cost is None else float(adjoint_cost)
     if d > 0 and (write_seconds is None or read_seconds is None):
-        say(f"timing a disk write and read of one state ({state_bytes:,} bytes) on a temporary "
-            f"zarr store in {disk_path or tempfile.gettempdir()}")
+        say(
+            f"timing a disk write and read of one state ({state_bytes:,} bytes) on a temporary "
+            f"zarr store in {disk_path or tempfile.gettempdir()}"
+        )
         w, r = _time_disk(state_bytes, disk_path)
         write_seconds = w if write_seconds is None else write_seconds
         read_seconds = r if read_seconds is None else read_seconds
@@ -473,17 +493,27 @@ def plan(
         f"a state is {state_bytes:,} bytes: memory holds {m} checkpoints"
         + (f" (+ {reserve} I/O buffers), disk {d}" if d else ""),
         f"one adjoint step takes {adjoint_cost:.2f} forward steps"
-        + (" (measured)" if adjoint_measured else
-           " (assumed; pass adj_final= to measure it)" if adj_final is None else ""),
+        + (
+            " (measured)"
+            if adjoint_measured
+            else " (assumed; pass adj_final= to measure it)"
+            if adj_final is None
+            else ""
+        ),
         f"one forward step takes {step_seconds:.3g} s, a memory save or restore of the state "
         f"{copy_seconds:.3g} s ({copy_seconds / step_seconds:.2f} steps)"
-        + (f"; one disk write {write_seconds:.3g} s, one read {read_seconds:.3g} s "
-           f"({write_seconds / step_seconds:.2f} and {read_seconds / step_seconds:.2f} steps)"
-           if d > 0 else ""),
+        + (
+            f"; one disk write {write_seconds:.3g} s, one read {read_seconds:.3g} s "
+            f"({write_seconds / step_seconds:.2f} and {read_seconds / step_seconds:.2f} steps)"
+            if d > 0
+            else ""
+        ),
     ]
-    notes.append(f"costs rounded to the 2^(1/4) grid, in forward steps: adjoint "
-                 f"{adjoint_model:.3g}, memory {copy_cost:.3g}"
-                 + (f", disk write {write_cost:.3g}, read {read_cost:.3g}" if d > 0 else ""))
+    notes.append(
+        f"costs rounded to the 2^(1/4) grid, in forward steps: adjoint "
+        f"{adjoint_model:.3g}, memory {copy_cost:.3g}"
+        + (f", disk write {write_cost:.3g}, read {read_cost:.3g}" if d > 0 else "")
+    )
     candidates: dict[str, tuple[Schedule, float]] = {}
 
     costs = [(copy_cost, copy_cost), (write_cost, read_cost)]
@@ -505,12 +535,16 @@ def plan(
             while disk > 1 and n * (m + 1) * (disk + 1) > MAX_MULTISTAGE_STATES:
                 disk //= 2
             if disk < d:
-                notes.append(f"the exact two-level program was offered {disk} of the {d} disk "
-                             "slots, to keep planning fast")
+                notes.append(
+                    f"the exact two-level program was offered {disk} of the {d} disk "
+                    "slots, to keep planning fast"
+                )
             levels = [Level(m, copy_cost, copy_cost), Level(disk, write_cost, read_cost)]
             say(f"solving the two-level schedule: Multistage({n}, memory {m} + disk {disk})")
-            weigh(f"Multistage({n}, memory {m} + disk {disk})",
-                  Multistage(n, levels, forward_cost=1.0, adjoint_cost=adjoint_model))
+            weigh(
+                f"Multistage({n}, memory {m} + disk {disk})",
+                Multistage(n, levels, forward_cost=1.0, adjoint_cost=adjoint_model),
+            )
     best = min(candidates, key=lambda k: candidates[k][1])
     schedule, predicted = candidates[best]
     for name, (_, seconds) in candidates.items():
@@ -518,15 +552,26 @@ def plan(
     if m >= n - 1:
         notes.append("memory holds every state, so nothing is recomputed")
     if gradient_rtol is not None:
-        notes.append(f"the memory level stores lossy checkpoints: pass gradient_rtol="
-                     f"{gradient_rtol:g} to run_adjoint, which chooses their error bound "
-                     "(slots are counted uncompressed, so the memory budget holds with room "
-                     "to spare)")
+        notes.append(
+            f"the memory level stores lossy checkpoints: pass gradient_rtol="
+            f"{gradient_rtol:g} to run_adjoint, which chooses their error bound "
+            "(slots are counted uncompressed, so the memory budget holds with room "
+            "to spare)"
+        )
     return BudgetPlan(
-        schedule=schedule, memory_bytes=int(memory_bytes), disk_bytes=int(disk_bytes),
-        memory_slots=m, disk_slots=d, state_bytes=int(state_bytes),
-        step_seconds=step_seconds, write_seconds=write_seconds, read_seconds=read_seconds,
-        copy_seconds=copy_seconds, adjoint_cost=adjoint_cost, predicted_seconds=predicted,
+        schedule=schedule,
+        memory_bytes=int(memory_bytes),
+        disk_bytes=int(disk_bytes),
+        memory_slots=m,
+        disk_slots=d,
+        state_bytes=int(state_bytes),
+        step_seconds=step_seconds,
+        write_seconds=write_seconds,
+        read_seconds=read_seconds,
+        copy_seconds=copy_seconds,
+        adjoint_cost=adjoint_cost,
+        predicted_seconds=predicted,
         candidates={k: v[1] for k, v in candidates.items()},
-        explain="\n".join(notes), gradient_rtol=gradient_rtol,
+        explain="\n".join(notes),
+        gradient_rtol=gradient_rtol,
     )

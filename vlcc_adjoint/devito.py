@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from .execute import AdjointResult, run_adjoint
 from .schedules import Revolve, Schedule, StoreAll, default_snapshots
 
@@ -96,6 +97,7 @@ __all__ = ["DevitoSolver", "Revolver", "default_snapshots"]
 # ---------------------------------------------------------------------------
 # operators over pyrevolve-style ranges
 # ---------------------------------------------------------------------------
+
 
 class _KernelRange:
     """A Devito ``Operator`` applied over ``(t_start, t_end)``.
@@ -128,18 +130,22 @@ class _KernelRange:
             check = getattr(self.op, "_postprocess_errors", None)
             if check is not None:
                 check(retval)
-            raise RuntimeError(f"Devito operator {self.op.name!r} returned error code {retval}")
+            raise VlccRuntimeError(f"Devito operator {self.op.name!r} returned error code {retval}")
 
 
 def _as_range_op(op, kwargs, time_name, what):
     if hasattr(op, "cfunction") and hasattr(op, "arguments"):  # a devito.Operator
         return _KernelRange(op, dict(kwargs or {}), time_name)
     if kwargs:
-        raise TypeError(f"{what}_kwargs only apply to a devito.Operator; {type(op).__name__} "
-                        "carries its own arguments (e.g. CheckpointOperator(op, **kwargs))")
+        raise VlccTypeError(
+            f"{what}_kwargs only apply to a devito.Operator; {type(op).__name__} "
+            "carries its own arguments (e.g. CheckpointOperator(op, **kwargs))"
+        )
     if not callable(getattr(op, "apply", None)):
-        raise TypeError(f"{what} must be a devito.Operator or an object with "
-                        f"apply(t_start, t_end) such as devito.CheckpointOperator, got {op!r}")
+        raise VlccTypeError(
+            f"{what} must be a devito.Operator or an object with "
+            f"apply(t_start, t_end) such as devito.CheckpointOperator, got {op!r}"
+        )
     return op
 
 
@@ -194,6 +200,7 @@ def _data_address(range_op, name: str) -> int | None:
 # the solver
 # ---------------------------------------------------------------------------
 
+
 class DevitoSolver:
     """A vlcc :class:`~vlcc_adjoint.solver.Solver` made of two Devito operators.
 
@@ -227,15 +234,25 @@ class DevitoSolver:
 
     restore_in_place = True
 
-    def __init__(self, forward: Any, reverse: Any, state: Any, *, forward_kwargs: dict | None = None,
-                 reverse_kwargs: dict | None = None, recompute: bool | None = None):
+    def __init__(
+        self,
+        forward: Any,
+        reverse: Any,
+        state: Any,
+        *,
+        forward_kwargs: dict | None = None,
+        reverse_kwargs: dict | None = None,
+        recompute: bool | None = None,
+    ):
         functions = list(getattr(state, "objects", state))
         if not functions:
-            raise ValueError("state must name the checkpointed TimeFunctions, e.g. [u]")
+            raise VlccValueError("state must name the checkpointed TimeFunctions, e.g. [u]")
         for f in functions:
             if not (getattr(f, "is_TimeFunction", False) and hasattr(f, "_data_allocated")):
-                raise TypeError(f"state holds {f!r}; give the TimeFunctions whose live time "
-                                "levels make the state (e.g. [u]) or a DevitoCheckpoint")
+                raise VlccTypeError(
+                    f"state holds {f!r}; give the TimeFunctions whose live time "
+                    "levels make the state (e.g. [u]) or a DevitoCheckpoint"
+                )
         self.functions = functions
         time_name = functions[0].time_dim.root.name
         self._fwd = _as_range_op(forward, forward_kwargs, time_name, "forward")
@@ -268,8 +285,7 @@ class DevitoSolver:
         _, writes = fwd
         shift = self._rev_offset - self.offset  # reverse iteration t_i + shift for state i
         needs_next = False
-        for f, order, buffered, buf in zip(self.functions, self._orders, self._buffered,
-                                           self.live):
+        for f, order, buffered, buf in zip(self.functions, self._orders, self._buffered, self.live):
             # A buffered field's level is known modulo its buffer size only.
             size = buf.shape[0] if buffered else 1 << 62
             for k in reads.get(f.name, ()):
@@ -279,7 +295,7 @@ class DevitoSolver:
                 if level == 1 % size:  # the level (slot) one forward step writes
                     needs_next = True
                     continue
-                raise ValueError(
+                raise VlccValueError(
                     f"the reverse operator reads {f.name}[t{k:+d}], a time level that neither "
                     f"the checkpointed state (the {order} newest levels) nor one forward step "
                     f"provides; raise {f.name}'s time_order or checkpoint another field"
@@ -306,10 +322,13 @@ class DevitoSolver:
     def on_save(self, state: tuple[np.ndarray, ...], step: int) -> tuple[np.ndarray, ...]:
         """The live levels of `state` at `step`, newest first (views; the
         store copies them)."""
-        return tuple(buf[s] for j, buf in enumerate(state)
-                     for s in self._slots(j, step, buf.shape[0]))
+        return tuple(
+            buf[s] for j, buf in enumerate(state) for s in self._slots(j, step, buf.shape[0])
+        )
 
-    def on_load(self, stored: tuple[np.ndarray, ...], step: int, out: tuple[np.ndarray, ...] | None = None) -> tuple[np.ndarray, ...]:
+    def on_load(
+        self, stored: tuple[np.ndarray, ...], step: int, out: tuple[np.ndarray, ...] | None = None
+    ) -> tuple[np.ndarray, ...]:
         """Copy a snapshot's levels into their slots of the live buffers."""
         self._at_end = False
         it = iter(stored)
@@ -322,7 +341,9 @@ class DevitoSolver:
         return tuple(np.array(buf, copy=True) for buf in state)
 
     # -- steps ---------------------------------------------------------------
-    def forward_many(self, state: tuple[np.ndarray, ...], start: int, stop: int) -> tuple[np.ndarray, ...]:
+    def forward_many(
+        self, state: tuple[np.ndarray, ...], start: int, stop: int
+    ) -> tuple[np.ndarray, ...]:
         final = self.n_steps is not None and stop == self.n_steps
         if state is self.live:
             self._fwd.apply(t_start=start, t_end=stop)
@@ -362,12 +383,18 @@ class DevitoSolver:
         return adj
 
     # -- running -------------------------------------------------------------
-    def run(self, steps: int, schedule: Schedule | int | BudgetPlan | None = None,
-            store: TieredStore | None = None, *,
-            before_reverse: Callable[[], Any] | None = None,
-            progress: bool = False, gradient_rtol: float | None = None, gradient: Callable[
-                [], Any] | None = None, reset_gradient: Callable[[], None] | None = None,
-            ) -> AdjointResult:
+    def run(
+        self,
+        steps: int,
+        schedule: Schedule | int | BudgetPlan | None = None,
+        store: TieredStore | None = None,
+        *,
+        before_reverse: Callable[[], Any] | None = None,
+        progress: bool = False,
+        gradient_rtol: float | None = None,
+        gradient: Callable[[], Any] | None = None,
+        reset_gradient: Callable[[], None] | None = None,
+    ) -> AdjointResult:
         """The forward sweep and the reverse sweep over `steps` steps.
 
         **Arguments:**
@@ -402,16 +429,24 @@ class DevitoSolver:
 
         try:
             # check=False: the states are always the same buffers.
-            return run_adjoint(self, schedule, self.live, between, store, progress, check=False,
-                               gradient_rtol=gradient_rtol, gradient=gradient,
-                               reset_gradient=reset_gradient)
+            return run_adjoint(
+                self,
+                schedule,
+                self.live,
+                between,
+                store,
+                progress,
+                check=False,
+                gradient_rtol=gradient_rtol,
+                gradient=gradient,
+                reset_gradient=reset_gradient,
+            )
         finally:
             _remove(scratch)
 
     def __repr__(self) -> str:
         names = ", ".join(f.name for f in self.functions)
-        return (f"DevitoSolver(state=[{names}], offset={self.offset}, "
-                f"recompute={self.recompute})")
+        return f"DevitoSolver(state=[{names}], offset={self.offset}, recompute={self.recompute})"
 
 
 def _remove(scratch):
@@ -425,7 +460,7 @@ def _resolve_schedule(schedule, steps: int, store=None):
     disk in the temporary directory `scratch` to remove after the run), or
     None."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"the number of time steps must be an integer >= 1, got {steps!r}")
+        raise VlccValueError(f"the number of time steps must be an integer >= 1, got {steps!r}")
     steps = int(steps)
     scratch = None
     if hasattr(schedule, "schedule") and hasattr(schedule, "make_store"):  # BudgetPlan
@@ -437,21 +472,26 @@ def _resolve_schedule(schedule, steps: int, store=None):
     if schedule is None or isinstance(schedule, (int, np.integer)):
         snapshots = default_snapshots(steps) if schedule is None else int(schedule)
         if snapshots < 1:
-            raise ValueError(f"the number of checkpoints must be >= 1, got {snapshots}")
+            raise VlccValueError(f"the number of checkpoints must be >= 1, got {snapshots}")
         schedule = StoreAll(steps) if snapshots >= steps - 1 else Revolve(steps, snapshots)
     if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a vlcc Schedule, an int (Revolve snapshots), a "
-                        f"BudgetPlan or None; got {type(schedule).__name__}")
+        raise VlccTypeError(
+            f"schedule must be a vlcc Schedule, an int (Revolve snapshots), a "
+            f"BudgetPlan or None; got {type(schedule).__name__}"
+        )
     if schedule.n_steps != steps:
         _remove(scratch)
-        raise ValueError(f"the schedule has {schedule.n_steps} steps but the run has {steps}; "
-                         f"build it for n_timesteps={steps}")
+        raise VlccValueError(
+            f"the schedule has {schedule.n_steps} steps but the run has {steps}; "
+            f"build it for n_timesteps={steps}"
+        )
     return schedule, store, scratch
 
 
 # ---------------------------------------------------------------------------
 # pyrevolve.Revolver, backed by vlcc
 # ---------------------------------------------------------------------------
+
 
 class _Stop(BaseException):
     """Unwinds the worker thread when a Revolver is dropped between sweeps."""
@@ -478,8 +518,9 @@ class _Sweeps:
 
     def work(self, solver, schedule, store, scratch):
         try:
-            self.result = run_adjoint(solver, schedule, solver.live, self.between, store,
-                                      check=False)
+            self.result = run_adjoint(
+                solver, schedule, solver.live, self.between, store, check=False
+            )
         except _Stop:
             pass
         except BaseException as error:  # handed to the caller's thread
@@ -527,21 +568,38 @@ class Revolver:
     runs in the caller's thread, as with pyrevolve.
     """
 
-    def __init__(self, checkpoint: Any, fwd_operator: Any, rev_operator: Any, n_checkpoints: int | None = None,
-                 n_timesteps: int | None = None, *, schedule: Schedule | BudgetPlan | None = None,
-                 store: TieredStore | None = None,
-                 fwd_kwargs: dict | None = None, rev_kwargs: dict | None = None,
-                 recompute: bool | None = None):
+    def __init__(
+        self,
+        checkpoint: Any,
+        fwd_operator: Any,
+        rev_operator: Any,
+        n_checkpoints: int | None = None,
+        n_timesteps: int | None = None,
+        *,
+        schedule: Schedule | BudgetPlan | None = None,
+        store: TieredStore | None = None,
+        fwd_kwargs: dict | None = None,
+        rev_kwargs: dict | None = None,
+        recompute: bool | None = None,
+    ):
         if n_timesteps is None:
-            raise ValueError("give n_timesteps (for a loop of unknown length, run "
-                             "vlcc_adjoint.Online through DevitoSolver.run)")
-        self.solver = DevitoSolver(fwd_operator, rev_operator, checkpoint,
-                                   forward_kwargs=fwd_kwargs, reverse_kwargs=rev_kwargs,
-                                   recompute=recompute)
+            raise VlccValueError(
+                "give n_timesteps (for a loop of unknown length, run "
+                "vlcc_adjoint.Online through DevitoSolver.run)"
+            )
+        self.solver = DevitoSolver(
+            fwd_operator,
+            rev_operator,
+            checkpoint,
+            forward_kwargs=fwd_kwargs,
+            reverse_kwargs=rev_kwargs,
+            recompute=recompute,
+        )
         self.n_timesteps = int(n_timesteps)
         self.n_checkpoints = n_checkpoints
         self.schedule, self.store, self._scratch = _resolve_schedule(
-            n_checkpoints if schedule is None else schedule, self.n_timesteps, store)
+            n_checkpoints if schedule is None else schedule, self.n_timesteps, store
+        )
         self.solver.n_steps = self.n_timesteps
         self._sweeps = _Sweeps()
         self._thread: threading.Thread | None = None
@@ -556,12 +614,16 @@ class Revolver:
         """Run the forward sweep (all ``n_timesteps`` steps), taking the
         schedule's snapshots."""
         if self._thread is not None:
-            raise RuntimeError("apply_forward was already called; build a new Revolver for "
-                               "another gradient")
+            raise VlccRuntimeError(
+                "apply_forward was already called; build a new Revolver for another gradient"
+            )
         sweeps = self._sweeps
-        self._thread = threading.Thread(target=sweeps.work, name="vlcc-devito", daemon=True,
-                                        args=(self.solver, self.schedule, self.store,
-                                              self._scratch))
+        self._thread = threading.Thread(
+            target=sweeps.work,
+            name="vlcc-devito",
+            daemon=True,
+            args=(self.solver, self.schedule, self.store, self._scratch),
+        )
         self._thread.start()
         sweeps.forward_done.wait()
         if sweeps.error is not None:
@@ -572,10 +634,11 @@ class Revolver:
         """Run the reverse sweep, recomputing forward steps as the schedule
         says; returns when the gradient is complete."""
         if self._thread is None:
-            raise RuntimeError("call apply_forward() before apply_reverse()")
+            raise VlccRuntimeError("call apply_forward() before apply_reverse()")
         if self._sweeps.go.is_set():
-            raise RuntimeError("apply_reverse was already called; build a new Revolver for "
-                               "another gradient")
+            raise VlccRuntimeError(
+                "apply_reverse was already called; build a new Revolver for another gradient"
+            )
         self._sweeps.go.set()
         self._thread.join()
         self._sweeps.reraise()
@@ -596,5 +659,7 @@ class Revolver:
     def __repr__(self) -> str:
         # Also for an instance whose __init__ raised (debuggers, tracebacks).
         recompute = getattr(getattr(self, "solver", None), "recompute", None)
-        return (f"vlcc_adjoint.devito.Revolver({getattr(self, 'schedule', None)!r}, "
-                f"n_timesteps={getattr(self, 'n_timesteps', None)}, recompute={recompute})")
+        return (
+            f"vlcc_adjoint.devito.Revolver({getattr(self, 'schedule', None)!r}, "
+            f"n_timesteps={getattr(self, 'n_timesteps', None)}, recompute={recompute})"
+        )

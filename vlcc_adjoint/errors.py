@@ -26,7 +26,17 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["VlccError", "deprecated_getattr"]
+__all__ = [
+    "VlccError",
+    "VlccFileNotFoundError",
+    "VlccImportError",
+    "VlccIndexError",
+    "VlccKeyError",
+    "VlccRuntimeError",
+    "VlccTypeError",
+    "VlccValueError",
+    "deprecated_getattr",
+]
 
 
 class VlccError(Exception):
@@ -38,7 +48,45 @@ class VlccError(Exception):
     """
 
 
-def deprecated_getattr(module: str, table: dict[str, tuple[Callable[[], Any], str]]) -> Callable[[str], Any]:
+# The diagnosed failures that have no class of their own: each is the
+# builtin a caller would expect (an argument of the wrong value is a
+# ``ValueError``), and a ``VlccError``.
+
+
+class VlccValueError(VlccError, ValueError):
+    """An argument or a stored value is invalid; the message names it and the fix."""
+
+
+class VlccTypeError(VlccError, TypeError):
+    """An argument has the wrong type; the message names it and the fix."""
+
+
+class VlccRuntimeError(VlccError, RuntimeError):
+    """An operation cannot proceed in the present state (a closed store, a
+    run that did not converge, a process in the wrong mode)."""
+
+
+class VlccKeyError(VlccError, KeyError):
+    """A record, version, ref or leaf that is asked for does not exist (or
+    already exists, where a new one was to be made)."""
+
+
+class VlccIndexError(VlccError, IndexError):
+    """An index (an action of a schedule, a leaf of a version) is out of range."""
+
+
+class VlccImportError(VlccError, ImportError):
+    """An optional dependency that a feature needs is not installed; the
+    message names the package to install."""
+
+
+class VlccFileNotFoundError(VlccError, FileNotFoundError):
+    """A path that should hold a checkpoint or a history does not exist."""
+
+
+def deprecated_getattr(
+    module: str, table: dict[str, tuple[Callable[[], Any], str]]
+) -> Callable[[str], Any]:
     """A module ``__getattr__`` that serves the retired names in `table`.
 
     **Arguments:**
@@ -55,7 +103,9 @@ def deprecated_getattr(module: str, table: dict[str, tuple[Callable[[], Any], st
         if name not in table:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         load, replacement = table[name]
-        warnings.warn(f"{module}.{name} is deprecated; use {replacement}", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{module}.{name} is deprecated; use {replacement}", DeprecationWarning, stacklevel=2
+        )
         return load()
 
     return __getattr__

@@ -70,14 +70,21 @@ from ._error_budget import check_rtol as _check_rtol
 from ._error_budget import controlled_run as _controlled_run
 from ._result import AdjointResult as AdjointResult
 from ._run import _copy_state, _Run, _run_online
+from .errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from .schedules import Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
 
 if TYPE_CHECKING:
     from .storage import TieredStore
 
-__all__ = ["AdjointResult", "ErrorBudgetReport", "NonFiniteError",
-           "StateMismatchError", "register_spmd", "run_adjoint"]
+__all__ = [
+    "AdjointResult",
+    "ErrorBudgetReport",
+    "NonFiniteError",
+    "StateMismatchError",
+    "register_spmd",
+    "run_adjoint",
+]
 
 _spmd_runner: Callable[..., Any] | None = None
 
@@ -98,7 +105,7 @@ def register_spmd(runner: Callable[..., Any]) -> None:
     """
     global _spmd_runner
     if not callable(runner):
-        raise TypeError(f"register_spmd needs a callable runner, got {type(runner).__name__}")
+        raise VlccTypeError(f"register_spmd needs a callable runner, got {type(runner).__name__}")
     _spmd_runner = runner
 
 
@@ -138,8 +145,7 @@ def _budget_store(tiers, plan, store):
 
     policy = "raise" if store is None else store.policy
     dedup = False if store is None else store.dedup
-    return TieredStore(tiers, plan=plan, workers=0, policy=policy, dedup=dedup,
-                       close_tiers=False)
+    return TieredStore(tiers, plan=plan, workers=0, policy=policy, dedup=dedup, close_tiers=False)
 
 
 def _restarter(solver, u0):
@@ -159,8 +165,10 @@ def _restarter(solver, u0):
     def start():
         # flattened each time: a step may have swapped the state's arrays
         leaves = flatten(u0)[0]
-        if in_place and all(isinstance(x, np.ndarray) and x.flags.writeable and x.shape == y.shape
-                            for x, y in zip(leaves, own)):
+        if in_place and all(
+            isinstance(x, np.ndarray) and x.flags.writeable and x.shape == y.shape
+            for x, y in zip(leaves, own)
+        ):
             for dst, src in zip(leaves, own):
                 np.copyto(dst, src)
             return u0
@@ -274,53 +282,69 @@ def run_adjoint(
     if gradient_rtol is not None:
         gradient_rtol = _check_rtol(gradient_rtol)
         if comm is not None:
-            raise ValueError("gradient_rtol does not apply to SPMD runs (comm=...) yet: run "
-                             "with exact checkpoints there, or without comm")
+            raise VlccValueError(
+                "gradient_rtol does not apply to SPMD runs (comm=...) yet: run "
+                "with exact checkpoints there, or without comm"
+            )
         if gradient is not None and not callable(gradient):
-            raise TypeError(f"gradient must be a callable returning the gradient, got "
-                            f"{type(gradient).__name__}")
+            raise VlccTypeError(
+                f"gradient must be a callable returning the gradient, got {type(gradient).__name__}"
+            )
         if gradient is not None and reset_gradient is None:
             reset_gradient = getattr(solver, "reset_gradient", None)
             if not callable(reset_gradient):
-                raise ValueError(
+                raise VlccValueError(
                     "gradient_rtol with gradient= runs the schedule several times, and the "
                     "gradient the solver accumulates must start from zero each time: pass "
-                    "reset_gradient=... (or give the solver a reset_gradient() method)")
+                    "reset_gradient=... (or give the solver a reset_gradient() method)"
+                )
     elif gradient is not None or reset_gradient is not None:
-        raise ValueError("gradient= and reset_gradient= say what gradient_rtol controls; "
-                         "pass gradient_rtol=... too, or leave them out")
+        raise VlccValueError(
+            "gradient= and reset_gradient= say what gradient_rtol controls; "
+            "pass gradient_rtol=... too, or leave them out"
+        )
     if comm is not None:
         if _spmd_runner is None:
-            raise RuntimeError(
+            raise VlccRuntimeError(
                 "run_adjoint(..., comm=...) runs on every rank of the communicator through an "
                 "SPMD integration, and none is loaded: import vlcc_adjoint.mpi first (it "
                 "registers itself; pip install 'vlcc-adjoint[mpi]'), or call "
                 "vlcc_adjoint.mpi.run_adjoint directly"
             )
-        return _spmd_runner(solver, schedule, u0, adj_final, store, progress, comm=comm,
-                            stop=stop, max_steps=max_steps, check=check,
-                            check_finite=check_finite)
+        return _spmd_runner(
+            solver,
+            schedule,
+            u0,
+            adj_final,
+            store,
+            progress,
+            comm=comm,
+            stop=stop,
+            max_steps=max_steps,
+            check=check,
+            check_finite=check_finite,
+        )
     online = isinstance(schedule, Online) and schedule.n_steps is None
     if online:
         if stop is None:
-            raise ValueError(
+            raise VlccValueError(
                 "an Online schedule without steps runs until a stop criterion holds: pass "
                 "stop=lambda state, step: ... (or give Online its number of steps)"
             )
         if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+            raise VlccValueError(f"max_steps must be >= 1, got {max_steps}")
     elif not isinstance(schedule, Schedule):
-        raise TypeError(
+        raise VlccTypeError(
             f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, Multistage, ...), "
             f"got {type(schedule).__name__}"
         )
     elif stop is not None:
-        raise ValueError(
+        raise VlccValueError(
             "stop= only applies to an Online schedule without a step count; this schedule "
             f"has {schedule.n_steps} steps"
         )
     if not hasattr(solver, "forward") or not hasattr(solver, "adjoint"):
-        raise TypeError(
+        raise VlccTypeError(
             f"{type(solver).__name__} is not a solver: it needs forward(state, step) and "
             "adjoint(state, adj, step) methods; wrap plain functions with "
             "vlcc_adjoint.timestep"
@@ -334,15 +358,53 @@ def run_adjoint(
             _check_finite(adj_final, "seed", None)
 
     if gradient_rtol is not None:
-        return _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop,
-                                 max_steps, check, check_finite, signature, gradient_rtol,
-                                 gradient, reset_gradient)
-    return _run_once(solver, schedule, u0, adj_final, store, progress, stop, max_steps, check,
-                     check_finite, signature)
+        return _run_under_budget(
+            solver,
+            schedule,
+            u0,
+            adj_final,
+            store,
+            progress,
+            stop,
+            max_steps,
+            check,
+            check_finite,
+            signature,
+            gradient_rtol,
+            gradient,
+            reset_gradient,
+        )
+    return _run_once(
+        solver,
+        schedule,
+        u0,
+        adj_final,
+        store,
+        progress,
+        stop,
+        max_steps,
+        check,
+        check_finite,
+        signature,
+    )
 
 
-def _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop, max_steps, check,
-                      check_finite, signature, rtol, gradient, reset):
+def _run_under_budget(
+    solver,
+    schedule,
+    u0,
+    adj_final,
+    store,
+    progress,
+    stop,
+    max_steps,
+    check,
+    check_finite,
+    signature,
+    rtol,
+    gradient,
+    reset,
+):
     """`run_adjoint` under a gradient-error budget: every run on a store of
     its own over the tiers of `store` (or default lossy tiers)."""
     import dataclasses
@@ -365,10 +427,19 @@ def _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop, ma
 
         def run_once():
             try:
-                return _run_once(solver, schedule, start(),
-                                 seed if callable(seed) else copy(seed),
-                                 _budget_store(tiers, plan, store), progress, stop, max_steps,
-                                 check, check_finite, signature)
+                return _run_once(
+                    solver,
+                    schedule,
+                    start(),
+                    seed if callable(seed) else copy(seed),
+                    _budget_store(tiers, plan, store),
+                    progress,
+                    stop,
+                    max_steps,
+                    check,
+                    check_finite,
+                    signature,
+                )
             finally:
                 _clear(tiers, kept)
 
@@ -385,13 +456,27 @@ def _run_under_budget(solver, schedule, u0, adj_final, store, progress, stop, ma
     else:
         for tier in tiers:
             tier.close()
-    return dataclasses.replace(result, error_estimate=report.error_estimate,
-                               compression_ratio=report.compression_ratio,
-                               error_budget=report)
+    return dataclasses.replace(
+        result,
+        error_estimate=report.error_estimate,
+        compression_ratio=report.compression_ratio,
+        error_budget=report,
+    )
 
 
-def _run_once(solver, schedule, u0, adj_final, store, progress, stop, max_steps, check,
-              check_finite, signature) -> AdjointResult:
+def _run_once(
+    solver,
+    schedule,
+    u0,
+    adj_final,
+    store,
+    progress,
+    stop,
+    max_steps,
+    check,
+    check_finite,
+    signature,
+) -> AdjointResult:
     """One run of the schedule (checks already done); closes the store."""
     online = isinstance(schedule, Online) and schedule.n_steps is None
     t_start = time.perf_counter()
@@ -401,14 +486,14 @@ def _run_once(solver, schedule, u0, adj_final, store, progress, stop, max_steps,
         if online:
             from .storage import MemoryTier, TieredStore
 
-            store = TieredStore([MemoryTier(
-                capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
+            store = TieredStore([MemoryTier(capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
         else:
             store = _default_store(schedule, stats, u0, solver)
     total = None if online else len(schedule)
     bar = _progress(total, progress)
-    run = _Run(solver, store, None if online else schedule.n_steps, adj_final, check, bar,
-               check_finite)
+    run = _Run(
+        solver, store, None if online else schedule.n_steps, adj_final, check, bar, check_finite
+    )
     run.u = u0
     run.schedule = schedule
     run.signature = signature
@@ -440,7 +525,7 @@ def _run_once(solver, schedule, u0, adj_final, store, progress, stop, max_steps,
             bar.close()
     store.close()
     if run.final_state is None:  # pragma: no cover - every schedule ends with Reverse(0)
-        raise RuntimeError("the schedule never reached the last adjoint step")
+        raise VlccRuntimeError("the schedule never reached the last adjoint step")
     return AdjointResult(
         adjoint=run.adj,
         final_state=run.final_state,

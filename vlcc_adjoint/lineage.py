@@ -140,9 +140,9 @@ per version: prune very long histories with ``gc``).  Measurements against
 from ._lineage._compare import Comparison as Comparison
 from ._lineage._compare import Diff as Diff
 from ._lineage._compare import LeafDiff as LeafDiff
-from ._lineage._graph import Version as Version
 from ._lineage._gc import GCReport as GCReport
 from ._lineage._gc import KeepPolicy as KeepPolicy
+from ._lineage._graph import Version as Version
 from ._lineage._history import History as History
 from ._lineage._history import LeafInfo as LeafInfo
 from ._lineage._history import Usage as Usage

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .errors import VlccImportError, VlccValueError
 from .schedules import ActionKind, Schedule
 
 if TYPE_CHECKING:
@@ -21,8 +22,16 @@ if TYPE_CHECKING:
 
 __all__ = ["check_figure_path", "plot_schedule"]
 
-_LEVEL_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple",
-                  "tab:brown", "tab:pink", "tab:gray", "tab:olive")
+_LEVEL_COLOURS = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:gray",
+    "tab:olive",
+)
 
 
 def check_figure_path(path: str, what: str = "the figure") -> None:
@@ -46,37 +55,45 @@ def check_figure_path(path: str, what: str = "the figure") -> None:
 
     target = Path(path)
     if not str(path):
-        raise ValueError(f"{what}: the file name is empty")
+        raise VlccValueError(f"{what}: the file name is empty")
     if target.is_dir():
-        raise ValueError(f"{what} {path} is a directory; give a file name, e.g. "
-                         f"{target / 'figure.png'}")
+        raise VlccValueError(
+            f"{what} {path} is a directory; give a file name, e.g. {target / 'figure.png'}"
+        )
     folder = target.parent
     if not folder.is_dir():
-        raise ValueError(f"{what} {path}: the directory {folder} does not exist; create it "
-                         "or choose another path")
+        raise VlccValueError(
+            f"{what} {path}: the directory {folder} does not exist; create it "
+            "or choose another path"
+        )
     suffix = target.suffix[1:].lower()
     if suffix:
         try:
             from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
-            raise ValueError(f"{what} {path}: drawing needs matplotlib: "
-                             "pip install 'vlcc-adjoint[plot]'") from None
+            raise VlccValueError(
+                f"{what} {path}: drawing needs matplotlib: pip install 'vlcc-adjoint[plot]'"
+            ) from None
         formats = FigureCanvasBase.get_supported_filetypes()
         if suffix not in formats:
-            raise ValueError(f"{what} {path}: matplotlib cannot write .{suffix} files; use one "
-                             f"of {', '.join('.' + f for f in sorted(formats))}")
+            raise VlccValueError(
+                f"{what} {path}: matplotlib cannot write .{suffix} files; use one "
+                f"of {', '.join('.' + f for f in sorted(formats))}"
+            )
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".vlcc-write-check-"):
             pass
     except OSError as err:
-        raise ValueError(f"{what} {path}: cannot write in {folder} ({err.strerror}); choose "
-                         "a writable directory") from None
+        raise VlccValueError(
+            f"{what} {path}: cannot write in {folder} ({err.strerror}); choose a writable directory"
+        ) from None
     if target.exists() and not os.access(target, os.W_OK):
-        raise ValueError(f"{what} {path}: the file exists and is not writable")
+        raise VlccValueError(f"{what} {path}: the file exists and is not writable")
 
 
-def plot_schedule(schedule: Schedule, path: str | None = None, ax: Axes | None = None,
-                  title: str | None = None) -> Axes:
+def plot_schedule(
+    schedule: Schedule, path: str | None = None, ax: Axes | None = None, title: str | None = None
+) -> Axes:
     """Plot `schedule`; save to `path` if given; return the matplotlib axes.
 
     Tables of more than 200,000 actions are refused: a picture of them shows
@@ -90,12 +107,12 @@ def plot_schedule(schedule: Schedule, path: str | None = None, ax: Axes | None =
         import matplotlib.pyplot as plt
         from matplotlib.collections import LineCollection
     except ImportError:
-        raise ImportError(
+        raise VlccImportError(
             "plotting a schedule needs matplotlib: pip install 'vlcc-adjoint[plot]'"
         ) from None
     t = schedule.table
     if len(t) > 200_000:
-        raise ValueError(
+        raise VlccValueError(
             f"the schedule has {len(t):,} actions, too many to draw (at most 200,000); "
             "plot a schedule with fewer steps"
         )
@@ -114,11 +131,25 @@ def plot_schedule(schedule: Schedule, path: str | None = None, ax: Axes | None =
         for k, marker, what in ((ActionKind.SAVE, "v", "save"), (ActionKind.LOAD, "^", "load")):
             sel = (kind == k) & (t["level"] == lv)
             if sel.any():
-                ax.scatter(t["a"][sel], rows[sel], marker=marker, s=18, color=colour,
-                           label=f"{what} (level {lv})", zorder=3)
+                ax.scatter(
+                    t["a"][sel],
+                    rows[sel],
+                    marker=marker,
+                    s=18,
+                    color=colour,
+                    label=f"{what} (level {lv})",
+                    zorder=3,
+                )
     rev = kind == ActionKind.REVERSE
-    ax.scatter(t["a"][rev] + 0.5, rows[rev], marker="o", s=10, color="tab:red",
-               label="adjoint step", zorder=4)
+    ax.scatter(
+        t["a"][rev] + 0.5,
+        rows[rev],
+        marker="o",
+        s=10,
+        color="tab:red",
+        label="adjoint step",
+        zorder=4,
+    )
     ax.set_xlim(-0.5, schedule.n_steps + 0.5)
     ax.set_ylim(len(t), -1)
     ax.set_xlabel("step")

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from .errors import VlccTypeError
+
 __all__ = ["Solver", "TimestepSolver", "timestep"]
 
 State = Any
@@ -78,12 +80,15 @@ class TimestepSolver:
     working as before.
     """
 
-    def __init__(self, step: Callable[[State, int], State],
-                 adjoint: Callable[[State, State, int], State] | None = None,
-                 forward_many: Callable[[State, int, int], State] | None = None,
-                 restore_in_place: bool = False):
+    def __init__(
+        self,
+        step: Callable[[State, int], State],
+        adjoint: Callable[[State, State, int], State] | None = None,
+        forward_many: Callable[[State, int, int], State] | None = None,
+        restore_in_place: bool = False,
+    ):
         if not callable(step):
-            raise TypeError(f"timestep needs a step function step(state, i), got {step!r}")
+            raise VlccTypeError(f"timestep needs a step function step(state, i), got {step!r}")
         self._step = step
         self._adjoint = adjoint
         if forward_many is not None:
@@ -107,7 +112,7 @@ class TimestepSolver:
         if adj is _DECORATOR and step is _DECORATOR:
             return self.define_adjoint(state)
         if self._adjoint is None:
-            raise TypeError(
+            raise VlccTypeError(
                 f"timestep {self.__name__!r} has no adjoint; declare one with "
                 f"@{self.__name__}.adjoint on a function adjoint(state, adj, i) -> adj"
             )
@@ -116,7 +121,9 @@ class TimestepSolver:
     def define_adjoint(self, fn: Callable[[State, State, int], State]) -> Callable:
         """Declare the adjoint step (``@step.adjoint`` is the same)."""
         if not callable(fn):
-            raise TypeError(f"the adjoint must be a function adjoint(state, adj, i), got {fn!r}")
+            raise VlccTypeError(
+                f"the adjoint must be a function adjoint(state, adj, i), got {fn!r}"
+            )
         self._adjoint = fn
         return fn
 
@@ -125,9 +132,13 @@ class TimestepSolver:
         return f"<timestep {self.__name__} {has} adjoint>"
 
 
-def timestep(step: Callable | None = None, *, adjoint: Callable | None = None,
-             forward_many: Callable | None = None,
-             restore_in_place: bool = False) -> TimestepSolver | Callable[[Callable], TimestepSolver]:
+def timestep(
+    step: Callable | None = None,
+    *,
+    adjoint: Callable | None = None,
+    forward_many: Callable | None = None,
+    restore_in_place: bool = False,
+) -> TimestepSolver | Callable[[Callable], TimestepSolver]:
     """Turn a plain step function into a :class:`Solver`.
 
     **Arguments:**
@@ -149,9 +160,11 @@ def timestep(step: Callable | None = None, *, adjoint: Callable | None = None,
         def step_adjoint(u, lam, i):
             return lam + dt * df(u).T @ lam
     """
+
     def wrap(fn):
-        return TimestepSolver(fn, adjoint=adjoint, forward_many=forward_many,
-                              restore_in_place=restore_in_place)
+        return TimestepSolver(
+            fn, adjoint=adjoint, forward_many=forward_many, restore_in_place=restore_in_place
+        )
 
     if step is None:
         return wrap

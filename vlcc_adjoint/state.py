@@ -83,16 +83,25 @@ import xxhash
 from ._dtype_json import dtype_from_json as dtype_from_json
 from ._dtype_json import dtype_to_json as dtype_to_json
 from ._layout import Layout as Layout
-from ._providers import SPEC_FORMAT
+from ._providers import (
+    _BY_NAME,
+    _BY_TYPE,
+    SPEC_FORMAT,
+    _Provider,
+    _register_dataclass,
+    _register_namedtuple,
+    activate_imported,
+    leaf_provider_of,
+    leaf_provider_of_node,
+    tree_node_owner,
+)
 from ._providers import LeafProvider as LeafProvider
 from ._providers import UnknownStateTypeError as UnknownStateTypeError
 from ._providers import is_registered as is_registered
 from ._providers import register as register
 from ._providers import register_lazy_provider as register_lazy_provider
 from ._providers import register_leaf_provider as register_leaf_provider
-from ._providers import (_BY_NAME, _BY_TYPE, _Provider, _register_dataclass,
-                         _register_namedtuple, activate_imported, leaf_provider_of,
-                         leaf_provider_of_node, tree_node_owner)
+from .errors import VlccTypeError, VlccValueError
 
 __all__ = [
     "Layout",
@@ -209,9 +218,11 @@ def _leaf(arr: np.ndarray, sink: _Sink) -> dict:
 def _provided_leaf(obj, provider, sink: _Sink) -> dict:
     arr, fields = provider.to_numpy(obj)
     if type(arr) is not np.ndarray or not isinstance(fields, dict) or provider.tag not in fields:
-        raise TypeError(f"the {provider.tag!r} leaf provider's to_numpy must return (a numpy "
-                        f"array, fields with {provider.tag!r}), got {type(arr).__name__}, "
-                        f"{fields!r}")
+        raise VlccTypeError(
+            f"the {provider.tag!r} leaf provider's to_numpy must return (a numpy "
+            f"array, fields with {provider.tag!r}), got {type(arr).__name__}, "
+            f"{fields!r}"
+        )
     node = _leaf(arr, sink)
     i = node["leaf"]
     if provider.immutable and i not in sink.fresh:
@@ -221,6 +232,7 @@ def _provided_leaf(obj, provider, sink: _Sink) -> dict:
     node.update(fields)
     return node
 
+
 _SCALAR_KEY_TYPES = (str, int, float, bool, type(None))
 
 
@@ -228,7 +240,6 @@ def _key_ok(key) -> bool:
     if type(key) in _SCALAR_KEY_TYPES:
         return True
     return type(key) is tuple and all(_key_ok(k) for k in key)
-
 
 
 def _flatten(obj, sink: _Sink) -> Any:
@@ -241,12 +252,14 @@ def _flatten(obj, sink: _Sink) -> Any:
             return {"dict": keys, "items": [_child(obj[k], sink, f"[{k!r}]") for k in keys]}
         bad = [k for k in keys if not _key_ok(k)]
         if bad:
-            raise TypeError(
+            raise VlccTypeError(
                 f"state dict keys must be str, int, float, bool, None or tuples of them, "
                 f"got {bad[0]!r}; convert the keys (e.g. with str) or use a list"
             )
-        return {"mapping": [_flatten(k, _Sink()) for k in keys],
-                "items": [_child(obj[k], sink, f"[{k!r}]") for k in keys]}
+        return {
+            "mapping": [_flatten(k, _Sink()) for k in keys],
+            "items": [_child(obj[k], sink, f"[{k!r}]") for k in keys],
+        }
     if cls is list or cls is tuple:
         return {cls.__name__: [_child(x, sink, f"[{i}]") for i, x in enumerate(obj)]}
     if obj is None or cls is bool or cls is str or cls is int:
@@ -275,13 +288,12 @@ def _flatten(obj, sink: _Sink) -> Any:
         try:
             aux = json.loads(json.dumps(aux, allow_nan=False))
         except (TypeError, ValueError) as err:
-            raise TypeError(
+            raise VlccTypeError(
                 f"the aux data of {provider.name} is not JSON-serialisable ({err}); return "
                 "only dicts, lists, strings, numbers, bools and None as aux from its flatten_fn"
             ) from None
     named = isinstance(aux, list) and len(aux) == len(children) and all(type(a) is str for a in aux)
-    items = [_child(x, sink, f".{aux[i]}" if named else f"[{i}]")
-             for i, x in enumerate(children)]
+    items = [_child(x, sink, f".{aux[i]}" if named else f"[{i}]") for i, x in enumerate(children)]
     return {"type": provider.name, "aux": aux, "items": items}
 
 
@@ -300,11 +312,15 @@ def _auto_provider(obj, cls: type) -> _Provider:
         )
     hint = ""
     if callable(obj):
-        hint = (" Functions and other callables cannot be checkpointed; keep them out of the "
-                "state (e.g. split an equinox module with eqx.partition(model, eqx.is_array)).")
+        hint = (
+            " Functions and other callables cannot be checkpointed; keep them out of the "
+            "state (e.g. split an equinox module with eqx.partition(model, eqx.is_array))."
+        )
     elif tree_node_owner(cls) is not None:
-        hint = (f" It is a tree node of the {tree_node_owner(cls).tag!r} provider's library, but "
-                "only dataclass nodes are flattened automatically.")
+        hint = (
+            f" It is a tree node of the {tree_node_owner(cls).tag!r} provider's library, but "
+            "only dataclass nodes are flattened automatically."
+        )
     raise UnknownStateTypeError(
         f"no state provider for {cls.__module__}.{cls.__qualname__}; use numpy arrays, "
         "scalars, strings, dicts, lists, tuples, named tuples or dataclasses, or teach it with "
@@ -351,10 +367,15 @@ def flatten_traits(state: Any) -> tuple[list[np.ndarray], dict, LeafTraits]:
     spec = {
         "format": SPEC_FORMAT,
         "tree": tree,
-        "leaves": [{"dtype": dtype_to_json(leaf.dtype), "shape": list(leaf.shape)} for leaf in leaves],
+        "leaves": [
+            {"dtype": dtype_to_json(leaf.dtype), "shape": list(leaf.shape)} for leaf in leaves
+        ],
     }
-    return leaves, spec, LeafTraits(frozenset(sink.fresh), frozenset(sink.immutable),
-                                    frozenset(sink.rebuilt))
+    return (
+        leaves,
+        spec,
+        LeafTraits(frozenset(sink.fresh), frozenset(sink.immutable), frozenset(sink.rebuilt)),
+    )
 
 
 # -- unflatten --------------------------------------------------------------------
@@ -362,7 +383,7 @@ def flatten_traits(state: Any) -> tuple[list[np.ndarray], dict, LeafTraits]:
 
 def _unflatten(node, leaves):
     if type(node) is not dict:
-        raise ValueError(f"malformed state spec node {node!r}")
+        raise VlccValueError(f"malformed state spec node {node!r}")
     if "leaf" in node:
         leaf = leaves[node["leaf"]]
         if len(node) > 1:  # a leaf provider's array
@@ -389,7 +410,7 @@ def _unflatten(node, leaves):
     if "float" in node:
         text = node["float"]
         if text not in ("nan", "inf", "-inf"):
-            raise ValueError(f"malformed float {text!r} in state spec")
+            raise VlccValueError(f"malformed float {text!r} in state spec")
         return float(text)
     if "complex" in node:
         re_, im = node["complex"]
@@ -398,21 +419,24 @@ def _unflatten(node, leaves):
         dtype = dtype_from_json(node["npscalar"])
         raw = bytes.fromhex(node["hex"])
         if len(raw) != dtype.itemsize:
-            raise ValueError(f"numpy scalar of dtype {dtype} with {len(raw)} bytes in state spec")
+            raise VlccValueError(
+                f"numpy scalar of dtype {dtype} with {len(raw)} bytes in state spec"
+            )
         return np.frombuffer(raw, dtype=dtype)[0]
     if "bytes" in node:
         return bytes.fromhex(node["bytes"])
     if "mapping" in node:
-        return {_hashable(_unflatten(k, ())): _unflatten(v, leaves)
-                for k, v in zip(node["mapping"], node["items"], strict=True)}
-    raise ValueError(f"malformed state spec node {node!r}")
+        return {
+            _hashable(_unflatten(k, ())): _unflatten(v, leaves)
+            for k, v in zip(node["mapping"], node["items"], strict=True)
+        }
+    raise VlccValueError(f"malformed state spec node {node!r}")
 
 
 def _hashable(key):
     if type(key) is list:  # pragma: no cover - tuples are tagged, lists never keys
-        raise ValueError("list as dict key in state spec")
+        raise VlccValueError("list as dict key in state spec")
     return key
-
 
 
 def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -> Any:
@@ -436,21 +460,25 @@ def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -
     registered.
     """
     if not isinstance(spec, dict) or "tree" not in spec or "leaves" not in spec:
-        raise ValueError("not a state spec: expected a dict with 'tree' and 'leaves' "
-                         "(as returned by vlcc_adjoint.state.flatten)")
+        raise VlccValueError(
+            "not a state spec: expected a dict with 'tree' and 'leaves' "
+            "(as returned by vlcc_adjoint.state.flatten)"
+        )
     fmt = spec.get("format", SPEC_FORMAT)
     if fmt != SPEC_FORMAT:
-        raise ValueError(f"unsupported state spec format {fmt!r}; this version reads {SPEC_FORMAT!r}")
+        raise VlccValueError(
+            f"unsupported state spec format {fmt!r}; this version reads {SPEC_FORMAT!r}"
+        )
     activate_imported()
     if len(leaves) != len(spec["leaves"]):
-        raise ValueError(f"the spec has {len(spec['leaves'])} leaves, got {len(leaves)} arrays")
+        raise VlccValueError(f"the spec has {len(spec['leaves'])} leaves, got {len(leaves)} arrays")
     checked = []
     for i, (leaf, want) in enumerate(zip(leaves, spec["leaves"])):
         if not isinstance(leaf, np.ndarray):
-            raise TypeError(f"leaf {i} is a {type(leaf).__name__}, not a numpy array")
+            raise VlccTypeError(f"leaf {i} is a {type(leaf).__name__}, not a numpy array")
         dtype = dtype_from_json(want["dtype"])
         if leaf.dtype != dtype or leaf.dtype.str != dtype.str or list(leaf.shape) != want["shape"]:
-            raise ValueError(
+            raise VlccValueError(
                 f"leaf {i} is {leaf.dtype.str}{list(leaf.shape)}, the spec says "
                 f"{dtype.str}{want['shape']}"
             )
@@ -465,8 +493,6 @@ def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -
 _SLICE = 8 << 20
 
 
-
-
 def byte_view(arr: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array as a flat ``uint8`` memoryview (any dtype)."""
     return memoryview(arr.reshape(-1).view(np.uint8))
@@ -475,7 +501,7 @@ def byte_view(arr: np.ndarray) -> memoryview:
 def _hash_into(h, arr: np.ndarray):
     view = byte_view(_contiguous(arr))
     for start in range(0, len(view), _SLICE):
-        h.update(view[start:start + _SLICE])
+        h.update(view[start : start + _SLICE])
     return h
 
 

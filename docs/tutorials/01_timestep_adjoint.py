@@ -36,7 +36,7 @@ def objective(u0, n):
 n = 2000
 u0 = np.linspace(0.0, 1.0, 50)
 schedule = Revolve(n, 10)
-result = run_adjoint(step, schedule, u0, adj_final=lambda u: u)   # dJ/du_n = u_n
+result = run_adjoint(step, schedule, u0, adj_final=lambda u: u)  # dJ/du_n = u_n
 print(schedule.stats())
 print("forward steps evaluated:", result.forward_steps)
 

@@ -31,20 +31,26 @@ def loss(params, z0, scan):
     def step(z, _):
         z = rk4(params, z)
         return z, z[0]
+
     z_n, xs = scan(step, z0, None, length=500)
-    return jnp.sum(z_n ** 2) + 1e-3 * jnp.sum(xs ** 2)
+    return jnp.sum(z_n**2) + 1e-3 * jnp.sum(xs**2)
 
 
 k1, k2 = jax.random.split(jax.random.PRNGKey(0))
-params = [(0.5 * jax.random.normal(k1, (2, 16)), jnp.zeros(16)),
-          (0.5 * jax.random.normal(k2, (16, 2)), jnp.zeros(2))]
+params = [
+    (0.5 * jax.random.normal(k1, (2, 16)), jnp.zeros(16)),
+    (0.5 * jax.random.normal(k2, (16, 2)), jnp.zeros(2)),
+]
 z0 = jnp.array([1.0, 0.0])
 
-ours = jax.grad(loss)(params, z0, lambda f, c, xs, length: checkpointed_scan(f, c, xs, length=length,
-                                                                            snapshots=8))
+ours = jax.grad(loss)(
+    params, z0, lambda f, c, xs, length: checkpointed_scan(f, c, xs, length=length, snapshots=8)
+)
 plain = jax.grad(loss)(params, z0, jax.lax.scan)
-err = max(float(jnp.abs(a - b).max() / jnp.abs(b).max())
-          for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(plain)))
+err = max(
+    float(jnp.abs(a - b).max() / jnp.abs(b).max())
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(plain))
+)
 print("loss:", float(loss(params, z0, jax.lax.scan)))
 print(f"max relative difference to jax.lax.scan's gradient: {err:.1e}")
 assert err < 1e-10, err

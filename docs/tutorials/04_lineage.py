@@ -17,9 +17,13 @@ with tempfile.TemporaryDirectory() as tmp:
     w = np.zeros(1000)
     for epoch in range(3):
         w = w + 0.5
-        h.commit({"w": w, "epoch": epoch}, message=f"epoch {epoch}", meta={"loss": float(1 / (1 + epoch))})
+        h.commit(
+            {"w": w, "epoch": epoch},
+            message=f"epoch {epoch}",
+            meta={"loss": float(1 / (1 + epoch))},
+        )
 
-    second = h.log()[1]                       # newest first: epoch 2, epoch 1, epoch 0
+    second = h.log()[1]  # newest first: epoch 2, epoch 1, epoch 0
     print("branching at", second.message, second.meta)
     h.branch("small-step", at=second.id)
     state = h.checkout("small-step")

@@ -13,7 +13,9 @@ import vlcc_adjoint.torch as vt
 from vlcc_adjoint.schedules import Revolve
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(*[layer for _ in range(6) for layer in (torch.nn.Linear(32, 32), torch.nn.Tanh())])
+model = torch.nn.Sequential(
+    *[layer for _ in range(6) for layer in (torch.nn.Linear(32, 32), torch.nn.Tanh())]
+)
 x = torch.randn(8, 32, requires_grad=True)
 
 
@@ -26,9 +28,14 @@ def grads(run):
 
 reference = grads(lambda: torch_checkpoint_sequential(model, 4, x, use_reentrant=False))
 same = grads(lambda: vt.checkpoint_sequential(model, 4, x, use_reentrant=False))
-scheduled = grads(lambda: vt.checkpoint_sequential(model, len(model), x, use_reentrant=False,
-                                                   schedule=Revolve(len(model), 3)))
-print("same segments as torch, bit for bit:", all(torch.equal(a, b) for a, b in zip(same, reference)))
+scheduled = grads(
+    lambda: vt.checkpoint_sequential(
+        model, len(model), x, use_reentrant=False, schedule=Revolve(len(model), 3)
+    )
+)
+print(
+    "same segments as torch, bit for bit:", all(torch.equal(a, b) for a, b in zip(same, reference))
+)
 err = max(float((a - b).abs().max()) for a, b in zip(scheduled, reference))
 print(f"Revolve({len(model)}, 3) over the layers, max |difference| to torch: {err:.1e}")
 assert err < 1e-5, err

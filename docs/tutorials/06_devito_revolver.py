@@ -24,8 +24,18 @@ os.environ.setdefault("DEVITO_LOGGING", "ERROR")
 
 import numpy as np  # noqa: E402
 import pyrevolve  # noqa: E402
-from devito import (CheckpointOperator, DevitoCheckpoint, Eq, Function, Grid, Inc,  # noqa: E402
-                    Operator, SparseTimeFunction, TimeFunction, solve)
+from devito import (  # noqa: E402
+    CheckpointOperator,
+    DevitoCheckpoint,
+    Eq,
+    Function,
+    Grid,
+    Inc,
+    Operator,
+    SparseTimeFunction,
+    TimeFunction,
+    solve,
+)
 
 import vlcc_adjoint.devito  # noqa: E402
 
@@ -33,24 +43,28 @@ NX, NT, H, NBL = 41, 150, 10.0, 8
 grid = Grid(shape=(NX, NX), extent=((NX - 1) * H, (NX - 1) * H), dtype=np.float32)
 z = np.arange(NX)[None, :] * H + 0 * np.arange(NX)[:, None]
 x = np.arange(NX)[:, None] * H + 0 * z
-vp0 = np.where(z < 0.45 * NX * H, 1.5, 2.5)                       # km/s, two layers
-vp_true = np.where((x - 200.0) ** 2 + (z - 250.0) ** 2 < 60.0 ** 2, 3.0, vp0)
+vp0 = np.where(z < 0.45 * NX * H, 1.5, 2.5)  # km/s, two layers
+vp_true = np.where((x - 200.0) ** 2 + (z - 250.0) ** 2 < 60.0**2, 3.0, vp0)
 m = Function(name="m", grid=grid, space_order=4)
-m.data[:] = 1.0 / vp0 ** 2
+m.data[:] = 1.0 / vp0**2
 damp = Function(name="damp", grid=grid)
-edge = np.minimum(np.minimum(np.arange(NX), np.arange(NX)[::-1])[:, None],
-                  np.minimum(np.arange(NX), np.arange(NX)[::-1])[None, :])
-damp.data[:] = 0.2 * np.clip((NBL - edge) / NBL, 0.0, 1.0) ** 2   # absorbing border
+edge = np.minimum(
+    np.minimum(np.arange(NX), np.arange(NX)[::-1])[:, None],
+    np.minimum(np.arange(NX), np.arange(NX)[::-1])[None, :],
+)
+damp.data[:] = 0.2 * np.clip((NBL - edge) / NBL, 0.0, 1.0) ** 2  # absorbing border
 dt = np.float32(0.4 * H / 3.0)
 t = np.arange(NT) * dt
 a = (np.pi * 0.025 * (t - 40.0)) ** 2
 src = SparseTimeFunction(name="src", grid=grid, npoint=1, nt=NT)
 src.coordinates.data[:] = [200.0, (NBL + 2) * H]
-src.data[:, 0] = (1 - 2 * a) * np.exp(-a)                         # a Ricker wavelet
+src.data[:, 0] = (1 - 2 * a) * np.exp(-a)  # a Ricker wavelet
 xr = np.linspace(NBL * H, (NX - 1 - NBL) * H, 21)
 rec = SparseTimeFunction(name="rec", grid=grid, npoint=21, nt=NT)
 residual = SparseTimeFunction(name="residual", grid=grid, npoint=21, nt=NT)
-rec.coordinates.data[:] = residual.coordinates.data[:] = np.stack([xr, np.full(21, (NBL + 2) * H)], 1)
+rec.coordinates.data[:] = residual.coordinates.data[:] = np.stack(
+    [xr, np.full(21, (NBL + 2) * H)], 1
+)
 v = TimeFunction(name="v", grid=grid, time_order=2, space_order=4)
 grad = Function(name="grad", grid=grid)
 s = grid.stepping_dim.spacing
@@ -58,16 +72,20 @@ s = grid.stepping_dim.spacing
 
 def forward_op(u):
     pde = m * u.dt2 - u.laplace + damp * u.dt
-    return Operator([Eq(u.forward, solve(pde, u.forward))]
-                    + src.inject(field=u.forward, expr=src * s ** 2 / m)
-                    + rec.interpolate(expr=u))
+    return Operator(
+        [Eq(u.forward, solve(pde, u.forward))]
+        + src.inject(field=u.forward, expr=src * s**2 / m)
+        + rec.interpolate(expr=u)
+    )
 
 
 def gradient_op(u):
     pde = m * v.dt2 - v.laplace + damp * v.dt.T
-    return Operator([Eq(v.backward, solve(pde, v.backward))]
-                    + residual.inject(field=v.backward, expr=residual * s ** 2 / m)
-                    + [Inc(grad, -u * v.dt2)])
+    return Operator(
+        [Eq(v.backward, solve(pde, v.backward))]
+        + residual.inject(field=v.backward, expr=residual * s**2 / m)
+        + [Inc(grad, -u * v.dt2)]
+    )
 
 
 def reset(*fields):
@@ -76,11 +94,11 @@ def reset(*fields):
 
 
 # The observed data: a forward run in the true model.
-u = TimeFunction(name="u", grid=grid, time_order=2, space_order=4)   # 3 time levels
+u = TimeFunction(name="u", grid=grid, time_order=2, space_order=4)  # 3 time levels
 fwd, rev = forward_op(u), gradient_op(u)
 reset(u)
 m_true = Function(name="m_true", grid=grid, space_order=4)
-m_true.data[:] = 1.0 / vp_true ** 2
+m_true.data[:] = 1.0 / vp_true**2
 fwd.apply(u=u, m=m_true, dt=dt)
 d_obs = rec.data.copy()
 
@@ -108,12 +126,14 @@ def checkpointed_gradient(Revolver, n_checkpoints):
 
 
 g_pyrevolve, _ = checkpointed_gradient(pyrevolve.Revolver, 5)
-g_vlcc, wrp = checkpointed_gradient(vlcc_adjoint.devito.Revolver, 5)   # the one-line swap
+g_vlcc, wrp = checkpointed_gradient(vlcc_adjoint.devito.Revolver, 5)  # the one-line swap
 
 scale = np.abs(g_saved).max()
 print(wrp)
-print(f"forward steps: {wrp.result.forward_steps} for {NT - 2} time steps "
-      f"({wrp.schedule.stats().recompute_ratio:.2f} per step)")
+print(
+    f"forward steps: {wrp.result.forward_steps} for {NT - 2} time steps "
+    f"({wrp.schedule.stats().recompute_ratio:.2f} per step)"
+)
 print(f"max |vlcc - saved|     / max |g| = {np.abs(g_vlcc - g_saved).max() / scale:.1e}")
 print(f"max |vlcc - pyrevolve| / max |g| = {np.abs(g_vlcc - g_pyrevolve).max() / scale:.1e}")
 print("bitwise equal to pyrevolve:", np.array_equal(g_vlcc, g_pyrevolve))

@@ -28,11 +28,11 @@ import tempfile
 from pathlib import Path
 
 script = Path(__file__).resolve().parent / "07_mpi" / "heat_adjoint.py"
-bindir = os.path.dirname(sys.executable)            # the environment's mpiexec first
+bindir = os.path.dirname(sys.executable)  # the environment's mpiexec first
 mpiexec = shutil.which("mpiexec", path=os.pathsep.join([bindir, os.environ.get("PATH", "")]))
 if mpiexec is None:
     sys.exit("no mpiexec found: pip install mpich (or put your MPI's launcher on PATH)")
-env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")   # ranks share the cores
+env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")  # ranks share the cores
 
 with tempfile.TemporaryDirectory() as tmp:
     command = [mpiexec, "-n", "2", sys.executable, str(script), tmp]

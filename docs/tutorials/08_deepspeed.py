@@ -25,7 +25,7 @@ import warnings
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"(torch|deepspeed)\b")
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|deepspeed)\b")
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")      # no accelerator to look for
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no accelerator to look for
 
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
@@ -38,8 +38,9 @@ from vlcc_adjoint.torch import VlccCheckpointEngine  # noqa: E402
 with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0")
+os.environ.update(
+    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+)
 deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 torch.set_num_threads(1)
 config = {"train_batch_size": 8, "zero_optimization": {"stage": 1}}
@@ -68,24 +69,24 @@ batches = [(torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)) for
 
 with tempfile.TemporaryDirectory() as ckpt:
     engine = make_engine(seed=0)
-    VlccCheckpointEngine.attach(engine)                    # <- the whole setup
+    VlccCheckpointEngine.attach(engine)  # <- the whole setup
     train(engine, batches[:6])
-    engine.save_checkpoint(ckpt, client_state={"epoch": 1})   # unchanged DeepSpeed call
-    after_save = train(engine, batches[6:])                # the run goes on
+    engine.save_checkpoint(ckpt, client_state={"epoch": 1})  # unchanged DeepSpeed call
+    after_save = train(engine, batches[6:])  # the run goes on
     engine.checkpoint_engine.wait()
     print("files:", sorted(os.listdir(os.path.join(ckpt, "global_step6"))))
-    engine.destroy()                                       # closes the checkpoint engine too
+    engine.destroy()  # closes the checkpoint engine too
 
-    fresh = make_engine(seed=123)                          # other initial weights
+    fresh = make_engine(seed=123)  # other initial weights
     fresh.checkpoint_engine = VlccCheckpointEngine()
-    path, client = fresh.load_checkpoint(ckpt)             # unchanged DeepSpeed call
+    path, client = fresh.load_checkpoint(ckpt)  # unchanged DeepSpeed call
     print("loaded", os.path.relpath(path, ckpt), "with client state epoch =", client["epoch"])
     resumed = train(fresh, batches[6:])
     fresh.checkpoint_engine.close()
     fresh.destroy()
     for a, b in zip(after_save, resumed):
         print(f"loss {a:.6f}  resumed {b:.6f}")
-    assert resumed == after_save                           # bit for bit
+    assert resumed == after_save  # bit for bit
 
     with History(os.path.join(ckpt, "vlcc-history"), mode="r") as history:
         print(history.draw())

@@ -33,7 +33,7 @@ N, EVERY, FINAL = 400, 20, 300
 def initial_state():
     x = np.linspace(0.0, 1.0, N)
     u = np.exp(-((x - 0.3) ** 2) / 0.002)
-    c = np.where(x > 0.6, 1.0, 0.6)                 # a faster medium on the right
+    c = np.where(x > 0.6, 1.0, 0.6)  # a faster medium on the right
     return {"u": u, "u_prev": u.copy(), "c": c, "courant": 1.05, "step": 0}
 
 
@@ -54,9 +54,13 @@ def run(h, s, stop, branch=None):
         peak = float(np.abs(s["u"]).max())
         blew_up = peak > 10.0
         if s["step"] % EVERY == 0 or blew_up:
-            h.commit(s, message=f"step {s['step']}" + (" (blew up)" if blew_up else ""),
-                     meta={"step": s["step"], "peak": peak}, branch=branch)
-            branch = None                            # created by the first commit; now HEAD
+            h.commit(
+                s,
+                message=f"step {s['step']}" + (" (blew up)" if blew_up else ""),
+                meta={"step": s["step"], "peak": peak},
+                branch=branch,
+            )
+            branch = None  # created by the first commit; now HEAD
         if blew_up:
             print(f"step {s['step']}: max |u| = {peak:.3g}, the run stops")
             break
@@ -74,24 +78,27 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"newest healthy version: {healthy.id} at step {healthy.meta['step']}")
 
     # 2. Replay the window after it, with a diagnostic on every step.
-    first_bad = min((v for v in h.log() if v.meta["step"] > healthy.meta["step"]),
-                    key=lambda v: v.meta["step"])
-    replay = h.load(healthy.id)                      # load: HEAD does not move
+    first_bad = min(
+        (v for v in h.log() if v.meta["step"] > healthy.meta["step"]), key=lambda v: v.meta["step"]
+    )
+    replay = h.load(healthy.id)  # load: HEAD does not move
     peaks = []
     while replay["step"] < first_bad.meta["step"]:
         replay = step(replay)
         peaks.append(float(np.abs(replay["u"]).max()))
     print("max |u| step by step:", " ".join(f"{p:.3g}" for p in peaks))
     same = h.compare(first_bad.id, replay)
-    print(f"replay of steps {healthy.meta['step']}..{first_bad.meta['step']} bitwise equal to the "
-          f"stored version: {same.bitwise}")
+    print(
+        f"replay of steps {healthy.meta['step']}..{first_bad.meta['step']} bitwise equal to the "
+        f"stored version: {same.bitwise}"
+    )
     assert same.bitwise
 
     # 3. Branch from the healthy version with a stable time step.
-    s = dict(h.checkout(healthy.id), courant=0.9)   # detached HEAD at the healthy version
+    s = dict(h.checkout(healthy.id), courant=0.9)  # detached HEAD at the healthy version
     s = run(h, s, 200, branch="stable")
     print(h.draw())
-    h.close()                                        # suspended: every commit is on disk
+    h.close()  # suspended: every commit is on disk
 
     # 4. Migrate: one archive, unpacked elsewhere; resume from the branch tip.
     archive = export_history(os.path.join(tmp, "wave.vlcc"), os.path.join(tmp, "wave.tar"))

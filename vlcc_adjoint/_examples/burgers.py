@@ -58,6 +58,8 @@ import math
 import numba
 import numpy as np
 
+from ..errors import VlccValueError
+
 __all__ = ["BurgersProblem"]
 
 
@@ -72,9 +74,11 @@ def _residual(w, im, i, ip, idx, nu_idx2):
 @numba.njit(inline="always")
 def _residual_t(w, m, im, i, ip, idx, nu_idx2):
     # (J(w)^T m)_i
-    return ((m[ip] - m[i]) * (2.0 * w[i] + w[ip]) * (idx / 6.0)
-            + (m[i] - m[im]) * (w[im] + 2.0 * w[i]) * (idx / 6.0)
-            + nu_idx2 * (m[ip] - 2.0 * m[i] + m[im]))
+    return (
+        (m[ip] - m[i]) * (2.0 * w[i] + w[ip]) * (idx / 6.0)
+        + (m[i] - m[im]) * (w[im] + 2.0 * w[i]) * (idx / 6.0)
+        + nu_idx2 * (m[ip] - 2.0 * m[i] + m[im])
+    )
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
@@ -84,7 +88,9 @@ def _stage(out, w, base, cw, cb, dt, idx, nu_idx2):
     out[0] = cb * base[0] + cw * (w[0] + dt * _residual(w, n - 1, 0, 1, idx, nu_idx2))
     for i in range(1, n - 1):
         out[i] = cb * base[i] + cw * (w[i] + dt * _residual(w, i - 1, i, i + 1, idx, nu_idx2))
-    out[n - 1] = cb * base[n - 1] + cw * (w[n - 1] + dt * _residual(w, n - 2, n - 1, 0, idx, nu_idx2))
+    out[n - 1] = cb * base[n - 1] + cw * (
+        w[n - 1] + dt * _residual(w, n - 2, n - 1, 0, idx, nu_idx2)
+    )
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
@@ -100,8 +106,8 @@ def _stage_t(out, m, w, cm, cj, dt, idx, nu_idx2):
 @numba.njit(nogil=True, cache=True, fastmath=False)
 def _rk3_forward(u, u1, u2, dt, idx, nu_idx2):
     """One SSP-RK3 step in place: ``u <- u'``; `u1`, `u2` are scratch."""
-    _stage(u1, u, u, 1.0, 0.0, dt, idx, nu_idx2)           # u1 = u + dt R(u)
-    _stage(u2, u1, u, 0.25, 0.75, dt, idx, nu_idx2)        # u2 = 3/4 u + 1/4 (u1 + dt R(u1))
+    _stage(u1, u, u, 1.0, 0.0, dt, idx, nu_idx2)  # u1 = u + dt R(u)
+    _stage(u2, u1, u, 0.25, 0.75, dt, idx, nu_idx2)  # u2 = 3/4 u + 1/4 (u1 + dt R(u1))
     _stage(u, u2, u, 2.0 / 3.0, 1.0 / 3.0, dt, idx, nu_idx2)  # u' = 1/3 u + 2/3 (u2 + dt R(u2))
 
 
@@ -120,8 +126,8 @@ def _rk3_adjoint(lam, u, u1, u2, l1, l2, dt, idx, nu_idx2):
     _stage_t(l2, lam, u2, 2.0 / 3.0, 2.0 / 3.0, dt, idx, nu_idx2)  # l2 = 2/3 (l' + dt J(u2)^T l')
     for i in range(n):
         lam[i] = lam[i] * (1.0 / 3.0) + 0.75 * l2[i]
-    _stage_t(l1, l2, u1, 0.25, 0.25, dt, idx, nu_idx2)              # l1 = 1/4 (l2 + dt J(u1)^T l2)
-    _stage_t(lam, l1, u, 1.0, 1.0, dt, idx, nu_idx2)                # l += l1 + dt J(u)^T l1
+    _stage_t(l1, l2, u1, 0.25, 0.25, dt, idx, nu_idx2)  # l1 = 1/4 (l2 + dt J(u1)^T l2)
+    _stage_t(lam, l1, u, 1.0, 1.0, dt, idx, nu_idx2)  # l += l1 + dt J(u)^T l1
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
@@ -172,14 +178,23 @@ class BurgersProblem:
     #: hand (forward steps update states in place; adjoint steps only read them).
     restore_in_place = True
 
-    def __init__(self, n_cells: int = 512, n_steps: int | None = None, t_final: float = 0.5,
-                 nu: float = 0.01, *, cfl: float = 0.9, sensors: np.ndarray | None = None,
-                 sensor_weight: float = 1.0, u0_true: np.ndarray | None = None,
-                 u0_guess: np.ndarray | None = None):
+    def __init__(
+        self,
+        n_cells: int = 512,
+        n_steps: int | None = None,
+        t_final: float = 0.5,
+        nu: float = 0.01,
+        *,
+        cfl: float = 0.9,
+        sensors: np.ndarray | None = None,
+        sensor_weight: float = 1.0,
+        u0_true: np.ndarray | None = None,
+        u0_guess: np.ndarray | None = None,
+    ):
         if n_cells < 3:
-            raise ValueError(f"n_cells must be >= 3, got {n_cells}")
+            raise VlccValueError(f"n_cells must be >= 3, got {n_cells}")
         if nu < 0 or t_final <= 0:
-            raise ValueError("need nu >= 0 and t_final > 0")
+            raise VlccValueError("need nu >= 0 and t_final > 0")
         self.n_cells = int(n_cells)
         self.dx = 1.0 / self.n_cells
         self.nu = float(nu)
@@ -200,22 +215,25 @@ class BurgersProblem:
         # bound for their sum.
         limit = 1.0 / (umax / (math.sqrt(3.0) * self.dx) + 4.0 * self.nu / (2.5 * self.dx**2))
         if not 0.0 < cfl <= 1.0:
-            raise ValueError(f"cfl is a fraction of the stability limit, in (0, 1]; got {cfl}")
+            raise VlccValueError(f"cfl is a fraction of the stability limit, in (0, 1]; got {cfl}")
         if n_steps is None:
             n_steps = max(1, math.ceil(self.t_final / (cfl * limit)))
         self.n_steps = int(n_steps)
         self.nt = self.n_steps
         self.dt = self.t_final / self.n_steps
         if self.dt > limit:
-            raise ValueError(
+            raise VlccValueError(
                 f"dt = {self.dt:.3e} exceeds the stability limit {limit:.3e} of this grid; "
                 f"use n_steps >= {math.ceil(self.t_final / limit)}"
             )
 
-        self.sensors = (np.zeros(0, dtype=np.int64) if sensors is None
-                        else np.ascontiguousarray(sensors, dtype=np.int64))
+        self.sensors = (
+            np.zeros(0, dtype=np.int64)
+            if sensors is None
+            else np.ascontiguousarray(sensors, dtype=np.int64)
+        )
         if self.sensors.size and (self.sensors.min() < 0 or self.sensors.max() >= self.n_cells):
-            raise ValueError("sensor indices must lie in [0, n_cells)")
+            raise VlccValueError("sensor indices must lie in [0, n_cells)")
         self.sensor_weight = float(sensor_weight)
         self.last_run = None
 
@@ -237,7 +255,7 @@ class BurgersProblem:
     def _check_state(self, u, name: str) -> np.ndarray:
         u = np.array(u, dtype=np.float64, order="C")
         if u.shape != (self.n_cells,):
-            raise ValueError(f"{name} has shape {u.shape}, expected ({self.n_cells},)")
+            raise VlccValueError(f"{name} has shape {u.shape}, expected ({self.n_cells},)")
         return u
 
     # ------------------------------------------------------ the protocol
@@ -265,19 +283,27 @@ class BurgersProblem:
 
         Includes the sensor term of ``u_step``; `state` is only read.
         """
-        _rk3_adjoint(adj, state, self._u1, self._u2, self._l1, self._l2,
-                     self.dt, self._idx, self._nu_idx2)
+        _rk3_adjoint(
+            adj, state, self._u1, self._u2, self._l1, self._l2, self.dt, self._idx, self._nu_idx2
+        )
         if self.sensors.size:
-            _sensor_term(adj, state, self.sensors, self.observations, step,
-                         self.sensor_weight * self.dt)
+            _sensor_term(
+                adj, state, self.sensors, self.observations, step, self.sensor_weight * self.dt
+            )
         return adj
 
     def final_adjoint(self, state: np.ndarray) -> np.ndarray:
         """``lambda_n = dJ/du_n``."""
         adj = self.dx * (state - self.u_target)
         if self.sensors.size:
-            _sensor_term(adj, state, self.sensors, self.observations, self.n_steps,
-                         self.sensor_weight * self.dt)
+            _sensor_term(
+                adj,
+                state,
+                self.sensors,
+                self.observations,
+                self.n_steps,
+                self.sensor_weight * self.dt,
+            )
         return adj
 
     # -------------------------------------------------------- gradients
@@ -314,8 +340,9 @@ class BurgersProblem:
             adj = self.adjoint(states[i], adj, i)
         return (total, adj) if return_objective else adj
 
-    def gradient_with(self, schedule, store=None, u0: np.ndarray | None = None,
-                      progress: bool = False) -> np.ndarray:
+    def gradient_with(
+        self, schedule, store=None, u0: np.ndarray | None = None, progress: bool = False
+    ) -> np.ndarray:
         """``dJ/du_0`` through :func:`vlcc_adjoint.execute.run_adjoint` under `schedule`.
 
         The terminal condition is :meth:`final_adjoint`, a callable of ``u_n``;
@@ -325,10 +352,13 @@ class BurgersProblem:
         from ..execute import run_adjoint
 
         u = self.initial_state() if u0 is None else self._check_state(u0, "u0")
-        self.last_run = run_adjoint(self, schedule, u, self.final_adjoint, store=store,
-                                    progress=progress)
+        self.last_run = run_adjoint(
+            self, schedule, u, self.final_adjoint, store=store, progress=progress
+        )
         return self.last_run.adjoint
 
     def __repr__(self) -> str:
-        return (f"BurgersProblem(n_cells={self.n_cells}, n_steps={self.n_steps}, dt={self.dt:.3e}, "
-                f"nu={self.nu}, sensors={self.sensors.size})")
+        return (
+            f"BurgersProblem(n_cells={self.n_cells}, n_steps={self.n_steps}, dt={self.dt:.3e}, "
+            f"nu={self.nu}, sensors={self.sensors.size})"
+        )

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import VlccValueError
 from .burgers import BurgersProblem
 from .seismic import SeismicProblem
 from .taylor import taylor_check
@@ -34,14 +35,17 @@ def _checkpointed(problem, schedule, out, store=None) -> tuple[np.ndarray, float
     grad = problem.gradient_with(schedule, store=store)
     seconds = time.perf_counter() - t0
     run = problem.last_run
-    out(f"  {schedule!r}: {run.forward_steps} forward + {schedule.n_steps} adjoint steps "
+    out(
+        f"  {schedule!r}: {run.forward_steps} forward + {schedule.n_steps} adjoint steps "
         f"in {seconds:.2f} s (forward {run.forward_seconds:.2f} s, adjoint "
-        f"{run.adjoint_seconds:.2f} s, store {run.stall_seconds:.2f} s)")
+        f"{run.adjoint_seconds:.2f} s, store {run.stall_seconds:.2f} s)"
+    )
     return grad, seconds
 
 
-def _taylor(objective, m: np.ndarray, dm: np.ndarray, grad: np.ndarray,
-            steps: int = 3) -> tuple[list[float], list[float]]:
+def _taylor(
+    objective, m: np.ndarray, dm: np.ndarray, grad: np.ndarray, steps: int = 3
+) -> tuple[list[float], list[float]]:
     """Convergence rates of the Taylor remainders of `objective` at `m`.
 
     With ``r0(h) = |J(m + h dm) - J(m)|`` and ``r1(h) = |J(m + h dm) - J(m)
@@ -61,8 +65,14 @@ def _taylor(objective, m: np.ndarray, dm: np.ndarray, grad: np.ndarray,
     return rate(r0), rate(r1)
 
 
-def _check_gradient(problem, snapshots: int, reference: bool, dm: np.ndarray, m: np.ndarray,
-                    out: Callable[[str], None]) -> tuple[np.ndarray, dict]:
+def _check_gradient(
+    problem,
+    snapshots: int,
+    reference: bool,
+    dm: np.ndarray,
+    m: np.ndarray,
+    out: Callable[[str], None],
+) -> tuple[np.ndarray, dict]:
     """The gradient under Revolve, Multistage over memory + a temporary zarr
     disk tier, and StoreAll; their agreement with each other and with the
     store-everything referee; the Taylor rates in the direction `dm`."""
@@ -96,12 +106,16 @@ def _check_gradient(problem, snapshots: int, reference: bool, dm: np.ndarray, m:
         ref = problem.reference_gradient()
         result["reference_seconds"] = time.perf_counter() - t0
         result["agreement"]["reference"] = _agreement(grad, ref)
-        out(f"  reference (store all {n + 1} states in a list): {result['reference_seconds']:.2f}"
-            f" s, max |diff| / max |g| = {result['agreement']['reference']:.1e}")
+        out(
+            f"  reference (store all {n + 1} states in a list): {result['reference_seconds']:.2f}"
+            f" s, max |diff| / max |g| = {result['agreement']['reference']:.1e}"
+        )
     rates0, rates1 = _taylor(problem.objective, m, dm, grad)
     result["taylor_rates_first"], result["taylor_rates_second"] = rates0, rates1
-    out(f"  Taylor test: remainder rates {', '.join(f'{r:.2f}' for r in rates0)} (expect 1), "
-        f"{', '.join(f'{r:.2f}' for r in rates1)} (expect 2)")
+    out(
+        f"  Taylor test: remainder rates {', '.join(f'{r:.2f}' for r in rates0)} (expect 1), "
+        f"{', '.join(f'{r:.2f}' for r in rates1)} (expect 2)"
+    )
     result["gradient_norm"] = float(np.linalg.norm(grad))
     return grad, result
 
@@ -109,7 +123,7 @@ def _check_gradient(problem, snapshots: int, reference: bool, dm: np.ndarray, m:
 def _smooth_bump(problem: SeismicProblem) -> np.ndarray:
     """A smooth velocity perturbation inside the sponge-free interior."""
     b = problem.nbl
-    z, x = np.mgrid[0:problem.nz, 0:problem.nx]
+    z, x = np.mgrid[0 : problem.nz, 0 : problem.nx]
     cz, cx = problem.nz * 0.6, problem.nx * 0.5
     dv = np.exp(-(((z - cz) / (problem.nz / 8)) ** 2 + ((x - cx) / (problem.nx / 8)) ** 2))
     dv[:b] = dv[-b:] = 0.0
@@ -117,9 +131,15 @@ def _smooth_bump(problem: SeismicProblem) -> np.ndarray:
     return dv * 0.05 * float(problem.v_background.max())
 
 
-def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 30,
-                 png: str | None = "seismic_gradient.png", reference: bool = True,
-                 out: Callable[[str], None] = print) -> dict:
+def seismic_demo(
+    nx: int = 200,
+    nz: int = 200,
+    nt: int = 1000,
+    snapshots: int = 30,
+    png: str | None = "seismic_gradient.png",
+    reference: bool = True,
+    out: Callable[[str], None] = print,
+) -> dict:
     """FWI gradient of a 2-D acoustic problem under three schedules, checked.
 
     The gradient is computed with Revolve (`snapshots` slots in memory),
@@ -139,13 +159,19 @@ def seismic_demo(nx: int = 200, nz: int = 200, nt: int = 1000, snapshots: int = 
     t0 = time.perf_counter()
     value = problem.objective()
     t_forward = time.perf_counter() - t0
-    out(f"  J(v_background) = {value:.6e}   forward sweep {t_forward:.2f} s "
-        f"({points / t_forward / 1e6:.0f} Mpoints/s)")
-    grad, result = _check_gradient(problem, snapshots, reference, _smooth_bump(problem),
-                                   problem.v_background, out)
-    result.update(objective=value, forward_seconds=t_forward,
-                  forward_mpoints_s=points / t_forward / 1e6,
-                  adjoint_mpoints_s=points / result["adjoint_seconds"] / 1e6)
+    out(
+        f"  J(v_background) = {value:.6e}   forward sweep {t_forward:.2f} s "
+        f"({points / t_forward / 1e6:.0f} Mpoints/s)"
+    )
+    grad, result = _check_gradient(
+        problem, snapshots, reference, _smooth_bump(problem), problem.v_background, out
+    )
+    result.update(
+        objective=value,
+        forward_seconds=t_forward,
+        forward_mpoints_s=points / t_forward / 1e6,
+        adjoint_mpoints_s=points / result["adjoint_seconds"] / 1e6,
+    )
     out(f"  adjoint steps {result['adjoint_mpoints_s']:.0f} Mpoints/s")
     out(f"  |dJ/dv| = {result['gradient_norm']:.6e}")
     if png:
@@ -177,7 +203,7 @@ def _plot_seismic(problem: SeismicProblem, grad: np.ndarray, path: str) -> None:
     # Cell-centred pixels, so that x and z run from 0 at the domain's edge.
     extent = (0.0, width, depth, 0.0)
     image = grad[inner]
-    below = image[min(image.shape[0] - 1, problem.src_z - b + 10):]
+    below = image[min(image.shape[0] - 1, problem.src_z - b + 10) :]
     clip = float(np.percentile(np.abs(below), 99.5)) or float(np.abs(image).max()) or 1.0
     exponent = int(np.floor(np.log10(clip)))
     scale = 10.0**exponent
@@ -185,34 +211,50 @@ def _plot_seismic(problem: SeismicProblem, grad: np.ndarray, path: str) -> None:
     im = axes[0].imshow(problem.v_true[inner] / 1e3, extent=extent, cmap="viridis")
     axes[0].set_title("true velocity")
     fig.colorbar(im, ax=axes[0], shrink=0.85, label="v (km/s)")
-    im = axes[1].imshow(image / scale, extent=extent, cmap="seismic", vmin=-clip / scale,
-                        vmax=clip / scale)
+    im = axes[1].imshow(
+        image / scale, extent=extent, cmap="seismic", vmin=-clip / scale, vmax=clip / scale
+    )
     axes[1].set_title("gradient dJ/dv at the background model")
-    fig.colorbar(im, ax=axes[1], shrink=0.85,
-                 label=rf"dJ/dv ($10^{{{exponent}}}$ s$^2$ u$^2$ / m per cell)")
+    fig.colorbar(
+        im, ax=axes[1], shrink=0.85, label=rf"dJ/dv ($10^{{{exponent}}}$ s$^2$ u$^2$ / m per cell)"
+    )
     rec_x = (np.asarray(problem.rec_x) - b + 0.5) * km
     rec_z = (np.asarray(problem.rec_z) - b + 0.5) * km
     for ax in axes:
         ax.plot(rec_x, rec_z, ",k", label="receivers")
-        ax.plot((problem.src_x - b + 0.5) * km, (problem.src_z - b + 0.5) * km, "r*", ms=10,
-                label="source")
+        ax.plot(
+            (problem.src_x - b + 0.5) * km,
+            (problem.src_z - b + 0.5) * km,
+            "r*",
+            ms=10,
+            label="source",
+        )
         ax.set_xlim(0.0, width)
         ax.set_ylim(depth, 0.0)
         ax.set_xlabel("x (km)")
         ax.set_ylabel("depth z (km)")
     axes[0].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"2-D acoustic FWI gradient: {width:.2f} x {depth:.2f} km, "
-                 f"{problem.nx - 2 * b} x {problem.nz - 2 * b} cells of {problem.dx:g} m "
-                 f"(absorbing layer of {b} cells cropped), {problem.nt} steps of "
-                 f"{problem.dt * 1e3:.2f} ms\nu: the wavefield, in the units of the source",
-                 fontsize=10)
+    fig.suptitle(
+        f"2-D acoustic FWI gradient: {width:.2f} x {depth:.2f} km, "
+        f"{problem.nx - 2 * b} x {problem.nz - 2 * b} cells of {problem.dx:g} m "
+        f"(absorbing layer of {b} cells cropped), {problem.nt} steps of "
+        f"{problem.dt * 1e3:.2f} ms\nu: the wavefield, in the units of the source",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def burgers_demo(n_cells: int = 1024, t_final: float = 0.5, nu: float = 0.01, snapshots: int = 30,
-                 sensors: int = 0, png: str | None = "burgers_gradient.png",
-                 reference: bool = True, out: Callable[[str], None] = print) -> dict:
+def burgers_demo(
+    n_cells: int = 1024,
+    t_final: float = 0.5,
+    nu: float = 0.01,
+    snapshots: int = 30,
+    sensors: int = 0,
+    png: str | None = "burgers_gradient.png",
+    reference: bool = True,
+    out: Callable[[str], None] = print,
+) -> dict:
     """Initial-condition gradient of 1-D viscous Burgers under three schedules.
 
     Revolve, Multistage over memory and a temporary zarr disk tier, and
@@ -220,16 +262,20 @@ def burgers_demo(n_cells: int = 1024, t_final: float = 0.5, nu: float = 0.01, sn
     when `reference` is true; a Taylor test checks the gradient itself.
     `sensors` > 0 adds that many equally spaced sensors read at every step.
     """
-    sensor_idx = None if sensors <= 0 else np.linspace(0, n_cells, sensors, endpoint=False).astype(int)
+    sensor_idx = (
+        None if sensors <= 0 else np.linspace(0, n_cells, sensors, endpoint=False).astype(int)
+    )
     problem = BurgersProblem(n_cells=n_cells, t_final=t_final, nu=nu, sensors=sensor_idx)
     out(repr(problem))
     points = n_cells * problem.n_steps
     t0 = time.perf_counter()
     value = problem.objective()
     t_forward = time.perf_counter() - t0
-    out(f"  J(u0_guess) = {value:.6e}   forward sweep {t_forward:.2f} s "
-        f"({points / t_forward / 1e6:.0f} Mpoints/s)")
-    du = 0.1 * np.cos(2 * np.pi * problem.x) * np.exp(-((problem.x - 0.4) / 0.2) ** 2)
+    out(
+        f"  J(u0_guess) = {value:.6e}   forward sweep {t_forward:.2f} s "
+        f"({points / t_forward / 1e6:.0f} Mpoints/s)"
+    )
+    du = 0.1 * np.cos(2 * np.pi * problem.x) * np.exp(-(((problem.x - 0.4) / 0.2) ** 2))
     grad, result = _check_gradient(problem, snapshots, reference, du, problem.u0_guess, out)
     result.update(objective=value, forward_seconds=t_forward)
     out(f"  |dJ/du0| = {result['gradient_norm']:.6e}")
@@ -257,7 +303,9 @@ def _plot_burgers(problem: BurgersProblem, grad: np.ndarray, path: str) -> None:
     axes[1].plot(problem.x, grad / problem.dx)
     axes[1].set_title("L2 gradient dJ/du0 / dx")
     axes[1].set_xlabel("x")
-    fig.suptitle(f"viscous Burgers, {problem.n_cells} cells, {problem.n_steps} steps, nu={problem.nu}")
+    fig.suptitle(
+        f"viscous Burgers, {problem.n_cells} cells, {problem.n_steps} steps, nu={problem.nu}"
+    )
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -276,25 +324,37 @@ def check_demo_budget(nx: int, nz: int, memory_states: int, disk_states: int) ->
     from ..budget import slots_within
 
     if disk_states < 0:
-        raise ValueError(f"--disk-states must be >= 0, got {disk_states}")
+        raise VlccValueError(f"--disk-states must be >= 0, got {disk_states}")
     if memory_states < 0:
-        raise ValueError(f"--memory-states must be >= 0, got {memory_states}")
+        raise VlccValueError(f"--memory-states must be >= 0, got {memory_states}")
     state_bytes = 2 * nx * nz * 8
-    m, d, reserve = slots_within(memory_states * state_bytes, disk_states * state_bytes,
-                                 state_bytes, leaves=2)
+    m, d, reserve = slots_within(
+        memory_states * state_bytes, disk_states * state_bytes, state_bytes, leaves=2
+    )
     if m < 1:
         plural = "" if memory_states == 1 else "s"
-        why = (f"with a disk level, {reserve} of the memory states are I/O buffers (two being "
-               "written behind, one read ahead), and one more must hold a checkpoint"
-               if reserve else "one memory state must hold the checkpoint of u_0")
-        raise ValueError(f"--memory-states {memory_states}: a memory budget of {memory_states} "
-                         f"state{plural} leaves none for checkpoints; {why}: give "
-                         f"--memory-states {1 + reserve} or more")
+        why = (
+            f"with a disk level, {reserve} of the memory states are I/O buffers (two being "
+            "written behind, one read ahead), and one more must hold a checkpoint"
+            if reserve
+            else "one memory state must hold the checkpoint of u_0"
+        )
+        raise VlccValueError(
+            f"--memory-states {memory_states}: a memory budget of {memory_states} "
+            f"state{plural} leaves none for checkpoints; {why}: give "
+            f"--memory-states {1 + reserve} or more"
+        )
 
 
-def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int = 10,
-              disk_states: int = 41, png: str | None = "vlcc_demo_gradient.png",
-              out: Callable[[str], None] = print) -> dict:
+def vlcc_demo(
+    nx: int = 300,
+    nz: int = 300,
+    nt: int = 2000,
+    memory_states: int = 10,
+    disk_states: int = 41,
+    png: str | None = "vlcc_demo_gradient.png",
+    out: Callable[[str], None] = print,
+) -> dict:
     """The main example, behind ``vlcc demo``: a seismic FWI gradient within a
     memory budget, with a temporary zarr store on disk.
 
@@ -328,38 +388,51 @@ def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int =
     out(f"  {problem!r}")
     u0 = problem.initial_state()
     state_bytes = u0.prev.nbytes + u0.curr.nbytes
-    out(f"  one state: {state_bytes / 2**20:.2f} MiB; storing all {nt + 1} would take "
-        f"{(nt + 1) * state_bytes / 2**30:.2f} GiB")
+    out(
+        f"  one state: {state_bytes / 2**20:.2f} MiB; storing all {nt + 1} would take "
+        f"{(nt + 1) * state_bytes / 2**30:.2f} GiB"
+    )
     t0 = time.perf_counter()
     _ = problem.d_obs  # observed data: one sweep in the true model
     out(f"  observed data: one forward sweep in {time.perf_counter() - t0:.2f} s")
 
     out(f"\nplanning for {memory_states} states in memory, {disk_states} on disk:")
-    budget = plan(nt, memory_bytes=memory_states * state_bytes,
-                  disk_bytes=disk_states * state_bytes, solver=problem, u0=u0,
-                  adj_final=problem.final_adjoint, verbose=lambda text: out(f"  {text}"))
+    budget = plan(
+        nt,
+        memory_bytes=memory_states * state_bytes,
+        disk_bytes=disk_states * state_bytes,
+        solver=problem,
+        u0=u0,
+        adj_final=problem.final_adjoint,
+        verbose=lambda text: out(f"  {text}"),
+    )
     out(f"\nbudget: {memory_states} states in memory, {disk_states} on disk")
     for line in budget.explain.splitlines():
         out(f"  {line}")
     schedule = budget.schedule
     stats = schedule.stats()
     out(f"\nschedule {schedule!r}")
-    out(f"  forward steps {stats.forward_count} ({stats.recompute_ratio:.2f} per step), "
-        f"adjoint steps {stats.adjoint_count}")
+    out(
+        f"  forward steps {stats.forward_count} ({stats.recompute_ratio:.2f} per step), "
+        f"adjoint steps {stats.adjoint_count}"
+    )
     out(f"  peak slots per level {stats.peak_slots}, writes {stats.writes}, reads {stats.reads}")
 
     with tempfile.TemporaryDirectory(prefix="vlcc-demo-") as tmp:
         store = budget.make_store(path=tmp)
         problem.reset_gradient()
         t0 = time.perf_counter()
-        run = run_adjoint(problem, schedule, problem.initial_state(), problem.final_adjoint,
-                          store=store)
+        run = run_adjoint(
+            problem, schedule, problem.initial_state(), problem.final_adjoint, store=store
+        )
         seconds = time.perf_counter() - t0
         grad = problem.gradient.copy()
     predicted = budget.predicted_seconds
-    out(f"\ngradient in {seconds:.2f} s (predicted {predicted:.2f} s): forward "
+    out(
+        f"\ngradient in {seconds:.2f} s (predicted {predicted:.2f} s): forward "
         f"{run.forward_seconds:.2f} s, adjoint {run.adjoint_seconds:.2f} s, "
-        f"in store calls {run.stall_seconds:.2f} s")
+        f"in store calls {run.stall_seconds:.2f} s"
+    )
     out("store:")
     for line in str(run.store_stats).splitlines():
         out(f"  {line}")
@@ -367,34 +440,46 @@ def vlcc_demo(nx: int = 300, nz: int = 300, nt: int = 2000, memory_states: int =
     reference = Revolve(nt, memory_states)
     grad_revolve = problem.gradient_with(reference)
     agreement = _agreement(grad, grad_revolve)
-    out(f"\ncheck 1: same gradient as {reference!r} in memory: "
-        f"max |diff| / max |g| = {agreement:.1e}")
+    out(
+        f"\ncheck 1: same gradient as {reference!r} in memory: "
+        f"max |diff| / max |g| = {agreement:.1e}"
+    )
     taylor = taylor_check(problem.objective, problem.v_background, _smooth_bump(problem), grad)
     rates0, rates1 = list(taylor.rates0), list(taylor.rates1)
-    out(f"check 2: Taylor test, J(v + h dv) for h = {taylor.h[0]:g} .. 1/{1 / taylor.h[-1]:g} "
-        "(halving):")
+    out(
+        f"check 2: Taylor test, J(v + h dv) for h = {taylor.h[0]:g} .. 1/{1 / taylor.h[-1]:g} "
+        "(halving):"
+    )
     if np.isfinite(taylor.slope1):
-        out(f"  first-order remainder rates  {', '.join(f'{r:.2f}' for r in rates0)}  "
-            "(expect 1)")
-        out(f"  second-order remainder rates {', '.join(f'{r:.2f}' for r in rates1)}  "
-            "(expect 2)")
-        out(f"  fitted over the three smallest h: second-order {taylor.slope1:.2f}, "
-            f"first-order {taylor.slope0:.2f} ({taylor.note})")
+        out(f"  first-order remainder rates  {', '.join(f'{r:.2f}' for r in rates0)}  (expect 1)")
+        out(f"  second-order remainder rates {', '.join(f'{r:.2f}' for r in rates1)}  (expect 2)")
+        out(
+            f"  fitted over the three smallest h: second-order {taylor.slope1:.2f}, "
+            f"first-order {taylor.slope0:.2f} ({taylor.note})"
+        )
     else:
         out(f"  {taylor.note}")
     agree = agreement < 1e-10
     if not agree:
-        out(f"  FAILED: the gradient differs from the memory-only Revolve run's by "
-            f"{agreement:.1e} (> 1e-10)")
+        out(
+            f"  FAILED: the gradient differs from the memory-only Revolve run's by "
+            f"{agreement:.1e} (> 1e-10)"
+        )
     for failure in taylor.failures:
         out(f"  FAILED: {failure}")
     passed = agree and taylor.passed
     out(f"  gradient check {'PASSED' if passed else 'FAILED'}")
     result = {
-        "seconds": seconds, "predicted_seconds": predicted, "agreement": agreement,
-        "taylor_rates_first": rates0, "taylor_rates_second": rates1, "passed": passed,
-        "schedule": repr(schedule), "forward_count": stats.forward_count,
-        "stall_seconds": run.stall_seconds, "taylor_failures": list(taylor.failures),
+        "seconds": seconds,
+        "predicted_seconds": predicted,
+        "agreement": agreement,
+        "taylor_rates_first": rates0,
+        "taylor_rates_second": rates1,
+        "passed": passed,
+        "schedule": repr(schedule),
+        "forward_count": stats.forward_count,
+        "stall_seconds": run.stall_seconds,
+        "taylor_failures": list(taylor.failures),
     }
     if png:
         _plot_seismic(problem, grad, png)

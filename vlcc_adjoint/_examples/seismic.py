@@ -77,6 +77,7 @@ import math
 
 import numpy as np
 
+from ..errors import VlccValueError
 from .wave_kernels import RADIUS as _R
 from .wave_kernels import RING_ROWS as _S
 from .wave_kernels import half_misfit as _half_misfit
@@ -131,7 +132,7 @@ def _sponge(n: int, nbl: int, d0: float) -> np.ndarray:
     if nbl > 0:
         ramp = d0 * (np.arange(nbl, 0, -1) / nbl) ** 2
         d[:nbl] = ramp
-        d[n - nbl:] = ramp[::-1]
+        d[n - nbl :] = ramp[::-1]
     return d
 
 
@@ -178,20 +179,36 @@ class SeismicProblem:
     #: hand (forward steps update states in place; adjoint steps only read them).
     restore_in_place = True
 
-    def __init__(self, nx: int = 200, nz: int = 200, nt: int = 1000, dx: float = 10.0, *,
-                 f0: float | None = None, courant: float = 0.4, nbl: int | None = None,
-                 v_background: np.ndarray | None = None, v_true: np.ndarray | None = None,
-                 src: tuple[int, int] | None = None,
-                 receivers: tuple[np.ndarray, np.ndarray] | None = None):
+    def __init__(
+        self,
+        nx: int = 200,
+        nz: int = 200,
+        nt: int = 1000,
+        dx: float = 10.0,
+        *,
+        f0: float | None = None,
+        courant: float = 0.4,
+        nbl: int | None = None,
+        v_background: np.ndarray | None = None,
+        v_true: np.ndarray | None = None,
+        src: tuple[int, int] | None = None,
+        receivers: tuple[np.ndarray, np.ndarray] | None = None,
+    ):
         if nx < 2 * _R + 1 or nz < 2 * _R + 1 or nt < 1:
-            raise ValueError(f"need nx, nz >= {2 * _R + 1} and nt >= 1, got nx={nx}, nz={nz}, nt={nt}")
+            raise VlccValueError(
+                f"need nx, nz >= {2 * _R + 1} and nt >= 1, got nx={nx}, nz={nz}, nt={nt}"
+            )
         if not 0.0 < courant < CFL_LIMIT:
-            raise ValueError(f"courant must lie in (0, {CFL_LIMIT:.4f}) for stability, got {courant}")
+            raise VlccValueError(
+                f"courant must lie in (0, {CFL_LIMIT:.4f}) for stability, got {courant}"
+            )
         self.nx, self.nz, self.nt, self.dx = int(nx), int(nz), int(nt), float(dx)
         self.n_steps = self.nt
         self.nbl = int(np.clip(min(nx, nz) // 8, 8, 40)) if nbl is None else int(nbl)
         if 2 * self.nbl >= min(nx, nz):
-            raise ValueError(f"the sponge (nbl={self.nbl} per side) leaves no interior in a {nz}x{nx} grid")
+            raise VlccValueError(
+                f"the sponge (nbl={self.nbl} per side) leaves no interior in a {nz}x{nx} grid"
+            )
 
         z = np.arange(nz)[:, None] * self.dx
         x = np.arange(nx)[None, :] * self.dx
@@ -200,7 +217,9 @@ class SeismicProblem:
         if v_true is None:
             zc, xc = z[nz // 2, 0], x[0, nx // 2]
             sigma = min(nx, nz) * self.dx / 12.0
-            v_true = v_background + 250.0 * np.exp(-((z - zc) ** 2 + (x - xc) ** 2) / (2 * sigma**2))
+            v_true = v_background + 250.0 * np.exp(
+                -((z - zc) ** 2 + (x - xc) ** 2) / (2 * sigma**2)
+            )
         self.v_background = self._check_model(v_background, "v_background")
         self.v_true = self._check_model(v_true, "v_true")
 
@@ -224,11 +243,18 @@ class SeismicProblem:
         self.rec_z = np.ascontiguousarray(receivers[0], dtype=np.int64)
         self.rec_x = np.ascontiguousarray(receivers[1], dtype=np.int64)
         if not (0 <= self.src_z < nz and 0 <= self.src_x < nx):
-            raise ValueError(f"source {src} lies outside the {nz}x{nx} grid")
-        if (self.rec_z.shape != self.rec_x.shape or self.rec_z.size == 0
-                or self.rec_z.min() < 0 or self.rec_z.max() >= nz
-                or self.rec_x.min() < 0 or self.rec_x.max() >= nx):
-            raise ValueError("receivers must be two equal-length, non-empty index arrays inside the grid")
+            raise VlccValueError(f"source {src} lies outside the {nz}x{nx} grid")
+        if (
+            self.rec_z.shape != self.rec_x.shape
+            or self.rec_z.size == 0
+            or self.rec_z.min() < 0
+            or self.rec_z.max() >= nz
+            or self.rec_x.min() < 0
+            or self.rec_x.max() >= nx
+        ):
+            raise VlccValueError(
+                "receivers must be two equal-length, non-empty index arrays inside the grid"
+            )
 
         self.wavelet = ricker(np.arange(nt) * self.dt, self.f0, self.t0)
         # dt^2 f at the source point, f = v_min^2 w(t) delta(x) / dx^2 (the
@@ -249,9 +275,11 @@ class SeismicProblem:
     def _check_model(self, v, name: str) -> np.ndarray:
         v = np.array(v, dtype=np.float64, order="C")
         if v.shape != (self.nz, self.nx):
-            raise ValueError(f"{name} has shape {v.shape}, expected (nz, nx) = {(self.nz, self.nx)}")
+            raise VlccValueError(
+                f"{name} has shape {v.shape}, expected (nz, nx) = {(self.nz, self.nx)}"
+            )
         if not np.all(np.isfinite(v)) or v.min() <= 0.0:
-            raise ValueError(f"{name} must be finite and positive (m/s)")
+            raise VlccValueError(f"{name} must be finite and positive (m/s)")
         return v
 
     def _cv(self, v: np.ndarray) -> np.ndarray:
@@ -261,7 +289,7 @@ class SeismicProblem:
         """Make `v` (``(nz, nx)``, m/s) the current model and zero the gradient."""
         v = self._check_model(v, "v")
         if v.max() * self.dt / self.dx > CFL_LIMIT:
-            raise ValueError(
+            raise VlccValueError(
                 f"v_max = {v.max():.1f} m/s breaks the CFL limit for dt = {self.dt:.3e} s; "
                 "build the problem with a smaller courant number or with this model as v_true"
             )
@@ -300,18 +328,39 @@ class SeismicProblem:
 
     def forward(self, state: WaveState, step: int) -> WaveState:
         """Forward step `step`: ``u_step -> u_{step+1}``, in place (returns `state`)."""
-        _wave_forward(state.prev, state.curr, self._cvcur, self._a_tab, self._b_tab, self._row_id,
-                      self._fring, self.src_z, self.src_x, self._src_values[step])
+        _wave_forward(
+            state.prev,
+            state.curr,
+            self._cvcur,
+            self._a_tab,
+            self._b_tab,
+            self._row_id,
+            self._fring,
+            self.src_z,
+            self.src_x,
+            self._src_values[step],
+        )
         state.prev, state.curr = state.curr, state.prev
         return state
 
     def forward_many(self, state: WaveState, start: int, stop: int) -> WaveState:
         """Forward steps ``start .. stop-1``: ``u_start -> u_stop``, in place."""
         if not 0 <= start <= stop <= self.nt:
-            raise ValueError(f"steps {start}..{stop} are outside 0..{self.nt}")
+            raise VlccValueError(f"steps {start}..{stop} are outside 0..{self.nt}")
         state.prev, state.curr = _wave_forward_many(
-            state.prev, state.curr, self._cvcur, self._a_tab, self._b_tab, self._row_id,
-            self._fring, self.src_z, self.src_x, self._src_values, start, stop)
+            state.prev,
+            state.curr,
+            self._cvcur,
+            self._a_tab,
+            self._b_tab,
+            self._row_id,
+            self._fring,
+            self.src_z,
+            self.src_x,
+            self._src_values,
+            start,
+            stop,
+        )
         return state
 
     def adjoint(self, state: WaveState, adj: WaveState, step: int) -> WaveState:
@@ -321,8 +370,18 @@ class SeismicProblem:
         to the velocity gradient and the receiver residual of ``u_step``.
         `state` is only read.
         """
-        _wave_adjoint(adj.prev, adj.curr, state.curr, self._cvcur, self._a_tab, self._b_tab,
-                      self._row_id, self._wring, self._bring, self._gacc)
+        _wave_adjoint(
+            adj.prev,
+            adj.curr,
+            state.curr,
+            self._cvcur,
+            self._a_tab,
+            self._b_tab,
+            self._row_id,
+            self._wring,
+            self._bring,
+            self._gacc,
+        )
         adj.prev, adj.curr = adj.curr, adj.prev
         _inject_residual(adj.curr, state.curr, self.rec_z, self.rec_x, self.d_obs, step, self.dt)
         return adj
@@ -351,8 +410,18 @@ class SeismicProblem:
         total = 0.0
         for k in range(self.nt + 1):
             if k > 0:
-                _wave_forward(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                              self._fring, self.src_z, self.src_x, self._src_values[k - 1])
+                _wave_forward(
+                    state.prev,
+                    state.curr,
+                    cv,
+                    self._a_tab,
+                    self._b_tab,
+                    self._row_id,
+                    self._fring,
+                    self.src_z,
+                    self.src_x,
+                    self._src_values[k - 1],
+                )
                 state.prev, state.curr = state.curr, state.prev
             if keep is not None:
                 keep.append(state.curr.copy())
@@ -397,8 +466,9 @@ class SeismicProblem:
         grad = self.gradient
         return (value, grad) if return_objective else grad
 
-    def gradient_with(self, schedule, store=None, v: np.ndarray | None = None,
-                      progress: bool = False) -> np.ndarray:
+    def gradient_with(
+        self, schedule, store=None, v: np.ndarray | None = None, progress: bool = False
+    ) -> np.ndarray:
         """``dJ/dv`` through :func:`vlcc_adjoint.execute.run_adjoint` under `schedule`.
 
         The terminal condition is :meth:`final_adjoint`, a callable of ``u_n``;
@@ -411,10 +481,13 @@ class SeismicProblem:
         if v is not None:
             self.set_model(v)
         self.reset_gradient()
-        self.last_run = run_adjoint(self, schedule, self.initial_state(), self.final_adjoint,
-                                    store=store, progress=progress)
+        self.last_run = run_adjoint(
+            self, schedule, self.initial_state(), self.final_adjoint, store=store, progress=progress
+        )
         return self.gradient
 
     def __repr__(self) -> str:
-        return (f"SeismicProblem(nz={self.nz}, nx={self.nx}, nt={self.nt}, dx={self.dx}, "
-                f"dt={self.dt:.3e}, f0={self.f0:.1f}, nbl={self.nbl}, receivers={self.rec_z.size})")
+        return (
+            f"SeismicProblem(nz={self.nz}, nx={self.nx}, nt={self.nt}, dx={self.dx}, "
+            f"dt={self.dt:.3e}, f0={self.f0:.1f}, nbl={self.nbl}, receivers={self.rec_z.size})"
+        )

@@ -83,9 +83,16 @@ def _slope(h: np.ndarray, r: np.ndarray) -> float:
     return float(np.polyfit(np.log2(h), np.log2(r), 1)[0])
 
 
-def taylor_check(objective: Callable[[np.ndarray], float], m: np.ndarray, dm: np.ndarray,
-                 grad: np.ndarray, *, h0: float = 0.5, halvings: int = 5,
-                 band: float = 0.25) -> TaylorCheck:
+def taylor_check(
+    objective: Callable[[np.ndarray], float],
+    m: np.ndarray,
+    dm: np.ndarray,
+    grad: np.ndarray,
+    *,
+    h0: float = 0.5,
+    halvings: int = 5,
+    band: float = 0.25,
+) -> TaylorCheck:
     """Taylor-test `grad` as the gradient of `objective` at `m` along `dm`.
 
     **Arguments:**
@@ -111,8 +118,10 @@ def taylor_check(objective: Callable[[np.ndarray], float], m: np.ndarray, dm: np
     if r0.max() <= floor:
         note = "J does not change along dm (to rounding): nothing to measure"
         if np.abs(h * slope).max() > floor:
-            failures.append(f"J does not change along dm, but the gradient predicts a change "
-                            f"of {abs(h[0] * slope):.3g} at h = {h[0]:g}")
+            failures.append(
+                f"J does not change along dm, but the gradient predicts a change "
+                f"of {abs(h[0] * slope):.3g} at h = {h[0]:g}"
+            )
     else:
         resolved = np.flatnonzero(r1 > floor)
         # Keep the leading run of resolved points: past the first remainder at
@@ -123,24 +132,40 @@ def taylor_check(objective: Callable[[np.ndarray], float], m: np.ndarray, dm: np
         if stop == 0 and resolved.size == 0:
             note = "the second-order remainder is at rounding level at every h"
         elif len(keep) < 3:
-            failures.append(f"inconclusive: the second-order remainder reaches the rounding "
-                            f"level of J ({floor:.1e}) after {len(keep)} steps; start from a "
-                            "larger h")
+            failures.append(
+                f"inconclusive: the second-order remainder reaches the rounding "
+                f"level of J ({floor:.1e}) after {len(keep)} steps; start from a "
+                "larger h"
+            )
         else:
             if np.any(np.diff(r1[keep]) >= 0):
-                failures.append("the second-order remainder does not decrease monotonically "
-                                f"({', '.join(f'{x:.2e}' for x in r1[keep])})")
+                failures.append(
+                    "the second-order remainder does not decrease monotonically "
+                    f"({', '.join(f'{x:.2e}' for x in r1[keep])})"
+                )
             last = keep[-3:]
             slope1 = _slope(h[last], r1[last])
             slope0 = _slope(h[last], r0[last])
             if abs(slope1 - 2.0) > band:
-                failures.append(f"the second-order remainder shrinks at rate {slope1:.2f} over "
-                                f"h = {h[last[0]]:g} .. {h[last[-1]]:g}, not 2 +- {band}: the "
-                                "gradient is wrong")
+                failures.append(
+                    f"the second-order remainder shrinks at rate {slope1:.2f} over "
+                    f"h = {h[last[0]]:g} .. {h[last[-1]]:g}, not 2 +- {band}: the "
+                    "gradient is wrong"
+                )
             if abs(slope0 - 1.0) > band:
-                failures.append(f"the first-order remainder shrinks at rate {slope0:.2f} over "
-                                f"h = {h[last[0]]:g} .. {h[last[-1]]:g}, not 1 +- {band}: J does "
-                                "not change to first order along dm, so the test says nothing")
-    return TaylorCheck(tuple(float(x) for x in h), tuple(float(x) for x in r0),
-                       tuple(float(x) for x in r1), _rates(r0), _rates(r1), slope0, slope1,
-                       tuple(failures), note)
+                failures.append(
+                    f"the first-order remainder shrinks at rate {slope0:.2f} over "
+                    f"h = {h[last[0]]:g} .. {h[last[-1]]:g}, not 1 +- {band}: J does "
+                    "not change to first order along dm, so the test says nothing"
+                )
+    return TaylorCheck(
+        tuple(float(x) for x in h),
+        tuple(float(x) for x in r0),
+        tuple(float(x) for x in r1),
+        _rates(r0),
+        _rates(r1),
+        slope0,
+        slope1,
+        tuple(failures),
+        note,
+    )

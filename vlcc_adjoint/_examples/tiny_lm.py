@@ -49,8 +49,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["VOCAB", "TinyLM", "batch", "corpus", "decode", "deterministic", "evaluate",
-           "freeze_base", "train_step"]
+from ..errors import VlccValueError
+
+__all__ = [
+    "VOCAB",
+    "TinyLM",
+    "batch",
+    "corpus",
+    "decode",
+    "deterministic",
+    "evaluate",
+    "freeze_base",
+    "train_step",
+]
 
 #: The shared vocabulary: letters a-p, digits, and ' ', '.', '+', '=', ';' (31 symbols).
 VOCAB = "abcdefghijklmnop0123456789 .+=;"
@@ -118,12 +129,13 @@ def corpus(task: str = "grammar", n_tokens: int = 200_000, seed: int = 0) -> np.
             parts.append(f"{a}+{b}={a + b};")
             size += len(parts[-1])
     else:
-        raise ValueError(f"task must be 'grammar' or 'addition', got {task!r}")
+        raise VlccValueError(f"task must be 'grammar' or 'addition', got {task!r}")
     return _encode("".join(parts)[:n_tokens])
 
 
-def batch(data: np.ndarray, step: int, batch_size: int = 32, context: int = 32, seed: int = 0
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    data: np.ndarray, step: int, batch_size: int = 32, context: int = 32, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of training step `step`: inputs and next-token targets, ``(batch, context)``.
 
     Drawn from a generator seeded with ``(seed, step)``: any step's batch is
@@ -189,22 +201,31 @@ class TinyLM(nn.Module):
     - `seed`: seeds the initial weights (the same seed, the same model).
     """
 
-    def __init__(self, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, context: int = 32,
-                 adapter_rank: int = 0, seed: int = 0):
+    def __init__(
+        self,
+        d_model: int = 64,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        context: int = 32,
+        adapter_rank: int = 0,
+        seed: int = 0,
+    ):
         super().__init__()
         if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
+            raise VlccValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
         g = torch.random.fork_rng()
         with g:
             torch.manual_seed(seed)
             self.embed = nn.Embedding(len(VOCAB), d_model)
             self.pos = nn.Parameter(0.02 * torch.randn(context, d_model))
-            self.blocks = nn.ModuleList(_Block(d_model, n_heads, adapter_rank)
-                                        for _ in range(n_layers))
+            self.blocks = nn.ModuleList(
+                _Block(d_model, n_heads, adapter_rank) for _ in range(n_layers)
+            )
             self.ln = nn.LayerNorm(d_model)
             nn.init.normal_(self.embed.weight, std=0.02)
-        self.register_buffer("mask", torch.triu(torch.ones(context, context, dtype=torch.bool), 1),
-                             persistent=False)
+        self.register_buffer(
+            "mask", torch.triu(torch.ones(context, context, dtype=torch.bool), 1), persistent=False
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``(batch, time, vocab)`` of the next token."""
@@ -222,12 +243,13 @@ def freeze_base(model: TinyLM) -> list[nn.Parameter]:
         if p.requires_grad:
             trainable.append(p)
     if not trainable:
-        raise ValueError("the model has no adapters to train; build it with adapter_rank > 0")
+        raise VlccValueError("the model has no adapters to train; build it with adapter_rank > 0")
     return trainable
 
 
-def train_step(model: TinyLM, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               lr: float) -> float:
+def train_step(
+    model: TinyLM, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, lr: float
+) -> float:
     """One optimizer step at learning rate `lr` (no clipping); **Returns:** the batch's loss
     before the step."""
     for group in optimizer.param_groups:
@@ -240,8 +262,14 @@ def train_step(model: TinyLM, optimizer: torch.optim.Optimizer, x: torch.Tensor,
 
 
 @torch.no_grad()
-def evaluate(model: TinyLM, data: np.ndarray, batches: int = 4, batch_size: int = 64,
-             context: int = 32, seed: int = 12345) -> float:
+def evaluate(
+    model: TinyLM,
+    data: np.ndarray,
+    batches: int = 4,
+    batch_size: int = 64,
+    context: int = 32,
+    seed: int = 12345,
+) -> float:
     """Mean cross-entropy over `batches` fixed held-out batches (nats per token)."""
     total = 0.0
     for i in range(batches):

@@ -32,9 +32,18 @@ from __future__ import annotations
 
 import numba
 
-__all__ = ["RADIUS", "RING_ROWS", "adjoint_rows", "forward_rows", "half_misfit",
-           "inject_residual", "record_receivers", "wave_adjoint", "wave_forward",
-           "wave_forward_many"]
+__all__ = [
+    "RADIUS",
+    "RING_ROWS",
+    "adjoint_rows",
+    "forward_rows",
+    "half_misfit",
+    "inject_residual",
+    "record_receivers",
+    "wave_adjoint",
+    "wave_forward",
+    "wave_forward_many",
+]
 
 #: The stencil's radius per axis: the halo rows a slab needs on each side.
 RADIUS = 2
@@ -84,17 +93,24 @@ def _fill_row_weighted(ring, beta, cv, a_tab, row_id, j, pad):
 @numba.njit(inline="always")
 def _rows(ring, q):
     # The ring rows of field rows q-2 .. q+2.
-    return (ring[(q - 2 + RING_ROWS) % RING_ROWS], ring[(q - 1 + RING_ROWS) % RING_ROWS], ring[(q + RING_ROWS) % RING_ROWS],
-            ring[(q + 1) % RING_ROWS], ring[(q + 2) % RING_ROWS])
+    return (
+        ring[(q - 2 + RING_ROWS) % RING_ROWS],
+        ring[(q - 1 + RING_ROWS) % RING_ROWS],
+        ring[(q + RING_ROWS) % RING_ROWS],
+        ring[(q + 1) % RING_ROWS],
+        ring[(q + 2) % RING_ROWS],
+    )
 
 
 @numba.njit(inline="always")
 def _lap(rows, k):
     # L (times dx^2) at column k - R of the centre row of `rows` (from _rows).
     rm2, rm1, r0, rp1, rp2 = rows
-    return (_C0 * r0[k]
-            + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
-            + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k]))
+    return (
+        _C0 * r0[k]
+        + _C1 * (r0[k - 1] + r0[k + 1] + rm1[k] + rp1[k])
+        + _C2 * (r0[k - 2] + r0[k + 2] + rm2[k] + rp2[k])
+    )
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
@@ -136,8 +152,9 @@ def wave_forward(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_v
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def wave_forward_many(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_values,
-                       start, stop):
+def wave_forward_many(
+    prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, src_values, start, stop
+):
     """Steps ``start .. stop-1`` in one call (the GIL stays released throughout).
 
     Returns ``(prev, curr)`` of the final state: the two arrays swap roles
@@ -150,8 +167,7 @@ def wave_forward_many(prev, curr, cv, a_tab, b_tab, row_id, ring, src_z, src_x, 
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def adjoint_rows(alpha, beta, curr, w, cv, a_tab, b_tab, row_id, wring, bring, gacc, j0, j1,
-                  pad):
+def adjoint_rows(alpha, beta, curr, w, cv, a_tab, b_tab, row_id, wring, bring, gacc, j0, j1, pad):
     """Grid rows ``j0 .. j1-1`` of the transpose of :func:`forward_rows` in
     place, plus the imaging condition.
 
@@ -202,8 +218,9 @@ def adjoint_rows(alpha, beta, curr, w, cv, a_tab, b_tab, row_id, wring, bring, g
 @numba.njit(nogil=True, cache=True, fastmath=False)
 def wave_adjoint(alpha, beta, curr, cv, a_tab, b_tab, row_id, wring, bring, gacc):
     """The transpose of :func:`wave_forward` in place (see :func:`adjoint_rows`)."""
-    adjoint_rows(alpha, beta, curr, None, cv, a_tab, b_tab, row_id, wring, bring, gacc, 0,
-                  curr.shape[0], 0)
+    adjoint_rows(
+        alpha, beta, curr, None, cv, a_tab, b_tab, row_id, wring, bring, gacc, 0, curr.shape[0], 0
+    )
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)

@@ -12,6 +12,7 @@ import os
 import sys
 import tarfile
 
+from ..errors import VlccValueError
 from ..storage import StorageError
 from . import _format as F
 from ._graph import human_bytes
@@ -31,8 +32,10 @@ def _open(path: str, mode: str = "r"):
 
     if mode != "r" and not os.path.lexists(os.path.join(path, "zarr.json")):
         # A command never creates a repository where it was told one is.
-        raise StorageError(f"no lineage history at {path}; check the path (`vlcc inspect "
-                           f"{path}` says what is there)")
+        raise StorageError(
+            f"no lineage history at {path}; check the path (`vlcc inspect "
+            f"{path}` says what is there)"
+        )
     return History(path, mode=mode)
 
 
@@ -40,9 +43,17 @@ def _guard(fn):
     def run(args) -> int:
         try:
             return fn(args)
-        except (StorageError, KeyError, ValueError, TypeError, OSError, tarfile.TarError,
-                EOFError) as err:
+        except (
+            StorageError,
+            KeyError,
+            ValueError,
+            TypeError,
+            OSError,
+            tarfile.TarError,
+            EOFError,
+        ) as err:
             return _fail(err)
+
     return run
 
 
@@ -58,9 +69,14 @@ def log(args) -> int:
                 refs.setdefault(vid, []).append(name)
             for name, vid in h.tags.items():
                 refs.setdefault(vid, []).append(f"tag: {name}")
-            lines = render(versions, lambda v: f"{v.id}"
-                           + (f" ({', '.join(refs[v.id])})" if v.id in refs else "")
-                           + (f" {v.message}" if v.message else ""))
+            lines = render(
+                versions,
+                lambda v: (
+                    f"{v.id}"
+                    + (f" ({', '.join(refs[v.id])})" if v.id in refs else "")
+                    + (f" {v.message}" if v.message else "")
+                ),
+            )
             text = "\n".join(lines)
         else:
             text = h.draw(limit=args.n)
@@ -72,8 +88,11 @@ def log(args) -> int:
 def show(args) -> int:
     with _open(args.path) as h:
         v = h.version(args.version)
-        refs = [f"{'HEAD -> ' if name == h.head else ''}{name}"
-                for name, vid in sorted(h.branches.items()) if vid == v.id]
+        refs = [
+            f"{'HEAD -> ' if name == h.head else ''}{name}"
+            for name, vid in sorted(h.branches.items())
+            if vid == v.id
+        ]
         refs += [f"tag: {t}" for t in v.tags]
         print(f"version  {v.id}" + (f"  ({', '.join(refs)})" if refs else ""))
         print(f"branch   {v.branch}")
@@ -84,12 +103,22 @@ def show(args) -> int:
         if v.meta:
             print(f"meta     {json.dumps(v.meta)}")
         leaves = h.leaves(v.id)
-        print(f"state    {len(leaves)} arrays, {human_bytes(v.nbytes)}; this version added "
-              f"{human_bytes(v.new_bytes)} of new chunks")
+        print(
+            f"state    {len(leaves)} arrays, {human_bytes(v.nbytes)}; this version added "
+            f"{human_bytes(v.new_bytes)} of new chunks"
+        )
         rows = [("leaf", "dtype", "shape", "bytes", "chunks", "zarr array")]
         for leaf in leaves:
-            rows.append((leaf.path, leaf.dtype, str(list(leaf.shape)), human_bytes(leaf.nbytes),
-                         str(leaf.chunks), leaf.array))
+            rows.append(
+                (
+                    leaf.path,
+                    leaf.dtype,
+                    str(list(leaf.shape)),
+                    human_bytes(leaf.nbytes),
+                    str(leaf.chunks),
+                    leaf.array,
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -103,8 +132,10 @@ def diff(args) -> int:
             c = h.compare(args.a, args.b, rtol=args.rtol, atol=args.atol)
             print(c.diff.table())
             verdict = "equal" if c.equal else "NOT equal"
-            print(f"{verdict} within rtol={args.rtol:g}, atol={args.atol:g}"
-                  + ("" if c.equal else f": {c.reason}"))
+            print(
+                f"{verdict} within rtol={args.rtol:g}, atol={args.atol:g}"
+                + ("" if c.equal else f": {c.reason}")
+            )
             changed = not c.equal
         else:
             d = h.diff(args.a, args.b)
@@ -123,10 +154,16 @@ def gc(args) -> int:
         if args.keep_best:
             key, _, mode = args.keep_best.rpartition(":")
             if not key or mode not in ("min", "max"):
-                raise ValueError(f"--keep-best takes KEY:min or KEY:max, got {args.keep_best!r}")
+                raise VlccValueError(
+                    f"--keep-best takes KEY:min or KEY:max, got {args.keep_best!r}"
+                )
             best = (key, mode)
-        policy = KeepPolicy(last=args.keep_last, tagged=not args.no_keep_tagged, best=best,
-                            keep=tuple(args.keep or ()))
+        policy = KeepPolicy(
+            last=args.keep_last,
+            tagged=not args.no_keep_tagged,
+            best=best,
+            keep=tuple(args.keep or ()),
+        )
     with _open(args.path, "a") as h:
         print(h.gc(keep=policy, dry_run=args.dry_run))
     return 0
@@ -147,8 +184,10 @@ def import_(args) -> int:
 
     path = import_history(args.archive, args.path)
     with _open(path) as h:
-        print(f"imported {args.archive} into {path}: {len(h)} versions, branches "
-              f"{', '.join(sorted(h.branches)) or '(none)'}")
+        print(
+            f"imported {args.archive} into {path}: {len(h)} versions, branches "
+            f"{', '.join(sorted(h.branches)) or '(none)'}"
+        )
     return 0
 
 
@@ -164,17 +203,22 @@ def inspect(args) -> int:
     with _open(path) as h:
         u = h.usage()
         print(f"lineage history {h.path}")
-        print(f"  versions  {u.versions}   branches {u.branches}   tags {u.tags}   HEAD -> "
-              f"{h.head}")
+        print(
+            f"  versions  {u.versions}   branches {u.branches}   tags {u.tags}   HEAD -> {h.head}"
+        )
         for name, vid in sorted(h.branches.items()):
             v = h.version(vid)
-            print(f"  branch {name:<16} {vid}  {len(h.log(name))} versions, last "
-                  f"{v.time.isoformat(timespec='seconds')}  {v.message}")
+            print(
+                f"  branch {name:<16} {vid}  {len(h.log(name))} versions, last "
+                f"{v.time.isoformat(timespec='seconds')}  {v.message}"
+            )
         for name, vid in sorted(h.tags.items()):
             print(f"  tag    {name:<16} {vid}")
         print(f"  chunks    {u.chunks} files, {human_bytes(u.chunk_bytes)}")
-        print(f"  on disk   {human_bytes(u.disk_bytes)} for {human_bytes(u.logical_bytes)} of "
-              f"versions (deduplication x{u.dedup_ratio:.2f})")
+        print(
+            f"  on disk   {human_bytes(u.disk_bytes)} for {human_bytes(u.logical_bytes)} of "
+            f"versions (deduplication x{u.dedup_ratio:.2f})"
+        )
     return 0
 
 
@@ -183,8 +227,10 @@ def _inspect_other(path: str) -> int:
     try:
         attrs = F.read_group_attrs(os.path.join(path, "zarr.json"), "vlcc_adjoint")
     except (OSError, StorageError):
-        raise StorageError(f"{path} is neither a lineage history nor a ZarrTier store (no "
-                           "vlcc zarr.json); check the path") from None
+        raise StorageError(
+            f"{path} is neither a lineage history nor a ZarrTier store (no "
+            "vlcc zarr.json); check the path"
+        ) from None
     records = []
     for entry in sorted(os.scandir(path), key=lambda e: e.name):
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
@@ -217,58 +263,101 @@ def add_commands(sub) -> dict:
 
     **Returns:** ``{command name: function(args) -> exit status}``.
     """
-    p = sub.add_parser("log", help="draw the version graph of a lineage history",
-                       description="Draw the versions of a History, newest first, with their "
-                       "branches (like git log --graph --oneline --all).")
+    p = sub.add_parser(
+        "log",
+        help="draw the version graph of a lineage history",
+        description="Draw the versions of a History, newest first, with their "
+        "branches (like git log --graph --oneline --all).",
+    )
     p.add_argument("path", help="the history directory")
     p.add_argument("--branch", help="only this branch (or tag, version) and its ancestors")
     p.add_argument("-n", type=int, default=None, help="at most N versions")
 
-    p = sub.add_parser("show", help="show one version of a lineage history",
-                       description="Show a version's metadata and its arrays.")
+    p = sub.add_parser(
+        "show",
+        help="show one version of a lineage history",
+        description="Show a version's metadata and its arrays.",
+    )
     p.add_argument("path", help="the history directory")
-    p.add_argument("version", nargs="?", default="HEAD",
-                   help="branch, tag, version id (or prefix), REF~n (default HEAD)")
+    p.add_argument(
+        "version",
+        nargs="?",
+        default="HEAD",
+        help="branch, tag, version id (or prefix), REF~n (default HEAD)",
+    )
 
-    p = sub.add_parser("diff", help="compare two versions leaf by leaf",
-                       description="Per leaf: changed or not, max absolute and relative "
-                       "difference.  With --rtol/--atol: a reproducibility check.")
+    p = sub.add_parser(
+        "diff",
+        help="compare two versions leaf by leaf",
+        description="Per leaf: changed or not, max absolute and relative "
+        "difference.  With --rtol/--atol: a reproducibility check.",
+    )
     p.add_argument("path", help="the history directory")
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--rtol", type=float, default=0.0)
     p.add_argument("--atol", type=float, default=0.0)
-    p.add_argument("--exit-code", action="store_true",
-                   help="exit with status 1 when the versions differ (beyond tolerance)")
+    p.add_argument(
+        "--exit-code",
+        action="store_true",
+        help="exit with status 1 when the versions differ (beyond tolerance)",
+    )
 
-    p = sub.add_parser("gc", help="remove old versions and unreferenced chunks",
-                       description="Without options: keep every version, remove only chunks no "
-                       "version uses and leftovers of interrupted commits.  Branch tips and "
-                       "(unless --no-keep-tagged) tagged versions are always kept.")
+    p = sub.add_parser(
+        "gc",
+        help="remove old versions and unreferenced chunks",
+        description="Without options: keep every version, remove only chunks no "
+        "version uses and leftovers of interrupted commits.  Branch tips and "
+        "(unless --no-keep-tagged) tagged versions are always kept.",
+    )
     p.add_argument("path", help="the history directory")
-    p.add_argument("--keep-last", type=int, default=None, metavar="N",
-                   help="keep the last N versions of every branch")
-    p.add_argument("--keep-best", metavar="KEY:min|max",
-                   help="keep the version with the smallest/largest meta[KEY]")
+    p.add_argument(
+        "--keep-last",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the last N versions of every branch",
+    )
+    p.add_argument(
+        "--keep-best",
+        metavar="KEY:min|max",
+        help="keep the version with the smallest/largest meta[KEY]",
+    )
     p.add_argument("--keep", action="append", metavar="REF", help="keep this version too")
     p.add_argument("--no-keep-tagged", action="store_true", help="tags do not protect versions")
     p.add_argument("--dry-run", action="store_true", help="only report what would be removed")
 
-    p = sub.add_parser("inspect", help="summarise a lineage history or a ZarrTier store",
-                       description="Versions, branches, tags and storage of a History; records "
-                       "and steps of a ZarrTier directory.  Reads only.")
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a lineage history or a ZarrTier store",
+        description="Versions, branches, tags and storage of a History; records "
+        "and steps of a ZarrTier directory.  Reads only.",
+    )
     p.add_argument("path")
 
-    p = sub.add_parser("export", help="archive a lineage history into a tar file",
-                       description="Write every version, the refs and the deduplicated chunks "
-                       "into one tar file (.tar.gz/.tgz: compressed), to move or suspend a run.")
+    p = sub.add_parser(
+        "export",
+        help="archive a lineage history into a tar file",
+        description="Write every version, the refs and the deduplicated chunks "
+        "into one tar file (.tar.gz/.tgz: compressed), to move or suspend a run.",
+    )
     p.add_argument("path", help="the history directory")
     p.add_argument("out", help="the archive to write")
 
-    p = sub.add_parser("import", help="unpack an exported history into a new directory",
-                       description="Recreate a history from `vlcc export`'s archive.")
+    p = sub.add_parser(
+        "import",
+        help="unpack an exported history into a new directory",
+        description="Recreate a history from `vlcc export`'s archive.",
+    )
     p.add_argument("archive")
     p.add_argument("path", help="a new (or empty) directory")
 
-    return {"log": log, "show": show, "diff": diff, "gc": gc, "inspect": inspect,
-            "export": export, "import": import_}
+    return {
+        "log": log,
+        "show": show,
+        "diff": diff,
+        "gc": gc,
+        "inspect": inspect,
+        "export": export,
+        "import": import_,
+    }

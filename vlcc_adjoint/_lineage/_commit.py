@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import VlccTypeError, VlccValueError
 from ..state import byte_view, flatten
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
@@ -65,8 +66,14 @@ from . import _format as F
 from ._graph import Version, check_name
 from ._seal import seal
 
-_LINK_UNSUPPORTED = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV,
-                     errno.EACCES}
+_LINK_UNSUPPORTED = {
+    errno.EPERM,
+    errno.ENOTSUP,
+    errno.EOPNOTSUPP,
+    errno.EMLINK,
+    errno.EXDEV,
+    errno.EACCES,
+}
 
 
 def _json_meta(meta) -> dict:
@@ -74,7 +81,7 @@ def _json_meta(meta) -> dict:
     if meta is None:
         return {}
     if not isinstance(meta, dict):
-        raise TypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
+        raise VlccTypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
 
     def clean(x, path):
         if isinstance(x, float) and not math.isfinite(x):
@@ -82,8 +89,9 @@ def _json_meta(meta) -> dict:
         if isinstance(x, dict):
             bad = [k for k in x if not isinstance(k, str)]
             if bad:
-                raise TypeError(f"meta{path} has a non-string key {bad[0]!r}; JSON objects "
-                                "have string keys")
+                raise VlccTypeError(
+                    f"meta{path} has a non-string key {bad[0]!r}; JSON objects have string keys"
+                )
             return {k: clean(v, f"{path}[{k!r}]") for k, v in x.items()}
         if isinstance(x, (list, tuple)):
             return [clean(v, f"{path}[{i}]") for i, v in enumerate(x)]
@@ -91,8 +99,10 @@ def _json_meta(meta) -> dict:
             return clean(x.item(), path)
         if x is None or isinstance(x, (bool, int, float, str)):
             return x
-        raise TypeError(f"meta{path} is a {type(x).__name__}, which is not JSON; use dicts, "
-                        "lists, strings, numbers, bools and None (convert arrays with .tolist())")
+        raise VlccTypeError(
+            f"meta{path} is a {type(x).__name__}, which is not JSON; use dicts, "
+            "lists, strings, numbers, bools and None (convert arrays with .tolist())"
+        )
 
     return clean(meta, "")
 
@@ -104,8 +114,13 @@ def _delta_bases(parent, i: int, lj) -> list[str] | None:
         return None
     layout, cfg, addrs = parent[i]
     new = lj.layout
-    if (layout.dtype != new.dtype or layout.shape != new.shape or cfg != lj.cfg
-            or layout.chunk_nbytes != new.chunk_nbytes or len(addrs) != new.nchunks):
+    if (
+        layout.dtype != new.dtype
+        or layout.shape != new.shape
+        or cfg != lj.cfg
+        or layout.chunk_nbytes != new.chunk_nbytes
+        or len(addrs) != new.nchunks
+    ):
         return None
     return list(addrs)
 
@@ -126,8 +141,21 @@ class _LeafJob:
 
 
 class _Job:
-    __slots__ = ("id", "branch", "base", "merge", "message", "meta", "created", "spec",
-                 "leaves", "nbytes", "owned_bytes", "inflight", "spent")
+    __slots__ = (
+        "id",
+        "branch",
+        "base",
+        "merge",
+        "message",
+        "meta",
+        "created",
+        "spec",
+        "leaves",
+        "nbytes",
+        "owned_bytes",
+        "inflight",
+        "spent",
+    )
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -140,8 +168,15 @@ class CommitPipeline:
 
     # -- commit (the caller's half) --------------------------------------------------
 
-    def commit(self, state: Any, message: str = "", meta: dict | None = None, *,
-               branch: str | None = None, merge: Iterable = ()) -> str:
+    def commit(
+        self,
+        state: Any,
+        message: str = "",
+        meta: dict | None = None,
+        *,
+        branch: str | None = None,
+        merge: Iterable = (),
+    ) -> str:
         """Store `state` as a new version on the current branch; return its id.
 
         Returns once the state is owned (the caller may modify it at once);
@@ -167,7 +202,7 @@ class CommitPipeline:
         """
         self._check(write=True)
         if not isinstance(message, str):
-            raise TypeError(f"message must be a str, got {type(message).__name__}")
+            raise VlccTypeError(f"message must be a str, got {type(message).__name__}")
         meta = _json_meta(meta)
         created = time.time()
         merge = [merge] if isinstance(merge, (str, Version)) else list(merge)
@@ -176,10 +211,15 @@ class CommitPipeline:
         g = self._refresh()
         with self._lock:
             target = self._target_branch(
-                branch, " (a version or tag was checked out); commit onto a branch: "
-                "commit(state, branch='name') creates it there, or checkout a branch first")
-            base = self._tip.get(self._head_branch) or self._head_id(g) \
-                if self._head_branch is not None else self._head_version
+                branch,
+                " (a version or tag was checked out); commit onto a branch: "
+                "commit(state, branch='name') creates it there, or checkout a branch first",
+            )
+            base = (
+                self._tip.get(self._head_branch) or self._head_id(g)
+                if self._head_branch is not None
+                else self._head_version
+            )
             merges = []
             for ref in merge:
                 merges.append(self._resolve(g, ref))
@@ -206,8 +246,9 @@ class CommitPipeline:
             if branch is not None:
                 self._head_branch, self._head_version = branch, None
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="vlcc-lineage-writer",
-                                                daemon=True)
+                self._worker = threading.Thread(
+                    target=self._work, name="vlcc-lineage-writer", daemon=True
+                )
                 self._worker.start()
             self._stats["commits"] += 1
             self._stats["caller_seconds"] += time.perf_counter() - t0
@@ -221,7 +262,7 @@ class CommitPipeline:
             check_name(branch, "branch")
             return branch
         if self._head_branch is None:
-            raise ValueError(f"HEAD is detached at version {self._head_version}{remedy}")
+            raise VlccValueError(f"HEAD is detached at version {self._head_version}{remedy}")
         return self._head_branch
 
     def _capture(self, vid: str, leaves: list, spec: dict) -> _Job:
@@ -248,10 +289,10 @@ class CommitPipeline:
             n = layout.chunk_nbytes
             for j, (off, valid, _key) in enumerate(layout.spans()):
                 if valid == n:
-                    data = flat[off:off + n]  # hashed in place, copied only if new
+                    data = flat[off : off + n]  # hashed in place, copied only if new
                 else:  # an edge chunk, padded with zeros as zarr stores it
                     data = self._pool.take(np.uint8, (n,))
-                    data[:valid] = flat[off:off + valid]
+                    data[:valid] = flat[off : off + valid]
                     data[valid:] = 0
                 addr = F.address_of(data, lj.tag)
                 lj.addrs.append(addr)
@@ -260,8 +301,11 @@ class CommitPipeline:
                         self._chunk_dir(addr[:2])
                     except FileNotFoundError:
                         pass
-                if addr in seen or self._inflight[addr] or \
-                        os.path.lexists(f"{chunks_dir}/{addr[:2]}/{addr[2:]}"):
+                if (
+                    addr in seen
+                    or self._inflight[addr]
+                    or os.path.lexists(f"{chunks_dir}/{addr[:2]}/{addr[2:]}")
+                ):
                     continue
                 seen.add(addr)
                 if isinstance(data, memoryview):
@@ -277,9 +321,21 @@ class CommitPipeline:
             for addr in inflight:
                 self._inflight[addr] += 1
         nbytes = sum(leaf.nbytes for leaf in leaves)
-        return _Job(id=vid, spec=spec, leaves=jobs, nbytes=nbytes, owned_bytes=owned,
-                    inflight=inflight, branch=None, base=None, merge=None, message="",
-                    meta=None, created=0.0, spent=[])
+        return _Job(
+            id=vid,
+            spec=spec,
+            leaves=jobs,
+            nbytes=nbytes,
+            owned_bytes=owned,
+            inflight=inflight,
+            branch=None,
+            base=None,
+            merge=None,
+            message="",
+            meta=None,
+            created=0.0,
+            spent=[],
+        )
 
     # -- the writer thread -------------------------------------------------------------
 
@@ -336,22 +392,24 @@ class CommitPipeline:
                 for j, (off, valid, key) in enumerate(layout.spans()):
                     if lj.whole is not None:  # capture="copy": hash and dedup here
                         if valid == n:
-                            data = flat[off:off + n]
+                            data = flat[off : off + n]
                         else:
                             data = bytearray(n)
-                            data[:valid] = flat[off:off + valid]
+                            data[:valid] = flat[off : off + valid]
                         addr = F.address_of(data, lj.tag)
                         lj.addrs.append(addr)
                         if addr not in seen:
                             seen.add(addr)
-                            new_bytes += self._store_chunk(addr, data, lj.cfg,
-                                                           bases and bases[j], layout)
+                            new_bytes += self._store_chunk(
+                                addr, data, lj.cfg, bases and bases[j], layout
+                            )
                     else:
                         addr = lj.addrs[j]
                         data = lj.owned.pop(j, None)
                         if data is not None:
-                            new_bytes += self._store_chunk(addr, data, lj.cfg,
-                                                           bases and bases[j], layout)
+                            new_bytes += self._store_chunk(
+                                addr, data, lj.cfg, bases and bases[j], layout
+                            )
                             job.spent.append(data)
                             data = None
                     self._link(addr, f"{leaf_dir}/{key}")
@@ -372,8 +430,7 @@ class CommitPipeline:
         except (KeyError, CorruptCheckpointError, StorageError):
             return None  # no base to delta against: full chunks
 
-    def _store_chunk(self, addr: str, data, cfg, base: str | None = None,
-                     layout=None) -> int:
+    def _store_chunk(self, addr: str, data, cfg, base: str | None = None, layout=None) -> int:
         """Write a chunk under its address unless it is there; return bytes written.
 
         With `base` (a delta repository), the chunk is stored as a delta
@@ -438,9 +495,10 @@ class CommitPipeline:
                 os.link(src, dst)
                 return
             except FileNotFoundError:
-                raise StorageError(f"chunk {addr} is missing from {self.path}/chunks (it was to "
-                                   "be written by an earlier commit of this process that failed)"
-                                   ) from None
+                raise StorageError(
+                    f"chunk {addr} is missing from {self.path}/chunks (it was to "
+                    "be written by an earlier commit of this process that failed)"
+                ) from None
             except OSError as err:
                 if err.errno not in _LINK_UNSUPPORTED:
                     raise
@@ -457,8 +515,10 @@ class CommitPipeline:
             elif job.base is not None and job.base in g:
                 parents = [job.base]
             elif job.base is not None:
-                raise StorageError(f"the version {job.base} this commit was based on was removed "
-                                   "(by gc in another process)")
+                raise StorageError(
+                    f"the version {job.base} this commit was based on was removed "
+                    "(by gc in another process)"
+                )
             else:
                 parents = []
             for m in job.merge:
@@ -466,19 +526,35 @@ class CommitPipeline:
                     raise StorageError(f"merge parent {m} is not in the history (removed by gc?)")
                 if m not in parents:
                     parents.append(m)
-            attrs = seal({
-                "format": F.FORMAT, "kind": "version", "id": job.id, "parents": parents,
-                "branch": job.branch, "message": job.message, "meta": job.meta,
-                "created": job.created,
-                "origin": {"host": socket.gethostname(), "pid": os.getpid()},
-                "spec": job.spec,
-                "leaves": [F.leaf_entry(lj.layout, lj.cfg, lj.addrs) for lj in job.leaves],
-            })
+            attrs = seal(
+                {
+                    "format": F.FORMAT,
+                    "kind": "version",
+                    "id": job.id,
+                    "parents": parents,
+                    "branch": job.branch,
+                    "message": job.message,
+                    "meta": job.meta,
+                    "created": job.created,
+                    "origin": {"host": socket.gethostname(), "pid": os.getpid()},
+                    "spec": job.spec,
+                    "leaves": [F.leaf_entry(lj.layout, lj.cfg, lj.addrs) for lj in job.leaves],
+                }
+            )
             F.write_file(f"{work}/zarr.json", F.group_json({F.ROOT_KEY: attrs}), self.durable)
             if self.durable:
                 F.fsync_dir(work)
             SF.publish(work, self._p(F.VERSIONS, job.id), self.durable)
-            g.add(job.id, parents, job.branch, job.message, job.meta, job.created, job.nbytes,
-                  new_bytes, attrs["digest"])
+            g.add(
+                job.id,
+                parents,
+                job.branch,
+                job.message,
+                job.meta,
+                job.created,
+                job.nbytes,
+                new_bytes,
+                attrs["digest"],
+            )
             g.branches[job.branch] = job.id
             self._write_graph(g)

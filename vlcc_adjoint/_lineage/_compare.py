@@ -34,6 +34,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import VlccKeyError
 from ..state import byte_view, dtype_from_json, flatten, unflatten
 from ._graph import Version
 
@@ -66,8 +67,11 @@ def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
     elif "type" in tree:
         yield "value", path + ".__type__", {"value": tree["type"]}
         aux, items = tree.get("aux"), tree.get("items", [])
-        named = (isinstance(aux, list) and len(aux) == len(items)
-                 and all(isinstance(a, str) for a in aux))
+        named = (
+            isinstance(aux, list)
+            and len(aux) == len(items)
+            and all(isinstance(a, str) for a in aux)
+        )
         for i, v in enumerate(items):
             yield from walk_spec(v, f"{path}.{aux[i]}" if named else f"{path}[{i}]")
     else:
@@ -77,8 +81,11 @@ def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
 def leaf_paths(spec: dict) -> dict[int, str]:
     """``{leaf index: path}`` of a state spec (``{}`` for a tree too deep to walk)."""
     try:
-        return {idx: path for kind, path, idx in walk_spec(spec.get("tree"))
-                if kind == "leaf" and type(idx) is int}
+        return {
+            idx: path
+            for kind, path, idx in walk_spec(spec.get("tree"))
+            if kind == "leaf" and type(idx) is int
+        }
     except (RecursionError, TypeError, AttributeError):
         return {}
 
@@ -157,17 +164,29 @@ class Diff:
         for d in self.leaves:
             if d.path == path:
                 return d
-        raise KeyError(f"no leaf {path!r} in this diff; paths: {[d.path for d in self.leaves]}")
+        raise VlccKeyError(f"no leaf {path!r} in this diff; paths: {[d.path for d in self.leaves]}")
 
     def table(self) -> str:
         """A printable table, one line per leaf and per differing value."""
         rows = [("leaf", "status", "dtype", "shape", "max |a-b|", "max rel", "n changed")]
         for d in self.leaves:
-            shape = str(list(d.shape)) if d.shape == d.other_shape else \
-                f"{list(d.shape)}->{list(d.other_shape)}"
+            shape = (
+                str(list(d.shape))
+                if d.shape == d.other_shape
+                else f"{list(d.shape)}->{list(d.other_shape)}"
+            )
             dtype = d.dtype if d.dtype == d.other_dtype else f"{d.dtype}->{d.other_dtype}"
-            rows.append((d.path, d.status, dtype, shape, _num(d.max_abs), _num(d.max_rel),
-                         "" if d.n_changed is None else str(d.n_changed)))
+            rows.append(
+                (
+                    d.path,
+                    d.status,
+                    dtype,
+                    shape,
+                    _num(d.max_abs),
+                    _num(d.max_rel),
+                    "" if d.n_changed is None else str(d.n_changed),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [f"diff {self.a} {self.b}"]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -214,9 +233,11 @@ class Comparison:
         return self.equal
 
     def __repr__(self) -> str:
-        return (f"Comparison(equal={self.equal}, bitwise={self.bitwise}, first_leaf="
-                f"{self.first_leaf!r}, max_abs={self.max_abs:.3g}, max_rel={self.max_rel:.3g}, "
-                f"reason={self.reason!r})")
+        return (
+            f"Comparison(equal={self.equal}, bitwise={self.bitwise}, first_leaf="
+            f"{self.first_leaf!r}, max_abs={self.max_abs:.3g}, max_rel={self.max_rel:.3g}, "
+            f"reason={self.reason!r})"
+        )
 
 
 def _num(x) -> str:
@@ -289,6 +310,7 @@ def _operand(x, history):
     leaves, spec = flatten(x)
     return "<state>", spec, ("state", leaves)
 
+
 def diff_states(history, a, b, rtol: float, atol: float, other) -> Diff:
     """``History.diff`` and ``History.compare``: see there and the module docstring."""
     la, spec_a, src_a = _operand(a, history)
@@ -306,8 +328,19 @@ def diff_states(history, a, b, rtol: float, atol: float, other) -> Diff:
         lock.acquire_shared()
     try:
         for path in order:
-            out.append(_leaf_diff(path, leaves_a.get(path), leaves_b.get(path),
-                                       spec_a, spec_b, src_a, src_b, rtol, atol))
+            out.append(
+                _leaf_diff(
+                    path,
+                    leaves_a.get(path),
+                    leaves_b.get(path),
+                    spec_a,
+                    spec_b,
+                    src_a,
+                    src_b,
+                    rtol,
+                    atol,
+                )
+            )
     finally:
         for lock in locks:
             lock.release_shared()
@@ -315,24 +348,38 @@ def diff_states(history, a, b, rtol: float, atol: float, other) -> Diff:
     for path in list(values_a) + [p for p in values_b if p not in values_a]:
         na, nb = values_a.get(path), values_b.get(path)
         if na != nb:
-            values.append((path, "<absent>" if na is None else value_of(na),
-                           "<absent>" if nb is None else value_of(nb)))
+            values.append(
+                (
+                    path,
+                    "<absent>" if na is None else value_of(na),
+                    "<absent>" if nb is None else value_of(nb),
+                )
+            )
     return Diff(la, lb, tuple(out), tuple(values))
+
 
 def _leaf_meta(spec, i):
     entry = spec["leaves"][i]
     return dtype_from_json(entry["dtype"]), tuple(entry["shape"])
 
+
 def _leaf_diff(path, ia, ib, spec_a, spec_b, src_a, src_b, rtol, atol) -> LeafDiff:
     if ia is None or ib is None:
         dt, sh = _leaf_meta(spec_b if ia is None else spec_a, ib if ia is None else ia)
-        return LeafDiff(path, "added" if ia is None else "removed", dt.str, sh, dt.str, sh,
-                        close=False, bitwise=False)
+        return LeafDiff(
+            path,
+            "added" if ia is None else "removed",
+            dt.str,
+            sh,
+            dt.str,
+            sh,
+            close=False,
+            bitwise=False,
+        )
     dta, sha = _leaf_meta(spec_a, ia)
     dtb, shb = _leaf_meta(spec_b, ib)
     if dta != dtb or dta.str != dtb.str or sha != shb:
-        return LeafDiff(path, "reshaped", dta.str, sha, dtb.str, shb, close=False,
-                        bitwise=False)
+        return LeafDiff(path, "reshaped", dta.str, sha, dtb.str, shb, close=False, bitwise=False)
     acc = Accumulator(dta, rtol, atol)
     chunked = False
     if src_a[0] == "version" and src_b[0] == "version":
@@ -354,12 +401,27 @@ def _leaf_diff(path, ia, ib, spec_a, spec_b, src_a, src_b, rtol, atol) -> LeafDi
         arr_a = _whole(src_a, ia, path)
         arr_b = _whole(src_b, ib, path)
         ba, bb = byte_view(np.ascontiguousarray(arr_a)), byte_view(np.ascontiguousarray(arr_b))
-        acc.add(np.ascontiguousarray(arr_a).reshape(-1), np.ascontiguousarray(arr_b).reshape(-1),
-                ba == bb)
+        acc.add(
+            np.ascontiguousarray(arr_a).reshape(-1),
+            np.ascontiguousarray(arr_b).reshape(-1),
+            ba == bb,
+        )
     max_abs, max_rel = acc.result()
     status = "same" if acc.bitwise else "changed"
-    return LeafDiff(path, status, dta.str, sha, dtb.str, shb, max_abs, max_rel,
-                    acc.n_changed, acc.close, acc.bitwise)
+    return LeafDiff(
+        path,
+        status,
+        dta.str,
+        sha,
+        dtb.str,
+        shb,
+        max_abs,
+        max_rel,
+        acc.n_changed,
+        acc.close,
+        acc.bitwise,
+    )
+
 
 def _whole(src, i, path) -> np.ndarray:
     if src[0] == "state":
@@ -374,16 +436,20 @@ def comparison(d: Diff, rtol: float, atol: float) -> Comparison:
     for ld in d.leaves:
         if ld.status in ("added", "removed", "reshaped") or not ld.close:
             first = ld
-            reason = {"added": f"{ld.path} is only in {d.b}",
-                      "removed": f"{ld.path} is only in {d.a}",
-                      "reshaped": f"{ld.path} is {ld.dtype}{list(ld.shape)} in {d.a} and "
-                                  f"{ld.other_dtype}{list(ld.other_shape)} in {d.b}"}.get(
-                ld.status, f"{ld.path} differs by up to {ld.max_abs:.3g} (relative "
-                           f"{ld.max_rel:.3g}) in {ld.n_changed} elements" if ld.max_abs
-                is not None else f"{ld.path} differs in {ld.n_changed} elements")
+            reason = {
+                "added": f"{ld.path} is only in {d.b}",
+                "removed": f"{ld.path} is only in {d.a}",
+                "reshaped": f"{ld.path} is {ld.dtype}{list(ld.shape)} in {d.a} and "
+                f"{ld.other_dtype}{list(ld.other_shape)} in {d.b}",
+            }.get(
+                ld.status,
+                f"{ld.path} differs by up to {ld.max_abs:.3g} (relative "
+                f"{ld.max_rel:.3g}) in {ld.n_changed} elements"
+                if ld.max_abs is not None
+                else f"{ld.path} differs in {ld.n_changed} elements",
+            )
             break
-    bad_values = [(p, va, vb) for p, va, vb in d.values
-                  if not _values_close(va, vb, rtol, atol)]
+    bad_values = [(p, va, vb) for p, va, vb in d.values if not _values_close(va, vb, rtol, atol)]
     if first is None and bad_values:
         p, va, vb = bad_values[0]
         reason = f"{p} is {va!r} in {d.a} and {vb!r} in {d.b}"
@@ -392,14 +458,17 @@ def comparison(d: Diff, rtol: float, atol: float) -> Comparison:
     numeric = [ld for ld in d.leaves if ld.max_abs is not None]
     max_abs = max((ld.max_abs for ld in numeric), default=0.0)
     max_rel = max((ld.max_rel for ld in numeric), default=0.0)
-    return Comparison(equal, bitwise, first, reason, max_abs, max_rel, rtol,
-                      atol, d)
+    return Comparison(equal, bitwise, first, reason, max_abs, max_rel, rtol, atol, d)
 
 
 def _values_close(va, vb, rtol, atol) -> bool:
     num = (int, float)
-    if isinstance(va, num) and isinstance(vb, num) and not isinstance(va, bool) \
-            and not isinstance(vb, bool):
+    if (
+        isinstance(va, num)
+        and isinstance(vb, num)
+        and not isinstance(va, bool)
+        and not isinstance(vb, bool)
+    ):
         if va == vb or (va != va and vb != vb):
             return True
         return abs(va - vb) <= atol + rtol * abs(vb)
@@ -407,5 +476,8 @@ def _values_close(va, vb, rtol, atol) -> bool:
 
 
 def _as_items(view: memoryview, dtype: np.dtype) -> np.ndarray:
-    return np.frombuffer(view, dtype=np.uint8).view(dtype) if dtype.itemsize else \
-        np.frombuffer(view, dtype=np.uint8)
+    return (
+        np.frombuffer(view, dtype=np.uint8).view(dtype)
+        if dtype.itemsize
+        else np.frombuffer(view, dtype=np.uint8)
+    )

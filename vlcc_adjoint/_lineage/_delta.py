@@ -58,13 +58,13 @@ import threading
 import numpy as np
 import xxhash
 
+from ..errors import VlccValueError
 from ..storage import CorruptCheckpointError
 from ..storage import format as SF
 from . import _format as F
 from ._seal import seal
 
-__all__ = ["MAGIC", "MAX_DEPTH", "encode", "parse", "is_delta", "Resolver",
-           "enable", "closure"]
+__all__ = ["MAGIC", "MAX_DEPTH", "encode", "parse", "is_delta", "Resolver", "enable", "closure"]
 
 MAGIC = b"VLCDELTA"
 #: Longest chain of delta objects a writer builds (a reader accepts up to READ_DEPTH).
@@ -98,8 +98,16 @@ def encode(new, base, base_addr: str, depth: int, chain: int, typesize: int) -> 
     x = np.bitwise_xor(np.frombuffer(new, np.uint8), np.frombuffer(base, np.uint8))
     payload = blosc.compress(x, b"lz4", 5, 1, 0, int(min(max(typesize, 1), 255)))
     size = _HEAD.size + len(payload) + _DIGEST
-    head = _HEAD.pack(MAGIC, 1, int(min(max(typesize, 1), 255)), depth + 1, chain + size,
-                      len(x), len(payload), base_addr.encode())
+    head = _HEAD.pack(
+        MAGIC,
+        1,
+        int(min(max(typesize, 1), 255)),
+        depth + 1,
+        chain + size,
+        len(x),
+        len(payload),
+        base_addr.encode(),
+    )
     body = head + payload
     return body + xxhash.xxh3_128_digest(body)
 
@@ -110,19 +118,19 @@ def parse(blob, n: int) -> tuple[str, int, int, bytes]:
     Raises ``ValueError`` naming the problem when the object is damaged.
     """
     if len(blob) < _HEAD.size + _DIGEST:
-        raise ValueError(f"delta object of {len(blob)} bytes is shorter than its header")
+        raise VlccValueError(f"delta object of {len(blob)} bytes is shorter than its header")
     body, dig = blob[:-_DIGEST], blob[-_DIGEST:]
     if xxhash.xxh3_128_digest(body) != bytes(dig):
-        raise ValueError("delta object fails its checksum")
+        raise VlccValueError("delta object fails its checksum")
     magic, ver, _ts, depth, chain, raw, plen, base = _HEAD.unpack_from(body, 0)
     base = base.decode("ascii", "replace")
     if magic != MAGIC or ver != 1:
-        raise ValueError(f"unknown delta object version {ver}")
+        raise VlccValueError(f"unknown delta object version {ver}")
     if raw != n or plen != len(body) - _HEAD.size or not F.is_address(base):
-        raise ValueError(f"delta object header is inconsistent (raw {raw}, expected {n})")
+        raise VlccValueError(f"delta object header is inconsistent (raw {raw}, expected {n})")
     if not 1 <= depth <= READ_DEPTH or chain > READ_DEPTH * (n + n // 8 + 4096):
-        raise ValueError(f"delta chain depth {depth} / {chain} bytes out of bounds")
-    return base, depth, chain, bytes(body[_HEAD.size:])
+        raise VlccValueError(f"delta chain depth {depth} / {chain} bytes out of bounds")
+    return base, depth, chain, bytes(body[_HEAD.size :])
 
 
 class Resolver:
@@ -132,8 +140,7 @@ class Resolver:
 
     def __init__(self, h, cache_bytes: int = 64 << 20):
         self.h = h
-        self.cache: collections.OrderedDict[str, tuple[bytes, int, int]] = \
-            collections.OrderedDict()
+        self.cache: collections.OrderedDict[str, tuple[bytes, int, int]] = collections.OrderedDict()
         self.cache_bytes = cache_bytes
         self.held = 0
         self.lock = threading.Lock()
@@ -152,8 +159,7 @@ class Resolver:
                 _, (old, _, _) = self.cache.popitem(last=False)
                 self.held -= len(old)
 
-    def get(self, addr: str, n: int, cfg, depth_left: int = READ_DEPTH
-            ) -> tuple[bytes, int, int]:
+    def get(self, addr: str, n: int, cfg, depth_left: int = READ_DEPTH) -> tuple[bytes, int, int]:
         """(raw bytes, depth, chain bytes) of chunk `addr`, verified.
 
         The chain is walked down to a full (or cached) chunk, then the XORs
@@ -180,14 +186,14 @@ class Resolver:
                 if is_delta(blob, n, cfg):
                     base, depth, total, payload = parse(blob, n)
                     if depth > limit or base == cur or any(base == c[0] for c in chain):
-                        raise ValueError(f"delta chain of depth {depth} is too long or cyclic")
+                        raise VlccValueError(f"delta chain of depth {depth} is too long or cyclic")
                     chain.append((cur, path, payload, depth, total))
                     cur, limit = base, depth - 1
                     continue
                 depth, total = 0, 0
                 if cfg is None:
                     if len(blob) != n:
-                        raise ValueError(f"{len(blob)} bytes, its metadata says {n}")
+                        raise VlccValueError(f"{len(blob)} bytes, its metadata says {n}")
                     raw = blob
                 else:
                     raw = bytes(F.decode_chunk(blob, cfg, n))
@@ -201,8 +207,11 @@ class Resolver:
             return raw, depth, total
         if chain[-1][3] != depth + 1:
             path = chain[-1][1]
-            raise CorruptCheckpointError(f"{path} is damaged: it says its base has depth "
-                                         f"{chain[-1][3] - 1}, the base has {depth}", path=path)
+            raise CorruptCheckpointError(
+                f"{path} is damaged: it says its base has depth "
+                f"{chain[-1][3] - 1}, the base has {depth}",
+                path=path,
+            )
         # Only the result's address is checked; when it fails, every level is, to
         # name the damaged file (a delta's payload is covered by its own digest too).
         for each in (False, True):
@@ -211,8 +220,7 @@ class Resolver:
                 try:
                     x = F.decode_chunk(payload, {"name": "blosc", "configuration": {}}, n)
                 except ValueError as err:
-                    raise CorruptCheckpointError(f"{path} is damaged: {err}", path=path
-                                                 ) from None
+                    raise CorruptCheckpointError(f"{path} is damaged: {err}", path=path) from None
                 np.bitwise_xor(acc, np.frombuffer(x, np.uint8), out=acc)
                 if each:
                     _check(acc, cur, tag, path)
@@ -225,8 +233,9 @@ class Resolver:
 def _check(raw, addr: str, tag: bytes, path: str) -> None:
     got = F.address_of(raw, tag)
     if got != addr:
-        raise CorruptCheckpointError(f"{path} resolves to bytes with checksum {got}, its "
-                                     f"address says {addr}", path=path)
+        raise CorruptCheckpointError(
+            f"{path} resolves to bytes with checksum {got}, its address says {addr}", path=path
+        )
 
 
 def base_of(h, addr: str) -> str | None:
@@ -242,8 +251,7 @@ def base_of(h, addr: str) -> str | None:
         return None
     base = _HEAD.unpack(head)[7].decode("ascii", "replace")
     if not F.is_address(base):
-        raise CorruptCheckpointError(f"{path} is damaged: its base address is invalid",
-                                     path=path)
+        raise CorruptCheckpointError(f"{path} is damaged: its base address is invalid", path=path)
     return base
 
 
@@ -275,10 +283,12 @@ def enable(h, want: bool | None) -> bool:
     if want is None or bool(want) == has:
         return has
     if not want:
-        raise ValueError(f"the history at {h.path} stores delta chunks (it was created with "
-                         "deltas=True); open it with deltas=None or deltas=True")
+        raise VlccValueError(
+            f"the history at {h.path} stores delta chunks (it was created with "
+            "deltas=True); open it with deltas=None or deltas=True"
+        )
     if h.mode != "a":
-        raise ValueError("deltas=True needs mode='a' (it records the setting in the root)")
+        raise VlccValueError("deltas=True needs mode='a' (it records the setting in the root)")
     _write_root(h, attrs)
     return True
 

@@ -63,6 +63,7 @@ from collections.abc import Iterator
 import numpy as np
 import xxhash
 
+from ..errors import VlccValueError
 from ..state import dtype_from_json, dtype_to_json
 from ..storage import format as SF
 from ..storage.format import fsync_dir  # noqa: F401 (used as F.fsync_dir)
@@ -121,34 +122,46 @@ def codec_config(codec, typesize: int) -> dict | None:
     cfg = codec.config() if hasattr(codec, "config") else codec
     if not (isinstance(cfg, dict) and cfg.get("name") == "vlcc_lossless"):
         name = cfg.get("name") if isinstance(cfg, dict) else type(codec).__name__
-        raise ValueError(
+        raise VlccValueError(
             f"History stores chunks losslessly; codec {name!r} is not supported. Pass "
             "codec=None (raw chunks) or codec=vlcc_adjoint.storage.codecs.Lossless(...) "
             "(a lossy codec would make a version check out different from what was committed)"
         )
     conf = cfg.get("configuration", {})
-    return {"name": "blosc", "configuration": {
-        "typesize": int(min(max(typesize, 1), 255)),
-        "cname": conf.get("compressor", "lz4"),
-        "clevel": int(conf.get("clevel", 5)),
-        "shuffle": _SHUFFLE_NAMES[conf.get("shuffle", "byte")],
-        "blocksize": 0,
-    }}
+    return {
+        "name": "blosc",
+        "configuration": {
+            "typesize": int(min(max(typesize, 1), 255)),
+            "cname": conf.get("compressor", "lz4"),
+            "clevel": int(conf.get("clevel", 5)),
+            "shuffle": _SHUFFLE_NAMES[conf.get("shuffle", "byte")],
+            "blocksize": 0,
+        },
+    }
 
 
 def check_codec_config(cfg) -> dict | None:
     """A codec configuration read from a manifest, validated (never trusted)."""
     if cfg is None:
         return None
-    ok = (isinstance(cfg, dict) and cfg.get("name") == "blosc"
-          and isinstance(cfg.get("configuration"), dict))
+    ok = (
+        isinstance(cfg, dict)
+        and cfg.get("name") == "blosc"
+        and isinstance(cfg.get("configuration"), dict)
+    )
     if ok:
         c = cfg["configuration"]
-        ok = (c.get("cname") in _CNAMES and type(c.get("clevel")) is int and 0 <= c["clevel"] <= 9
-              and c.get("shuffle") in _SHUFFLE_IDS and type(c.get("typesize")) is int
-              and 1 <= c["typesize"] <= 255 and c.get("blocksize") == 0)
+        ok = (
+            c.get("cname") in _CNAMES
+            and type(c.get("clevel")) is int
+            and 0 <= c["clevel"] <= 9
+            and c.get("shuffle") in _SHUFFLE_IDS
+            and type(c.get("typesize")) is int
+            and 1 <= c["typesize"] <= 255
+            and c.get("blocksize") == 0
+        )
     if not ok:
-        raise ValueError(f"unsupported chunk codec {cfg!r}")
+        raise VlccValueError(f"unsupported chunk codec {cfg!r}")
     return cfg
 
 
@@ -175,8 +188,9 @@ def encode_chunk(data, cfg: dict | None):
     from numcodecs import blosc
 
     c = cfg["configuration"]
-    return blosc.compress(data, c["cname"].encode(), c["clevel"], _SHUFFLE_IDS[c["shuffle"]],
-                          0, c["typesize"])
+    return blosc.compress(
+        data, c["cname"].encode(), c["clevel"], _SHUFFLE_IDS[c["shuffle"]], 0, c["typesize"]
+    )
 
 
 def decode_chunk(blob, cfg: dict, nbytes: int, out=None):
@@ -188,18 +202,20 @@ def decode_chunk(blob, cfg: dict, nbytes: int, out=None):
     from numcodecs import blosc
 
     if len(blob) < _BLOSC_HEADER.size:
-        raise ValueError(f"compressed chunk of {len(blob)} bytes is shorter than its header")
+        raise VlccValueError(f"compressed chunk of {len(blob)} bytes is shorter than its header")
     _, _, _, _, raw, _, cbytes = _BLOSC_HEADER.unpack_from(blob, 0)
     if raw != nbytes or cbytes != len(blob):
-        raise ValueError(f"compressed chunk header says {raw} raw / {cbytes} stored bytes, "
-                         f"expected {nbytes} / {len(blob)}")
+        raise VlccValueError(
+            f"compressed chunk header says {raw} raw / {cbytes} stored bytes, "
+            f"expected {nbytes} / {len(blob)}"
+        )
     try:
         if out is not None:
             blosc.decompress(blob, out)
             return out
         return blosc.decompress(blob)
     except (RuntimeError, ValueError) as err:
-        raise ValueError(f"compressed chunk does not decode ({err})") from None
+        raise VlccValueError(f"compressed chunk does not decode ({err})") from None
 
 
 # -- the chunk grid -----------------------------------------------------------------
@@ -242,8 +258,11 @@ class Layout:
             base = o * zs[k]
             for r in range(nr):
                 start = r * rows
-                yield ((base + start) * self.inner, (min(rows, zs[k] - start)) * self.inner,
-                       f"c{head}.{r}{tail}")
+                yield (
+                    (base + start) * self.inner,
+                    (min(rows, zs[k] - start)) * self.inner,
+                    f"c{head}.{r}{tail}",
+                )
 
 
 def _zarr_view(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...], int]:
@@ -261,9 +280,9 @@ def plan_layout(dtype: np.dtype, shape: tuple[int, ...], chunk_bytes: int) -> La
     if len(zs) == 0:
         return Layout(dtype, tuple(shape), zs, ztype, (), -1, 1, zi, 1, nbytes)
     k = 0
-    while k < len(zs) - 1 and math.prod(zs[k + 1:]) * zi > chunk_bytes:
+    while k < len(zs) - 1 and math.prod(zs[k + 1 :]) * zi > chunk_bytes:
         k += 1
-    inner = math.prod(zs[k + 1:]) * zi
+    inner = math.prod(zs[k + 1 :]) * zi
     if 0 in zs:
         rows = max(1, zs[k])
     else:
@@ -273,7 +292,7 @@ def plan_layout(dtype: np.dtype, shape: tuple[int, ...], chunk_bytes: int) -> La
 
 
 def _layout(dtype, shape, ztype, zs, k, rows, inner, nbytes) -> Layout:
-    chunk_shape = (1,) * k + (rows,) + tuple(max(1, s) for s in zs[k + 1:])
+    chunk_shape = (1,) * k + (rows,) + tuple(max(1, s) for s in zs[k + 1 :])
     nchunks = 0 if 0 in zs else math.prod(zs[:k]) * -(-zs[k] // rows)
     return Layout(dtype, shape, zs, ztype, chunk_shape, k, rows, inner, nchunks, nbytes)
 
@@ -282,39 +301,48 @@ def layout_from_json(entry) -> Layout:
     """The layout of a leaf recorded in a manifest, validated before anything is allocated."""
     dtype = dtype_from_json(entry["dtype"])
     shape = entry["shape"]
-    if not (isinstance(shape, list) and len(shape) <= MAX_NDIM
-            and all(type(s) is int and 0 <= s < 2**48 for s in shape)):
-        raise ValueError(f"bad shape {shape!r}")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_NDIM
+        and all(type(s) is int and 0 <= s < 2**48 for s in shape)
+    ):
+        raise VlccValueError(f"bad shape {shape!r}")
     shape = tuple(shape)
     ztype, zs, zi = _zarr_view(dtype, shape)
     nbytes = dtype.itemsize * math.prod(shape)
     if nbytes >= 2**50:
-        raise ValueError("leaf too large")
+        raise VlccValueError("leaf too large")
     cs = entry["chunk_shape"]
-    if not (isinstance(cs, list) and len(cs) == len(zs)
-            and all(type(c) is int and c >= 1 for c in cs)):
-        raise ValueError(f"bad chunk shape {cs!r}")
+    if not (
+        isinstance(cs, list) and len(cs) == len(zs) and all(type(c) is int and c >= 1 for c in cs)
+    ):
+        raise VlccValueError(f"bad chunk shape {cs!r}")
     if len(zs) == 0:
         return Layout(dtype, shape, zs, ztype, (), -1, 1, zi, 1, nbytes)
     full = [max(1, s) for s in zs]
     for k in range(len(zs)):
-        if all(c == 1 for c in cs[:k]) and cs[k + 1:] == full[k + 1:]:
+        if all(c == 1 for c in cs[:k]) and cs[k + 1 :] == full[k + 1 :]:
             break
     else:
-        raise ValueError(f"chunk shape {cs} is not a band of shape {list(zs)}")
+        raise VlccValueError(f"chunk shape {cs} is not a band of shape {list(zs)}")
     if cs[k] > full[k]:
-        raise ValueError(f"chunk shape {cs} exceeds shape {list(zs)}")
-    inner = math.prod(zs[k + 1:]) * zi
+        raise VlccValueError(f"chunk shape {cs} exceeds shape {list(zs)}")
+    inner = math.prod(zs[k + 1 :]) * zi
     if cs[k] * inner >= 2**34:
-        raise ValueError("chunk too large")
+        raise VlccValueError("chunk too large")
     return _layout(dtype, shape, ztype, zs, k, cs[k], inner, nbytes)
 
 
 def leaf_entry(layout: Layout, cfg: dict | None, addresses: list[str]) -> dict:
     """A leaf's entry in a version manifest."""
-    return {"dtype": dtype_to_json(layout.dtype), "shape": list(layout.shape),
-            "chunk_shape": list(layout.chunk_shape), "codec": cfg, "nbytes": layout.nbytes,
-            "chunks": addresses}
+    return {
+        "dtype": dtype_to_json(layout.dtype),
+        "shape": list(layout.shape),
+        "chunk_shape": list(layout.chunk_shape),
+        "codec": cfg,
+        "nbytes": layout.nbytes,
+        "chunks": addresses,
+    }
 
 
 def array_meta(layout: Layout, cfg: dict | None) -> bytes:
@@ -331,15 +359,24 @@ def array_meta(layout: Layout, cfg: dict | None) -> bytes:
     if cfg is not None:
         codecs.append(cfg)
     zt = layout.ztype
-    fill = False if zt == "bool" else [0.0, 0.0] if zt.startswith("complex") \
-        else 0.0 if zt.startswith("float") else 0
+    fill = (
+        False
+        if zt == "bool"
+        else [0.0, 0.0]
+        if zt.startswith("complex")
+        else 0.0
+        if zt.startswith("float")
+        else 0
+    )
     meta = {
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(layout.zshape),
         "data_type": zt,
-        "chunk_grid": {"name": "regular",
-                       "configuration": {"chunk_shape": list(layout.chunk_shape)}},
+        "chunk_grid": {
+            "name": "regular",
+            "configuration": {"chunk_shape": list(layout.chunk_shape)},
+        },
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
         "fill_value": fill,
         "codecs": codecs,
@@ -351,9 +388,12 @@ def array_meta(layout: Layout, cfg: dict | None) -> bytes:
 
 def group_json(attributes: dict, indent: int | None = None) -> bytes:
     """A zarr v3 group's ``zarr.json`` carrying `attributes`."""
-    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attributes},
-                      indent=indent, allow_nan=False, separators=None if indent else (",", ":")
-                      ).encode()
+    return json.dumps(
+        {"zarr_format": 3, "node_type": "group", "attributes": attributes},
+        indent=indent,
+        allow_nan=False,
+        separators=None if indent else (",", ":"),
+    ).encode()
 
 
 def read_group_attrs(path: str, key: str):
@@ -365,8 +405,12 @@ def read_group_attrs(path: str, key: str):
     ``FileNotFoundError`` passes through.
     """
     doc = SF.read_json(path)
-    if not (isinstance(doc, dict) and doc.get("zarr_format") == 3
-            and doc.get("node_type") == "group" and isinstance(doc.get("attributes"), dict)):
+    if not (
+        isinstance(doc, dict)
+        and doc.get("zarr_format") == 3
+        and doc.get("node_type") == "group"
+        and isinstance(doc.get("attributes"), dict)
+    ):
         raise corrupt(path, "is not the zarr.json of a zarr v3 group")
     attrs = doc["attributes"]
     if key not in attrs:
@@ -407,35 +451,55 @@ class Manifest:
 
 def parse_manifest(vid: str, attrs) -> Manifest:
     """Validate a manifest read from disk (``ValueError`` saying what is wrong)."""
-    if not (isinstance(attrs, dict) and attrs.get("format") in FORMATS
-            and attrs.get("kind") == "version"):
-        raise ValueError("unknown manifest format")
+    if not (
+        isinstance(attrs, dict)
+        and attrs.get("format") in FORMATS
+        and attrs.get("kind") == "version"
+    ):
+        raise VlccValueError("unknown manifest format")
     if attrs.get("id") != vid:
-        raise ValueError(f"the manifest says it is version {attrs.get('id')!r}")
+        raise VlccValueError(f"the manifest says it is version {attrs.get('id')!r}")
     parents = attrs.get("parents")
-    if not (isinstance(parents, list) and all(isinstance(p, str) and VERSION_ID.fullmatch(p)
-                                              for p in parents)):
-        raise ValueError("bad parents")
+    if not (
+        isinstance(parents, list)
+        and all(isinstance(p, str) and VERSION_ID.fullmatch(p) for p in parents)
+    ):
+        raise VlccValueError("bad parents")
     spec = attrs.get("spec")
     leaves = attrs.get("leaves")
-    if not (isinstance(spec, dict) and isinstance(leaves, list)
-            and isinstance(spec.get("leaves"), list) and len(spec["leaves"]) == len(leaves)):
-        raise ValueError("spec and leaves disagree")
+    if not (
+        isinstance(spec, dict)
+        and isinstance(leaves, list)
+        and isinstance(spec.get("leaves"), list)
+        and len(spec["leaves"]) == len(leaves)
+    ):
+        raise VlccValueError("spec and leaves disagree")
     out = []
     for entry in leaves:
         layout = layout_from_json(entry)
         cfg = check_codec_config(entry.get("codec"))
         addrs = entry.get("chunks")
-        if not (isinstance(addrs, list) and len(addrs) == layout.nchunks
-                and all(is_address(a) for a in addrs)):
-            raise ValueError("chunk list does not match the leaf's chunk grid")
+        if not (
+            isinstance(addrs, list)
+            and len(addrs) == layout.nchunks
+            and all(is_address(a) for a in addrs)
+        ):
+            raise VlccValueError("chunk list does not match the leaf's chunk grid")
         out.append((layout, cfg, tuple(addrs)))
     meta = attrs.get("meta")
     created = attrs.get("created")
     if not isinstance(meta, dict) or not isinstance(created, (int, float)):
-        raise ValueError("bad meta or created time")
-    return Manifest(vid, tuple(parents), str(attrs.get("branch", "")),
-                    str(attrs.get("message", "")), meta, float(created), spec, tuple(out))
+        raise VlccValueError("bad meta or created time")
+    return Manifest(
+        vid,
+        tuple(parents),
+        str(attrs.get("branch", "")),
+        str(attrs.get("message", "")),
+        meta,
+        float(created),
+        spec,
+        tuple(out),
+    )
 
 
 # -- files --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ then the leftovers of interrupted commits.  The order makes it safe:
    list (a commit killed between its rename and the graph update).
 
 A chunk is deleted only if no kept version lists it, so every kept version
-checks out bit-identical afterwards (``tests/test_lineage.py`` checks this
+checks out bit-identical afterwards (``tests/lineage/test_lineage.py`` checks this
 over random histories and policies).
 """
 
@@ -30,6 +30,7 @@ import shutil
 import stat
 from collections.abc import Callable
 
+from ..errors import VlccTypeError, VlccValueError
 from . import _format as F
 from ._delta import closure
 from ._graph import Graph, human_bytes
@@ -65,15 +66,21 @@ class KeepPolicy:
 
     def __post_init__(self):
         if self.last is not None and (not isinstance(self.last, int) or self.last < 0):
-            raise ValueError(f"KeepPolicy.last must be None or an int >= 0, got {self.last!r}")
+            raise VlccValueError(f"KeepPolicy.last must be None or an int >= 0, got {self.last!r}")
         if self.best is not None:
-            if not (isinstance(self.best, (tuple, list)) and len(self.best) == 2
-                    and isinstance(self.best[0], str) and self.best[1] in ("min", "max")):
-                raise ValueError(f"KeepPolicy.best must be (meta key, 'min' or 'max'), "
-                                 f"e.g. ('loss', 'min'); got {self.best!r}")
+            if not (
+                isinstance(self.best, (tuple, list))
+                and len(self.best) == 2
+                and isinstance(self.best[0], str)
+                and self.best[1] in ("min", "max")
+            ):
+                raise VlccValueError(
+                    f"KeepPolicy.best must be (meta key, 'min' or 'max'), "
+                    f"e.g. ('loss', 'min'); got {self.best!r}"
+                )
             object.__setattr__(self, "best", tuple(self.best))
         if not isinstance(self.n_best, int) or self.n_best < 0:
-            raise ValueError(f"KeepPolicy.n_best must be an int >= 0, got {self.n_best!r}")
+            raise VlccValueError(f"KeepPolicy.n_best must be an int >= 0, got {self.n_best!r}")
         if isinstance(self.keep, str):
             object.__setattr__(self, "keep", (self.keep,))
         object.__setattr__(self, "keep", tuple(self.keep))
@@ -83,7 +90,7 @@ class KeepPolicy:
         kept = set(g.branches.values())
         if self.last:
             for tip in g.branches.values():
-                kept.update(g.first_parents(tip)[:self.last])
+                kept.update(g.first_parents(tip)[: self.last])
         if self.tagged:
             kept.update(g.tags.values())
         if self.best is not None and self.n_best:
@@ -91,10 +98,13 @@ class KeepPolicy:
             scored = []
             for vid, attrs in g.nodes.items():
                 value = attrs["meta"].get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                        and math.isfinite(value):
+                if (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ):
                     scored.append((value if mode == "min" else -value, -attrs["seq"], vid))
-            kept.update(vid for _, _, vid in sorted(scored)[:self.n_best])
+            kept.update(vid for _, _, vid in sorted(scored)[: self.n_best])
         for ref in self.keep:
             kept.add(resolve(ref))
         return kept
@@ -120,17 +130,19 @@ class GCReport:
 
     def __str__(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
-        return (f"gc {verb} {len(self.removed)} versions, {self.chunks_removed} chunks "
-                f"({human_bytes(self.bytes_freed)}) and {self.debris_removed} leftovers of "
-                f"interrupted commits; {self.kept} versions kept")
+        return (
+            f"gc {verb} {len(self.removed)} versions, {self.chunks_removed} chunks "
+            f"({human_bytes(self.bytes_freed)}) and {self.debris_removed} leftovers of "
+            f"interrupted commits; {self.kept} versions kept"
+        )
 
 
-def collect(h, keep, dry_run: bool) -> "GCReport":
+def collect(h, keep, dry_run: bool) -> GCReport:
     """``History.gc``; see there and the module docstring."""
     if isinstance(keep, int) and not isinstance(keep, bool):
         keep = KeepPolicy(last=keep)
     if keep is not None and not isinstance(keep, KeepPolicy):
-        raise TypeError(f"keep must be a KeepPolicy, an int or None, got {keep!r}")
+        raise VlccTypeError(f"keep must be a KeepPolicy, an int or None, got {keep!r}")
     h._sync()
     h._check(write=True)
     with h._gc_lock.exclusive(), h._graph_lock.held():
@@ -152,12 +164,21 @@ def collect(h, keep, dry_run: bool) -> "GCReport":
                     chunks.append(entry.path)
                     freed += entry.stat(follow_symlinks=False).st_size
         debris = [e.path for e in os.scandir(h._p(F.SCRATCH)) if e.name != "zarr.json"]
-        debris += [e.path for e in os.scandir(h._p(F.VERSIONS))
-                   if e.is_dir(follow_symlinks=False) and e.name not in g]
+        debris += [
+            e.path
+            for e in os.scandir(h._p(F.VERSIONS))
+            if e.is_dir(follow_symlinks=False) and e.name not in g
+        ]
         for vid in doomed:
             freed += tree_bytes(h._p(F.VERSIONS, vid), chunks_too=False)
-        report = GCReport(tuple(sorted(doomed, key=lambda v: g.nodes[v]["seq"])),
-                          len(kept), len(chunks), freed, len(debris), dry_run)
+        report = GCReport(
+            tuple(sorted(doomed, key=lambda v: g.nodes[v]["seq"])),
+            len(kept),
+            len(chunks),
+            freed,
+            len(debris),
+            dry_run,
+        )
         if dry_run:
             return report
         if doomed:

@@ -32,20 +32,35 @@ from collections.abc import Callable, Iterable
 
 import networkx as nx
 
+from ..errors import VlccValueError
 from ._format import VERSION_ID
 
 GRAPH_FORMAT = 2  # 2: sealed (see ._seal), nodes carry their manifest's digest
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,99}")
-_NODE_KEYS = ("seq", "parents", "branch", "message", "meta", "created", "nbytes", "new_bytes",
-              "digest")
+_NODE_KEYS = (
+    "seq",
+    "parents",
+    "branch",
+    "message",
+    "meta",
+    "created",
+    "nbytes",
+    "new_bytes",
+    "digest",
+)
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 
 
 def check_name(name: str, what: str) -> str:
     """A branch or tag name, validated (``ValueError`` saying what is allowed)."""
-    if (not isinstance(name, str) or _NAME.fullmatch(name) is None or ".." in name
-            or name.endswith(("/", ".")) or name == "HEAD"):
-        raise ValueError(
+    if (
+        not isinstance(name, str)
+        or _NAME.fullmatch(name) is None
+        or ".." in name
+        or name.endswith(("/", "."))
+        or name == "HEAD"
+    ):
+        raise VlccValueError(
             f"invalid {what} name {name!r}: use 1-100 characters of A-Z a-z 0-9 _ . - /, "
             "starting with a letter, digit or '_', without '..' or '~', not 'HEAD'"
         )
@@ -94,8 +109,10 @@ class Version:
 
     def __repr__(self) -> str:
         extra = f", tags={list(self.tags)}" if self.tags else ""
-        return (f"Version({self.id!r}, branch={self.branch!r}, message={self.message!r}, "
-                f"meta={self.meta!r}{extra})")
+        return (
+            f"Version({self.id!r}, branch={self.branch!r}, message={self.message!r}, "
+            f"meta={self.meta!r}{extra})"
+        )
 
 
 class Graph:
@@ -123,7 +140,7 @@ class Graph:
         # appends, so a commit serialises one version, not all of them.
         self._text: tuple[int, str, str] = (0, "", "")
 
-    def clone(self) -> "Graph":
+    def clone(self) -> Graph:
         other = Graph(self.frags)
         other.nodes = dict(self.nodes)
         other.branches = dict(self.branches)
@@ -166,51 +183,80 @@ class Graph:
         if done < len(self.nodes):
             new = list(itertools.islice(self.nodes.items(), done, None))
             more = ",".join(self._fragment(vid, attrs) for vid, attrs in new)
-            more_edges = ",".join('{"source":"%s","target":"%s"}' % (p, vid)
-                                  for vid, attrs in new for p in attrs["parents"])
+            more_edges = ",".join(
+                f'{{"source":"{p}","target":"{vid}"}}'
+                for vid, attrs in new
+                for p in attrs["parents"]
+            )
             nodes = f"{nodes},{more}" if nodes and more else nodes or more
             edges = f"{edges},{more_edges}" if edges and more_edges else edges or more_edges
             self._text = (len(self.nodes), nodes, edges)
-        refs = json.dumps({"format": GRAPH_FORMAT, "next_seq": self.next_seq, "head": self.head,
-                           "branches": dict(sorted(self.branches.items())),
-                           "tags": dict(sorted(self.tags.items()))}, separators=(",", ":"))
-        return (refs[:-1] + ',"graph":{"directed":true,"multigraph":false,"graph":{},"nodes":['
-                + nodes + '],"edges":[' + edges + "]}}")
+        refs = json.dumps(
+            {
+                "format": GRAPH_FORMAT,
+                "next_seq": self.next_seq,
+                "head": self.head,
+                "branches": dict(sorted(self.branches.items())),
+                "tags": dict(sorted(self.tags.items())),
+            },
+            separators=(",", ":"),
+        )
+        return (
+            refs[:-1]
+            + ',"graph":{"directed":true,"multigraph":false,"graph":{},"nodes":['
+            + nodes
+            + '],"edges":['
+            + edges
+            + "]}}"
+        )
 
     def to_json(self) -> dict:
         return json.loads(self.dumps())
 
     @classmethod
-    def from_json(cls, doc, frags: dict | None = None) -> "Graph":
+    def from_json(cls, doc, frags: dict | None = None) -> Graph:
         """Rebuild and validate (``ValueError`` on anything inconsistent).
 
         Acyclicity is checked through the publication order: every parent
         must have a smaller ``seq`` than its child, which no cycle can satisfy.
         """
         if not isinstance(doc, dict) or doc.get("format") not in (1, GRAPH_FORMAT):
-            raise ValueError("unknown graph format")
+            raise VlccValueError("unknown graph format")
         self = cls(frags)
         data = doc.get("graph")
-        if not (isinstance(data, dict) and isinstance(data.get("nodes"), list)
-                and isinstance(data.get("edges"), list)):
-            raise ValueError("no node-link graph")
+        if not (
+            isinstance(data, dict)
+            and isinstance(data.get("nodes"), list)
+            and isinstance(data.get("edges"), list)
+        ):
+            raise VlccValueError("no node-link graph")
         nodes = self.nodes
         last_seq = -1
         for node in data["nodes"]:
-            if not (isinstance(node, dict) and isinstance(node.get("id"), str)
-                    and VERSION_ID.fullmatch(node["id"])):
-                raise ValueError(f"bad node {node!r:.80}")
+            if not (
+                isinstance(node, dict)
+                and isinstance(node.get("id"), str)
+                and VERSION_ID.fullmatch(node["id"])
+            ):
+                raise VlccValueError(f"bad node {node!r:.80}")
             attrs = {k: node.get(k) for k in _NODE_KEYS}
-            if not (type(attrs["seq"]) is int and isinstance(attrs["parents"], list)
-                    and isinstance(attrs["meta"], dict)
-                    and isinstance(attrs["created"], (int, float))
-                    and isinstance(attrs["branch"], str) and isinstance(attrs["message"], str)
-                    and type(attrs["nbytes"]) is int and type(attrs["new_bytes"]) is int
-                    and (attrs["digest"] is None or (isinstance(attrs["digest"], str)
-                                                     and _DIGEST.fullmatch(attrs["digest"])))):
-                raise ValueError(f"bad attributes of version {node['id']}")
+            if not (
+                type(attrs["seq"]) is int
+                and isinstance(attrs["parents"], list)
+                and isinstance(attrs["meta"], dict)
+                and isinstance(attrs["created"], (int, float))
+                and isinstance(attrs["branch"], str)
+                and isinstance(attrs["message"], str)
+                and type(attrs["nbytes"]) is int
+                and type(attrs["new_bytes"]) is int
+                and (
+                    attrs["digest"] is None
+                    or (isinstance(attrs["digest"], str) and _DIGEST.fullmatch(attrs["digest"]))
+                )
+            ):
+                raise VlccValueError(f"bad attributes of version {node['id']}")
             if nodes and attrs["seq"] <= last_seq:
-                raise ValueError("versions are not listed in publication order")
+                raise VlccValueError("versions are not listed in publication order")
             last_seq = attrs["seq"]
             nodes[node["id"]] = attrs
         n_edges = 0
@@ -218,29 +264,34 @@ class Graph:
             for p in attrs["parents"]:
                 parent = nodes.get(p) if isinstance(p, str) else None
                 if parent is None:
-                    raise ValueError(f"version {vid} has an unknown parent {p!r}")
+                    raise VlccValueError(f"version {vid} has an unknown parent {p!r}")
                 if parent["seq"] >= attrs["seq"]:
-                    raise ValueError(f"version {vid} is not newer than its parent {p} (a cycle?)")
+                    raise VlccValueError(
+                        f"version {vid} is not newer than its parent {p} (a cycle?)"
+                    )
             n_edges += len(attrs["parents"])
         edges = {(e.get("source"), e.get("target")) for e in data["edges"] if isinstance(e, dict)}
-        if len(edges) != n_edges or any(t not in nodes or s not in nodes[t]["parents"]
-                                        for s, t in edges):
-            raise ValueError("edges disagree with the parents of the versions")
+        if len(edges) != n_edges or any(
+            t not in nodes or s not in nodes[t]["parents"] for s, t in edges
+        ):
+            raise VlccValueError("edges disagree with the parents of the versions")
         for kind in ("branches", "tags"):
             refs = doc.get(kind)
             if not isinstance(refs, dict):
-                raise ValueError(f"bad {kind}")
+                raise VlccValueError(f"bad {kind}")
             for name, vid in refs.items():
                 check_name(name, kind[:-1] if kind == "tags" else "branch")
                 if vid not in nodes:
-                    raise ValueError(f"{kind[:-1] if kind == 'tags' else 'branch'} {name!r} points "
-                                     f"at an unknown version {vid!r}")
+                    raise VlccValueError(
+                        f"{kind[:-1] if kind == 'tags' else 'branch'} {name!r} points "
+                        f"at an unknown version {vid!r}"
+                    )
             setattr(self, kind, dict(refs))
         head = doc.get("head")
         self.head = check_name(head, "branch") if isinstance(head, str) else "main"
         seq = doc.get("next_seq")
         if type(seq) is not int or any(a["seq"] >= seq for a in nodes.values()):
-            raise ValueError("bad next_seq")
+            raise VlccValueError("bad next_seq")
         self.next_seq = seq
         return self
 
@@ -255,12 +306,23 @@ class Graph:
     def version(self, vid: str) -> Version:
         a = self.nodes[vid]
         tags = tuple(sorted(t for t, v in self.tags.items() if v == vid))
-        return Version(vid, a["message"], a["meta"], tuple(a["parents"]), a["branch"],
-                       float(a["created"]), tags, a["seq"], a["nbytes"], a["new_bytes"])
+        return Version(
+            vid,
+            a["message"],
+            a["meta"],
+            tuple(a["parents"]),
+            a["branch"],
+            float(a["created"]),
+            tags,
+            a["seq"],
+            a["nbytes"],
+            a["new_bytes"],
+        )
 
     def newest_first(self, ids: Iterable[str]) -> list[Version]:
-        return [self.version(v) for v in sorted(ids, key=lambda v: self.nodes[v]["seq"],
-                                                reverse=True)]
+        return [
+            self.version(v) for v in sorted(ids, key=lambda v: self.nodes[v]["seq"], reverse=True)
+        ]
 
     def ancestors(self, vid: str) -> set[str]:
         """Every version `vid` descends from (not itself)."""
@@ -284,12 +346,29 @@ class Graph:
 
     # -- changes (on a clone) ---------------------------------------------------------
 
-    def add(self, vid: str, parents: list[str], branch: str, message: str, meta: dict,
-            created: float, nbytes: int, new_bytes: int, digest: str | None = None) -> None:
-        self.nodes[vid] = {"seq": self.next_seq, "parents": list(parents), "branch": branch,
-                           "message": message, "meta": meta, "created": created,
-                           "nbytes": int(nbytes), "new_bytes": int(new_bytes),
-                           "digest": digest}
+    def add(
+        self,
+        vid: str,
+        parents: list[str],
+        branch: str,
+        message: str,
+        meta: dict,
+        created: float,
+        nbytes: int,
+        new_bytes: int,
+        digest: str | None = None,
+    ) -> None:
+        self.nodes[vid] = {
+            "seq": self.next_seq,
+            "parents": list(parents),
+            "branch": branch,
+            "message": message,
+            "meta": meta,
+            "created": created,
+            "nbytes": int(nbytes),
+            "new_bytes": int(new_bytes),
+            "digest": digest,
+        }
         self.next_seq += 1
         self._nx = None
 
@@ -301,7 +380,7 @@ class Graph:
         for vid in sorted(nodes, key=lambda v: nodes[v]["seq"]):  # parents first
             out: list[str] = []
             for p in nodes[vid]["parents"]:
-                for q in (memo[p] if p in doomed else [p]):
+                for q in memo[p] if p in doomed else [p]:
                     if q not in out:
                         out.append(q)
             memo[vid] = out
@@ -376,4 +455,4 @@ def human_bytes(n: float) -> str:
     if n < 1024:
         return f"{int(n)} B"
     exp = min(int(math.log(n, 1024)), 4)
-    return f"{n / 1024 ** exp:.1f} {'BKMGT'[exp]}iB"
+    return f"{n / 1024**exp:.1f} {'BKMGT'[exp]}iB"

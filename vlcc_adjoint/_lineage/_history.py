@@ -25,14 +25,14 @@ import queue
 import sys
 import threading
 import weakref
-
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
+from ..errors import VlccValueError
 from ..storage import BufferPool, StorageError
-from . import _format as F
 from . import _delta
+from . import _format as F
 from ._commit import CommitPipeline, _Job
 from ._compare import Comparison, Diff, comparison, diff_states, leaf_paths
 from ._gc import GCReport, KeepPolicy, collect, tree_bytes
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["History", "LeafInfo", "Usage"]
 
-_OPEN: "weakref.WeakSet[History]" = weakref.WeakSet()
+_OPEN: weakref.WeakSet[History] = weakref.WeakSet()
 
 
 @atexit.register
@@ -99,15 +99,24 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
     a forked child must open its own.
     """
 
-    def __init__(self, path: str | os.PathLike, *, mode: str = "a", chunk_bytes: int = F.DEFAULT_CHUNK_BYTES,
-                 codec: Codec | None = None, capture: str = "hash", durable: bool = False,
-                 max_pending_bytes: int = 1 << 30, deltas: bool | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        mode: str = "a",
+        chunk_bytes: int = F.DEFAULT_CHUNK_BYTES,
+        codec: Codec | None = None,
+        capture: str = "hash",
+        durable: bool = False,
+        max_pending_bytes: int = 1 << 30,
+        deltas: bool | None = None,
+    ):
         if mode not in ("a", "r"):
-            raise ValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
+            raise VlccValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
         if capture not in ("hash", "copy"):
-            raise ValueError(f"capture must be 'hash' or 'copy', got {capture!r}")
+            raise VlccValueError(f"capture must be 'hash' or 'copy', got {capture!r}")
         if not isinstance(chunk_bytes, int) or not 1 <= chunk_bytes <= 1 << 30:
-            raise ValueError(f"chunk_bytes must be an int in 1..2**30, got {chunk_bytes!r}")
+            raise VlccValueError(f"chunk_bytes must be an int in 1..2**30, got {chunk_bytes!r}")
         F.codec_config(codec, 8)  # validates
         self.path = os.path.abspath(os.fspath(path))
         self.mode = mode
@@ -139,8 +148,7 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         self._resolver = _delta.Resolver(self)
         self._graph_lock = FileLock(self._p(F.LOCKS, "graph.lock"), readonly=mode == "r")
         try:
-            self._gc_lock = SharedExclusiveLock(self._p(F.LOCKS, "gc.lock"),
-                                                readonly=mode == "r")
+            self._gc_lock = SharedExclusiveLock(self._p(F.LOCKS, "gc.lock"), readonly=mode == "r")
         except BaseException:
             self._graph_lock.close()
             raise
@@ -161,13 +169,17 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
 
     def _check(self, write: bool = False) -> None:
         if os.getpid() != self._pid:
-            raise StorageError("this History was opened in another process (before a fork); "
-                               "open a new History(path) in this process")
+            raise StorageError(
+                "this History was opened in another process (before a fork); "
+                "open a new History(path) in this process"
+            )
         if self._closed:
             raise StorageError(f"the History at {self.path} is closed; open it again")
         if write and self.mode == "r":
-            raise StorageError(f"the History at {self.path} is open read-only (mode='r'); "
-                               "open it with mode='a' to change it")
+            raise StorageError(
+                f"the History at {self.path} is open read-only (mode='r'); "
+                "open it with mode='a' to change it"
+            )
         with self._lock:
             errors, self._errors = self._errors, []
         if errors:
@@ -176,7 +188,8 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
             raise StorageError(
                 f"commit of version {vid} to the history at {self.path} failed in the "
                 f"background: {err}{more}; that version was not stored and is not in the "
-                "history (commit the state again once the cause is fixed)") from err
+                "history (commit the state again once the cause is fixed)"
+            ) from err
 
     def _sync(self) -> Graph:
         """Before a read: own commits finished, failures raised, graph current."""
@@ -218,10 +231,12 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
             errors, self._errors = self._errors, []
         if errors:
             vid, err = errors[0]
-            raise StorageError(f"commit of version {vid} to the history at {self.path} failed "
-                               f"in the background: {err}; that version was not stored") from err
+            raise StorageError(
+                f"commit of version {vid} to the history at {self.path} failed "
+                f"in the background: {err}; that version was not stored"
+            ) from err
 
-    def __enter__(self) -> "History":
+    def __enter__(self) -> History:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -275,13 +290,25 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         vid = self._resolve(g, ref)
         m = self._manifest(vid)
         paths = leaf_paths(m.spec)
-        return [LeafInfo(paths.get(i, f"#{i}"), layout.dtype.str, layout.shape, layout.nbytes,
-                         layout.chunk_shape, layout.nchunks, cfg, f"{F.VERSIONS}/{vid}/{i}")
-                for i, (layout, cfg, _) in enumerate(m.leaves)]
+        return [
+            LeafInfo(
+                paths.get(i, f"#{i}"),
+                layout.dtype.str,
+                layout.shape,
+                layout.nbytes,
+                layout.chunk_shape,
+                layout.nchunks,
+                cfg,
+                f"{F.VERSIONS}/{vid}/{i}",
+            )
+            for i, (layout, cfg, _) in enumerate(m.leaves)
+        ]
 
     # -- history queries ---------------------------------------------------------------
 
-    def log(self, branch: str | None = None, *, all: bool = False, limit: int | None = None) -> list[Version]:
+    def log(
+        self, branch: str | None = None, *, all: bool = False, limit: int | None = None
+    ) -> list[Version]:
         """Versions, newest first (git log).
 
         **Arguments:**
@@ -361,8 +388,9 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         """
         return diff_states(self, a, b, 0.0, 0.0, None)
 
-    def compare(self, a: str, b: str, rtol: float = 0.0, atol: float = 0.0, *, other: "History | None" = None
-                ) -> Comparison:
+    def compare(
+        self, a: str, b: str, rtol: float = 0.0, atol: float = 0.0, *, other: History | None = None
+    ) -> Comparison:
         """Whether two versions agree within tolerances (a reproducibility check).
 
         **Arguments:**
@@ -378,13 +406,14 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         ``.bitwise``.
         """
         if not (rtol >= 0 and atol >= 0):
-            raise ValueError(f"rtol and atol must be >= 0, got {rtol}, {atol}")
-        return comparison(diff_states(self, a, b, float(rtol), float(atol), other),
-                          float(rtol), float(atol))
+            raise VlccValueError(f"rtol and atol must be >= 0, got {rtol}, {atol}")
+        return comparison(
+            diff_states(self, a, b, float(rtol), float(atol), other), float(rtol), float(atol)
+        )
 
     # -- gc ----------------------------------------------------------------------------
 
-    def gc(self, keep: "KeepPolicy | int | None" = None, *, dry_run: bool = False) -> GCReport:
+    def gc(self, keep: KeepPolicy | int | None = None, *, dry_run: bool = False) -> GCReport:
         """Remove versions a policy does not keep, and every chunk no kept version uses.
 
         **Arguments:**
@@ -417,8 +446,15 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
                     chunks += 1
                     chunk_bytes += entry.stat(follow_symlinks=False).st_size
         logical = sum(a["nbytes"] for a in g.nodes.values())
-        return Usage(len(g), len(g.branches), len(g.tags), chunks, chunk_bytes,
-                     logical, tree_bytes(self.path, chunks_too=True))
+        return Usage(
+            len(g),
+            len(g.branches),
+            len(g.tags),
+            chunks,
+            chunk_bytes,
+            logical,
+            tree_bytes(self.path, chunks_too=True),
+        )
 
     @property
     def stats(self) -> dict:
@@ -451,5 +487,3 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         if head is None:
             head = f"detached {self._head_version}"
         return f"History({self.path!r}, versions={n}, head={head})"
-
-

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import VlccIndexError, VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view
 from . import _format as F
 from ._commit import _Job, _json_meta, _LeafJob
@@ -44,13 +45,18 @@ __all__ = ["Parts"]
 def _parse_entry(entry) -> tuple:
     """A leaf entry from :meth:`Parts.stage`, validated (``ValueError`` saying what is wrong)."""
     if not isinstance(entry, dict):
-        raise ValueError(f"a leaf entry is a dict from History.stage, got {type(entry).__name__}")
+        raise VlccValueError(
+            f"a leaf entry is a dict from History.stage, got {type(entry).__name__}"
+        )
     layout = F.layout_from_json(entry)
     cfg = F.check_codec_config(entry.get("codec"))
     addrs = entry.get("chunks")
-    if not (isinstance(addrs, list) and len(addrs) == layout.nchunks
-            and all(F.is_address(a) for a in addrs)):
-        raise ValueError("a leaf entry's chunk list does not match its chunk grid")
+    if not (
+        isinstance(addrs, list)
+        and len(addrs) == layout.nchunks
+        and all(F.is_address(a) for a in addrs)
+    ):
+        raise VlccValueError("a leaf entry's chunk list does not match its chunk grid")
     return layout, cfg, addrs
 
 
@@ -63,8 +69,13 @@ class Parts:
         """Whether this repository stores changed chunks as deltas (see ``History``'s `deltas`)."""
         return bool(self._deltas)
 
-    def stage(self, arrays: Sequence[np.ndarray], *, base: str | None = None,
-              base_leaves: Sequence[int | None] | None = None) -> list[dict]:
+    def stage(
+        self,
+        arrays: Sequence[np.ndarray],
+        *,
+        base: str | None = None,
+        base_leaves: Sequence[int | None] | None = None,
+    ) -> list[dict]:
         """Write the chunks of `arrays` into the repository, for a later :meth:`commit_staged`.
 
         Any process may stage; one process then commits every process's entries
@@ -88,23 +99,30 @@ class Parts:
         parent = None
         if base is not None and self._deltas:
             if base_leaves is None or len(base_leaves) != len(arrays):
-                raise ValueError("base_leaves must give one leaf index (or None) per array")
+                raise VlccValueError("base_leaves must give one leaf index (or None) per array")
             g = self._refresh()
             parent = self._manifest(self._resolve(g, base)).leaves
         out = []
         with self._gc_lock.shared():
             for i, leaf in enumerate(arrays):
                 if not isinstance(leaf, np.ndarray):
-                    raise TypeError(f"array {i} is a {type(leaf).__name__}; stage numpy arrays")
+                    raise VlccTypeError(f"array {i} is a {type(leaf).__name__}; stage numpy arrays")
                 layout = F.plan_layout(leaf.dtype, leaf.shape, self.chunk_bytes)
                 cfg = F.codec_config(self.codec, layout.dtype.itemsize)
                 tag = F.codec_tag(cfg)
                 bases = None
-                if parent is not None and base_leaves[i] is not None \
-                        and 0 <= base_leaves[i] < len(parent):
+                if (
+                    parent is not None
+                    and base_leaves[i] is not None
+                    and 0 <= base_leaves[i] < len(parent)
+                ):
                     blayout, bcfg, baddrs = parent[base_leaves[i]]
-                    if (blayout.dtype == layout.dtype and blayout.shape == layout.shape
-                            and bcfg == cfg and len(baddrs) == layout.nchunks):
+                    if (
+                        blayout.dtype == layout.dtype
+                        and blayout.shape == layout.shape
+                        and bcfg == cfg
+                        and len(baddrs) == layout.nchunks
+                    ):
                         bases = baddrs
                 addrs: list[str] = []
                 written = 0
@@ -113,15 +131,16 @@ class Parts:
                     n = layout.chunk_nbytes
                     for j, (off, valid, _key) in enumerate(layout.spans()):
                         if valid == n:
-                            data = flat[off:off + n]
+                            data = flat[off : off + n]
                         else:  # an edge chunk, padded with zeros as zarr stores it
                             data = np.zeros(n, np.uint8)
-                            data[:valid] = flat[off:off + valid]
+                            data[:valid] = flat[off : off + valid]
                         addr = F.address_of(data, tag)
                         addrs.append(addr)
                         if not os.path.lexists(self._p(F.chunk_relpath(addr))):
-                            written += self._store_chunk(addr, data, cfg,
-                                                         bases[j] if bases else None, layout)
+                            written += self._store_chunk(
+                                addr, data, cfg, bases[j] if bases else None, layout
+                            )
                 entry = F.leaf_entry(layout, cfg, addrs)
                 entry["written"] = written
                 out.append(entry)
@@ -129,9 +148,16 @@ class Parts:
             self._stats["new_bytes"] += sum(e["written"] for e in out)
         return out
 
-    def commit_staged(self, spec: dict, leaves: Sequence[dict], message: str = "",
-                      meta: dict | None = None, *, branch: str | None = None,
-                      at: str | None = None) -> str:
+    def commit_staged(
+        self,
+        spec: dict,
+        leaves: Sequence[dict],
+        message: str = "",
+        meta: dict | None = None,
+        *,
+        branch: str | None = None,
+        at: str | None = None,
+    ) -> str:
         """Publish one version made of staged leaves (from any processes); return its id.
 
         Unlike ``commit``, this returns once the version is visible (or raises:
@@ -150,11 +176,14 @@ class Parts:
         """
         self._check(write=True)
         if not isinstance(message, str):
-            raise TypeError(f"message must be a str, got {type(message).__name__}")
+            raise VlccTypeError(f"message must be a str, got {type(message).__name__}")
         meta = _json_meta(meta)
-        if not (isinstance(spec, dict) and isinstance(spec.get("leaves"), list)
-                and len(spec["leaves"]) == len(leaves)):
-            raise ValueError("spec must be a state spec with one leaf per staged entry")
+        if not (
+            isinstance(spec, dict)
+            and isinstance(spec.get("leaves"), list)
+            and len(spec["leaves"]) == len(leaves)
+        ):
+            raise VlccValueError("spec must be a state spec with one leaf per staged entry")
         jobs = []
         new_bytes = 0
         for entry in leaves:
@@ -174,10 +203,21 @@ class Parts:
             vid = secrets.token_hex(6)
             while vid in g:
                 vid = secrets.token_hex(6)
-        job = _Job(id=vid, spec=spec, leaves=jobs,
-                   nbytes=sum(lj.layout.nbytes for lj in jobs), owned_bytes=0, inflight=[],
-                   branch=target, base=base, merge=[], message=message, meta=meta,
-                   created=time.time(), spent=[])
+        job = _Job(
+            id=vid,
+            spec=spec,
+            leaves=jobs,
+            nbytes=sum(lj.layout.nbytes for lj in jobs),
+            owned_bytes=0,
+            inflight=[],
+            branch=target,
+            base=base,
+            merge=[],
+            message=message,
+            meta=meta,
+            created=time.time(),
+            spent=[],
+        )
         with self._gc_lock.shared():
             work = self._p(F.SCRATCH, f"v-{vid}-{F.token()}")
             os.mkdir(work)
@@ -185,8 +225,9 @@ class Parts:
                 for i, lj in enumerate(jobs):
                     leaf_dir = f"{work}/{i}"
                     os.mkdir(leaf_dir)
-                    F.write_file(f"{leaf_dir}/zarr.json", F.array_meta(lj.layout, lj.cfg),
-                                 self.durable)
+                    F.write_file(
+                        f"{leaf_dir}/zarr.json", F.array_meta(lj.layout, lj.cfg), self.durable
+                    )
                     for (_, _, key), addr in zip(lj.layout.spans(), lj.addrs):
                         self._link(addr, f"{leaf_dir}/{key}")
                     if self.durable:
@@ -223,17 +264,23 @@ class Parts:
         vid = self._resolve(g, ref)
         m = self._manifest(vid)
         if not (type(index) is int and 0 <= index < len(m.leaves)):
-            raise IndexError(f"version {vid} has {len(m.leaves)} leaves, not a leaf {index!r}")
+            raise VlccIndexError(f"version {vid} has {len(m.leaves)} leaves, not a leaf {index!r}")
         layout, cfg, addrs = m.leaves[index]
         if rows is not None:
             start, stop = rows
-            if not (layout.shape and type(start) is int and type(stop) is int
-                    and 0 <= start <= stop <= layout.shape[0]):
-                raise IndexError(f"rows {rows!r} are not a range of leaf {index} of version {vid} "
-                                 f"(shape {list(layout.shape)})")
+            if not (
+                layout.shape
+                and type(start) is int
+                and type(stop) is int
+                and 0 <= start <= stop <= layout.shape[0]
+            ):
+                raise VlccIndexError(
+                    f"rows {rows!r} are not a range of leaf {index} of version {vid} "
+                    f"(shape {list(layout.shape)})"
+                )
         with self._gc_lock.shared():
             if not os.path.lexists(self._p(F.VERSIONS, vid)):
-                raise KeyError(f"version {vid} was removed from {self.path} by gc")
+                raise VlccKeyError(f"version {vid} was removed from {self.path} by gc")
             if rows is None:
                 return self._read_leaf(m, index, f"#{index}")
             where = f"leaf #{index} ({layout.dtype.str}{list(layout.shape)}), rows {start}:{stop}"
@@ -250,11 +297,10 @@ class Parts:
                     continue
                 data = self._read_chunk(m, where, j, addr, layout, cfg, None)
                 a, b = max(lo, off), min(hi, off + valid)
-                flat[a - lo:b - lo] = memoryview(data).cast("B")[a - off:b - off]
+                flat[a - lo : b - lo] = memoryview(data).cast("B")[a - off : b - off]
             return out
 
     def leaf_count(self, ref: str) -> int:
         """The number of leaves of a version (its manifest is read and verified)."""
         g = self._sync()
         return len(self._manifest(self._resolve(g, ref)).leaves)
-

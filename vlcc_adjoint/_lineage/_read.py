@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import VlccKeyError, VlccValueError
 from ..state import UnknownStateTypeError, byte_view, unflatten
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
@@ -105,8 +106,12 @@ class Reader:
             SF.check_dir(vdir)
             attrs = F.read_group_attrs(path, F.ROOT_KEY)
             expected = node.get("digest") if node is not None else None
-            if expected is not None or not isinstance(attrs, dict) or attrs.get("format") != 1 \
-                    or "digest" in attrs:
+            if (
+                expected is not None
+                or not isinstance(attrs, dict)
+                or attrs.get("format") != 1
+                or "digest" in attrs
+            ):
                 check_sealed(attrs, path, f"the manifest of version {vid}", expected)
             m = F.parse_manifest(vid, attrs)
         except FileNotFoundError:
@@ -114,38 +119,52 @@ class Reader:
                 raise CorruptCheckpointError(
                     f"version {vid} of the history at {self.path} is corrupt: its manifest "
                     f"{path} is missing; check out another version or restore the repository "
-                    "from a copy", key=vid, tier=f"lineage:{self.path}", path=path) from None
-            raise KeyError(f"version {vid} is not in the history at {self.path} (removed by gc?)"
-                           ) from None
+                    "from a copy",
+                    key=vid,
+                    tier=f"lineage:{self.path}",
+                    path=path,
+                ) from None
+            raise VlccKeyError(
+                f"version {vid} is not in the history at {self.path} (removed by gc?)"
+            ) from None
         except CorruptCheckpointError as err:
             raise CorruptCheckpointError(
                 f"version {vid} of the history at {self.path} is corrupt: {err}; check out "
-                "another version", key=vid, tier=f"lineage:{self.path}",
-                path=err.path or path) from None
+                "another version",
+                key=vid,
+                tier=f"lineage:{self.path}",
+                path=err.path or path,
+            ) from None
         except (ValueError, KeyError, TypeError, RecursionError) as err:
             raise CorruptCheckpointError(
                 f"version {vid} of the history at {self.path} is corrupt: its manifest "
                 f"{path} is invalid ({err}); check out another version",
-                key=vid, tier=f"lineage:{self.path}", path=path) from None
+                key=vid,
+                tier=f"lineage:{self.path}",
+                path=path,
+            ) from None
         except OSError as err:
-            raise StorageError(f"reading the manifest {path} of version {vid} failed: {err}"
-                               ) from err
+            raise StorageError(
+                f"reading the manifest {path} of version {vid} failed: {err}"
+            ) from err
         with self._lock:
             self._manifests[vid] = m
             if len(self._manifests) > 1024:
                 self._manifests.popitem(last=False)
         return m
 
-    def _corrupt(self, m: F.Manifest, what: str, path: str | None = None
-                 ) -> CorruptCheckpointError:
+    def _corrupt(self, m: F.Manifest, what: str, path: str | None = None) -> CorruptCheckpointError:
         step = m.meta.get("step")
         where = f" (file {path})" if path is not None and path not in what else ""
         return CorruptCheckpointError(
             f"version {m.id} of the history at {self.path} is corrupt: {what}{where}. The "
             "stored data was damaged or modified after it was committed; check out another version "
             "(`vlcc log` lists them) or restore the repository from a copy",
-            key=m.id, tier=f"lineage:{self.path}", step=step if type(step) is int else None,
-            path=path)
+            key=m.id,
+            tier=f"lineage:{self.path}",
+            step=step if type(step) is int else None,
+            path=path,
+        )
 
     def _check_alloc(self, m: F.Manifest, nbytes: int, what: str) -> None:
         """Refuse to allocate `nbytes` for `what` of version `m` beyond :func:`memory_limit`."""
@@ -160,15 +179,17 @@ class Reader:
         raise StorageError(
             f"version {m.id} of the history at {self.path}: {what} needs {nbytes} bytes, "
             f"more than the {limit} bytes this process may allocate now (free memory and "
-            "the process's resource limits); load it where more memory is available")
+            "the process's resource limits); load it where more memory is available"
+        )
 
     def _chunk_dir(self, sub: str) -> None:
         if sub not in self._chunk_dirs:
             SF.check_dir(self._p(F.CHUNKS, sub))
             self._chunk_dirs.add(sub)
 
-    def _read_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
-                    out: memoryview | None) -> Any:
+    def _read_chunk(
+        self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg, out: memoryview | None
+    ) -> Any:
         """One chunk's raw bytes, verified (into `out` when it is a full chunk's slice)."""
         if not self._deltas:
             try:
@@ -180,8 +201,9 @@ class Reader:
                 self._deltas = True
         return self._read_resolved(m, where, j, addr, layout, cfg, out)
 
-    def _read_full_chunk(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
-                         out: memoryview | None) -> Any:
+    def _read_full_chunk(
+        self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg, out: memoryview | None
+    ) -> Any:
         """:meth:`_read_chunk` in a repository without delta chunks."""
         rel = F.chunk_relpath(addr)
         path = self._p(rel)
@@ -200,28 +222,31 @@ class Reader:
                 else:
                     data = SF.read_limited(path, n)
                     if len(data) != n:
-                        raise ValueError(f"{len(data)} bytes, its metadata says {n}")
+                        raise VlccValueError(f"{len(data)} bytes, its metadata says {n}")
             else:
                 data = F.decode_chunk(SF.read_limited(path, bound), cfg, n, out)
         except FileNotFoundError:
             raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is missing", path) from None
         except CorruptCheckpointError as err:
-            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}",
-                                err.path or path) from None
+            raise self._corrupt(
+                m, f"{where}, chunk {j} ({rel}) is damaged: {err}", err.path or path
+            ) from None
         except ValueError as err:
-            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}", path
-                                ) from None
+            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}", path) from None
         except OSError as err:
-            raise StorageError(f"reading {where}, chunk {j} of version {m.id} from {path} "
-                               f"failed: {err}") from err
+            raise StorageError(
+                f"reading {where}, chunk {j} of version {m.id} from {path} failed: {err}"
+            ) from err
         got = F.address_of(data, F.codec_tag(cfg))
         if got != addr:
-            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) has checksum {got}, its address "
-                                f"says {addr}", path)
+            raise self._corrupt(
+                m, f"{where}, chunk {j} ({rel}) has checksum {got}, its address says {addr}", path
+            )
         return data
 
-    def _read_resolved(self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg,
-                       out: memoryview | None) -> Any:
+    def _read_resolved(
+        self, m: F.Manifest, where: str, j: int, addr: str, layout, cfg, out: memoryview | None
+    ) -> Any:
         """:meth:`_read_chunk` in a repository with delta chunks: the chain of delta
         objects is resolved and verified (:class:`._delta.Resolver`)."""
         rel = F.chunk_relpath(addr)
@@ -231,14 +256,17 @@ class Reader:
         try:
             raw, _, _ = self._resolver.get(addr, n, cfg)
         except FileNotFoundError as err:
-            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) or a base it needs is "
-                                f"missing", err.filename or path) from None
+            raise self._corrupt(
+                m, f"{where}, chunk {j} ({rel}) or a base it needs is missing", err.filename or path
+            ) from None
         except CorruptCheckpointError as err:
-            raise self._corrupt(m, f"{where}, chunk {j} ({rel}) is damaged: {err}",
-                                err.path or path) from None
+            raise self._corrupt(
+                m, f"{where}, chunk {j} ({rel}) is damaged: {err}", err.path or path
+            ) from None
         except OSError as err:
-            raise StorageError(f"reading {where}, chunk {j} of version {m.id} from {path} "
-                               f"failed: {err}") from err
+            raise StorageError(
+                f"reading {where}, chunk {j} of version {m.id} from {path} failed: {err}"
+            ) from err
         if out is None:
             return raw
         out[:] = raw
@@ -255,10 +283,10 @@ class Reader:
         n = layout.chunk_nbytes
         for j, ((off, valid, _), addr) in enumerate(zip(layout.spans(), addrs)):
             if valid == n:
-                self._read_chunk(m, where, j, addr, layout, cfg, flat[off:off + n])
+                self._read_chunk(m, where, j, addr, layout, cfg, flat[off : off + n])
             else:
                 data = self._read_chunk(m, where, j, addr, layout, cfg, None)
-                flat[off:off + valid] = memoryview(data)[:valid]
+                flat[off : off + valid] = memoryview(data)[:valid]
         return out
 
     def _load(self, vid: str):
@@ -266,16 +294,18 @@ class Reader:
         paths = leaf_paths(m.spec)
         # Everything the load allocates, checked before the first allocation.
         biggest = max((layout.chunk_nbytes for layout, _, _ in m.leaves), default=0)
-        self._check_alloc(m, m.nbytes + 2 * biggest, f"its {len(m.leaves)} arrays "
-                          f"({m.nbytes} bytes declared)")
+        self._check_alloc(
+            m, m.nbytes + 2 * biggest, f"its {len(m.leaves)} arrays ({m.nbytes} bytes declared)"
+        )
         with self._gc_lock.shared():
             if not os.path.lexists(self._p(F.VERSIONS, vid)):
-                raise KeyError(f"version {vid} was removed from {self.path} by gc")
+                raise VlccKeyError(f"version {vid} was removed from {self.path} by gc")
             leaves = [self._read_leaf(m, i, paths.get(i, f"#{i}")) for i in range(len(m.leaves))]
         try:
             return unflatten(m.spec, leaves)
         except UnknownStateTypeError:
             raise
         except (ValueError, KeyError, IndexError, TypeError, RecursionError) as err:
-            raise self._corrupt(m, f"its state spec does not rebuild ({err})",
-                                self._p(F.VERSIONS, vid, "zarr.json")) from None
+            raise self._corrupt(
+                m, f"its state spec does not rebuild ({err})", self._p(F.VERSIONS, vid, "zarr.json")
+            ) from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ._graph import Graph, Version, check_name
 
 __all__ = ["Refs"]
@@ -80,19 +81,22 @@ class Refs:
         if isinstance(ref, Version):
             ref = ref.id
         if not isinstance(ref, str):
-            raise TypeError(f"refs are strings (branch, tag, version id) or Version objects, "
-                            f"got {type(ref).__name__}")
+            raise VlccTypeError(
+                f"refs are strings (branch, tag, version id) or Version objects, "
+                f"got {type(ref).__name__}"
+            )
         base, _, back = ref.partition("~")
         steps = 0
         if _:
             if not back.isdigit() and back != "":
-                raise KeyError(f"bad ref {ref!r}: '~' must be followed by a number of steps")
+                raise VlccKeyError(f"bad ref {ref!r}: '~' must be followed by a number of steps")
             steps = int(back or 1)
         if base == "HEAD":
             vid = self._head_id(g)
             if vid is None:
-                raise KeyError(f"HEAD (branch {self._head_branch!r}) has no versions yet; "
-                               "commit a state first")
+                raise VlccKeyError(
+                    f"HEAD (branch {self._head_branch!r}) has no versions yet; commit a state first"
+                )
         elif base in g.branches:
             vid = g.branches[base]
         elif base in g.tags:
@@ -103,13 +107,15 @@ class Refs:
             matches = [v for v in g.nodes if len(base) >= 4 and v.startswith(base)]
             if len(matches) != 1:
                 what = "is ambiguous" if matches else "names no branch, tag or version"
-                raise KeyError(f"ref {base!r} {what}; branches: {sorted(g.branches)}, tags: "
-                               f"{sorted(g.tags)} (ids: `vlcc log {self.path}`)")
+                raise VlccKeyError(
+                    f"ref {base!r} {what}; branches: {sorted(g.branches)}, tags: "
+                    f"{sorted(g.tags)} (ids: `vlcc log {self.path}`)"
+                )
             vid = matches[0]
         for _i in range(steps):
             parents = g.nodes[vid]["parents"]
             if not parents:
-                raise KeyError(f"ref {ref!r} goes back past the first version")
+                raise VlccKeyError(f"ref {ref!r} goes back past the first version")
             vid = parents[0]
         return vid
 
@@ -132,8 +138,10 @@ class Refs:
             g = self._fresh()
             vid = self._resolve(g, at)
             if name in g.branches and not force and g.branches[name] != vid:
-                raise ValueError(f"branch {name!r} exists (at {g.branches[name]}); pick another "
-                                 "name, or pass force=True to move it")
+                raise VlccValueError(
+                    f"branch {name!r} exists (at {g.branches[name]}); pick another "
+                    "name, or pass force=True to move it"
+                )
             g.branches[name] = vid
             self._write_graph(g)
         return vid
@@ -145,7 +153,7 @@ class Refs:
         with self._graph_lock.held():
             g = self._fresh()
             if name not in g.branches:
-                raise KeyError(f"no branch {name!r}; branches: {sorted(g.branches)}")
+                raise VlccKeyError(f"no branch {name!r}; branches: {sorted(g.branches)}")
             tip = g.branches.pop(name)
             self._write_graph(g)
         with self._lock:
@@ -165,8 +173,10 @@ class Refs:
             g = self._fresh()
             vid = self._resolve(g, version)
             if name in g.tags and not force and g.tags[name] != vid:
-                raise ValueError(f"tag {name!r} exists (on {g.tags[name]}); pick another name, "
-                                 "or pass force=True to move it")
+                raise VlccValueError(
+                    f"tag {name!r} exists (on {g.tags[name]}); pick another name, "
+                    "or pass force=True to move it"
+                )
             g.tags[name] = vid
             self._write_graph(g)
         return vid
@@ -178,6 +188,6 @@ class Refs:
         with self._graph_lock.held():
             g = self._fresh()
             if name not in g.tags:
-                raise KeyError(f"no tag {name!r}; tags: {sorted(g.tags)}")
+                raise VlccKeyError(f"no tag {name!r}; tags: {sorted(g.tags)}")
             del g.tags[name]
             self._write_graph(g)

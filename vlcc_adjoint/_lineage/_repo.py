@@ -54,17 +54,21 @@ class Repository:
         except FileNotFoundError:
             st = None
         if st is not None and not stat.S_ISDIR(st.st_mode):
-            raise StorageError(f"{self.path} is not a directory; a History is a directory: give "
-                               "History a new path (it is created there) or the directory of a "
-                               "history")
+            raise StorageError(
+                f"{self.path} is not a directory; a History is a directory: give "
+                "History a new path (it is created there) or the directory of a "
+                "history"
+            )
         attrs = self._root_attrs() if st is not None else None
         if attrs is not None:
             for d in (F.CHUNKS, F.VERSIONS, F.GRAPH):
                 try:
                     SF.check_dir(self._p(d))
                 except FileNotFoundError:
-                    raise StorageError(f"the history at {self.path} lacks its {d}/ directory "
-                                       "(an incomplete copy?); copy the whole directory") from None
+                    raise StorageError(
+                        f"the history at {self.path} lacks its {d}/ directory "
+                        "(an incomplete copy?); copy the whole directory"
+                    ) from None
             if self.mode == "a":
                 for d in (F.LOCKS, F.SCRATCH):  # absent after an export of a read-only copy
                     self._ensure_group(d, {F.ROOT_KEY: d})
@@ -74,13 +78,16 @@ class Repository:
                 SF.check_dir(self._p(F.LOCKS))
             return
         if self.mode == "r":
-            raise StorageError(f"no lineage history at {self.path} (mode='r' does not create one); "
-                               "check the path, or open with mode='a' to create it")
+            raise StorageError(
+                f"no lineage history at {self.path} (mode='r' does not create one); "
+                "check the path, or open with mode='a' to create it"
+            )
         existing = set(os.listdir(self.path)) if st is not None else set()
         if existing - TOP:
             raise StorageError(
                 f"{self.path} is not empty and not a lineage history (it holds "
-                f"{sorted(existing - TOP)[:5]}); give History a new or empty directory")
+                f"{sorted(existing - TOP)[:5]}); give History a new or empty directory"
+            )
         # Create (or finish creating) the layout; the root zarr.json comes last and
         # is what makes the directory a repository.  Every file is created
         # exclusively, so processes creating it at once agree.
@@ -88,18 +95,35 @@ class Repository:
             os.makedirs(self.path, exist_ok=True)
             self._ensure_group(F.SCRATCH, {F.ROOT_KEY: "in-flight commits; never versions"})
             self._ensure_group(F.LOCKS, {F.ROOT_KEY: "flock(2) lock files"})
-            self._ensure_group(F.CHUNKS, {F.ROOT_KEY: "content-addressed chunk files "
-                                          "(chunks/<2 hex>/<30 hex>: xxh3-128); not zarr arrays"})
+            self._ensure_group(
+                F.CHUNKS,
+                {
+                    F.ROOT_KEY: "content-addressed chunk files "
+                    "(chunks/<2 hex>/<30 hex>: xxh3-128); not zarr arrays"
+                },
+            )
             self._ensure_group(F.VERSIONS, {F.ROOT_KEY: "one zarr group per version"})
             graph_dir = self._p(F.GRAPH)
             self._mkdir(graph_dir)
             self._create_file(os.path.join(graph_dir, "zarr.json"), graph_file_text(Graph()))
-            self._create_file(self._p("zarr.json"), F.group_json({F.ROOT_KEY: seal({
-                "format": F.FORMAT, "kind": "history",
-                "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
-                          "per version, an array per leaf (chunk files hard-linked); graph/: "
-                          "the version DAG (networkx node-link JSON) in its attributes",
-                "created": time.time()})}, indent=2))
+            self._create_file(
+                self._p("zarr.json"),
+                F.group_json(
+                    {
+                        F.ROOT_KEY: seal(
+                            {
+                                "format": F.FORMAT,
+                                "kind": "history",
+                                "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
+                                "per version, an array per leaf (chunk files hard-linked); graph/: "
+                                "the version DAG (networkx node-link JSON) in its attributes",
+                                "created": time.time(),
+                            }
+                        )
+                    },
+                    indent=2,
+                ),
+            )
         except OSError as err:
             raise StorageError(f"cannot create a history at {self.path}: {err}") from err
         self._root_attrs()  # what another process may have created meanwhile is one too
@@ -124,7 +148,9 @@ class Repository:
             raise CorruptCheckpointError(
                 f"{self.path} is not a lineage history, or its root metadata is damaged ({err}); "
                 "give History a new or empty directory, or the directory of a history "
-                "(restore a damaged one from a copy)", path=root) from None
+                "(restore a damaged one from a copy)",
+                path=root,
+            ) from None
         fmt = attrs.get("format") if isinstance(attrs, dict) else None
         if fmt == 2:
             check_sealed(attrs, root, "the root metadata")
@@ -134,10 +160,13 @@ class Repository:
             raise CorruptCheckpointError(
                 f"the history at {self.path} has format {fmt!r:.60} ({root}); this version of "
                 f"vlcc_adjoint reads formats {', '.join(map(str, F.FORMATS))}: upgrade "
-                "vlcc_adjoint, or restore the file from a copy if it was damaged", path=root)
+                "vlcc_adjoint, or restore the file from a copy if it was damaged",
+                path=root,
+            )
         if attrs.get("kind") != "history":
-            raise CorruptCheckpointError(f"{root}: the root is not a history's "
-                                         f"(kind {attrs.get('kind')!r:.40})", path=root)
+            raise CorruptCheckpointError(
+                f"{root}: the root is not a history's (kind {attrs.get('kind')!r:.40})", path=root
+            )
         return attrs
 
     def _upgrade_root(self, attrs: dict) -> None:
@@ -145,8 +174,11 @@ class Repository:
         graph, which an older reader refuses; the root's format number tells it why."""
         root = self._p("zarr.json")
         tmp = f"{root}.{F.token()}.tmp"  # beside it: scratch/ is swept by other writers
-        F.write_file(tmp, F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})},
-                                       indent=2), self.durable)
+        F.write_file(
+            tmp,
+            F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})}, indent=2),
+            self.durable,
+        )
         try:
             SF.publish(tmp, root, self.durable)
         except BaseException:
@@ -227,15 +259,21 @@ class Repository:
         except FileNotFoundError:
             raise CorruptCheckpointError(
                 f"the graph file {path} of the history is missing; the directory was damaged "
-                "or partially copied", path=path) from None
+                "or partially copied",
+                path=path,
+            ) from None
         except CorruptCheckpointError as err:
             raise CorruptCheckpointError(
                 f"the graph file of the history is damaged: {err}; restore it from a copy of "
-                "the repository", path=path) from None
+                "the repository",
+                path=path,
+            ) from None
         except (ValueError, KeyError, TypeError) as err:
             raise CorruptCheckpointError(
                 f"the graph file {path} of the history is damaged ({err}); restore it from a "
-                "copy of the repository", path=path) from None
+                "copy of the repository",
+                path=path,
+            ) from None
 
     def _refresh(self) -> Graph:
         """The current graph, re-read if another process (or object) replaced it."""
@@ -269,4 +307,3 @@ class Repository:
             raise
         with self._lock:
             self._graph, self._stamp = g, stamp
-

@@ -50,11 +50,18 @@ import re
 
 import xxhash
 
+from ..errors import VlccValueError
 from ..storage import format as SF
 from ._format import GRAPH_KEY, corrupt
 
-__all__ = ["GRAPH_KEY", "check_sealed", "graph_file_bytes", "parse_graph_file", "seal",
-           "strict_loads"]
+__all__ = [
+    "GRAPH_KEY",
+    "check_sealed",
+    "graph_file_bytes",
+    "parse_graph_file",
+    "seal",
+    "strict_loads",
+]
 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _GRAPH_HEAD = b'{"zarr_format":3,"node_type":"group","attributes":{"' + GRAPH_KEY.encode() + b'":'
@@ -73,8 +80,11 @@ def check_sealed(attrs, path: str, what: str, expected: str | None = None) -> st
     `expected`: the digest another sealed document (the graph) records for
     it.  **Returns:** the digest.
     """
-    if not isinstance(attrs, dict) or not isinstance(attrs.get("digest"), str) \
-            or _DIGEST.fullmatch(attrs["digest"]) is None:
+    if (
+        not isinstance(attrs, dict)
+        or not isinstance(attrs.get("digest"), str)
+        or _DIGEST.fullmatch(attrs["digest"]) is None
+    ):
         raise corrupt(path, f"{what} has no valid digest")
     body = {k: v for k, v in attrs.items() if k != "digest"}
     try:
@@ -82,30 +92,37 @@ def check_sealed(attrs, path: str, what: str, expected: str | None = None) -> st
     except ValueError as err:  # not encodable as JSON: cannot be what was sealed
         raise corrupt(path, f"{what} does not encode as JSON ({err})") from None
     if got != attrs["digest"]:
-        raise corrupt(path, f"{what} has digest {got}, its seal says {attrs['digest']}: "
-                      "its metadata was changed after it was written")
+        raise corrupt(
+            path,
+            f"{what} has digest {got}, its seal says {attrs['digest']}: "
+            "its metadata was changed after it was written",
+        )
     if expected is not None and got != expected:
-        raise corrupt(path, f"{what} has digest {got}, the graph records {expected}: "
-                      "it was replaced after it was written")
+        raise corrupt(
+            path,
+            f"{what} has digest {got}, the graph records {expected}: "
+            "it was replaced after it was written",
+        )
     return got
 
 
 def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid in checkpoint metadata")
+    raise VlccValueError(f"{name} is not valid in checkpoint metadata")
 
 
 def _unique_keys(pairs):
     out = dict(pairs)
     if len(out) != len(pairs):
-        raise ValueError("duplicate key in an object")
+        raise VlccValueError("duplicate key in an object")
     return out
 
 
 def strict_loads(data: bytes, path: str):
     """Strict JSON (UTF-8, no ``NaN``, no duplicate keys) from bytes read from `path`."""
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant,
-                          object_pairs_hook=_unique_keys)
+        return json.loads(
+            data.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise corrupt(path, f"is not valid JSON metadata ({err})") from None
 
@@ -113,8 +130,15 @@ def strict_loads(data: bytes, path: str):
 def graph_file_bytes(text: str) -> bytes:
     """``graph/zarr.json`` holding the graph's JSON `text`, sealed."""
     body = text.encode("ascii")
-    return (_GRAPH_HEAD + body + b',"' + GRAPH_KEY.encode() + b'_digest":"'
-            + xxhash.xxh3_128_hexdigest(body).encode() + b'"}}')
+    return (
+        _GRAPH_HEAD
+        + body
+        + b',"'
+        + GRAPH_KEY.encode()
+        + b'_digest":"'
+        + xxhash.xxh3_128_hexdigest(body).encode()
+        + b'"}}'
+    )
 
 
 def parse_graph_file(raw: bytes, path: str) -> dict:
@@ -125,21 +149,31 @@ def parse_graph_file(raw: bytes, path: str) -> dict:
     """
     m = _GRAPH_TAIL.search(raw) if raw.startswith(_GRAPH_HEAD) else None
     if m is not None:
-        body = raw[len(_GRAPH_HEAD):m.start()]
+        body = raw[len(_GRAPH_HEAD) : m.start()]
         got = xxhash.xxh3_128_hexdigest(body)
         if got != m.group(1).decode():
-            raise corrupt(path, f"the graph has digest {got}, its seal says "
-                          f"{m.group(1).decode()}: it was changed after it was written")
+            raise corrupt(
+                path,
+                f"the graph has digest {got}, its seal says "
+                f"{m.group(1).decode()}: it was changed after it was written",
+            )
         doc = strict_loads(body, path)
         if not (isinstance(doc, dict) and doc.get("format") == 2):
             raise corrupt(path, "the sealed graph is not of format 2")
         return doc
     doc = strict_loads(raw, path)
-    if not (isinstance(doc, dict) and doc.get("zarr_format") == 3
-            and doc.get("node_type") == "group" and isinstance(doc.get("attributes"), dict)
-            and isinstance(doc["attributes"].get(GRAPH_KEY), dict)):
-        raise corrupt(path, "is not the graph of a lineage history (a zarr v3 group with "
-                      f"{GRAPH_KEY!r} attributes)")
+    if not (
+        isinstance(doc, dict)
+        and doc.get("zarr_format") == 3
+        and doc.get("node_type") == "group"
+        and isinstance(doc.get("attributes"), dict)
+        and isinstance(doc["attributes"].get(GRAPH_KEY), dict)
+    ):
+        raise corrupt(
+            path,
+            "is not the graph of a lineage history (a zarr v3 group with "
+            f"{GRAPH_KEY!r} attributes)",
+        )
     graph = doc["attributes"][GRAPH_KEY]
     if graph.get("format") != 1 or len(doc["attributes"]) != 1 or len(doc) != 3:
         raise corrupt(path, "the graph has no valid seal (only format 1 graphs have none)")

@@ -97,8 +97,12 @@ def _check_regular(path: str, directory: bool) -> None:
         raise F.corrupt(path, "is missing: the repository is damaged") from None
     ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if not ok:
-        raise F.corrupt(path, "is not a regular " + ("directory" if directory else "file")
-                        + " (a link or a special file): the repository was tampered with")
+        raise F.corrupt(
+            path,
+            "is not a regular "
+            + ("directory" if directory else "file")
+            + " (a link or a special file): the repository was tampered with",
+        )
     if directory:
         for entry in os.scandir(path):
             _check_regular(entry.path, entry.is_dir(follow_symlinks=False))
@@ -119,26 +123,33 @@ def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
     try:
         tar = tarfile.open(archive, "r:*")
     except FileNotFoundError:
-        raise StorageError(f"no archive {archive}; give the path of a file made by `vlcc export`"
-                           ) from None
+        raise StorageError(
+            f"no archive {archive}; give the path of a file made by `vlcc export`"
+        ) from None
     except IsADirectoryError:
-        raise StorageError(f"{archive} is a directory, not an archive; give the file made by "
-                           "`vlcc export`") from None
+        raise StorageError(
+            f"{archive} is a directory, not an archive; give the file made by `vlcc export`"
+        ) from None
     except tarfile.TarError:
-        raise StorageError(f"{archive} is not a history archive (not a tar file, plain or "
-                           "compressed); make archives with `vlcc export` or History.export"
-                           ) from None
+        raise StorageError(
+            f"{archive} is not a history archive (not a tar file, plain or "
+            "compressed); make archives with `vlcc export` or History.export"
+        ) from None
     with tar:
         try:
             members = tar.getmembers()
         except (tarfile.TarError, EOFError, OSError) as err:
-            raise StorageError(f"{archive} is not a readable history archive ({err}); make "
-                               "archives with `vlcc export` or History.export") from None
+            raise StorageError(
+                f"{archive} is not a readable history archive ({err}); make "
+                "archives with `vlcc export` or History.export"
+            ) from None
         for m in members:
             top = m.name.split("/", 1)[0]
             if top not in _TOP or not (m.isfile() or m.isdir() or m.islnk()):
-                raise StorageError(f"{archive} is not a history archive (member {m.name!r}); "
-                                   "make archives with `vlcc export` or History.export")
+                raise StorageError(
+                    f"{archive} is not a history archive (member {m.name!r}); "
+                    "make archives with `vlcc export` or History.export"
+                )
         if "zarr.json" not in {m.name for m in members}:
             raise StorageError(f"{archive} has no zarr.json: not a history archive")
         os.makedirs(path, exist_ok=True)

@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import VlccError
+from ..errors import VlccError, VlccImportError, VlccRuntimeError, VlccValueError
 
 __all__ = [
     "AgreedError",
@@ -82,7 +82,7 @@ __all__ = [
 _ERR, _ACK, _P2P = 11, 12, 13
 _MSG = 8192  # bytes of an error message on the channel
 
-_ACTIVE: dict[int, "Guard"] = {}
+_ACTIVE: dict[int, Guard] = {}
 _ACTIVE_LOCK = threading.Lock()
 
 
@@ -94,7 +94,7 @@ def _mpi():
     try:
         from mpi4py import MPI
     except ImportError as err:  # pragma: no cover - exercised without mpi4py
-        raise ImportError(
+        raise VlccImportError(
             "vlcc_adjoint.mpi needs mpi4py and an MPI library: pip install 'vlcc-adjoint[mpi]' "
             "(mpi4py + the mpich wheel), or mpi4py built against your cluster's MPI"
         ) from err
@@ -125,15 +125,21 @@ def ensure_initialized(MPI: Any = None) -> None:
         if _STARTED:
             return
         if MPI.Is_finalized():
-            raise RuntimeError("MPI is finalized already in this process; vlcc_adjoint.mpi needs "
-                               "it running (finalize MPI only at the end of the program)")
+            raise VlccRuntimeError(
+                "MPI is finalized already in this process; vlcc_adjoint.mpi needs "
+                "it running (finalize MPI only at the end of the program)"
+            )
         if not MPI.Is_initialized():
             import atexit
 
             import mpi4py
 
-            levels = {"single": MPI.THREAD_SINGLE, "funneled": MPI.THREAD_FUNNELED,
-                      "serialized": MPI.THREAD_SERIALIZED, "multiple": MPI.THREAD_MULTIPLE}
+            levels = {
+                "single": MPI.THREAD_SINGLE,
+                "funneled": MPI.THREAD_FUNNELED,
+                "serialized": MPI.THREAD_SERIALIZED,
+                "multiple": MPI.THREAD_MULTIPLE,
+            }
             MPI.Init_thread(levels.get(str(mpi4py.rc.thread_level), MPI.THREAD_MULTIPLE))
             atexit.register(_finalize, MPI)
         _STARTED = True
@@ -156,8 +162,10 @@ class RankFailedError(VlccError, RuntimeError):
     """
 
     def __init__(self, rank: int, error_type: str, error_message: str, here: int):
-        super().__init__(f"rank {rank} failed with {error_type}: {error_message} "
-                         f"(seen by rank {here}; every rank stops)")
+        super().__init__(
+            f"rank {rank} failed with {error_type}: {error_message} "
+            f"(seen by rank {here}; every rank stops)"
+        )
         self.rank = rank
         self.error_type = error_type
         self.error_message = error_message
@@ -206,7 +214,8 @@ def poll(requests, what: str, timeout: float | None) -> None:
         if timeout is not None and waited > timeout:
             raise CollectiveTimeoutError(
                 f"waited {timeout} s for the other ranks while {what}; a rank is missing, hung or "
-                "much slower (check that every rank makes the same calls, or raise the timeout)")
+                "much slower (check that every rank makes the same calls, or raise the timeout)"
+            )
         _backoff(waited)
 
 
@@ -230,10 +239,13 @@ class Guard:
     def __init__(self, comm: Any, timeout: float | None = 600.0, abort_after: float | None = None):
         MPI = _mpi()
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+            raise VlccValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
         self.timeout = timeout
-        self.abort_after = (min(timeout, 60.0) if timeout is not None else 60.0) \
-            if abort_after is None else float(abort_after)
+        self.abort_after = (
+            (min(timeout, 60.0) if timeout is not None else 60.0)
+            if abort_after is None
+            else float(abort_after)
+        )
         self.parent = comm
         dup, req = comm.Idup()
         poll([req], "creating the run's communicator (every rank must create it)", timeout)
@@ -256,7 +268,9 @@ class Guard:
         cancelling when the run ends.
         """
         MPI = _mpi()
-        if self._closed or not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=self._status):
+        if self._closed or not self.comm.Iprobe(
+            source=MPI.ANY_SOURCE, tag=tag, status=self._status
+        ):
             return None
         src = self._status.Get_source()
         buf = bytearray(max(1, self._status.Get_count(MPI.BYTE)))
@@ -309,7 +323,8 @@ class Guard:
                     raise CollectiveTimeoutError(
                         f"rank {self.rank} waited {limit} s for the other ranks while {what}; a "
                         "rank is missing, hung or much slower (check that every rank makes the "
-                        "same calls, or raise the timeout)")
+                        "same calls, or raise the timeout)"
+                    )
                 _backoff(waited)
         finally:
             self.wait_seconds += time.perf_counter() - t0
@@ -349,14 +364,14 @@ class Guard:
         self.wait([self.comm.Igatherv([send, MPI.BYTE], spec, root=root)], what)
         if self.rank != root:
             return None
-        return [recv[d:d + c] for d, c in zip(displs.tolist(), counts.tolist())]
+        return [recv[d : d + c] for d, c in zip(displs.tolist(), counts.tolist())]
 
     def bcast_text(self, text: str | None, root: int, what: str) -> str:
         """`text` of rank `root`, on every rank (at most 8 KiB kept)."""
         buf = bytearray(_MSG)
         if self.rank == root:
-            data = (text or "").encode("utf-8", "replace")[:_MSG - 1]
-            buf[:len(data)] = data
+            data = (text or "").encode("utf-8", "replace")[: _MSG - 1]
+            buf[: len(data)] = data
         self.wait([self.comm.Ibcast(buf, root=root)], what)
         return bytes(buf).split(b"\0", 1)[0].decode("utf-8", "replace")
 
@@ -403,7 +418,7 @@ class Guard:
         doc = {"type": type(error).__name__, "message": _message(error)}
         data = json.dumps(doc).encode("utf-8")
         if len(data) > _MSG:
-            doc["message"] = doc["message"][:_MSG // 2] + " ..."
+            doc["message"] = doc["message"][: _MSG // 2] + " ..."
             data = json.dumps(doc).encode("utf-8")[:_MSG]
         others = [r for r in range(self.size) if r != self.rank]
         sends = [self.comm.Isend([data, MPI.BYTE], dest=r, tag=_ERR) for r in others]
@@ -424,7 +439,8 @@ class Guard:
             sys.stderr.write(
                 f"vlcc_adjoint.mpi: rank {self.rank} failed with {doc['type']}: "
                 f"{doc['message']}\nranks {sorted(waiting)} did not acknowledge within "
-                f"{self.abort_after} s (stuck in a blocking call?); calling MPI_Abort\n")
+                f"{self.abort_after} s (stuck in a blocking call?); calling MPI_Abort\n"
+            )
             sys.stderr.flush()
             time.sleep(0.2)  # let the launcher forward the message before the teardown
             MPI.COMM_WORLD.Abort(1)
@@ -432,8 +448,11 @@ class Guard:
 
     def _ack(self, ranks) -> None:
         MPI = _mpi()
-        reqs = [self.comm.Isend([b"\1", MPI.BYTE], dest=r, tag=_ACK)
-                for r in sorted(ranks) if r != self.rank]
+        reqs = [
+            self.comm.Isend([b"\1", MPI.BYTE], dest=r, tag=_ACK)
+            for r in sorted(ranks)
+            if r != self.rank
+        ]
         try:
             poll(reqs, "acknowledging a remote failure", 5.0)
         except CollectiveTimeoutError:  # the failed rank may have aborted already
@@ -548,8 +567,9 @@ def gather_blocks(comm, darr, root: int = 0):
     MPI = _mpi()
     d = darr.decomposition
     if d.nranks != comm.Get_size():
-        raise ValueError(f"the decomposition has {d.nranks} ranks, the communicator "
-                         f"{comm.Get_size()}")
+        raise VlccValueError(
+            f"the decomposition has {d.nranks} ranks, the communicator {comm.Get_size()}"
+        )
     local = np.ascontiguousarray(darr.local)
     sizes = [int(np.prod(d.local_shape(r))) * local.itemsize for r in range(d.nranks)]
     if comm.Get_rank() == root:
@@ -558,7 +578,7 @@ def gather_blocks(comm, darr, root: int = 0):
         comm.Gatherv([local, MPI.BYTE], [buf, (sizes, displs.tolist()), MPI.BYTE], root=root)
         out = np.empty(d.global_shape, local.dtype)
         for r in range(d.nranks):
-            part = buf[displs[r]:displs[r] + sizes[r]].view(local.dtype)
+            part = buf[displs[r] : displs[r] + sizes[r]].view(local.dtype)
             out[d.slices(r)] = part.reshape(d.local_shape(r))
         return out
     comm.Gatherv([local, MPI.BYTE], None, root=root)
@@ -568,6 +588,8 @@ def gather_blocks(comm, darr, root: int = 0):
 def environment_summary() -> dict:
     """MPI library and launch facts for benchmark records."""
     MPI = _mpi()
-    return {"mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-            "mpi4py": __import__("mpi4py").__version__,
-            "cpus": os.cpu_count()}
+    return {
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi4py": __import__("mpi4py").__version__,
+        "cpus": os.cpu_count(),
+    }

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from .. import state as _state
+from ..errors import VlccTypeError, VlccValueError
 
 __all__ = ["Decomposition", "DistributedArray", "storage_layout", "DISTRIBUTED_TYPE"]
 
@@ -72,9 +73,9 @@ def _as_shape(shape, what: str) -> tuple[int, ...]:
     try:
         out = tuple(int(s) for s in shape)
     except TypeError:
-        raise TypeError(f"{what} must be a sequence of ints, got {shape!r}") from None
+        raise VlccTypeError(f"{what} must be a sequence of ints, got {shape!r}") from None
     if any(s < 0 for s in out):
-        raise ValueError(f"{what} must be non-negative, got {out}")
+        raise VlccValueError(f"{what} must be non-negative, got {out}")
     return out
 
 
@@ -99,13 +100,17 @@ class Decomposition:
     def __post_init__(self):
         shape = _as_shape(self.global_shape, "global_shape")
         if len(self.bounds) != len(shape):
-            raise ValueError(f"bounds has {len(self.bounds)} axes, global_shape {shape} has "
-                             f"{len(shape)}; give one boundary list per axis")
+            raise VlccValueError(
+                f"bounds has {len(self.bounds)} axes, global_shape {shape} has "
+                f"{len(shape)}; give one boundary list per axis"
+            )
         bounds = []
         for a, (b, n) in enumerate(zip(self.bounds, shape)):
             b = _as_shape(b, f"bounds[{a}]")
             if len(b) < 2 or b[0] != 0 or b[-1] != n or any(x > y for x, y in zip(b, b[1:])):
-                raise ValueError(f"bounds[{a}] = {b} must rise from 0 to global_shape[{a}] = {n}")
+                raise VlccValueError(
+                    f"bounds[{a}] = {b} must rise from 0 to global_shape[{a}] = {n}"
+                )
             bounds.append(b)
         object.__setattr__(self, "global_shape", shape)
         object.__setattr__(self, "bounds", tuple(bounds))
@@ -130,8 +135,12 @@ class Decomposition:
         return cls(shape, tuple(bounds))
 
     @classmethod
-    def aligned(cls, global_shape: Sequence[int], dims: Sequence[int] | int,
-                multiple: Sequence[int] | int = 1) -> Decomposition:
+    def aligned(
+        cls,
+        global_shape: Sequence[int],
+        dims: Sequence[int] | int,
+        multiple: Sequence[int] | int = 1,
+    ) -> Decomposition:
         """Blocks of equal length ``c_a`` (a multiple of `multiple`) along each
         axis, the last block taking the remainder (possibly smaller, possibly
         empty).  Every interior boundary is a multiple of ``c_a``, so a
@@ -142,9 +151,11 @@ class Decomposition:
         """
         shape = _as_shape(global_shape, "global_shape")
         dims = _dims(dims, len(shape))
-        mult = (multiple,) * len(shape) if isinstance(multiple, (int, np.integer)) else tuple(multiple)
+        mult = (
+            (multiple,) * len(shape) if isinstance(multiple, (int, np.integer)) else tuple(multiple)
+        )
         if len(mult) != len(shape) or any(int(m) < 1 for m in mult):
-            raise ValueError(f"multiple must be one int >= 1 or one per axis, got {multiple!r}")
+            raise VlccValueError(f"multiple must be one int >= 1 or one per axis, got {multiple!r}")
         bounds = []
         for n, p, m in zip(shape, dims, mult):
             c = max(1, -(-n // p))
@@ -155,8 +166,9 @@ class Decomposition:
     @classmethod
     def from_sizes(cls, sizes: Sequence[Sequence[int]]) -> Decomposition:
         """The decomposition whose blocks along axis ``a`` have lengths ``sizes[a]``."""
-        bounds = tuple(tuple(np.concatenate([[0], np.cumsum(_as_shape(s, "sizes"))]).tolist())
-                       for s in sizes)
+        bounds = tuple(
+            tuple(np.concatenate([[0], np.cumsum(_as_shape(s, "sizes"))]).tolist()) for s in sizes
+        )
         return cls(tuple(b[-1] for b in bounds), bounds)
 
     # -- geometry ---------------------------------------------------------------------
@@ -177,8 +189,10 @@ class Decomposition:
     def _rank(self, rank: int) -> int:
         rank = int(rank)
         if not 0 <= rank < self.nranks:
-            raise ValueError(f"rank {rank} is outside this {self.nranks}-rank decomposition "
-                             f"(dims {self.dims}); build the decomposition for the communicator's size")
+            raise VlccValueError(
+                f"rank {rank} is outside this {self.nranks}-rank decomposition "
+                f"(dims {self.dims}); build the decomposition for the communicator's size"
+            )
         return rank
 
     def coords(self, rank: int) -> tuple[int, ...]:
@@ -223,8 +237,9 @@ class Decomposition:
             # block c intersects [lo, hi) iff b[c] < hi and b[c+1] > lo
             first = int(np.searchsorted(b, lo, side="right")) - 1
             last = int(np.searchsorted(b, hi, side="left")) - 1
-            ranges.append([c for c in range(max(first, 0), min(last, len(b) - 2) + 1)
-                           if b[c + 1] > b[c]])
+            ranges.append(
+                [c for c in range(max(first, 0), min(last, len(b) - 2) + 1) if b[c + 1] > b[c]]
+            )
         for coords in np.ndindex(*(len(r) for r in ranges)):
             yield self.rank_of([r[i] for r, i in zip(ranges, coords)])
 
@@ -244,7 +259,9 @@ class Decomposition:
             out.append(max(1, g if g else n))
         return tuple(out)
 
-    def chunks_of(self, rank: int, chunk_shape: Sequence[int] | None = None) -> Iterator[tuple[int, ...]]:
+    def chunks_of(
+        self, rank: int, chunk_shape: Sequence[int] | None = None
+    ) -> Iterator[tuple[int, ...]]:
         """The chunk-grid indices of the chunks inside `rank`'s block (C order).
 
         With `chunk_shape` (default :attr:`chunk_shape`) dividing every
@@ -260,8 +277,11 @@ class Decomposition:
 
     def is_aligned(self, chunk_shape: Sequence[int]) -> bool:
         """Whether `chunk_shape` divides every interior block boundary."""
-        return all(x % c == 0 or x == n
-                   for b, c, n in zip(self.bounds, chunk_shape, self.global_shape) for x in b[1:-1])
+        return all(
+            x % c == 0 or x == n
+            for b, c, n in zip(self.bounds, chunk_shape, self.global_shape)
+            for x in b[1:-1]
+        )
 
     # -- JSON -------------------------------------------------------------------------
 
@@ -272,12 +292,15 @@ class Decomposition:
     @classmethod
     def from_json(cls, doc: Any) -> Decomposition:
         """The decomposition :meth:`to_json` wrote (validated)."""
-        if not (isinstance(doc, dict) and isinstance(doc.get("bounds"), list)
-                and isinstance(doc.get("global_shape"), list)):
-            raise ValueError(f"not a decomposition: {doc!r}")
+        if not (
+            isinstance(doc, dict)
+            and isinstance(doc.get("bounds"), list)
+            and isinstance(doc.get("global_shape"), list)
+        ):
+            raise VlccValueError(f"not a decomposition: {doc!r}")
         for b in doc["bounds"]:
             if not (isinstance(b, list) and all(type(x) is int for x in b)):
-                raise ValueError(f"bad decomposition bounds {b!r}")
+                raise VlccValueError(f"bad decomposition bounds {b!r}")
         return cls(tuple(doc["global_shape"]), tuple(tuple(b) for b in doc["bounds"]))
 
     def __repr__(self) -> str:
@@ -299,12 +322,13 @@ def _dims(dims, ndim: int) -> tuple[int, ...]:
         dims = (int(dims),) + (1,) * (ndim - 1)
     dims = tuple(int(p) for p in dims)
     if len(dims) != ndim or any(p < 1 for p in dims):
-        raise ValueError(f"dims must give ranks >= 1 for each of the {ndim} axes, got {dims}")
+        raise VlccValueError(f"dims must give ranks >= 1 for each of the {ndim} axes, got {dims}")
     return dims
 
 
-def storage_layout(decomposition: Decomposition, max_chunks_per_block: int = 4
-                   ) -> tuple[Decomposition, tuple[int, ...]]:
+def storage_layout(
+    decomposition: Decomposition, max_chunks_per_block: int = 4
+) -> tuple[Decomposition, tuple[int, ...]]:
     """The decomposition a checkpoint of `decomposition` is written in, and its chunk shape.
 
     `decomposition` itself with its gcd :attr:`~Decomposition.chunk_shape`
@@ -353,18 +377,22 @@ class DistributedArray:
 
     def __post_init__(self):
         if not isinstance(self.decomposition, Decomposition):
-            raise TypeError(f"decomposition must be a vlcc_adjoint.mpi.Decomposition, got "
-                            f"{type(self.decomposition).__name__}")
+            raise VlccTypeError(
+                f"decomposition must be a vlcc_adjoint.mpi.Decomposition, got "
+                f"{type(self.decomposition).__name__}"
+            )
         want = self.decomposition.local_shape(self.rank)
         if tuple(np.shape(self.local)) != want:
-            raise ValueError(
+            raise VlccValueError(
                 f"rank {self.rank}'s block has shape {tuple(np.shape(self.local))} but the "
                 f"decomposition gives it {want}; pass the block without halos, or build the "
                 "decomposition from the solver's own block sizes (Decomposition.from_sizes)"
             )
-        if self.origin is not None and (self.origin.global_shape != self.decomposition.global_shape
-                                        or self.origin.nranks != self.decomposition.nranks):
-            raise ValueError("origin must decompose the same global shape over as many ranks")
+        if self.origin is not None and (
+            self.origin.global_shape != self.decomposition.global_shape
+            or self.origin.nranks != self.decomposition.nranks
+        ):
+            raise VlccValueError("origin must decompose the same global shape over as many ranks")
 
     @property
     def global_shape(self) -> tuple[int, ...]:
@@ -390,8 +418,10 @@ class DistributedArray:
         return gather_blocks(comm, self, root)
 
     def __repr__(self) -> str:
-        return (f"DistributedArray(rank={self.rank}, local_shape={self.local.shape}, "
-                f"global_shape={self.global_shape}, dtype={self.local.dtype})")
+        return (
+            f"DistributedArray(rank={self.rank}, local_shape={self.local.shape}, "
+            f"global_shape={self.global_shape}, dtype={self.local.dtype})"
+        )
 
 
 def _flatten_distributed(obj: DistributedArray):
@@ -403,14 +433,19 @@ def _flatten_distributed(obj: DistributedArray):
 
 def _unflatten_distributed(aux, children) -> DistributedArray:
     if not (isinstance(aux, dict) and type(aux.get("rank")) is int and len(children) == 1):
-        raise ValueError(f"malformed DistributedArray node in state spec: {aux!r}")
+        raise VlccValueError(f"malformed DistributedArray node in state spec: {aux!r}")
     origin = aux.get("origin")
-    return DistributedArray(children[0], Decomposition.from_json(aux["decomposition"]), aux["rank"],
-                            None if origin is None else Decomposition.from_json(origin))
+    return DistributedArray(
+        children[0],
+        Decomposition.from_json(aux["decomposition"]),
+        aux["rank"],
+        None if origin is None else Decomposition.from_json(origin),
+    )
 
 
-_state.register(DistributedArray, _flatten_distributed, _unflatten_distributed,
-                name=DISTRIBUTED_TYPE)
+_state.register(
+    DistributedArray, _flatten_distributed, _unflatten_distributed, name=DISTRIBUTED_TYPE
+)
 
 
 def distributed_nodes(tree) -> Iterator[dict]:
@@ -432,8 +467,12 @@ def distributed_leaves(spec: dict) -> dict[int, Decomposition]:
     out = {}
     for node in distributed_nodes(spec["tree"]):
         items = node.get("items")
-        if not (isinstance(items, list) and len(items) == 1 and isinstance(items[0], dict)
-                and type(items[0].get("leaf")) is int):
-            raise ValueError("malformed DistributedArray node in state spec")
+        if not (
+            isinstance(items, list)
+            and len(items) == 1
+            and isinstance(items[0], dict)
+            and type(items[0].get("leaf")) is int
+        ):
+            raise VlccValueError("malformed DistributedArray node in state spec")
         out[items[0]["leaf"]] = Decomposition.from_json(node["aux"]["decomposition"])
     return out

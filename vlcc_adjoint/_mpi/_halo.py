@@ -23,7 +23,7 @@ zero) and padded ``y``::
 
     sum_p <E(x)_p, y_p>  ==  sum_p <x_p, accumulate(y)_p>
 
-to rounding, which ``tests/mpi_scripts/halo_dot.py`` checks on a 2 x 2 grid.
+to rounding, which ``tests/mpi/mpi_scripts/halo_dot.py`` checks on a 2 x 2 grid.
 A discrete adjoint that runs the transposed stencil on a padded array
 (contributions land in the halo) and then calls ``accumulate`` is exact at
 the block boundaries; forgetting the accumulation (or copying instead of
@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from ..errors import VlccValueError
 from ._comm import _mpi, active_guard, ensure_initialized, poll
 from ._decomp import Decomposition
 
@@ -92,16 +93,28 @@ class HaloExchange:
     that each halo comes from one neighbour.
     """
 
-    def __init__(self, comm: Any, decomposition: Decomposition, width: Sequence[int] | int,
-                 *, timeout: float | None = 600.0):
+    def __init__(
+        self,
+        comm: Any,
+        decomposition: Decomposition,
+        width: Sequence[int] | int,
+        *,
+        timeout: float | None = 600.0,
+    ):
         ensure_initialized()
         if decomposition.nranks != comm.Get_size():
-            raise ValueError(f"the decomposition has {decomposition.nranks} ranks but the "
-                             f"communicator {comm.Get_size()}; decompose over comm.Get_size() ranks")
+            raise VlccValueError(
+                f"the decomposition has {decomposition.nranks} ranks but the "
+                f"communicator {comm.Get_size()}; decompose over comm.Get_size() ranks"
+            )
         nd = decomposition.ndim
-        w = (int(width),) * nd if isinstance(width, (int, np.integer)) else tuple(int(x) for x in width)
+        w = (
+            (int(width),) * nd
+            if isinstance(width, (int, np.integer))
+            else tuple(int(x) for x in width)
+        )
         if len(w) != nd or any(x < 0 for x in w):
-            raise ValueError(f"width must be an int >= 0 or one per axis ({nd}), got {width!r}")
+            raise VlccValueError(f"width must be an int >= 0 or one per axis ({nd}), got {width!r}")
         self.decomposition = decomposition
         self.width = w
         self.parent = comm
@@ -124,12 +137,20 @@ class HaloExchange:
                     continue
                 for r in (self.rank, q):
                     if decomposition.local_shape(r)[a] < w[a]:
-                        raise ValueError(
+                        raise VlccValueError(
                             f"rank {r}'s block is {decomposition.local_shape(r)[a]} thick along "
                             f"axis {a}, less than the halo width {w[a]}; use fewer ranks along "
-                            "that axis or a larger grid")
-                self._faces.append((a, side, q, self._region(a, side, send=True),
-                                    self._region(a, side, send=False)))
+                            "that axis or a larger grid"
+                        )
+                self._faces.append(
+                    (
+                        a,
+                        side,
+                        q,
+                        self._region(a, side, send=True),
+                        self._region(a, side, send=False),
+                    )
+                )
 
     def _region(self, axis: int, side: int, send: bool) -> tuple[slice, ...]:
         idx = []
@@ -152,7 +173,9 @@ class HaloExchange:
 
     def _check(self, arr):
         if arr.shape != self.padded_shape:
-            raise ValueError(f"expected a padded block of shape {self.padded_shape}, got {arr.shape}")
+            raise VlccValueError(
+                f"expected a padded block of shape {self.padded_shape}, got {arr.shape}"
+            )
 
     def _wait(self, reqs, what):
         t0 = time.perf_counter()
@@ -254,5 +277,7 @@ class HaloExchange:
             self.comm = None
 
     def __repr__(self) -> str:
-        return (f"HaloExchange(rank={self.rank}, block={self.shape}, width={self.width}, "
-                f"neighbours={[q for _, _, q, _, _ in self._faces]})")
+        return (
+            f"HaloExchange(rank={self.rank}, block={self.shape}, width={self.width}, "
+            f"neighbours={[q for _, _, q, _, _ in self._faces]})"
+        )

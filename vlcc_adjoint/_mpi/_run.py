@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
+from ..errors import VlccTypeError, VlccValueError
 from ..execute import AdjointResult, register_spmd
 from ._comm import AgreedError, Guard
 from ._store import DistributedStore
@@ -44,8 +45,13 @@ if TYPE_CHECKING:
     from ..schedules import Schedule
     from ..solver import Solver
 
-__all__ = ["DistributedAdjointResult", "ReducedStats", "ScheduleMismatchError", "run_adjoint",
-           "schedule_fingerprint"]
+__all__ = [
+    "DistributedAdjointResult",
+    "ReducedStats",
+    "ScheduleMismatchError",
+    "run_adjoint",
+    "schedule_fingerprint",
+]
 
 
 class ScheduleMismatchError(AgreedError, ValueError):
@@ -109,10 +115,17 @@ def schedule_fingerprint(schedule: Schedule) -> int:
     """xxh3-64 of a schedule: class, steps, levels, costs and action table."""
     h = xxhash.xxh3_64()
     h.update(type(schedule).__name__.encode())
-    h.update(repr((schedule.n_steps, getattr(schedule, "snapshots", None),
-                   tuple(getattr(schedule, "levels", ()) or ()),
-                   getattr(schedule, "forward_cost", None),
-                   getattr(schedule, "adjoint_cost", None))).encode())
+    h.update(
+        repr(
+            (
+                schedule.n_steps,
+                getattr(schedule, "snapshots", None),
+                tuple(getattr(schedule, "levels", ()) or ()),
+                getattr(schedule, "forward_cost", None),
+                getattr(schedule, "adjoint_cost", None),
+            )
+        ).encode()
+    )
     table = getattr(schedule, "table", None)
     if table is not None:
         h.update(memoryview(np.ascontiguousarray(table)).cast("B"))
@@ -133,7 +146,8 @@ def _check_schedule(guard: Guard, schedule) -> None:
     raise ScheduleMismatchError(
         f"the ranks hold different schedules ({described}; this rank: {schedule!r}); build the "
         "schedule from values every rank shares (n, snapshot counts from a reduced memory "
-        "budget), not from rank-local ones")
+        "budget), not from rank-local ones"
+    )
 
 
 class _GuardedSolver:
@@ -144,9 +158,11 @@ class _GuardedSolver:
         self._guard = guard
         many = getattr(solver, "forward_many", None)
         if many is not None:
+
             def forward_many(state, start, stop):
                 guard.check()
                 return many(state, start, stop)
+
             self.forward_many = forward_many
 
     def forward(self, state, step):
@@ -179,18 +195,22 @@ class _Borrowed:
 def _agreed_stop(stop, guard: Guard):
     def agreed(state, step):
         local = 1 if stop(state, step) else 0
-        m = guard.allreduce(np.array([local, -local], np.int64), "min",
-                            "evaluating the stop criterion")
+        m = guard.allreduce(
+            np.array([local, -local], np.int64), "min", "evaluating the stop criterion"
+        )
         if m[0] != -m[1]:
             raise AgreedError(
                 f"the stop criterion is true on some ranks and false on others at step {step}; "
-                "make it collective (e.g. compare a residual reduced with comm.allreduce)")
+                "make it collective (e.g. compare a residual reduced with comm.allreduce)"
+            )
         return bool(m[0])
+
     return agreed
 
 
-def _reduce(guard: Guard, result: AdjointResult, commit_seconds: float, committed: int,
-            nlevels: int) -> ReducedStats:
+def _reduce(
+    guard: Guard, result: AdjointResult, commit_seconds: float, committed: int, nlevels: int
+) -> ReducedStats:
     st = result.store_stats
     tiers = getattr(st, "tiers", ()) or ()
     written = np.zeros(nlevels, np.int64)
@@ -200,26 +220,53 @@ def _reduce(guard: Guard, result: AdjointResult, commit_seconds: float, committe
             written[t.level] = t.bytes_in
             read[t.level] = t.bytes_out
     what = "reducing the run statistics"
-    times = np.array([result.wall_seconds, result.forward_seconds, result.adjoint_seconds,
-                      result.stall_seconds, guard.wait_seconds, commit_seconds])
+    times = np.array(
+        [
+            result.wall_seconds,
+            result.forward_seconds,
+            result.adjoint_seconds,
+            result.stall_seconds,
+            guard.wait_seconds,
+            commit_seconds,
+        ]
+    )
     tmax = guard.allreduce(times, "max", what)
-    sums = guard.allreduce(np.concatenate([[result.stall_seconds], written.astype(float),
-                                           read.astype(float)]), "sum", what)
+    sums = guard.allreduce(
+        np.concatenate([[result.stall_seconds], written.astype(float), read.astype(float)]),
+        "sum",
+        what,
+    )
     return ReducedStats(
-        nranks=guard.size, wall_seconds_max=float(tmax[0]), forward_seconds_max=float(tmax[1]),
-        adjoint_seconds_max=float(tmax[2]), stall_seconds_max=float(tmax[3]),
-        stall_seconds_mean=float(sums[0]) / guard.size, comm_wait_seconds_max=float(tmax[4]),
+        nranks=guard.size,
+        wall_seconds_max=float(tmax[0]),
+        forward_seconds_max=float(tmax[1]),
+        adjoint_seconds_max=float(tmax[2]),
+        stall_seconds_max=float(tmax[3]),
+        stall_seconds_mean=float(sums[0]) / guard.size,
+        comm_wait_seconds_max=float(tmax[4]),
         commit_seconds_max=float(tmax[5]),
-        bytes_written=tuple(int(x) for x in sums[1:1 + nlevels]),
-        bytes_read=tuple(int(x) for x in sums[1 + nlevels:]),
-        records_committed=committed)
+        bytes_written=tuple(int(x) for x in sums[1 : 1 + nlevels]),
+        bytes_read=tuple(int(x) for x in sums[1 + nlevels :]),
+        records_committed=committed,
+    )
 
 
-def run_adjoint(solver: Solver, schedule: Schedule, u0: Any, adj_final: Any, store: DistributedStore | None = None,
-                progress: bool = False, *, comm: Any,
-                stop: Callable[[Any, int], bool] | None = None, max_steps: int | None = None, check: bool = True,
-                check_finite: bool = False, timeout: float | None = 600.0,
-                abort_after: float | None = None) -> DistributedAdjointResult:
+def run_adjoint(
+    solver: Solver,
+    schedule: Schedule,
+    u0: Any,
+    adj_final: Any,
+    store: DistributedStore | None = None,
+    progress: bool = False,
+    *,
+    comm: Any,
+    stop: Callable[[Any, int], bool] | None = None,
+    max_steps: int | None = None,
+    check: bool = True,
+    check_finite: bool = False,
+    timeout: float | None = 600.0,
+    abort_after: float | None = None,
+) -> DistributedAdjointResult:
     """:func:`vlcc_adjoint.execute.run_adjoint` on every rank of `comm` (SPMD).
 
     Every rank calls it with the same `schedule` and its own partition:
@@ -250,12 +297,16 @@ def run_adjoint(solver: Solver, schedule: Schedule, u0: Any, adj_final: Any, sto
 
     distributed = isinstance(store, DistributedStore)
     if not distributed and any(isinstance(t, SharedZarrTier) for t in getattr(store, "tiers", ())):
-        raise TypeError("a SharedZarrTier level needs the collective commit of a DistributedStore: "
-                        "pass DistributedStore(comm, tiers, plan) instead of a TieredStore")
+        raise VlccTypeError(
+            "a SharedZarrTier level needs the collective commit of a DistributedStore: "
+            "pass DistributedStore(comm, tiers, plan) instead of a TieredStore"
+        )
     if distributed:
         if store.comm.py2f() != comm.py2f():
-            raise ValueError("the DistributedStore was built on another communicator than comm; "
-                             "build it on the run's communicator")
+            raise VlccValueError(
+                "the DistributedStore was built on another communicator than comm; "
+                "build it on the run's communicator"
+            )
         guard = store.guard
     else:
         guard = Guard(comm, timeout, abort_after)
@@ -264,16 +315,24 @@ def run_adjoint(solver: Solver, schedule: Schedule, u0: Any, adj_final: Any, sto
             _check_schedule(guard, schedule)
             adj = adj_final
             if callable(adj_final):
+
                 def guarded(u):
                     guard.check()
                     return adj_final(u)
+
                 adj = guarded
             result = serial_run(
-                _GuardedSolver(solver, guard), schedule, u0, adj,
+                _GuardedSolver(solver, guard),
+                schedule,
+                u0,
+                adj,
                 store=_Borrowed(store) if distributed else store,
                 progress=progress and guard.rank == 0,
                 stop=None if stop is None else _agreed_stop(stop, guard),
-                max_steps=max_steps, check=check, check_finite=check_finite)
+                max_steps=max_steps,
+                check=check,
+                check_finite=check_finite,
+            )
             commit_seconds, committed = 0.0, 0
             if distributed:
                 store._finish()

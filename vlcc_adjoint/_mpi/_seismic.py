@@ -51,8 +51,14 @@ import numpy as np
 from .._examples.seismic import SeismicProblem, WaveState
 from .._examples.wave_kernels import RADIUS as _R
 from .._examples.wave_kernels import RING_ROWS as _S
-from .._examples.wave_kernels import adjoint_rows, forward_rows, half_misfit, inject_residual
-from .._examples.wave_kernels import record_receivers
+from .._examples.wave_kernels import (
+    adjoint_rows,
+    forward_rows,
+    half_misfit,
+    inject_residual,
+    record_receivers,
+)
+from ..errors import VlccValueError
 from ._comm import ensure_initialized
 from ._decomp import Decomposition, DistributedArray
 from ._halo import HaloExchange
@@ -109,8 +115,10 @@ class DistributedSeismic:
         if decomposition is None:
             decomposition = Decomposition.split((p.nz, p.nx), (self.size, 1))
         if decomposition.global_shape != (p.nz, p.nx) or decomposition.dims != (self.size, 1):
-            raise ValueError(f"the decomposition must split the rows of the ({p.nz}, {p.nx}) grid "
-                             f"over {self.size} ranks (dims ({self.size}, 1)), got {decomposition!r}")
+            raise VlccValueError(
+                f"the decomposition must split the rows of the ({p.nz}, {p.nx}) grid "
+                f"over {self.size} ranks (dims ({self.size}, 1)), got {decomposition!r}"
+            )
         self.decomposition = decomposition
         (self.z0, self.z1), _ = decomposition.block(self.rank)
         self.nl = self.z1 - self.z0
@@ -145,8 +153,8 @@ class DistributedSeismic:
     def set_model(self, v: np.ndarray) -> None:
         """Make the global model `v` (``(nz, nx)``, replicated) current; zero the gradient."""
         self.problem.set_model(v)
-        self._v = np.ascontiguousarray(self.problem.v[self.z0:self.z1])
-        self._cvcur = np.ascontiguousarray(self.problem._cvcur[self.z0:self.z1])
+        self._v = np.ascontiguousarray(self.problem.v[self.z0 : self.z1])
+        self._cvcur = np.ascontiguousarray(self.problem._cvcur[self.z0 : self.z1])
         self.reset_gradient()
 
     def reset_gradient(self) -> None:
@@ -156,7 +164,7 @@ class DistributedSeismic:
     def d_obs(self) -> np.ndarray:
         """This rank's receivers' observed traces, ``(nt + 1, n_local_receivers)``."""
         if self._d_obs is None:
-            cv = np.ascontiguousarray(self.problem._cv(self.problem.v_true)[self.z0:self.z1])
+            cv = np.ascontiguousarray(self.problem._cv(self.problem.v_true)[self.z0 : self.z1])
             self._d_obs = self._sweep(cv)
         return self._d_obs
 
@@ -169,12 +177,31 @@ class DistributedSeismic:
 
     def _step(self, state: WaveState, cv, src_value) -> None:
         pending = self.halo.start(state.curr)
-        forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                     self._fring, *self._inner, _R)
+        forward_rows(
+            state.prev,
+            state.curr,
+            cv,
+            self._a_tab,
+            self._b_tab,
+            self._row_id,
+            self._fring,
+            *self._inner,
+            _R,
+        )
         pending.wait()
         for j0, j1 in self._edges:
-            forward_rows(state.prev, state.curr, cv, self._a_tab, self._b_tab, self._row_id,
-                         self._fring, j0, j1, _R)
+            forward_rows(
+                state.prev,
+                state.curr,
+                cv,
+                self._a_tab,
+                self._b_tab,
+                self._row_id,
+                self._fring,
+                j0,
+                j1,
+                _R,
+            )
         if self._own_src:
             j = self.problem.src_z - self.z0
             sx = self.problem.src_x
@@ -202,13 +229,40 @@ class DistributedSeismic:
         # every rank.
         pending_b = self.halo.start(B)
         pending_w = self.halo.start(self._w)
-        adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
-                     self._row_id, self._wring, self._bring, self._gacc, *self._inner, _R)
+        adjoint_rows(
+            alpha,
+            beta,
+            B,
+            self._w,
+            self._cvcur,
+            self._a_tab,
+            self._b_tab,
+            self._row_id,
+            self._wring,
+            self._bring,
+            self._gacc,
+            *self._inner,
+            _R,
+        )
         pending_b.wait()
         pending_w.wait()
         for j0, j1 in self._edges:
-            adjoint_rows(alpha, beta, B, self._w, self._cvcur, self._a_tab, self._b_tab,
-                         self._row_id, self._wring, self._bring, self._gacc, j0, j1, _R)
+            adjoint_rows(
+                alpha,
+                beta,
+                B,
+                self._w,
+                self._cvcur,
+                self._a_tab,
+                self._b_tab,
+                self._row_id,
+                self._wring,
+                self._bring,
+                self._gacc,
+                j0,
+                j1,
+                _R,
+            )
         adj.prev, adj.curr = beta, alpha
         inject_residual(adj.curr, B, self._rec_p, self._rec_x, self.d_obs, step, self.dt)
         return adj
@@ -216,29 +270,33 @@ class DistributedSeismic:
     def final_adjoint(self, state: WaveState) -> WaveState:
         """``lambda_n = dJ/du_n`` on this rank's slab."""
         adj = WaveState(self.halo.empty(), self.halo.empty())
-        inject_residual(adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt,
-                         self.dt)
+        inject_residual(
+            adj.curr, state.curr, self._rec_p, self._rec_x, self.d_obs, self.nt, self.dt
+        )
         return adj
 
     def on_save(self, state: WaveState, step: int) -> dict:
         """The interior blocks, placed in the global grid."""
         d, r = self.decomposition, self.rank
-        return {"prev": DistributedArray(state.prev[_R:_R + self.nl], d, r),
-                "curr": DistributedArray(state.curr[_R:_R + self.nl], d, r)}
+        return {
+            "prev": DistributedArray(state.prev[_R : _R + self.nl], d, r),
+            "curr": DistributedArray(state.curr[_R : _R + self.nl], d, r),
+        }
 
     def on_load(self, stored: dict, step: int, out: WaveState | None) -> WaveState:
         if out is None:
             out = self.initial_state()
-        out.prev[_R:_R + self.nl] = stored["prev"].local
-        out.curr[_R:_R + self.nl] = stored["curr"].local
+        out.prev[_R : _R + self.nl] = stored["prev"].local
+        out.curr[_R : _R + self.nl] = stored["curr"].local
         return out
 
     # ----------------------------------------------------------- gradients
     @property
     def gradient(self) -> DistributedArray:
         """This rank's block of ``dJ/dv``."""
-        return DistributedArray(self._gacc * (2.0 * self._cvcur / self._v), self.decomposition,
-                                self.rank)
+        return DistributedArray(
+            self._gacc * (2.0 * self._cvcur / self._v), self.decomposition, self.rank
+        )
 
     def gather_gradient(self, root: int = 0) -> np.ndarray | None:
         """The global ``dJ/dv`` on rank `root` (``None`` elsewhere).  Collective."""
@@ -273,13 +331,23 @@ class DistributedSeismic:
 
         self.reset_gradient()
         self.d_obs  # noqa: B018 - simulate the observed data before the run, on every rank
-        self.last_run = run_adjoint(self, schedule, self.initial_state(), self.final_adjoint,
-                                    store=store, progress=progress, comm=self.comm, **run_options)
+        self.last_run = run_adjoint(
+            self,
+            schedule,
+            self.initial_state(),
+            self.final_adjoint,
+            store=store,
+            progress=progress,
+            comm=self.comm,
+            **run_options,
+        )
         return self.gradient
 
     def __repr__(self) -> str:
-        return (f"DistributedSeismic(rank={self.rank}/{self.size}, rows={self.z0}:{self.z1}, "
-                f"nz={self.nz}, nx={self.nx}, nt={self.nt})")
+        return (
+            f"DistributedSeismic(rank={self.rank}/{self.size}, rows={self.z0}:{self.z1}, "
+            f"nz={self.nz}, nx={self.nx}, nt={self.nt})"
+        )
 
 
 def compile_kernels() -> None:

@@ -44,6 +44,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import VlccValueError
 from ..state import flatten, unflatten
 from ..storage import TieredStore
 from ._comm import Guard, redistribute
@@ -144,21 +145,33 @@ class DistributedStore:
     would then end in the others' timeout rather than at once).
     """
 
-    def __init__(self, comm: Any, tiers: Sequence[Tier], plan: IOPlan | None = None, *,
-                 timeout: float | None = 600.0,
-                 abort_after: float | None = None, commit_every: int | None = None,
-                 max_chunks_per_block: int = 4, **options: Any):
+    def __init__(
+        self,
+        comm: Any,
+        tiers: Sequence[Tier],
+        plan: IOPlan | None = None,
+        *,
+        timeout: float | None = 600.0,
+        abort_after: float | None = None,
+        commit_every: int | None = None,
+        max_chunks_per_block: int = 4,
+        **options: Any,
+    ):
         if commit_every is not None and (not isinstance(commit_every, int) or commit_every < 1):
-            raise ValueError(f"commit_every must be an int >= 1 or None, got {commit_every!r}")
+            raise VlccValueError(f"commit_every must be an int >= 1 or None, got {commit_every!r}")
         self.comm = comm
         self.guard = Guard(comm, timeout, abort_after)
         self.local = TieredStore(tiers, plan, **options)
         self.tiers = self.local.tiers
-        self.shared_levels = tuple(k for k, t in enumerate(self.tiers) if isinstance(t, SharedZarrTier))
+        self.shared_levels = tuple(
+            k for k, t in enumerate(self.tiers) if isinstance(t, SharedZarrTier)
+        )
         for k in self.shared_levels:
             if self.tiers[k].size != comm.Get_size():
-                raise ValueError(f"tiers[{k}] was opened on a communicator of "
-                                 f"{self.tiers[k].size} ranks, this store's has {comm.Get_size()}")
+                raise VlccValueError(
+                    f"tiers[{k}] was opened on a communicator of "
+                    f"{self.tiers[k].size} ranks, this store's has {comm.Get_size()}"
+                )
         self.commit_every = commit_every
         self._layouts = _Layouts(max_chunks_per_block)
         try:  # does this version's TieredStore.load take copy=?
@@ -293,13 +306,23 @@ class DistributedStore:
         return False
 
     def __repr__(self) -> str:
-        return (f"DistributedStore(rank={self.guard.rank}/{self.guard.size}, "
-                f"shared levels={list(self.shared_levels)}, local={self.local!r})")
+        return (
+            f"DistributedStore(rank={self.guard.rank}/{self.guard.size}, "
+            f"shared levels={list(self.shared_levels)}, local={self.local!r})"
+        )
 
 
-def write_checkpoint(path: str | os.PathLike, state: Any, comm: Any, *, step: int | None = None, key: str | None = None,
-                     durable: bool = False, timeout: float | None = 600.0,
-                     max_chunks_per_block: int = 4) -> str:
+def write_checkpoint(
+    path: str | os.PathLike,
+    state: Any,
+    comm: Any,
+    *,
+    step: int | None = None,
+    key: str | None = None,
+    durable: bool = False,
+    timeout: float | None = 600.0,
+    max_chunks_per_block: int = 4,
+) -> str:
     """Write `state` (this rank's part) as one committed record of the shared
     hierarchy at `path`.  Collective.
 

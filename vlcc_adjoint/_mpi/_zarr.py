@@ -82,15 +82,32 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view, dtype_to_json
 from ..storage import Record, StorageError, Tier
 from ..storage import format as F
-from ..storage.format import (check_capacity, check_record, corrupt, encode_spec, full,
-                              leaf_checksum, step_of)
+from ..storage.format import (
+    check_capacity,
+    check_record,
+    corrupt,
+    encode_spec,
+    full,
+    leaf_checksum,
+    step_of,
+)
 from ._comm import AgreedError, Guard, ensure_initialized
 from ._decomp import Decomposition, distributed_nodes
-from ._zarr_read import (ATTRS, FORMATS, HIERARCHY, RECORD, list_checkpoints, place,
-                         read_checkpoint, read_chunk, xxh)
+from ._zarr_read import (
+    ATTRS,
+    FORMATS,
+    HIERARCHY,
+    RECORD,
+    list_checkpoints,
+    place,
+    read_checkpoint,
+    read_chunk,
+    xxh,
+)
 
 __all__ = ["SharedZarrTier", "list_checkpoints", "read_checkpoint"]
 
@@ -103,9 +120,10 @@ LOCK = F.LOCK_DIR
 def _leaf_meta(dtype: np.dtype, shape, chunk_shape) -> bytes:
     """A global leaf array's ``zarr.json``: ZarrTier's, with a chunk grid."""
     if F.zarr_data_type(dtype) is None:
-        raise TypeError(
+        raise VlccTypeError(
             f"a DistributedArray of dtype {dtype} cannot be stored as a zarr v3 array; use a "
-            "numeric or bool dtype (zarr v3 core types) for distributed leaves")
+            "numeric or bool dtype (zarr v3 core types) for distributed leaves"
+        )
     return F.array_metadata(dtype, shape, chunk_shape)[0]
 
 
@@ -146,8 +164,17 @@ class _Leaf:
 class _Part:
     """This rank's part of one record."""
 
-    __slots__ = ("key", "name", "spec", "global_json", "leaves", "checksums", "nbytes", "committed",
-                 "fingerprint")
+    __slots__ = (
+        "key",
+        "name",
+        "spec",
+        "global_json",
+        "leaves",
+        "checksums",
+        "nbytes",
+        "committed",
+        "fingerprint",
+    )
 
     def __init__(self, key, name, spec, global_json, leaves, checksums, nbytes):
         self.key = key
@@ -185,8 +212,16 @@ class SharedZarrTier(Tier):
 
     persistent = True  # committed records survive the run
 
-    def __init__(self, path: str | os.PathLike, comm: Any, capacity_bytes: int | None = None, *, durable: bool = False,
-                 timeout: float | None = 600.0, name: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        comm: Any,
+        capacity_bytes: int | None = None,
+        *,
+        durable: bool = False,
+        timeout: float | None = 600.0,
+        name: str | None = None,
+    ):
         ensure_initialized()
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)
@@ -222,36 +257,56 @@ class SharedZarrTier(Tier):
         os.makedirs(self.path, exist_ok=True)
         F.check_dir(self.path)
         try:
-            self._writer = F.lock_store(self.path, f"the shared zarr hierarchy {self.path}",
-                                        self.durable)
+            self._writer = F.lock_store(
+                self.path, f"the shared zarr hierarchy {self.path}", self.durable
+            )
         except F.StoreLockedError as err:
             raise F.StoreLockedError(
                 f"{str(err).split(';')[0]}; close it there first (a run's DistributedStore "
                 "closes it), or read its records with vlcc_adjoint.mpi.read_checkpoint, which "
-                "takes no lock") from None
+                "takes no lock"
+            ) from None
         if os.path.lexists(root):
             attrs = F.open_group(root, ATTRS)
             if not (isinstance(attrs, dict) and attrs.get("kind") == HIERARCHY):
-                raise StorageError(f"{self.path} is a zarr hierarchy but not a distributed "
-                                   "vlcc_adjoint one; give SharedZarrTier a new or empty directory")
+                raise StorageError(
+                    f"{self.path} is a zarr hierarchy but not a distributed "
+                    "vlcc_adjoint one; give SharedZarrTier a new or empty directory"
+                )
             if attrs.get("format") not in FORMATS:
-                raise StorageError(f"{root}: the hierarchy is of format {attrs.get('format')!r}; "
-                                   f"this version writes formats up to {FORMAT} (upgrade "
-                                   "vlcc_adjoint, or use a new directory)")
+                raise StorageError(
+                    f"{root}: the hierarchy is of format {attrs.get('format')!r}; "
+                    f"this version writes formats up to {FORMAT} (upgrade "
+                    "vlcc_adjoint, or use a new directory)"
+                )
         else:
             if any(e.name != LOCK for e in os.scandir(self.path)):
-                raise StorageError(f"{self.path} exists, is not empty and is not a zarr v3 group; "
-                                   "give SharedZarrTier a new or empty directory")
-            F.write_json(root, F.group_document({ATTRS: {
-                "format": FORMAT, "kind": HIERARCHY,
-                "layout": "one group per committed checkpoint record; leaf i of record K is "
-                          "the global array K/i, each chunk written by the rank owning it; "
-                          "K/xxh3/i holds the chunks' xxh3-64 checksums",
-            }}), self.durable)
+                raise StorageError(
+                    f"{self.path} exists, is not empty and is not a zarr v3 group; "
+                    "give SharedZarrTier a new or empty directory"
+                )
+            F.write_json(
+                root,
+                F.group_document(
+                    {
+                        ATTRS: {
+                            "format": FORMAT,
+                            "kind": HIERARCHY,
+                            "layout": "one group per committed checkpoint record; leaf i of record K is "
+                            "the global array K/i, each chunk written by the rank owning it; "
+                            "K/xxh3/i holds the chunks' xxh3-64 checksums",
+                        }
+                    }
+                ),
+                self.durable,
+            )
         F.remove_tree(self._pending, self.path)  # an interrupted run's leftovers (we hold the lock)
         os.mkdir(self._pending)
-        F.write_json(os.path.join(self._pending, "zarr.json"), F.group_document({
-            ATTRS: "records being written or deleted; never read these"}), self.durable)
+        F.write_json(
+            os.path.join(self._pending, "zarr.json"),
+            F.group_document({ATTRS: "records being written or deleted; never read these"}),
+            self.durable,
+        )
         if self.durable:
             F.fsync_dir(self.path)
 
@@ -281,15 +336,17 @@ class SharedZarrTier(Tier):
             if i in dist:
                 d, r = dist[i]
                 if r != self.rank or d.nranks != self.size:
-                    raise ValueError(
+                    raise VlccValueError(
                         f"leaf {i} of record {key!r} is rank {r}'s block of a {d.nranks}-rank "
                         f"decomposition, but this tier is rank {self.rank} of {self.size}; save "
-                        "each rank's own DistributedArray, decomposed over the tier's communicator")
+                        "each rank's own DistributedArray, decomposed over the tier's communicator"
+                    )
                 if F.zarr_data_type(leaf.dtype) is None:
-                    raise TypeError(
+                    raise VlccTypeError(
                         f"leaf {i} of record {key!r} is a DistributedArray of dtype {leaf.dtype}, "
                         "which is not a zarr v3 core type; use a numeric or bool dtype for "
-                        "distributed leaves")
+                        "distributed leaves"
+                    )
                 info = _Leaf(leaf.dtype, d.global_shape, d, d.chunk_shape)
                 n_chunks = sum(1 for _ in d.chunks_of(self.rank, info.chunk_shape))
                 need += n_chunks * int(np.prod(info.chunk_shape)) * leaf.dtype.itemsize
@@ -304,13 +361,18 @@ class SharedZarrTier(Tier):
                     info.meta = F.array_metadata(leaf.dtype, leaf.shape)
                     need += leaf.nbytes + len(info.meta[0])
             leaves.append(info)
-        global_json = json.dumps(_global_spec(spec, {i: d for i, (d, _) in dist.items()}),
-                                 sort_keys=True, separators=(",", ":"))
+        global_json = json.dumps(
+            _global_spec(spec, {i: d for i, (d, _) in dist.items()}),
+            sort_keys=True,
+            separators=(",", ":"),
+        )
         name = f"{key}.{self.run}"
         part = _Part(key, name, spec, global_json, leaves, record.checksums, need)
         with self._lock:
             if key in self._index:
-                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+                raise VlccKeyError(
+                    f"record {key!r} is already in tier {self.name!r}; delete it first"
+                )
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
                 raise full(key, self.name, need, self._used, self.capacity_bytes)
             self._used += need
@@ -327,7 +389,8 @@ class SharedZarrTier(Tier):
             if isinstance(err, OSError):
                 raise StorageError(
                     f"rank {self.rank} could not write its part of record {key!r} to "
-                    f"{self.name!r}: {err}; nothing was stored ({F.remedy(err)})") from err
+                    f"{self.name!r}: {err}; nothing was stored ({F.remedy(err)})"
+                ) from err
             raise
         with self._lock:
             self._writing -= 1
@@ -343,8 +406,9 @@ class SharedZarrTier(Tier):
                     continue
                 os.makedirs(leaf_dir, exist_ok=True)
                 if info.meta is not None:
-                    F.write_file(os.path.join(leaf_dir, "zarr.json"), info.meta, durable,
-                               truncate=True)
+                    F.write_file(
+                        os.path.join(leaf_dir, "zarr.json"), info.meta, durable, truncate=True
+                    )
                 origin = info.decomp.offsets(self.rank)
                 c = info.chunk_shape
                 for idx in chunks:
@@ -358,8 +422,12 @@ class SharedZarrTier(Tier):
                         padded[tuple(slice(0, b - a) for a, b in zip(lo, hi))] = part_view
                         part_view = padded
                     data = np.ascontiguousarray(part_view)
-                    F.write_file(os.path.join(leaf_dir, F.chunk_key(idx)), byte_view(data),
-                               durable, truncate=True)
+                    F.write_file(
+                        os.path.join(leaf_dir, F.chunk_key(idx)),
+                        byte_view(data),
+                        durable,
+                        truncate=True,
+                    )
                     info.chunks.append((idx, int(leaf_checksum(data), 16)))
                 if durable:
                     F.fsync_dir(leaf_dir)
@@ -368,8 +436,9 @@ class SharedZarrTier(Tier):
                 meta, chunk = info.meta
                 F.write_file(os.path.join(leaf_dir, "zarr.json"), meta, durable, truncate=True)
                 if chunk is not None:
-                    F.write_file(os.path.join(leaf_dir, chunk), byte_view(leaf), durable,
-                               truncate=True)
+                    F.write_file(
+                        os.path.join(leaf_dir, chunk), byte_view(leaf), durable, truncate=True
+                    )
                 if durable:
                     F.fsync_dir(leaf_dir)
 
@@ -394,7 +463,7 @@ class SharedZarrTier(Tier):
         with self._lock:
             part = self._index.get(key)
             if part is None:
-                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+                raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             base = self._dir(part)
         step = step_of(part.spec)
         leaves = []
@@ -410,8 +479,12 @@ class SharedZarrTier(Tier):
                 path = os.path.join(base, str(i), F.chunk_key(idx))
                 data = read_chunk(path, info.dtype, info.chunk_shape, key, self.name, step, i)
                 if xxh(byte_view(data)) != want:
-                    bad = corrupt(f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum",
-                                  key, self.name, step)
+                    bad = corrupt(
+                        f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum",
+                        key,
+                        self.name,
+                        step,
+                    )
                     bad.path = path
                     raise bad
                 place(out, origin, data, idx, info.chunk_shape, info.shape)
@@ -423,7 +496,7 @@ class SharedZarrTier(Tier):
         with self._lock:
             part = self._index.pop(key, None)
             if part is None:
-                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+                raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             self._used -= part.nbytes
             if part.committed:
                 self._doomed.append(part)
@@ -464,10 +537,13 @@ class SharedZarrTier(Tier):
         try:
             with self._lock:
                 if self._writing:
-                    raise StorageError(f"{self._writing} writes to {self.path} are still in "
-                                       "flight; flush them (the store's wait) before a commit")
-                batch = sorted((p for p in self._index.values() if not p.committed),
-                               key=lambda p: p.name)
+                    raise StorageError(
+                        f"{self._writing} writes to {self.path} are still in "
+                        "flight; flush them (the store's wait) before a commit"
+                    )
+                batch = sorted(
+                    (p for p in self._index.values() if not p.committed), key=lambda p: p.name
+                )
                 doomed, self._doomed = sorted(self._doomed, key=lambda p: p.name), []
                 self.doomed_bytes = 0
             h = xxhash.xxh3_64()
@@ -495,7 +571,8 @@ class SharedZarrTier(Tier):
                 f"the ranks hold different checkpoint records to commit to {self.path} (names, "
                 "decompositions or replicated leaves differ); every rank must save the same "
                 "steps in the same order, and leaves that are not DistributedArray blocks must "
-                "be equal on all ranks (wrap rank-local arrays in DistributedArray)")
+                "be equal on all ranks (wrap rank-local arrays in DistributedArray)"
+            )
         gathered = guard.gatherv(mine, 0, what)
         error = None
         if self.rank == 0:
@@ -541,9 +618,15 @@ class SharedZarrTier(Tier):
             for i, info in enumerate(part.leaves):
                 if info.decomp is None:
                     meta, chunk = info.meta
-                    leaves_doc.append({"dtype": dtype_to_json(info.dtype), "shape": list(info.shape),
-                                       "distributed": False, "chunk": chunk,
-                                       "checksum": info.checksum})
+                    leaves_doc.append(
+                        {
+                            "dtype": dtype_to_json(info.dtype),
+                            "shape": list(info.shape),
+                            "distributed": False,
+                            "chunk": chunk,
+                            "checksum": info.checksum,
+                        }
+                    )
                     continue
                 d, c = info.decomp, info.chunk_shape
                 grid_shape = tuple(-(-n // ck) for n, ck in zip(info.shape, c))
@@ -557,28 +640,45 @@ class SharedZarrTier(Tier):
                 meta, chunk = F.array_metadata(grid.dtype, grid.shape)
                 F.write_file(os.path.join(sums_dir, "zarr.json"), meta, self.durable, truncate=True)
                 if chunk is not None:
-                    F.write_file(os.path.join(sums_dir, chunk), byte_view(grid), self.durable,
-                                 truncate=True)
+                    F.write_file(
+                        os.path.join(sums_dir, chunk), byte_view(grid), self.durable, truncate=True
+                    )
                 # The checksum array's own checksum: the record's digest covers it,
                 # and through it every chunk.
-                leaves_doc.append({"dtype": dtype_to_json(info.dtype), "shape": list(info.shape),
-                                   "distributed": True, "decomposition": d.to_json(),
-                                   "chunk_shape": list(c), "checksums": f"xxh3/{i}",
-                                   "checksums_xxh3": leaf_checksum(grid)})
+                leaves_doc.append(
+                    {
+                        "dtype": dtype_to_json(info.dtype),
+                        "shape": list(info.shape),
+                        "distributed": True,
+                        "decomposition": d.to_json(),
+                        "chunk_shape": list(c),
+                        "checksums": f"xxh3/{i}",
+                        "checksums_xxh3": leaf_checksum(grid),
+                    }
+                )
             if any(info.decomp is not None for info in part.leaves):
-                F.write_json(os.path.join(base, "xxh3", "zarr.json"), F.group_document({}),
-                             self.durable)
-            attrs = {"format": FORMAT, "kind": RECORD, "key": part.key,
-                     "step": step_of(part.spec), "nranks": self.size, "spec": spec,
-                     "leaves": leaves_doc}
+                F.write_json(
+                    os.path.join(base, "xxh3", "zarr.json"), F.group_document({}), self.durable
+                )
+            attrs = {
+                "format": FORMAT,
+                "kind": RECORD,
+                "key": part.key,
+                "step": step_of(part.spec),
+                "nranks": self.size,
+                "spec": spec,
+                "leaves": leaves_doc,
+            }
             group, _ = F.sealed_group(ATTRS, attrs)
             tmp = os.path.join(base, "zarr.json.tmp")
             F.write_file(tmp, group, self.durable, truncate=True)
             F.publish(tmp, os.path.join(base, "zarr.json"), self.durable)
             F.publish(base, os.path.join(self.path, part.name), False)
         for part in doomed:
-            os.rename(os.path.join(self.path, part.name),
-                      os.path.join(self._pending, "trash-" + part.name))
+            os.rename(
+                os.path.join(self.path, part.name),
+                os.path.join(self._pending, "trash-" + part.name),
+            )
         if self.durable:
             F.fsync_dir(self.path)
 
@@ -591,5 +691,7 @@ class SharedZarrTier(Tier):
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
-        return (f"SharedZarrTier({self.path!r}, rank={self.rank}/{self.size}, "
-                f"records={len(self._index)}, used={self._used} B, capacity={cap})")
+        return (
+            f"SharedZarrTier({self.path!r}, rank={self.rank}/{self.size}, "
+            f"records={len(self._index)}, used={self._used} B, capacity={cap})"
+        )

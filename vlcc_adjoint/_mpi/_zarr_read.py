@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view, unflatten
 from ..storage import CorruptCheckpointError
 from ..storage import format as F
@@ -64,15 +65,23 @@ def check_record(record_dir: str) -> dict:
         raise _bad(path, "is not a distributed vlcc_adjoint record")
     fmt = doc.get("format")
     if type(fmt) is not int or fmt not in FORMATS:
-        raise _bad(path, f"is a record of format {fmt!r}; this version reads formats "
-                   f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)")
+        raise _bad(
+            path,
+            f"is a record of format {fmt!r}; this version reads formats "
+            f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)",
+        )
     if fmt >= 2:
         doc = F.unseal(doc, path)
     if set(doc) != _RECORD_KEYS:
-        raise _bad(path, f"has attributes {sorted(doc)}, a format-{fmt} record has "
-                   f"{sorted(_RECORD_KEYS)}")
-    if type(doc["spec"]) is not dict or type(doc["leaves"]) is not list \
-            or type(doc["nranks"]) is not int or not (doc["step"] is None or type(doc["step"]) is int):
+        raise _bad(
+            path, f"has attributes {sorted(doc)}, a format-{fmt} record has {sorted(_RECORD_KEYS)}"
+        )
+    if (
+        type(doc["spec"]) is not dict
+        or type(doc["leaves"]) is not list
+        or type(doc["nranks"]) is not int
+        or not (doc["step"] is None or type(doc["step"]) is int)
+    ):
         raise _bad(path, "has no spec object, leaves list, rank count or step")
     for i, leaf in enumerate(doc["leaves"]):
         if type(leaf) is not dict:
@@ -88,27 +97,33 @@ def _check_leaf(leaf: dict, fmt: int, path: str) -> None:
     dtype, shape, _ = F.check_leaf(leaf["dtype"], leaf["shape"], path)
     if not leaf["distributed"]:
         if leaf["chunk"] is not None and leaf["chunk"] != F.chunk_key(
-                [0] * (len(shape) + (0 if F.zarr_data_type(dtype) else 1))):
-            raise ValueError(f"unexpected chunk key {leaf['chunk']!r}")
+            [0] * (len(shape) + (0 if F.zarr_data_type(dtype) else 1))
+        ):
+            raise VlccValueError(f"unexpected chunk key {leaf['chunk']!r}")
         if type(leaf["checksum"]) is not str:
-            raise ValueError("no checksum")
+            raise VlccValueError("no checksum")
         return
     if F.zarr_data_type(dtype) is None:
-        raise ValueError(f"a distributed leaf of dtype {dtype}")
+        raise VlccValueError(f"a distributed leaf of dtype {dtype}")
     chunks = leaf["chunk_shape"]
-    if not (type(chunks) is list and len(chunks) == len(shape)
-            and all(type(c) is int and c > 0 for c in chunks)):
-        raise ValueError(f"chunk shape {chunks!r}")
+    if not (
+        type(chunks) is list
+        and len(chunks) == len(shape)
+        and all(type(c) is int and c > 0 for c in chunks)
+    ):
+        raise VlccValueError(f"chunk shape {chunks!r}")
     F.check_allocation(int(np.prod(chunks, dtype=object)) * dtype.itemsize, path, "a chunk")
     grid = int(np.prod([-(-n // c) for n, c in zip(shape, chunks)], dtype=object))
     F.check_allocation(8 * grid, path, "chunk checksums")
     if Decomposition.from_json(leaf["decomposition"]).global_shape != shape:
-        raise ValueError("a decomposition of another shape")
-    if leaf["checksums"] != f"xxh3/{leaf['checksums'].rsplit('/', 1)[-1]}" \
-            or not leaf["checksums"].rsplit("/", 1)[-1].isdigit():
-        raise ValueError(f"checksum array {leaf['checksums']!r}")
+        raise VlccValueError("a decomposition of another shape")
+    if (
+        leaf["checksums"] != f"xxh3/{leaf['checksums'].rsplit('/', 1)[-1]}"
+        or not leaf["checksums"].rsplit("/", 1)[-1].isdigit()
+    ):
+        raise VlccValueError(f"checksum array {leaf['checksums']!r}")
     if fmt >= 2 and type(leaf["checksums_xxh3"]) is not str:
-        raise ValueError("no checksum of the checksum array")
+        raise VlccValueError("no checksum of the checksum array")
 
 
 def read_chunk(path: str, dtype, chunk_shape, key, tier, step, leaf) -> np.ndarray:
@@ -167,20 +182,45 @@ def list_checkpoints(path: str | os.PathLike) -> list[dict]:
             doc = str(err)
         mtime = entry.stat(follow_symlinks=False).st_mtime
         if isinstance(doc, str):
-            out.append({"name": entry.name, "key": None, "step": None, "nranks": None,
-                        "mtime": mtime, "leaves": None, "damaged": doc})
+            out.append(
+                {
+                    "name": entry.name,
+                    "key": None,
+                    "step": None,
+                    "nranks": None,
+                    "mtime": mtime,
+                    "leaves": None,
+                    "damaged": doc,
+                }
+            )
             continue
-        out.append({"name": entry.name, "key": doc["key"], "step": doc["step"],
-                    "nranks": doc["nranks"], "mtime": mtime, "damaged": None,
-                    "leaves": [{k: leaf.get(k) for k in ("dtype", "shape", "distributed")}
-                               for leaf in doc["leaves"]]})
+        out.append(
+            {
+                "name": entry.name,
+                "key": doc["key"],
+                "step": doc["step"],
+                "nranks": doc["nranks"],
+                "mtime": mtime,
+                "damaged": None,
+                "leaves": [
+                    {k: leaf.get(k) for k in ("dtype", "shape", "distributed")}
+                    for leaf in doc["leaves"]
+                ],
+            }
+        )
     out.sort(key=lambda r: (r["mtime"], r["name"]))
     return out
 
 
-def read_checkpoint(path: str | os.PathLike, name: str | None = None, *, step: int | None = None, comm: Any = None,
-                    rank: int | None = None,
-                    decomposition: Decomposition | Callable | None = None) -> Any:
+def read_checkpoint(
+    path: str | os.PathLike,
+    name: str | None = None,
+    *,
+    step: int | None = None,
+    comm: Any = None,
+    rank: int | None = None,
+    decomposition: Decomposition | Callable | None = None,
+) -> Any:
     """Restore a committed record on this rank: any number of ranks, or serially.
 
     Each rank reads only the chunks that overlap its block, verifies their
@@ -211,22 +251,25 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, *, step: i
     path = os.path.abspath(os.fspath(path))
     if name is None:
         if step is None:
-            raise ValueError("pass the record's name (see list_checkpoints) or its step")
+            raise VlccValueError("pass the record's name (see list_checkpoints) or its step")
         found = [r for r in list_checkpoints(path) if r["step"] == step]
         if not found:
-            raise KeyError(f"no committed record of step {step} in {path}; list them with "
-                           "vlcc_adjoint.mpi.list_checkpoints")
+            raise VlccKeyError(
+                f"no committed record of step {step} in {path}; list them with "
+                "vlcc_adjoint.mpi.list_checkpoints"
+            )
         name = found[-1]["name"]
     if name.startswith(".") or os.sep in name or name in ("", "zarr.json"):
-        raise KeyError(f"no committed record {name!r} in {path}")
+        raise VlccKeyError(f"no committed record {name!r} in {path}")
     record_dir = os.path.join(path, name)
     try:
         doc = check_record(record_dir)
     except FileNotFoundError:
-        raise KeyError(f"no committed record {name!r} in {path}") from None
+        raise VlccKeyError(f"no committed record {name!r} in {path}") from None
     except CorruptCheckpointError as err:
-        raise CorruptCheckpointError(f"record {name!r} in {path} is corrupt: {err}", key=name,
-                                     tier=path, path=err.path) from None
+        raise CorruptCheckpointError(
+            f"record {name!r} in {path} is corrupt: {err}", key=name, tier=path, path=err.path
+        ) from None
     size = 1 if comm is None else comm.Get_size()
     if rank is None:
         rank = 0 if comm is None else comm.Get_rank()
@@ -241,10 +284,15 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, *, step: i
                 leaves.append(np.empty(shape, dtype))
                 continue
             raw = F.zarr_data_type(dtype) is None
-            data = read_chunk(os.path.join(record_dir, str(i), info["chunk"]),
-                              np.dtype(np.uint8) if raw else dtype,
-                              shape + (dtype.itemsize,) if raw else shape,
-                              name, path, step_no, i)
+            data = read_chunk(
+                os.path.join(record_dir, str(i), info["chunk"]),
+                np.dtype(np.uint8) if raw else dtype,
+                shape + (dtype.itemsize,) if raw else shape,
+                name,
+                path,
+                step_no,
+                i,
+            )
             arr = data.reshape(-1).view(dtype).reshape(shape)
             if leaf_checksum(arr) != info["checksum"]:
                 raise corrupt(f"replicated leaf {i} failed its checksum", name, path, step_no)
@@ -252,23 +300,35 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, *, step: i
             continue
         target = _target(decomposition, shape, size)
         if target.nranks != size:
-            raise ValueError(f"the reader's decomposition of leaf {i} has {target.nranks} ranks, "
-                             f"but {size} ranks read; decompose over the reader's ranks")
+            raise VlccValueError(
+                f"the reader's decomposition of leaf {i} has {target.nranks} ranks, "
+                f"but {size} ranks read; decompose over the reader's ranks"
+            )
         targets[i] = target
         chunk_shape = tuple(info["chunk_shape"])
         grid = _read_sums(record_dir, info, shape, chunk_shape, name, path, step_no, i)
         out = np.empty(target.local_shape(rank), dtype)
         box = target.block(rank)
         origin = target.offsets(rank)
-        ranges = [range(lo // c, -(-hi // c)) if hi > lo else range(0)
-                  for (lo, hi), c in zip(box, chunk_shape)]
+        ranges = [
+            range(lo // c, -(-hi // c)) if hi > lo else range(0)
+            for (lo, hi), c in zip(box, chunk_shape)
+        ]
         for idx in np.ndindex(*(len(r) for r in ranges)):
             idx = tuple(r[k] for r, k in zip(ranges, idx))
-            data = read_chunk(os.path.join(record_dir, str(i), F.chunk_key(idx)), dtype,
-                              chunk_shape, name, path, step_no, i)
+            data = read_chunk(
+                os.path.join(record_dir, str(i), F.chunk_key(idx)),
+                dtype,
+                chunk_shape,
+                name,
+                path,
+                step_no,
+                i,
+            )
             if xxh(byte_view(data)) != int(grid[idx]):
-                bad = corrupt(f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum", name,
-                              path, step_no)
+                bad = corrupt(
+                    f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum", name, path, step_no
+                )
                 bad.path = os.path.join(record_dir, str(i), F.chunk_key(idx))
                 raise bad
             place(out, origin, data, idx, chunk_shape, shape)
@@ -291,18 +351,25 @@ def local_spec(global_spec: dict, targets: dict, rank: int) -> dict:
 
 def _target(decomposition, shape, size) -> Decomposition:
     if decomposition is None:
-        return Decomposition.split(shape, size) if size > 1 else \
-            Decomposition(shape, tuple((0, n) for n in shape))
+        return (
+            Decomposition.split(shape, size)
+            if size > 1
+            else Decomposition(shape, tuple((0, n) for n in shape))
+        )
     if isinstance(decomposition, Decomposition):
         if decomposition.global_shape != tuple(shape):
-            raise ValueError(f"the reader's decomposition is of shape "
-                             f"{decomposition.global_shape}, the stored leaf {tuple(shape)}; pass "
-                             "a callable global_shape -> Decomposition for states of several shapes")
+            raise VlccValueError(
+                f"the reader's decomposition is of shape "
+                f"{decomposition.global_shape}, the stored leaf {tuple(shape)}; pass "
+                "a callable global_shape -> Decomposition for states of several shapes"
+            )
         return decomposition
     if callable(decomposition):
         return decomposition(tuple(shape))
-    raise TypeError(f"decomposition must be a Decomposition, a callable or None, got "
-                    f"{type(decomposition).__name__}")
+    raise VlccTypeError(
+        f"decomposition must be a Decomposition, a callable or None, got "
+        f"{type(decomposition).__name__}"
+    )
 
 
 def _read_sums(record_dir, info, shape, chunk_shape, key, tier, step, leaf) -> np.ndarray:

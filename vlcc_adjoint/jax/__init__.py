@@ -32,14 +32,14 @@ Importing this module imports JAX; ``import vlcc_adjoint`` does not.
 
 from ._host import HostIOStats as HostIOStats
 from ._host import host_io_stats as host_io_stats
-from ._program import Program as Program
-from ._program import compile_program as compile_program
 from ._loops import CheckpointedStep as CheckpointedStep
 from ._loops import checkpointed as checkpointed
 from ._loops import checkpointed_fori_loop as checkpointed_fori_loop
+from ._program import Program as Program
+from ._program import compile_program as compile_program
 from ._scan import checkpointed_scan as checkpointed_scan
-from ._trace import jax_trace as jax_trace
 from ._state import register_provider as _register_provider
+from ._trace import jax_trace as jax_trace
 
 _register_provider()
 
@@ -65,14 +65,29 @@ def _scan_default_snapshots(n: int) -> int:
 
 #: Schedule tracing helpers once re-exported here; they live in
 #: vlcc_adjoint.schedules and still import from here with a DeprecationWarning.
-__getattr__ = _deprecated_getattr(__name__, {
-    **{name: (_schedules_name(name), f"vlcc_adjoint.schedules.{name}") for name in ("Trace", "table_trace")},
-    "default_snapshots": (lambda: _scan_default_snapshots,
-                          "vlcc_adjoint.schedules.default_snapshots(n, repetitions=2), "
-                          "the policy checkpointed_scan applies"),
-})
+__getattr__ = _deprecated_getattr(
+    __name__,
+    {
+        **{
+            name: (_schedules_name(name), f"vlcc_adjoint.schedules.{name}")
+            for name in ("Trace", "table_trace")
+        },
+        "default_snapshots": (
+            lambda: _scan_default_snapshots,
+            "vlcc_adjoint.schedules.default_snapshots(n, repetitions=2), "
+            "the policy checkpointed_scan applies",
+        ),
+    },
+)
 
 __all__ = [
-    "CheckpointedStep", "HostIOStats", "Program", "checkpointed", "checkpointed_fori_loop",
-    "checkpointed_scan", "compile_program", "host_io_stats", "jax_trace",
+    "CheckpointedStep",
+    "HostIOStats",
+    "Program",
+    "checkpointed",
+    "checkpointed_fori_loop",
+    "checkpointed_scan",
+    "compile_program",
+    "host_io_stats",
+    "jax_trace",
 ]

@@ -41,7 +41,6 @@ between.  A restore's *stall* is the time its callback waited (all of the
 read when nothing was started ahead); :func:`host_io_stats` reports it.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -49,6 +48,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -56,8 +56,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-from typing import TYPE_CHECKING
-
+from ..errors import VlccTypeError, VlccValueError
 from ._program import H_FROM_SLOT, H_LOAD, H_SAVE, H_TO_SLOT, Program
 
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ LOOKAHEAD = 64
 # Records (step, store level) that runs have put in each store and not yet
 # deleted: shared by every session on the store, so a run can delete what an
 # abandoned run (of any trace) left behind.
-_HELD: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
+_HELD: weakref.WeakKeyDictionary[object, set] = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass
@@ -99,7 +98,7 @@ class HostIOStats:
     stall_s: float = 0.0
 
 
-_STATS: "weakref.WeakKeyDictionary[object, HostIOStats]" = weakref.WeakKeyDictionary()
+_STATS: weakref.WeakKeyDictionary[object, HostIOStats] = weakref.WeakKeyDictionary()
 
 
 def host_io_stats(store: TieredStore, reset: bool = False) -> HostIOStats:
@@ -123,20 +122,23 @@ def check_store(store, program: Program):
     """Raise a clear error unless `store` can hold the program's host levels."""
     tiers = getattr(store, "tiers", None)
     if tiers is None or not all(hasattr(store, m) for m in ("save", "load", "delete", "move")):
-        raise TypeError(
+        raise VlccTypeError(
             f"checkpointed_scan: `store` must be a vlcc_adjoint.storage.TieredStore, got "
-            f"{type(store).__name__}")
+            f"{type(store).__name__}"
+        )
     needed = program.levels - 1
     if len(tiers) < needed:
-        raise ValueError(
+        raise VlccValueError(
             f"checkpointed_scan: the schedule uses levels 1..{needed} below the device, but "
             f"the store has {len(tiers)} tier(s); store.tiers[k - 1] holds level k, so give "
-            f"TieredStore({needed} tiers)")
+            f"TieredStore({needed} tiers)"
+        )
     if getattr(store, "_plan", None) is not None:
-        raise ValueError(
+        raise VlccValueError(
             "checkpointed_scan: build the TieredStore without plan=; its levels are the "
             "schedule's levels >= 1 (the device holds level 0), which an io_plan of the whole "
-            "schedule does not describe")
+            "schedule does not describe"
+        )
 
 
 class HostSession:
@@ -150,8 +152,9 @@ class HostSession:
     of records read ahead and not yet collected).
     """
 
-    def __init__(self, program: Program, store, leaf_avals, plan=None,
-                 prefetch_bytes: int = 256 << 20):
+    def __init__(
+        self, program: Program, store, leaf_avals, plan=None, prefetch_bytes: int = 256 << 20
+    ):
         check_store(store, program)
         self.actions = program.host_actions
         self.store = store
@@ -164,8 +167,9 @@ class HostSession:
         self._lock = threading.Lock()
         record_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.shapes)
         # Reads started ahead: within the byte budget, and at most LOOKAHEAD.
-        self.depth = min(LOOKAHEAD, int(prefetch_bytes) // max(1, record_bytes)) \
-            if plan is not None else 0
+        self.depth = (
+            min(LOOKAHEAD, int(prefetch_bytes) // max(1, record_bytes)) if plan is not None else 0
+        )
         self.ahead_hid, self.ahead_ready = _restores(program, plan)
         self.pending: dict[int, Future] = {}  # host action id -> its read, started ahead
         self._pool: ThreadPoolExecutor | None = None

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..errors import VlccValueError
 from ._program import HID, HKIND, HSLOT, LOAD, SAVE, A, B, Program
 
 __all__ = ["Interpreter"]
@@ -80,15 +81,16 @@ class Interpreter:
       with host instructions (levels >= 1), else ``None``.
     """
 
-    def __init__(self, program: Program, step: Callable, unroll: int = 1, record: bool = False,
-                 host=None):
+    def __init__(
+        self, program: Program, step: Callable, unroll: int = 1, record: bool = False, host=None
+    ):
         self.program = program
         self.step = step
         self.unroll = max(1, int(unroll))
         self.record = record
         self.host = host
         if host is None and program.uses(program.code, HKIND):
-            raise ValueError("this program has host instructions: pass a HostSession")
+            raise VlccValueError("this program has host instructions: pass a HostSession")
 
     # -- pieces -------------------------------------------------------------
 
@@ -147,10 +149,18 @@ class Interpreter:
                 cur, buf = lax.cond(
                     hk >= 0,
                     lambda c, b: self.host.instruction(
-                        jnp.maximum(hk, 0), ins[HID], jnp.maximum(ins[HSLOT], 0), c, b,
-                        _index, _update),
+                        jnp.maximum(hk, 0),
+                        ins[HID],
+                        jnp.maximum(ins[HSLOT], 0),
+                        c,
+                        b,
+                        _index,
+                        _update,
+                    ),
                     lambda c, b: (list(c), list(b)),
-                    list(cur), list(buf))
+                    list(cur),
+                    list(buf),
+                )
             if has_load:
                 cur, counts = self._load(ins[LOAD], cur, buf, counts)
             if has_adv:
@@ -177,8 +187,18 @@ class Interpreter:
         code_np = p.forward
         if len(code_np):
             cur, buf, ys, fwd_log, counts = self._instructions(
-                code_np, jnp.asarray(code_np), jnp.asarray(0, _I32), len(code_np),
-                cur, buf, xs, consts, ys, fwd_log, counts)
+                code_np,
+                jnp.asarray(code_np),
+                jnp.asarray(0, _I32),
+                len(code_np),
+                cur,
+                buf,
+                xs,
+                consts,
+                ys,
+                fwd_log,
+                counts,
+            )
         return cur, buf, ys, (fwd_log, rev_log, counts)
 
     def _load(self, slot, cur, buf, counts):
@@ -200,8 +220,16 @@ class Interpreter:
 
     # -- the backward pass --------------------------------------------------
 
-    def backward(self, cur: Leaves, buf: Leaves, xs: Leaves, consts: Leaves,
-                 adjoint: Callable, adj_state, logs=None):
+    def backward(
+        self,
+        cur: Leaves,
+        buf: Leaves,
+        xs: Leaves,
+        consts: Leaves,
+        adjoint: Callable,
+        adj_state,
+        logs=None,
+    ):
         """Run the backward pass: ``n`` iterations of (instructions, adjoint step).
 
         `cur` only gives the shapes of the state in hand (its value is never
@@ -229,8 +257,18 @@ class Interpreter:
             cur, buf, adj_state, fwd_log, rev_log, counts = state
             if any_instructions:
                 cur, buf, _, fwd_log, counts = self._instructions(
-                    p.backward, code, bounds[k], bounds[k + 1], cur, buf, xs, consts, None,
-                    fwd_log, counts)
+                    p.backward,
+                    code,
+                    bounds[k],
+                    bounds[k + 1],
+                    cur,
+                    buf,
+                    xs,
+                    consts,
+                    None,
+                    fwd_log,
+                    counts,
+                )
             i = n - 1 - k
             # u_i straight from its row: XLA fuses the slice into the VJP.
             adj_state = adjoint(i, _index(buf, rev_row[k]), consts, adj_state)
@@ -241,8 +279,7 @@ class Interpreter:
             return cur, buf, adj_state, fwd_log, rev_log, counts
 
         state = (cur, buf, adj_state, fwd_log, rev_log, counts)
-        cur, buf, adj_state, fwd_log, rev_log, counts = lax.fori_loop(
-            0, n, body, state)
+        cur, buf, adj_state, fwd_log, rev_log, counts = lax.fori_loop(0, n, body, state)
         if self.host is not None:
             self.host.end_of_pass(jnp.asarray(0, _I32))
         return adj_state, (fwd_log, rev_log, counts)

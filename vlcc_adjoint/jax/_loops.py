@@ -37,10 +37,15 @@ class CheckpointedStep:
         return checkpointed_scan(self.f, init, xs, length, **self.options)
 
 
-def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
-                 snapshots: int | None = None, store: TieredStore | None = None,
-                 unroll: int = 1, segment: int | str = 1
-                 ) -> CheckpointedStep | Callable[[Callable], CheckpointedStep]:
+def checkpointed(
+    f: Callable | None = None,
+    *,
+    schedule: Schedule | None = None,
+    snapshots: int | None = None,
+    store: TieredStore | None = None,
+    unroll: int = 1,
+    segment: int | str = 1,
+) -> CheckpointedStep | Callable[[Callable], CheckpointedStep]:
     """Decorate a step function ``f(carry, x) -> (carry, y)`` for checkpointed loops.
 
     ::
@@ -54,17 +59,26 @@ def checkpointed(f: Callable | None = None, *, schedule: Schedule | None = None,
     The decorated object still runs one step when called.  **Arguments:** as
     :func:`checkpointed_scan`.  **Returns:** a :class:`CheckpointedStep`.
     """
-    options = dict(schedule=schedule, snapshots=snapshots, store=store, unroll=unroll,
-                   segment=segment)
+    options = dict(
+        schedule=schedule, snapshots=snapshots, store=store, unroll=unroll, segment=segment
+    )
     if f is None:
         return lambda g: CheckpointedStep(g, **options)
     return CheckpointedStep(f, **options)
 
 
-def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *,
-                           schedule: Schedule | None = None, snapshots: int | None = None,
-                           store: TieredStore | None = None, unroll: int = 1,
-                           segment: int | str = 1) -> Any:
+def checkpointed_fori_loop(
+    lower: int,
+    upper: int,
+    body_fun: Callable,
+    init_val: Any,
+    *,
+    schedule: Schedule | None = None,
+    snapshots: int | None = None,
+    store: TieredStore | None = None,
+    unroll: int = 1,
+    segment: int | str = 1,
+) -> Any:
     """``jax.lax.fori_loop`` whose reverse mode follows a checkpoint schedule.
 
     ``body_fun(i, val) -> val`` for ``i = lower .. upper - 1``; `lower` and
@@ -75,10 +89,12 @@ def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val:
     `snapshots`, `store`, `unroll` as :func:`checkpointed_scan` (the
     schedule is for ``upper - lower`` steps).  **Returns:** the final value.
     """
-    lower = _static_int(lower, "lower", "use jax.lax.fori_loop for traced bounds, "
-                        "or make the bounds static")
-    upper = _static_int(upper, "upper", "use jax.lax.fori_loop for traced bounds, "
-                        "or make the bounds static")
+    lower = _static_int(
+        lower, "lower", "use jax.lax.fori_loop for traced bounds, or make the bounds static"
+    )
+    upper = _static_int(
+        upper, "upper", "use jax.lax.fori_loop for traced bounds, or make the bounds static"
+    )
     if upper <= lower:
         return init_val
 
@@ -87,6 +103,14 @@ def checkpointed_fori_loop(lower: int, upper: int, body_fun: Callable, init_val:
         return (i + 1, body_fun(i, val)), None
 
     (_, val), _ = checkpointed_scan(
-        f, (jnp.asarray(lower, jnp.int32), init_val), None, upper - lower,
-        schedule=schedule, snapshots=snapshots, store=store, unroll=unroll, segment=segment)
+        f,
+        (jnp.asarray(lower, jnp.int32), init_val),
+        None,
+        upper - lower,
+        schedule=schedule,
+        snapshots=snapshots,
+        store=store,
+        unroll=unroll,
+        segment=segment,
+    )
     return val

@@ -45,6 +45,7 @@ import dataclasses
 import numba
 import numpy as np
 
+from ..errors import VlccValueError
 from ..schedules import Schedule, simulate
 from ..schedules.actions import ActionKind
 
@@ -235,12 +236,10 @@ class Program:
     slots: int
     n_steps: int
     forward_count: int
-    host_actions: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.zeros((0, 4), np.int64))
+    host_actions: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 4), np.int64))
     rev_row_coded: np.ndarray | None = None
     rows: int = 0
-    host_index: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.zeros(0, np.int64))
+    host_index: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def rev_row(self) -> np.ndarray:
@@ -306,9 +305,10 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     )
     dummy = np.empty((0, N_FIELDS), np.int32)
     count, split, split_kind, slots, nhost, bad = _compile(
-        *args, dummy, np.empty(0, np.int32), False)
+        *args, dummy, np.empty(0, np.int32), False
+    )
     if bad >= 0:
-        raise ValueError(
+        raise VlccValueError(
             f"{schedule!r} uses storage level {int(max(t['level'][bad], t['dst'][bad]))} "
             f"(action {bad}: {schedule[bad]!r}); the device buffer holds level 0 only. Use a "
             "level-0 schedule (Revolve, StoreAll, Periodic, Online, or Multistage with one "
@@ -318,13 +318,24 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     bounds = np.empty(n + 1, np.int32)
     _compile(*args, code, bounds, True)
     kinds = t["kind"]
-    on_host = ((kinds == ActionKind.MOVE)
-               | (np.isin(kinds, [ActionKind.SAVE, ActionKind.LOAD, ActionKind.DELETE])
-                  & (t["level"] != 0)))
+    on_host = (kinds == ActionKind.MOVE) | (
+        np.isin(kinds, [ActionKind.SAVE, ActionKind.LOAD, ActionKind.DELETE]) & (t["level"] != 0)
+    )
     host_index = np.flatnonzero(on_host).astype(np.int64)
     rows = t[on_host]
-    host_actions = np.stack([rows["kind"].astype(np.int64), rows["a"], rows["level"].astype(
-        np.int64), rows["dst"].astype(np.int64)], axis=1) if len(rows) else np.zeros((0, 4), np.int64)
+    host_actions = (
+        np.stack(
+            [
+                rows["kind"].astype(np.int64),
+                rows["a"],
+                rows["level"].astype(np.int64),
+                rows["dst"].astype(np.int64),
+            ],
+            axis=1,
+        )
+        if len(rows)
+        else np.zeros((0, 4), np.int64)
+    )
     assert len(host_actions) == nhost
     forward = int(np.sum(code[:, B] - code[:, A]))
     assert forward == stats.forward_count, (forward, stats.forward_count)
@@ -333,8 +344,18 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     code, bounds, rev_row, rows = _reverse_from_buffer(code, bounds, int(slots), n)
     for a in (code, bounds, rev_row, host_actions, host_index):
         a.flags.writeable = False
-    return Program(code, bounds, int(split_kind), int(slots), n, forward, host_actions,
-                   rev_row, rows, host_index)
+    return Program(
+        code,
+        bounds,
+        int(split_kind),
+        int(slots),
+        n,
+        forward,
+        host_actions,
+        rev_row,
+        rows,
+        host_index,
+    )
 
 
 def _reverse_from_buffer(code, bounds, slots, n):

@@ -50,6 +50,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import tree_flatten, tree_unflatten
 
+from ..errors import VlccTypeError, VlccValueError
 from ..schedules import Revolve, Schedule, default_snapshots, io_plan
 from ._host import HostSession
 from ._interpret import Interpreter, _index, _update
@@ -72,48 +73,49 @@ def _is_tracer(x) -> bool:
 
 def _static_int(value, name: str, remedy: str) -> int:
     if _is_tracer(value):
-        raise TypeError(
+        raise VlccTypeError(
             f"checkpointed_scan: `{name}` must be a Python int known at trace time, "
             f"got a traced value {value!r}; {remedy}"
         )
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"checkpointed_scan: `{name}` must be an int, got {value!r}")
+        raise VlccTypeError(f"checkpointed_scan: `{name}` must be an int, got {value!r}")
     return int(value)
 
 
 def _infer_length(xs_leaves, length) -> int:
     if length is not None:
         length = _static_int(
-            length, "length",
+            length,
+            "length",
             "the number of steps must be static (mark it static in jax.jit with "
-            "static_argnums, or derive it from xs)")
+            "static_argnums, or derive it from xs)",
+        )
         if length < 0:
-            raise ValueError(f"checkpointed_scan: `length` must be >= 0, got {length}")
+            raise VlccValueError(f"checkpointed_scan: `length` must be >= 0, got {length}")
     lengths = set()
     for leaf in xs_leaves:
         shape = np.shape(leaf)
         if len(shape) == 0:
-            raise ValueError(
+            raise VlccValueError(
                 "checkpointed_scan: every leaf of `xs` needs a leading axis to scan "
                 f"over, got a scalar {leaf!r}; give it shape (length, ...)"
             )
         lengths.add(shape[0])
     if len(lengths) > 1:
-        raise ValueError(
+        raise VlccValueError(
             "checkpointed_scan: the leaves of `xs` have different leading axis sizes "
             f"{sorted(lengths)}; they must all equal the number of steps"
         )
     if lengths:
         (xs_length,) = lengths
         if length is not None and length != xs_length:
-            raise ValueError(
+            raise VlccValueError(
                 f"checkpointed_scan: `length`={length} but the leaves of `xs` have "
                 f"leading axis {xs_length}; pass length={xs_length} or drop `length`"
             )
         length = xs_length
     if length is None:
-        raise ValueError(
-            "checkpointed_scan: with xs=None give `length`, the number of steps")
+        raise VlccValueError("checkpointed_scan: with xs=None give `length`, the number of steps")
     return length
 
 
@@ -127,40 +129,45 @@ def _slot_count(n: int, snapshots) -> int:
     if snapshots is None:
         snapshots = default_snapshots(n, repetitions=2)
     snapshots = _static_int(
-        snapshots, "snapshots",
+        snapshots,
+        "snapshots",
         "the number of checkpoint slots sizes a device buffer, so it must be static "
-        "(mark it static in jax.jit with static_argnames)")
+        "(mark it static in jax.jit with static_argnames)",
+    )
     if snapshots < 1:
-        raise ValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
+        raise VlccValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
     return snapshots
 
 
 def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program:
     if schedule is not None and snapshots is not None:
-        raise ValueError(
+        raise VlccValueError(
             "checkpointed_scan: give `schedule` or `snapshots`, not both "
-            "(`snapshots=c` means schedule=Revolve(length, c))")
+            "(`snapshots=c` means schedule=Revolve(length, c))"
+        )
     if schedule is None:
         snapshots = _slot_count(n, snapshots)
         return _revolve_program(n, snapshots)
     if _is_tracer(schedule) or not isinstance(schedule, Schedule):
-        raise TypeError(
+        raise VlccTypeError(
             "checkpointed_scan: `schedule` must be a vlcc_adjoint.schedules.Schedule "
             f"(static data built outside the traced function), got {type(schedule).__name__}; "
-            "e.g. schedule=Revolve(length, snapshots)")
+            "e.g. schedule=Revolve(length, snapshots)"
+        )
     try:
         table = schedule.table
     except AttributeError:
-        raise ValueError(
+        raise VlccValueError(
             f"checkpointed_scan: this {type(schedule).__name__} schedule has no table yet; an Online schedule "
-            "used with scan knows its length: give Online(snapshots, steps=length)"
+            "used with scan knows its length: give Online(length, snapshots=c)"
         ) from None
     del table
     if schedule.n_steps != n:
-        raise ValueError(
+        raise VlccValueError(
             f"checkpointed_scan: the schedule is for {schedule.n_steps} steps but the "
             f"scan has length {n}; build it for this length, e.g. "
-            f"{type(schedule).__name__}({n}, ...)")
+            f"{type(schedule).__name__}({n}, ...)"
+        )
     return compile_program(schedule, host=host)
 
 
@@ -216,17 +223,19 @@ def _check_carry(init, carry_out) -> None:
     in_leaves, in_tree = jax.tree_util.tree_flatten_with_path(init)
     out_leaves, out_tree = tree_flatten(carry_out)
     if in_tree != out_tree:
-        raise TypeError(
+        raise VlccTypeError(
             "checkpointed_scan: f must return a carry with the structure of `init`; "
             f"init is {in_tree} but f returns {out_tree}. Return (new_carry, y) with "
-            "new_carry built like init")
+            "new_carry built like init"
+        )
     for (path, x), o in zip(in_leaves, out_leaves):
         if jnp.shape(x) != o.shape or jnp.result_type(x) != o.dtype:
-            raise TypeError(
+            raise VlccTypeError(
                 f"checkpointed_scan: f changes {_describe(path)} from "
                 f"{jnp.result_type(x).name}{list(jnp.shape(x))} to {o.dtype.name}{list(o.shape)}; "
                 "the carry must keep its shapes and dtypes across steps (cast with "
-                ".astype(...) or reshape inside f, or give `init` the type f returns)")
+                ".astype(...) or reshape inside f, or give `init` the type f returns)"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -295,7 +304,7 @@ def checkpointed_scan(
       number of steps), or ``None``.
     - `length`: the number of steps ``n``; required when `xs` is ``None``.
     - `schedule`: a :class:`~vlcc_adjoint.schedules.Schedule` for ``n``
-      steps (``Revolve``, ``StoreAll``, ``Periodic``, ``Online(c, steps=n)``,
+      steps (``Revolve``, ``StoreAll``, ``Periodic``, ``Online(n, snapshots=c)``,
       single-level ``Multistage``, or any valid table on level 0).
     - `snapshots`: instead of `schedule`: ``Revolve(n, snapshots)``.  With
       neither, ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``
@@ -327,12 +336,12 @@ def checkpointed_scan(
     ACM TOMS 26(1), 2000.
     """
     if not callable(f):
-        raise TypeError(f"checkpointed_scan: `f` must be callable, got {f!r}")
+        raise VlccTypeError(f"checkpointed_scan: `f` must be callable, got {f!r}")
     if isinstance(unroll, bool):
         unroll = 0 if unroll else 1  # as lax.scan: True unrolls fully
     unroll = _static_int(unroll, "unroll", "give a Python int")
     if unroll < 0:
-        raise ValueError(f"checkpointed_scan: `unroll` must be >= 1, got {unroll}")
+        raise VlccValueError(f"checkpointed_scan: `unroll` must be >= 1, got {unroll}")
     xs_leaves, xs_tree = tree_flatten(xs)
     n = _infer_length(xs_leaves, length)
     if n == 0 or _forward_mode([*tree_flatten(init)[0], *xs_leaves]):
@@ -345,11 +354,20 @@ def checkpointed_scan(
         # lax.scan's reverse=True is the forward scan of the reversed inputs,
         # with the outputs reversed back.
         carry, ys = checkpointed_scan(
-            f, init, jax.tree.map(lambda x: jnp.flip(jnp.asarray(x), 0), xs), n,
-            schedule=schedule, snapshots=snapshots, store=store, unroll=unroll, segment=segment)
+            f,
+            init,
+            jax.tree.map(lambda x: jnp.flip(jnp.asarray(x), 0), xs),
+            n,
+            schedule=schedule,
+            snapshots=snapshots,
+            store=store,
+            unroll=unroll,
+            segment=segment,
+        )
         return carry, jax.tree.map(lambda y: jnp.flip(y, 0), ys)
-    if not (isinstance(segment, (int, np.integer)) and not isinstance(segment, bool)
-            and segment == 1):
+    if not (
+        isinstance(segment, (int, np.integer)) and not isinstance(segment, bool) and segment == 1
+    ):
         segment = check_segment(segment, n, schedule)
     if unroll == 0:  # unroll=True: fully, as lax.scan
         unroll = n
@@ -364,35 +382,49 @@ def checkpointed_scan(
     f_conv, consts = jax.closure_convert(f, init, x0)
     out_shape = jax.eval_shape(f_conv, init, x0, *consts)
     if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
-        raise TypeError(
+        raise VlccTypeError(
             "checkpointed_scan: f must return a pair (new_carry, y), as for "
-            f"jax.lax.scan; got {jax.tree_util.tree_structure(out_shape)}")
+            f"jax.lax.scan; got {jax.tree_util.tree_structure(out_shape)}"
+        )
     _check_carry(init, out_shape[0])
     y_avals, y_tree = tree_flatten(out_shape[1])
 
     def step(c_leaves, x_leaves, k_leaves):
-        c, y = f_conv(tree_unflatten(init_tree, c_leaves),
-                      tree_unflatten(xs_tree, x_leaves), *k_leaves)
+        c, y = f_conv(
+            tree_unflatten(init_tree, c_leaves), tree_unflatten(xs_tree, x_leaves), *k_leaves
+        )
         return tree_flatten(c)[0], tree_flatten(y)[0]
 
     if segment == "auto":
         snapshots = _slot_count(n, snapshots)
         state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in init_leaves)
         segment, snapshots = choose_segment(
-            n, snapshots, state_bytes, residual_bytes(step, init_leaves, xs_leaves, consts))
+            n, snapshots, state_bytes, residual_bytes(step, init_leaves, xs_leaves, consts)
+        )
     if segment > 1:
-        return segmented_scan(checkpointed_scan, f, init, xs, n, segment, schedule=schedule,
-                              snapshots=snapshots, store=store, unroll=unroll)
+        return segmented_scan(
+            checkpointed_scan,
+            f,
+            init,
+            xs,
+            n,
+            segment,
+            schedule=schedule,
+            snapshots=snapshots,
+            store=store,
+            unroll=unroll,
+        )
     program = _resolve_program(n, schedule, snapshots, host=store is not None)
 
     host = None
     if program.levels > 1:
         if any(_batched(x) for x in [*init_leaves, *xs_leaves, *consts]):
-            raise ValueError(
+            raise VlccValueError(
                 "checkpointed_scan: a schedule with host levels (store=...) cannot run under "
                 "jax.vmap: its io_callbacks sit under lax.cond, which JAX refuses to batch "
                 "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
-                "over the batch")
+                "over the batch"
+            )
         plan = io_plan(schedule)  # the future reads: drives the read-ahead
         host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=plan)
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
@@ -411,8 +443,13 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
         def body(c, x):
             return step(c, [] if x is None else x, consts)
 
-        return lax.scan(jax.checkpoint(body) if remat else body, init, xs if xs else None,
-                        length=n, unroll=unroll)
+        return lax.scan(
+            jax.checkpoint(body) if remat else body,
+            init,
+            xs if xs else None,
+            length=n,
+            unroll=unroll,
+        )
 
     @jax.custom_vjp
     def run(init, xs, consts):
@@ -458,27 +495,38 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
                     "differentiated with respect to its cotangents, through the schedule's "
                     "while loops, which JAX cannot differentiate in reverse mode. Differentiate "
                     "the whole function twice (jax.grad(jax.grad(...)), jax.hessian), which "
-                    "checkpointed_scan supports, or use jax.lax.scan of a jax.checkpoint-ed step")
+                    "checkpointed_scan supports, or use jax.lax.scan of a jax.checkpoint-ed step"
+                )
         c_diff = [_inexact(c) for c in cur]
         x_diff = [p and _inexact(x) for p, x in zip(x_pert, xs)]
         k_diff = [p and _inexact(k) for p, k in zip(k_pert, consts)]
-        y_live = [_inexact(a) and not isinstance(ct, SymbolicZero)
-                  for a, ct in zip(y_avals, ys_ct)]
+        y_live = [_inexact(a) and not isinstance(ct, SymbolicZero) for a, ct in zip(y_avals, ys_ct)]
         lam = [
             jnp.zeros(c.shape, c.dtype) if isinstance(ct, SymbolicZero) else ct
-            for c, ct, d in zip(cur, carry_ct, c_diff) if d
+            for c, ct, d in zip(cur, carry_ct, c_diff)
+            if d
         ]
         ys_bar = [ct for ct, live in zip(ys_ct, y_live) if live]
         if second_order:
-            def primal(cd, xd, kd):
-                carry, ys = plain(_merge(cd, cur, c_diff), _merge(xd, xs, x_diff),
-                                  _merge(kd, consts, k_diff), remat=True)
-                return ([v for v, d in zip(carry, c_diff) if d],
-                        [v for v, live in zip(ys, y_live) if live])
 
-            _, pullback = jax.vjp(primal, [v for v, d in zip(cur, c_diff) if d],
-                                  [v for v, d in zip(xs, x_diff) if d],
-                                  [v for v, d in zip(consts, k_diff) if d])
+            def primal(cd, xd, kd):
+                carry, ys = plain(
+                    _merge(cd, cur, c_diff),
+                    _merge(xd, xs, x_diff),
+                    _merge(kd, consts, k_diff),
+                    remat=True,
+                )
+                return (
+                    [v for v, d in zip(carry, c_diff) if d],
+                    [v for v, live in zip(ys, y_live) if live],
+                )
+
+            _, pullback = jax.vjp(
+                primal,
+                [v for v, d in zip(cur, c_diff) if d],
+                [v for v, d in zip(xs, x_diff) if d],
+                [v for v, d in zip(consts, k_diff) if d],
+            )
             lam, xs_bar, k_bar = pullback((lam, ys_bar))
             return _cotangents(lam, xs_bar, k_bar, c_diff, c_pert, x_diff, k_diff)
         interp = Interpreter(program, step, unroll, host=host)
@@ -494,8 +542,10 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
                 x = _merge(xd, x_i, x_diff)
                 k = _merge(kd, consts_, k_diff)
                 c_new, y = step(c, x, k)
-                return ([v for v, d in zip(c_new, c_diff) if d],
-                        [v for v, live in zip(y, y_live) if live])
+                return (
+                    [v for v, d in zip(c_new, c_diff) if d],
+                    [v for v, live in zip(y, y_live) if live],
+                )
 
             _, pullback = jax.vjp(
                 g,
@@ -509,7 +559,8 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
             return dc, xs_bar, k_bar
 
         (lam, xs_bar, k_bar), _ = interp.backward(
-            list(cur), buf, xs, consts, adjoint, (lam, xs_bar, k_bar))
+            list(cur), buf, xs, consts, adjoint, (lam, xs_bar, k_bar)
+        )
         return _cotangents(lam, xs_bar, k_bar, c_diff, c_pert, x_diff, k_diff)
 
     run.defvjp(fwd, bwd, symbolic_zeros=True)

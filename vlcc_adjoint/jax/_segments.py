@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..errors import VlccTypeError, VlccValueError
 from ..schedules import binomial_forward_count
 
 __all__ = ["choose_segment", "residual_bytes", "segmented_forward_count"]
@@ -75,8 +76,10 @@ def residual_bytes(step: Callable, init_leaves, xs_leaves, consts) -> int:
     consts_s = [jax.ShapeDtypeStruct(jnp.shape(k), jnp.result_type(k)) for k in consts]
 
     def kept(length):
-        xs_s = [jax.ShapeDtypeStruct((length,) + tuple(jnp.shape(x))[1:], jnp.result_type(x))
-                for x in xs_leaves]
+        xs_s = [
+            jax.ShapeDtypeStruct((length,) + tuple(jnp.shape(x))[1:], jnp.result_type(x))
+            for x in xs_leaves
+        ]
 
         def run(c, xs, k):
             return lax.scan(lambda c, x: step(c, x, k), c, xs if xs else None, length=length)
@@ -135,8 +138,19 @@ def choose_segment(n: int, slots: int, state_bytes: int, residual: int) -> tuple
     return best[1], best[2]
 
 
-def segmented_scan(scan: Callable, f: Callable, init, xs, n: int, segment: int, *,
-                   schedule, snapshots, store, unroll: int):
+def segmented_scan(
+    scan: Callable,
+    f: Callable,
+    init,
+    xs,
+    n: int,
+    segment: int,
+    *,
+    schedule,
+    snapshots,
+    store,
+    unroll: int,
+):
     """``scan(f, init, xs, n)`` as a checkpointed scan over `segment`-step segments.
 
     `scan` is ``checkpointed_scan`` (passed in to keep the modules one-way);
@@ -147,16 +161,20 @@ def segmented_scan(scan: Callable, f: Callable, init, xs, n: int, segment: int, 
     def block(c, xb):
         return lax.scan(f, c, xb, length=segment, unroll=unroll)
 
-    head_xs = None if xs is None else jax.tree.map(
-        lambda x: jnp.asarray(x)[: m * segment].reshape((m, segment) + jnp.shape(x)[1:]), xs)
-    carry, ys = scan(block, init, head_xs, m, schedule=schedule, snapshots=snapshots,
-                     store=store)
+    head_xs = (
+        None
+        if xs is None
+        else jax.tree.map(
+            lambda x: jnp.asarray(x)[: m * segment].reshape((m, segment) + jnp.shape(x)[1:]), xs
+        )
+    )
+    carry, ys = scan(block, init, head_xs, m, schedule=schedule, snapshots=snapshots, store=store)
     ys = jax.tree.map(lambda y: y.reshape((m * segment,) + y.shape[2:]), ys)
     if tail:
-        tail_xs = None if xs is None else jax.tree.map(
-            lambda x: jnp.asarray(x)[m * segment:], xs)
+        tail_xs = None if xs is None else jax.tree.map(lambda x: jnp.asarray(x)[m * segment :], xs)
         carry, ys_tail = jax.checkpoint(
-            lambda c, xt: lax.scan(f, c, xt, length=tail, unroll=unroll))(carry, tail_xs)
+            lambda c, xt: lax.scan(f, c, xt, length=tail, unroll=unroll)
+        )(carry, tail_xs)
         ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, ys_tail)
     return carry, ys
 
@@ -165,27 +183,31 @@ def check_segment(segment, n: int, schedule) -> int | str:
     """Validate the `segment` argument of ``checkpointed_scan``."""
     if isinstance(segment, str):
         if segment != "auto":
-            raise ValueError(
-                f"checkpointed_scan: `segment` must be a positive int or 'auto', got {segment!r}")
+            raise VlccValueError(
+                f"checkpointed_scan: `segment` must be a positive int or 'auto', got {segment!r}"
+            )
         if schedule is not None:
-            raise ValueError(
+            raise VlccValueError(
                 "checkpointed_scan: segment='auto' chooses the slots itself; with a `schedule` "
-                "give segment=B, an int, and a schedule for length // B segments")
+                "give segment=B, an int, and a schedule for length // B segments"
+            )
         return segment
     if isinstance(segment, bool) or not isinstance(segment, (int, np.integer)):
-        raise TypeError(
-            f"checkpointed_scan: `segment` must be a Python int or 'auto', got {segment!r}")
+        raise VlccTypeError(
+            f"checkpointed_scan: `segment` must be a Python int or 'auto', got {segment!r}"
+        )
     segment = int(segment)
     if segment < 1:
-        raise ValueError(f"checkpointed_scan: `segment` must be >= 1, got {segment}")
+        raise VlccValueError(f"checkpointed_scan: `segment` must be >= 1, got {segment}")
     if segment > n:
-        raise ValueError(
+        raise VlccValueError(
             f"checkpointed_scan: `segment`={segment} is longer than the scan ({n} steps); "
-            f"give segment <= {n}")
+            f"give segment <= {n}"
+        )
     if schedule is not None and schedule.n_steps != n // segment:
-        raise ValueError(
+        raise VlccValueError(
             f"checkpointed_scan: with segment={segment} the schedule runs over the "
             f"{n // segment} segments of the {n}-step scan, but it is for {schedule.n_steps}; "
-            f"build it for {n // segment}, e.g. {type(schedule).__name__}({n // segment}, ...)")
+            f"build it for {n // segment}, e.g. {type(schedule).__name__}({n // segment}, ...)"
+        )
     return segment
-

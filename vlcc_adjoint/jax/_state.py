@@ -31,12 +31,12 @@ unflattened after JAX was imported, or a spec holds a ``"jax"`` tag.
 
 from __future__ import annotations
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import state as _vstate
+from ..errors import VlccValueError
 
 __all__ = ["register_provider"]
 
@@ -58,11 +58,11 @@ def _from_numpy(leaf: np.ndarray, node: dict):
     if tag == "key":
         impl = node.get("impl")
         if not isinstance(impl, str):
-            raise ValueError("PRNG key without its implementation name in state spec")
+            raise VlccValueError("PRNG key without its implementation name in state spec")
         return jax.random.wrap_key_data(jnp.asarray(leaf), impl=impl)
     if tag is True:
         return jnp.asarray(leaf)
-    raise ValueError(f"malformed JAX leaf tag {tag!r} in state spec")
+    raise VlccValueError(f"malformed JAX leaf tag {tag!r} in state spec")
 
 
 _NODE_CACHE: dict[type, bool] = {}
@@ -88,9 +88,15 @@ def _tree_node(cls: type) -> bool:
     return _NODE_CACHE[cls]
 
 
-PROVIDER = _vstate.LeafProvider(tag=TAG, claims=_claims, to_numpy=_to_numpy,
-                                from_numpy=_from_numpy, immutable=True, rebuilt=True,
-                                tree_node=_tree_node)
+PROVIDER = _vstate.LeafProvider(
+    tag=TAG,
+    claims=_claims,
+    to_numpy=_to_numpy,
+    from_numpy=_from_numpy,
+    immutable=True,
+    rebuilt=True,
+    tree_node=_tree_node,
+)
 
 
 def register_provider() -> None:

@@ -17,10 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..schedules import Schedule, io_plan
+from ..schedules import Schedule, Trace, io_plan
 from ._host import HostSession
 from ._interpret import Interpreter
-from ..schedules import Trace
 from ._program import compile_program
 
 if TYPE_CHECKING:
@@ -46,8 +45,9 @@ def jax_trace(schedule: Schedule, store: TieredStore | None = None) -> Trace:
     if program.levels > 1:
         # With the read-ahead on: a restore collected from a read started
         # early must still hand over the right state.
-        host = HostSession(program, store, [jax.ShapeDtypeStruct((), jnp.int32)],
-                           plan=io_plan(schedule))
+        host = HostSession(
+            program, store, [jax.ShapeDtypeStruct((), jnp.int32)], plan=io_plan(schedule)
+        )
     i32 = jnp.int32
 
     def step(c, x, k):
@@ -63,7 +63,8 @@ def jax_trace(schedule: Schedule, store: TieredStore | None = None) -> Trace:
         buf = [jnp.zeros((program.rows,), i32)]
         cur, buf, _, logs = interp.forward([jnp.asarray(0, i32)], [], [], None, buf)
         (seen, _), logs = interp.backward(
-            cur, buf, [], [], adjoint, (jnp.full(n, -1, i32), jnp.asarray(0, i32)), logs)
+            cur, buf, [], [], adjoint, (jnp.full(n, -1, i32), jnp.asarray(0, i32)), logs
+        )
         return seen, logs
 
     seen, (fwd_log, rev_log, counts) = jax.device_get(run())
@@ -75,5 +76,10 @@ def jax_trace(schedule: Schedule, store: TieredStore | None = None) -> Trace:
         reads = [reads[0] + int(host.reads[0])] + [int(r) for r in host.reads[1:]]
         writes = [writes[0] + int(host.writes[0])] + [int(w) for w in host.writes[1:]]
     pad = [0] * (len(schedule.levels) - len(reads))
-    return Trace(fwd_steps, rev_steps, tuple(reads + pad), tuple(writes + pad),
-                 reverse_states=np.asarray(seen, np.int64))
+    return Trace(
+        fwd_steps,
+        rev_steps,
+        tuple(reads + pad),
+        tuple(writes + pad),
+        reverse_states=np.asarray(seen, np.int64),
+    )

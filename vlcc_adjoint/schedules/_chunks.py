@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import VlccRuntimeError
 from .actions import ACTION_DTYPE
 
 __all__ = ["CHUNK_ROWS", "ChunkedTable", "concatenate"]
@@ -60,7 +61,7 @@ class ChunkedTable:
             before = state.copy()
             rows = int(fill(dummy, False, state, self._limit))
             if rows < 0:  # pragma: no cover - an emitter outgrew its state
-                raise RuntimeError(f"{fill!r} ran out of stack at row {starts[-1]}")
+                raise VlccRuntimeError(f"{fill!r} ran out of stack at row {starts[-1]}")
             if rows == 0:
                 break
             saved.append(before)
@@ -87,7 +88,7 @@ class ChunkedTable:
         state = self._states[k].copy()
         rows = int(self._fill(out, True, state, self._limit))
         if rows != len(out):  # pragma: no cover - the emitter is deterministic
-            raise RuntimeError(f"chunk {k} regenerated {rows} rows, counted {len(out)}")
+            raise VlccRuntimeError(f"chunk {k} regenerated {rows} rows, counted {len(out)}")
         out.flags.writeable = False
         return out
 

@@ -62,8 +62,9 @@ def call_kernel(kernel: Callable, *args, stop: np.ndarray | None = None, threade
         except BaseException as error:  # handed to the caller below
             outcome.append((False, error))
 
-    worker = threading.Thread(target=work, name=f"vlcc-{getattr(kernel, '__name__', 'kernel')}",
-                              daemon=True)
+    worker = threading.Thread(
+        target=work, name=f"vlcc-{getattr(kernel, '__name__', 'kernel')}", daemon=True
+    )
     worker.start()
     interrupt = None
     while worker.is_alive():

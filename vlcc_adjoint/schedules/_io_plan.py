@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._interrupt import call_kernel
+from ._jit import PythonBudget, njit
 from ._schedule import Schedule
 from ._simulate import THREADED_ROWS
-from ._jit import PythonBudget, njit
 
 if TYPE_CHECKING:
     from ._plan_windows import PlanWindow
@@ -105,9 +105,14 @@ class IOPlan:
       arrays).
     """
 
-    def __init__(self, levels: list | None = None, records: np.ndarray | None = None,
-                 record_of_action: np.ndarray | None = None, *,
-                 schedule: Schedule | None = None) -> None:
+    def __init__(
+        self,
+        levels: list | None = None,
+        records: np.ndarray | None = None,
+        record_of_action: np.ndarray | None = None,
+        *,
+        schedule: Schedule | None = None,
+    ) -> None:
         self.schedule = schedule
         if schedule is None:
             self._arrays = (tuple(levels), records, record_of_action)
@@ -168,8 +173,25 @@ class IOPlan:
 
 
 @njit(cache=True, nogil=True)
-def _scan_block(kind, a, level, dst, offset, live, rec_step, rec_level, rec_start, rec_end,
-                rec_first, rec_last, rec_reads, rec_of_action, read_action, read_record, count):
+def _scan_block(
+    kind,
+    a,
+    level,
+    dst,
+    offset,
+    live,
+    rec_step,
+    rec_level,
+    rec_start,
+    rec_end,
+    rec_first,
+    rec_last,
+    rec_reads,
+    rec_of_action,
+    read_action,
+    read_record,
+    count,
+):
     """Scan one block of rows (the first at action index `offset`), carrying
     ``live`` (the record each level holds for a step) and ``count = [records,
     reads]`` from block to block; ``rec_of_action`` covers the whole table."""
@@ -231,28 +253,78 @@ def _link(read_record, nread, nrec):
 
 def _scan_arrays(m, n, nlv, nsaves, nloads):
     """The scan's state and outputs, for a table of `m` rows."""
-    return (np.full((nlv, n + 1), -1, np.int64), np.empty(nsaves, np.int64),
-            np.empty(nsaves, np.int8), np.empty(nsaves, np.int64), np.full(nsaves, m, np.int64),
-            np.full(nsaves, -1, np.int64), np.full(nsaves, -1, np.int64),
-            np.zeros(nsaves, np.int64), np.full(m, -1, np.int64), np.empty(nloads, np.int64),
-            np.empty(nloads, np.int64), np.zeros(2, np.int64))
+    return (
+        np.full((nlv, n + 1), -1, np.int64),
+        np.empty(nsaves, np.int64),
+        np.empty(nsaves, np.int8),
+        np.empty(nsaves, np.int64),
+        np.full(nsaves, m, np.int64),
+        np.full(nsaves, -1, np.int64),
+        np.full(nsaves, -1, np.int64),
+        np.zeros(nsaves, np.int64),
+        np.full(m, -1, np.int64),
+        np.empty(nloads, np.int64),
+        np.empty(nloads, np.int64),
+        np.zeros(2, np.int64),
+    )
 
 
 def _scan_pieces(pieces, m, n, nlv, nsaves, nloads):
     """Scan consecutive pieces of a table of `m` rows with the kernel; the
     same arrays as :func:`_scan_python`."""
-    (live, step, level, start, end, first, last, reads, rec_of_action, read_action,
-     read_record, count) = _scan_arrays(m, n, nlv, nsaves, nloads)
+    (
+        live,
+        step,
+        level,
+        start,
+        end,
+        first,
+        last,
+        reads,
+        rec_of_action,
+        read_action,
+        read_record,
+        count,
+    ) = _scan_arrays(m, n, nlv, nsaves, nloads)
     offset = 0
     for piece in pieces:
-        _scan_block(piece["kind"], piece["a"], piece["level"], piece["dst"], offset, live, step,
-                    level, start, end, first, last, reads, rec_of_action, read_action,
-                    read_record, count)
+        _scan_block(
+            piece["kind"],
+            piece["a"],
+            piece["level"],
+            piece["dst"],
+            offset,
+            live,
+            step,
+            level,
+            start,
+            end,
+            first,
+            last,
+            reads,
+            rec_of_action,
+            read_action,
+            read_record,
+            count,
+        )
         offset += len(piece)
     nrec, nread = int(count[0]), int(count[1])
     nxt = _link(read_record, nread, nrec)
-    return (nrec, nread, step, level, start, end, first, last, reads, rec_of_action, read_action,
-            read_record, nxt)
+    return (
+        nrec,
+        nread,
+        step,
+        level,
+        start,
+        end,
+        first,
+        last,
+        reads,
+        rec_of_action,
+        read_action,
+        read_record,
+        nxt,
+    )
 
 
 def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
@@ -279,8 +351,7 @@ def _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads):
         rec_last[r] = i
         rec_reads[r] += 1
 
-    for i, (k, s, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), level.tolist(),
-                                          dst.tolist())):
+    for i, (k, s, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), level.tolist(), dst.tolist())):
         if k == 1 or k == 4:  # Save, or Move into dst
             if k == 4:
                 src = live.pop((lv, s))
@@ -317,9 +388,21 @@ def _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads):
     def i64(values):
         return np.array(values, np.int64)
 
-    return (len(rec_step), nread, i64(rec_step), np.array(rec_level, np.int8), i64(rec_start),
-            i64(rec_end), i64(rec_first), i64(rec_last), i64(rec_reads), i64(rec_of_action),
-            i64(read_action), i64(read_record), i64(nxt))
+    return (
+        len(rec_step),
+        nread,
+        i64(rec_step),
+        np.array(rec_level, np.int8),
+        i64(rec_start),
+        i64(rec_end),
+        i64(rec_first),
+        i64(rec_last),
+        i64(rec_reads),
+        i64(rec_of_action),
+        i64(read_action),
+        i64(read_record),
+        i64(nxt),
+    )
 
 
 #: Ski rental between the two scans (as for :func:`.simulate`'s replay): rows
@@ -362,13 +445,35 @@ def _build(schedule: Schedule):
         out = _scan_python(t["kind"], t["a"], t["level"], t["dst"], n, nlv, nsaves, nloads)
     else:
         # On a worker thread: Ctrl-C-safe on long tables (_interrupt).
-        out = call_kernel(lambda: _scan_pieces(_pieces(schedule), m, n, nlv, nsaves, nloads),
-                          threaded=m > THREADED_ROWS)
-    (nrec, nread, step, level, start, end, first, last, reads, rec_of_action,
-     read_action, read_record, nxt) = out
+        out = call_kernel(
+            lambda: _scan_pieces(_pieces(schedule), m, n, nlv, nsaves, nloads),
+            threaded=m > THREADED_ROWS,
+        )
+    (
+        nrec,
+        nread,
+        step,
+        level,
+        start,
+        end,
+        first,
+        last,
+        reads,
+        rec_of_action,
+        read_action,
+        read_record,
+        nxt,
+    ) = out
     records = np.empty(nrec, RECORD_DTYPE)
-    for name, column in (("step", step), ("level", level), ("start", start), ("end", end),
-                         ("first_read", first), ("last_read", last), ("reads", reads)):
+    for name, column in (
+        ("step", step),
+        ("level", level),
+        ("start", start),
+        ("end", end),
+        ("first_read", first),
+        ("last_read", last),
+        ("reads", reads),
+    ):
         records[name] = column[:nrec]
     read_action = read_action[:nread]
     read_record = read_record[:nread]
@@ -380,11 +485,13 @@ def _build(schedule: Schedule):
         local = np.full(nread, -1, np.int64)
         local[sel] = np.arange(len(sel))
         glob_next = nxt[sel]
-        levels.append(LevelIO(
-            level=lv,
-            index=read_action[sel],
-            step=step[read_record[sel]],
-            record=read_record[sel],
-            next_read_of_record=np.where(glob_next >= 0, local[np.maximum(glob_next, 0)], -1),
-        ))
+        levels.append(
+            LevelIO(
+                level=lv,
+                index=read_action[sel],
+                step=step[read_record[sel]],
+                record=read_record[sel],
+                next_read_of_record=np.where(glob_next >= 0, local[np.maximum(glob_next, 0)], -1),
+            )
+        )
     return tuple(levels), records, rec_of_action

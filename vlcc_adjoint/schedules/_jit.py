@@ -128,4 +128,3 @@ def load_kernels() -> None:
     """
     for kernel in list(_KERNELS):
         kernel.dispatcher  # noqa: B018
-

@@ -11,7 +11,7 @@ the problem of Stumm & Walther (multistage, 2009), Aupy, Herrmann, Hovland &
 Robert (Disk-Revolve, 2016) and Herrmann & Pallez (H-Revolve, ACM TOMS
 46(2), 2020); their algorithms are optimal within restricted classes or
 cost ratios, this one over all schedules (checked against an exhaustive
-search over every schedule in ``tests/test_multistage.py``).
+search over every schedule in ``tests/schedules/test_multistage.py``).
 
 The dynamic program.  Call a *segment* ``(l, k, A)`` the task "reverse
 steps ``s + l - 1 .. s`` with ``u_s`` in hand and stored on level ``k``,
@@ -80,7 +80,7 @@ evaluated, so the minimum stays exact:
 
 With non-dyadic costs (``0.1``, ``1.3``) the proofs compare float sums, so
 the optimum is exact up to the rounding of those sums (relative ``1e-15``);
-with integer or dyadic costs the table is exact.  ``tests/test_multistage.py``
+with integer or dyadic costs the table is exact.  ``tests/schedules/test_multistage.py``
 checks every entry of the table against a brute-force minimum over all
 ``m`` (up to ``n = 4000``), and the optimum against an exhaustive search over
 all schedules for tiny ``n``.
@@ -115,11 +115,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import VlccValueError
+from ._chunks import ChunkedTable
 from ._interrupt import call_kernel, stop_flag
 from ._jit import njit
-from ._multistage_split import _BLOCK, _DEPTH, _PMAX, _RETRY, _SAMPLE, _grow, _split
-from ._chunks import ChunkedTable
 from ._multistage_emit import Decisions, _decide, _digit
+from ._multistage_split import _BLOCK, _DEPTH, _PMAX, _RETRY, _SAMPLE, _grow, _split
 from ._schedule import Level, Schedule, check_cost, check_positive_int
 
 __all__ = ["Multistage"]
@@ -191,8 +192,15 @@ def _dominance(slots, strides, write, read, valid):
                         npair += 1
                         ne += 1
     dom_start[S * L] = ne
-    return (pa[:npair].copy(), pb[:npair].copy(), dom_start, dom_h[:ne].copy(),
-            dom_g[:ne].copy(), dom_cost[:ne].copy(), dom_tie[:ne].copy())
+    return (
+        pa[:npair].copy(),
+        pb[:npair].copy(),
+        dom_start,
+        dom_h[:ne].copy(),
+        dom_g[:ne].copy(),
+        dom_cost[:ne].copy(),
+        dom_tie[:ne].copy(),
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -229,7 +237,9 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     for s in range(S):
         k = s // P
         valid[s] = _digit(s - k * P, k, strides, slots) < slots[k]
-    pa, pb, dom_start, dom_h, dom_g, dom_cost, dom_tie = _dominance(slots, strides, write, read, valid)
+    pa, pb, dom_start, dom_h, dom_g, dom_cost, dom_tie = _dominance(
+        slots, strides, write, read, valid
+    )
     pmin = np.zeros(pa.shape[0])  # min over lengths x of F(x, pa) - F(x, pb); x = 1: 0
     work = np.empty((_DEPTH, 2), np.int64)
     fwork = np.empty((_DEPTH, 2))
@@ -292,9 +302,31 @@ def _solve(n, slots, write, read, fwd, qh, stop):
                     lbs[s, j] = -np.inf  # searched from scratch should it cease to be
                     lbh[s * L + j, l % _PMAX] = -np.inf
                     continue
-                v, m = _split(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, s,
-                              j * P + a - strides[j], fwd, best - c, guesses[s, j], lbs[s, j],
-                              qh, work, fwork, lbh, cert, s * L + j, iwork)
+                v, m = _split(
+                    F,
+                    rec,
+                    recv,
+                    nrec,
+                    stk,
+                    stkv,
+                    ntop,
+                    bmin,
+                    bmax,
+                    l,
+                    s,
+                    j * P + a - strides[j],
+                    fwd,
+                    best - c,
+                    guesses[s, j],
+                    lbs[s, j],
+                    qh,
+                    work,
+                    fwork,
+                    lbh,
+                    cert,
+                    s * L + j,
+                    iwork,
+                )
                 lbs[s, j] = v
                 lbh[s * L + j, l % _PMAX] = v
                 if m > 0:
@@ -392,14 +424,16 @@ class Multistage(Schedule):
         n = check_positive_int(steps, "steps")
         levels = tuple(levels)
         if not levels:
-            raise ValueError("Multistage needs at least one Level(slots, write_cost, read_cost)")
+            raise VlccValueError(
+                "Multistage needs at least one Level(slots, write_cost, read_cost)"
+            )
         for i, level in enumerate(levels):
             if not isinstance(level, Level):
-                raise ValueError(
+                raise VlccValueError(
                     f"levels[{i}] is {level!r}; give Level(slots, write_cost, read_cost)"
                 )
             if level.slots is None:
-                raise ValueError(
+                raise VlccValueError(
                     f"levels[{i}] has unbounded slots; Multistage plans for finite "
                     "slots (use StoreAll for unbounded storage)"
                 )
@@ -411,7 +445,7 @@ class Multistage(Schedule):
         # the cost table and the block extremes of its slopes
         table_bytes = (8 * (n + 1) + 16 * ((n >> _BLOCK) + 1)) * len(levels) * states
         if table_bytes > max_table_bytes:
-            raise ValueError(
+            raise VlccValueError(
                 f"Multistage(steps={n}) over slots {slots.tolist()} needs a "
                 f"{table_bytes / 2**30:.1f} GiB cost table; give fewer slots on the "
                 "slow levels, fewer steps, or raise max_table_bytes"
@@ -422,22 +456,47 @@ class Multistage(Schedule):
         # On a worker thread, so that Ctrl-C stops it cleanly (see _interrupt).
         stop = stop_flag()
         F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax = call_kernel(
-            _solve, n, slots, write, read, fwd, q / 2, stop, stop=stop)
+            _solve, n, slots, write, read, fwd, q / 2, stop, stop=stop
+        )
         P = states
         full = int(np.sum(slots * strides))
-        self.optimal_time = float(
-            min(write[j] + F[j * P + full - strides[j], n]
-                for j in range(len(levels)) if slots[j] > 0)
-        ) + n * adjoint_cost if n > 1 else n * adjoint_cost
+        self.optimal_time = (
+            float(
+                min(
+                    write[j] + F[j * P + full - strides[j], n]
+                    for j in range(len(levels))
+                    if slots[j] > 0
+                )
+            )
+            + n * adjoint_cost
+            if n > 1
+            else n * adjoint_cost
+        )
         # Keep one decision per distinct segment, not F nor the table: the
         # rows are regenerated from them chunk by chunk (:mod:`._chunks`).
         k0, keys, target, save, split = call_kernel(
-            _decide, n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop,
-            bmin, bmax)
+            _decide,
+            n,
+            F,
+            strides,
+            slots,
+            write,
+            read,
+            fwd,
+            rec,
+            recv,
+            nrec,
+            stk,
+            stkv,
+            ntop,
+            bmin,
+            bmax,
+        )
         del F, rec, recv, stk, stkv, bmin, bmax
         self.decisions = Decisions(n, slots, strides, k0, keys, target, save, split)
-        super().__init__(ChunkedTable(self.decisions.fill, self.decisions.state), n, levels, fwd,
-                         adjoint_cost)
+        super().__init__(
+            ChunkedTable(self.decisions.fill, self.decisions.state), n, levels, fwd, adjoint_cost
+        )
 
     def _params(self) -> str:
         return f"steps={self.n_steps}, levels={list(self.levels)}"

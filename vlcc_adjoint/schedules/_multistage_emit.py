@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import VlccRuntimeError
 from ._jit import njit
 from ._multistage_split import _DEPTH, _bisect
 from ._revolve import NO_LIMIT, _put, restart_rows
@@ -31,8 +32,27 @@ def _digit(a, k, strides, slots):
 
 
 @njit(cache=True, nogil=True)
-def _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strides, write, read, fwd, work,
-          fwork):
+def _base(
+    F,
+    rec,
+    recv,
+    nrec,
+    stk,
+    stkv,
+    ntop,
+    bmin,
+    bmax,
+    l,
+    k,
+    a,
+    slots,
+    strides,
+    write,
+    read,
+    fwd,
+    work,
+    fwork,
+):
     """``B(l, k, A)``: its value, the save level (-1: no save) and the split."""
     P = F.shape[0] // slots.shape[0]
     best = read[k] * (l - 1) + fwd * l * (l - 1) / 2.0
@@ -42,8 +62,28 @@ def _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strid
         if _digit(a, j, strides, slots) == 0:
             continue
         c = write[j] + read[k]
-        v, m = _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k * P + a, j * P + a - strides[j], fwd,
-                       best - c, -1, 1, l - 1, 0.0, work, fwork)
+        v, m = _bisect(
+            F,
+            rec,
+            recv,
+            nrec,
+            stk,
+            stkv,
+            ntop,
+            bmin,
+            bmax,
+            l,
+            k * P + a,
+            j * P + a - strides[j],
+            fwd,
+            best - c,
+            -1,
+            1,
+            l - 1,
+            0.0,
+            work,
+            fwork,
+        )
         if m > 0:
             best = v + c
             best_j = j
@@ -52,8 +92,25 @@ def _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strid
 
 
 @njit(cache=True, nogil=True)
-def _emit(out, write_rows, n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop,
-          bmin, bmax):
+def _emit(
+    out,
+    write_rows,
+    n,
+    F,
+    strides,
+    slots,
+    write,
+    read,
+    fwd,
+    rec,
+    recv,
+    nrec,
+    stk,
+    stkv,
+    ntop,
+    bmin,
+    bmax,
+):
     L = slots.shape[0]
     P = F.shape[0] // L
     work = np.empty((_DEPTH, 2), np.int64)
@@ -89,8 +146,27 @@ def _emit(out, write_rows, n, F, strides, slots, write, read, fwd, rec, recv, nr
             pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
             pos = _put(out, pos, write_rows, 5, s, -1, -1)  # Reverse
             continue
-        b, bj, bm = _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strides, write, read, fwd,
-                          work, fwork)
+        b, bj, bm = _base(
+            F,
+            rec,
+            recv,
+            nrec,
+            stk,
+            stkv,
+            ntop,
+            bmin,
+            bmax,
+            l,
+            k,
+            a,
+            slots,
+            strides,
+            write,
+            read,
+            fwd,
+            work,
+            fwork,
+        )
         if _digit(a, k, strides, slots) < slots[k]:
             # Moving the base may pay off: to the level whose segment is cheapest.
             target = -1
@@ -101,8 +177,27 @@ def _emit(out, write_rows, n, F, strides, slots, write, read, fwd, rec, recv, nr
                     a2 = a - strides[j] + strides[k]
                     v = write[j] + F[j * P + a2, l]
                     if v < b:
-                        b2, bj2, bm2 = _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, j, a2, slots, strides,
-                                             write, read, fwd, work, fwork)
+                        b2, bj2, bm2 = _base(
+                            F,
+                            rec,
+                            recv,
+                            nrec,
+                            stk,
+                            stkv,
+                            ntop,
+                            bmin,
+                            bmax,
+                            l,
+                            j,
+                            a2,
+                            slots,
+                            strides,
+                            write,
+                            read,
+                            fwd,
+                            work,
+                            fwork,
+                        )
                         if write[j] + b2 < b:
                             b = write[j] + b2
                             target, tj, tm = j, bj2, bm2
@@ -169,8 +264,27 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
         if l == 1:
             continue
         key = l * S + k * P + a
-        b, bj, bm = _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, k, a, slots, strides, write, read, fwd,
-                          work, fwork)
+        b, bj, bm = _base(
+            F,
+            rec,
+            recv,
+            nrec,
+            stk,
+            stkv,
+            ntop,
+            bmin,
+            bmax,
+            l,
+            k,
+            a,
+            slots,
+            strides,
+            write,
+            read,
+            fwd,
+            work,
+            fwork,
+        )
         target = -1
         if _digit(a, k, strides, slots) < slots[k]:
             tj = -1
@@ -180,8 +294,27 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
                     a2 = a - strides[j] + strides[k]
                     v = write[j] + F[j * P + a2, l]
                     if v < b:
-                        b2, bj2, bm2 = _base(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, j, a2, slots, strides,
-                                             write, read, fwd, work, fwork)
+                        b2, bj2, bm2 = _base(
+                            F,
+                            rec,
+                            recv,
+                            nrec,
+                            stk,
+                            stkv,
+                            ntop,
+                            bmin,
+                            bmax,
+                            l,
+                            j,
+                            a2,
+                            slots,
+                            strides,
+                            write,
+                            read,
+                            fwd,
+                            work,
+                            fwork,
+                        )
                         if write[j] + b2 < b:
                             b = write[j] + b2
                             target, tj, tm = j, bj2, bm2
@@ -209,7 +342,12 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
         if bj < 0:
             continue
         st[top, 0], st[top, 1], st[top, 2], st[top, 3] = s, bm, k, a
-        st[top + 1, 0], st[top + 1, 1], st[top + 1, 2], st[top + 1, 3] = s + bm, l - bm, bj, a - strides[bj]
+        st[top + 1, 0], st[top + 1, 1], st[top + 1, 2], st[top + 1, 3] = (
+            s + bm,
+            l - bm,
+            bj,
+            a - strides[bj],
+        )
         top += 2
     return k0, keys[:count], dt[:count], dj[:count], dm[:count]
 
@@ -247,7 +385,13 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         k0 = state[7]
         pos = _put(out, pos, write, 1, 0, -1, k0)  # Save u_0
         b = _REGS
-        state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4] = 0, n, k0, state[8] - strides[k0], 1
+        state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4] = (
+            0,
+            n,
+            k0,
+            state[8] - strides[k0],
+            1,
+        )
         state[0] = 1
         state[5] = 1
     top = state[0]
@@ -313,7 +457,7 @@ class Decisions:
         for values in (target, save, split):
             values = values[order]
             if np.any(values != values[first][group]):  # pragma: no cover - _base is a function
-                raise RuntimeError("Multistage decided one segment two ways")
+                raise VlccRuntimeError("Multistage decided one segment two ways")
         self.keys = keys[first]
         self.target = target[order][first]
         self.save = save[order][first]
@@ -328,7 +472,16 @@ class Decisions:
         return int(self.keys.nbytes + self.target.nbytes + self.save.nbytes + self.split.nbytes)
 
     def fill(self, out, write, state, limit):
-        return _fill(out, write, state, limit, self.keys, self.target, self.save, self.split,
-                     self.strides, self.S, self.P)
-
-
+        return _fill(
+            out,
+            write,
+            state,
+            limit,
+            self.keys,
+            self.target,
+            self.save,
+            self.split,
+            self.strides,
+            self.S,
+            self.P,
+        )

@@ -121,8 +121,28 @@ def _scan(F, l, h, g, fwd, lo, hi, best, best_m):
 
 
 @njit(cache=True, nogil=True)
-def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, best_m, lo0, hi0, qh, work,
-            fwork):
+def _bisect(
+    F,
+    rec,
+    recv,
+    nrec,
+    stk,
+    stkv,
+    ntop,
+    bmin,
+    bmax,
+    l,
+    h,
+    g,
+    fwd,
+    best,
+    best_m,
+    lo0,
+    hi0,
+    qh,
+    work,
+    fwork,
+):
     """Exact ``min f(m)`` over ``m`` in ``[lo0, hi0]`` if below ``best``.
 
     Branch and bound over intervals whose two ends are evaluated.  On
@@ -177,8 +197,16 @@ def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
             beta = g_hi - fwd - h_lo
             gamma = fwd + h_hi - g_lo
         else:
-            beta = _premax(F, rec, recv, nrec, g, l - lo - 1) - fwd - _sufmin(F, nrec, stk, stkv, ntop, h, lo)
-            gamma = fwd + _premax(F, rec, recv, nrec, h, hi - 1) - _sufmin(F, nrec, stk, stkv, ntop, g, l - hi)
+            beta = (
+                _premax(F, rec, recv, nrec, g, l - lo - 1)
+                - fwd
+                - _sufmin(F, nrec, stk, stkv, ntop, h, lo)
+            )
+            gamma = (
+                fwd
+                + _premax(F, rec, recv, nrec, h, hi - 1)
+                - _sufmin(F, nrec, stk, stkv, ntop, g, l - hi)
+            )
         if beta <= 0.0:
             continue  # f does not decrease on [lo, hi]: f >= f(lo) >= best
         if gamma <= 0.0:
@@ -203,17 +231,50 @@ def _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
         # the half with the lower known end is searched first (it is pushed last)
         if flo <= fhi:
             work[top, 0], work[top, 1], fwork[top, 0], fwork[top, 1] = mid, hi, fm, fhi
-            work[top + 1, 0], work[top + 1, 1], fwork[top + 1, 0], fwork[top + 1, 1] = lo, mid, flo, fm
+            work[top + 1, 0], work[top + 1, 1], fwork[top + 1, 0], fwork[top + 1, 1] = (
+                lo,
+                mid,
+                flo,
+                fm,
+            )
         else:
             work[top, 0], work[top, 1], fwork[top, 0], fwork[top, 1] = lo, mid, flo, fm
-            work[top + 1, 0], work[top + 1, 1], fwork[top + 1, 0], fwork[top + 1, 1] = mid, hi, fm, fhi
+            work[top + 1, 0], work[top + 1, 1], fwork[top + 1, 0], fwork[top + 1, 1] = (
+                mid,
+                hi,
+                fm,
+                fhi,
+            )
         top += 2
     return best, best_m
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _split(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, guess, lb_prev, qh, work,
-           fwork, lbh, cert, ci, iwork):
+def _split(
+    F,
+    rec,
+    recv,
+    nrec,
+    stk,
+    stkv,
+    ntop,
+    bmin,
+    bmax,
+    l,
+    h,
+    g,
+    fwd,
+    best,
+    guess,
+    lb_prev,
+    qh,
+    work,
+    fwork,
+    lbh,
+    cert,
+    ci,
+    iwork,
+):
     """``min_m fwd m + F(l - m, g) + F(m, h)`` and an argmin, if below ``best``.
 
     Returns ``(best, -1)`` when no split beats ``best``.  ``lb_prev`` is a
@@ -242,8 +303,28 @@ def _split(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, 
                 best = v
                 best_m = m
     if lb_prev == -np.inf:
-        return _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, best_m, 1, l - 2, qh,
-                       work, fwork)
+        return _bisect(
+            F,
+            rec,
+            recv,
+            nrec,
+            stk,
+            stkv,
+            ntop,
+            bmin,
+            bmax,
+            l,
+            h,
+            g,
+            fwd,
+            best,
+            best_m,
+            1,
+            l - 2,
+            qh,
+            work,
+            fwork,
+        )
     delta = best - qh - lb_prev
     lo = max(1, l - _rises_from(F, nrec, stk, stkv, ntop, g, delta))
     hi = min(l - 2, max(1, _rises_from(F, nrec, stk, stkv, ntop, h, delta - fwd)))
@@ -253,14 +334,74 @@ def _split(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, 
         a, b = _periodic_cut(F, g, l, lo, hi, guess, best - qh, lbh, cert, ci, iwork)
         if a <= b:
             if lo < a:
-                best, best_m = _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
-                                       best_m, lo, a - 1, qh, work, fwork)
+                best, best_m = _bisect(
+                    F,
+                    rec,
+                    recv,
+                    nrec,
+                    stk,
+                    stkv,
+                    ntop,
+                    bmin,
+                    bmax,
+                    l,
+                    h,
+                    g,
+                    fwd,
+                    best,
+                    best_m,
+                    lo,
+                    a - 1,
+                    qh,
+                    work,
+                    fwork,
+                )
             if b < hi:
-                best, best_m = _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best,
-                                       best_m, b + 1, hi, qh, work, fwork)
+                best, best_m = _bisect(
+                    F,
+                    rec,
+                    recv,
+                    nrec,
+                    stk,
+                    stkv,
+                    ntop,
+                    bmin,
+                    bmax,
+                    l,
+                    h,
+                    g,
+                    fwd,
+                    best,
+                    best_m,
+                    b + 1,
+                    hi,
+                    qh,
+                    work,
+                    fwork,
+                )
             return best, best_m
-    return _bisect(F, rec, recv, nrec, stk, stkv, ntop, bmin, bmax, l, h, g, fwd, best, best_m, lo, hi, qh, work,
-                   fwork)
+    return _bisect(
+        F,
+        rec,
+        recv,
+        nrec,
+        stk,
+        stkv,
+        ntop,
+        bmin,
+        bmax,
+        l,
+        h,
+        g,
+        fwd,
+        best,
+        best_m,
+        lo,
+        hi,
+        qh,
+        work,
+        fwork,
+    )
 
 
 @njit(cache=True, nogil=True)

@@ -36,10 +36,12 @@ the tests check every schedule against it and against simulate.
 
 from __future__ import annotations
 
+import warnings
 from math import comb
 
 import numpy as np
 
+from ..errors import VlccTypeError, VlccValueError
 from ._jit import njit
 from ._revolve import _put, build_table, emit_segment
 from ._schedule import Level, Schedule, check_positive_int
@@ -110,15 +112,55 @@ def _emit_online(out, write, n, c, p):
     return pos + 1
 
 
+def _arguments(args: tuple, steps, snapshots) -> tuple:
+    """``(steps, snapshots)`` from the new order or, with a warning, the old.
+
+    The new order is ``Online(steps=None, *, snapshots)``: at most one
+    positional argument (the steps) and ``snapshots=`` as a keyword.  A
+    call without ``snapshots=`` is the old order ``Online(snapshots,
+    steps=None)``, read as it always was."""
+    if snapshots is not None:
+        if len(args) > 1 or (args and steps is not None):
+            raise VlccTypeError(
+                "Online takes (steps=None, *, snapshots): give steps once, positionally or "
+                f"as a keyword, and snapshots as a keyword; got {len(args)} positional "
+                "arguments"
+            )
+        return (args[0] if args else steps), snapshots
+    if not args or len(args) > 2 or (len(args) == 2 and steps is not None):
+        raise VlccTypeError(
+            "Online needs snapshots: write Online(steps, snapshots=c), or Online(snapshots=c) "
+            "when the number of steps is unknown"
+        )
+    old_steps = args[1] if len(args) == 2 else steps
+    new = f"Online({old_steps}, snapshots={args[0]})" if old_steps is not None else \
+        f"Online(snapshots={args[0]})"
+    warnings.warn(
+        f"Online(snapshots, steps) is the old argument order; write {new}, in the order "
+        "of Revolve(steps, snapshots)", DeprecationWarning, stacklevel=3)
+    return old_steps, args[0]
+
+
 class Online(Schedule):
     """Checkpointing with ``snapshots`` slots when the step count is unknown.
 
+    ``Online(steps, snapshots=c)``, in the order of every schedule
+    constructor (``Revolve(steps, snapshots)``); ``Online(snapshots=c)``
+    when the step count is unknown.
+
     **Arguments:**
 
-    - `snapshots`: slots for stored states, ``u_0``'s included (>= 1).
-    - `steps`: the step count, if known (for planning and testing).  Without
-      it the object answers forward-sweep decisions (:meth:`capture`) and
-      :meth:`stop` returns the complete schedule once the loop has ended.
+    - `steps`: the step count, if known (for planning and testing), else
+      ``None``.  Without it the object answers forward-sweep decisions
+      (:meth:`capture`) and :meth:`stop` returns the complete schedule once
+      the loop has ended.
+    - `snapshots`: slots for stored states, ``u_0``'s included (>= 1);
+      keyword-only.
+
+    The old order ``Online(snapshots)``, ``Online(snapshots, steps)`` and
+    ``Online(snapshots, steps=n)`` still works and warns
+    (``DeprecationWarning``): a call with no ``snapshots=`` keyword is read
+    in the old order.
 
     The complete schedule's forward part is exactly what :meth:`capture`
     decided step by step; :attr:`reverse_start` is the table index where the
@@ -126,7 +168,9 @@ class Online(Schedule):
     the module docstring.
     """
 
-    def __init__(self, snapshots: int, steps: int | None = None):
+    def __init__(self, *args: int | None, steps: int | None = None,
+                 snapshots: int | None = None):
+        steps, snapshots = _arguments(args, steps, snapshots)
         self.snapshots = check_positive_int(snapshots, "snapshots")
         self._p = (self.snapshots + 1) // 2
         self._state = np.array([1, 0], np.int64)
@@ -163,24 +207,23 @@ class Online(Schedule):
         Call it for ``step = 0, 1, 2, ...`` in order during the forward sweep.
         """
         if step != self._next:
-            raise ValueError(
-                f"Online.capture takes the steps in order; expected step {self._next}, "
-                f"got {step}"
+            raise VlccValueError(
+                f"Online.capture takes the steps in order; expected step {self._next}, got {step}"
             )
         out = np.empty(self._p + 1, ACTION_DTYPE)
         pos = _online_step(step, self._state, self._ckpt, self._p, out, 0, True)
         self._next += 1
         return [action_from_row(row) for row in out[:pos]]
 
-    def stop(self, steps: int) -> "Online":
+    def stop(self, steps: int) -> Online:
         """The complete schedule for a sweep that stopped holding ``u_steps``."""
         n = check_positive_int(steps, "steps")
         if self._next not in (0, n):
-            raise ValueError(
+            raise VlccValueError(
                 f"the forward sweep captured steps 0..{self._next - 1}, so it stops at "
                 f"{self._next}, not {n}"
             )
-        return Online(self.snapshots, n)
+        return Online(n, snapshots=self.snapshots)
 
     def forward_bound(self, steps: int) -> int:
         """The module docstring's bound ``n (1 + r)`` on the forward count."""
@@ -193,4 +236,4 @@ class Online(Schedule):
         return n * (1 + r)
 
     def _params(self) -> str:
-        return f"snapshots={self.snapshots}, steps={self.n_steps}"
+        return f"steps={self.n_steps}, snapshots={self.snapshots}"

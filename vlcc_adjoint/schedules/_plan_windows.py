@@ -35,6 +35,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import VlccValueError
 from ._jit import njit
 from .actions import ActionKind
 
@@ -91,6 +92,7 @@ class PlanWindow:
 
 
 # -- a hash map of (step, level) keys, open addressing with linear probing ----
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _home(key, mask):
@@ -155,6 +157,7 @@ def _restore(keys, vals, ks, vs):
 
 
 # -- the passes -----------------------------------------------------------------
+
 
 @njit(cache=True, nogil=True)
 def _forward(kind, a, level, dst, keys, vals, count, out_record, out_source):
@@ -276,9 +279,18 @@ def _window_streamed(schedule, snaps: _Snapshots, k: int) -> PlanWindow:
         _restore(keys, vals, *snaps.bwd[k])
         _backward(kind, c["a"], c["level"], c["dst"], start, keys, vals, nxt)
     rows = c[sel]
-    return PlanWindow(start, start + len(c), sel.astype(np.int64) + start, rows["kind"].copy(),
-                      rows["a"].copy(), rows["level"].copy(), rows["dst"].copy(), record, source,
-                      nxt)
+    return PlanWindow(
+        start,
+        start + len(c),
+        sel.astype(np.int64) + start,
+        rows["kind"].copy(),
+        rows["a"].copy(),
+        rows["level"].copy(),
+        rows["dst"].copy(),
+        record,
+        source,
+        nxt,
+    )
 
 
 def _window_from_arrays(plan, schedule, k: int, next_of_action: np.ndarray) -> PlanWindow:
@@ -295,9 +307,18 @@ def _window_from_arrays(plan, schedule, k: int, next_of_action: np.ndarray) -> P
         # A Move's source record is the one its source level reads at it.
         lv = plan.levels[int(rows["level"][p])]
         source[p] = lv.record[lv.position(int(index[p]))]
-    return PlanWindow(start, start + len(c), index, rows["kind"].copy(), rows["a"].copy(),
-                      rows["level"].copy(), rows["dst"].copy(), record, source,
-                      next_of_action[index].copy())
+    return PlanWindow(
+        start,
+        start + len(c),
+        index,
+        rows["kind"].copy(),
+        rows["a"].copy(),
+        rows["level"].copy(),
+        rows["dst"].copy(),
+        record,
+        source,
+        next_of_action[index].copy(),
+    )
 
 
 def _next_of_action(plan, m: int) -> np.ndarray:
@@ -321,16 +342,19 @@ def plan_windows(plan, start: int = 0, streamed: bool | None = None) -> Iterator
     """
     schedule = plan.schedule
     if schedule is None:
-        raise ValueError("this IOPlan was built from arrays, without its schedule; "
-                         "use io_plan(schedule) for windows")
+        raise VlccValueError(
+            "this IOPlan was built from arrays, without its schedule; "
+            "use io_plan(schedule) for windows"
+        )
     starts = schedule.chunk_starts()
     m = int(starts[-1])
     chunks = len(starts) - 1
     if streamed is None:
         stats = schedule.stats()
         live = sum(stats.peak_slots)
-        streamed = (not plan.materialised and m > SMALL_ROWS
-                    and live * chunks <= MAX_SNAPSHOT_ENTRIES)
+        streamed = (
+            not plan.materialised and m > SMALL_ROWS and live * chunks <= MAX_SNAPSHOT_ENTRIES
+        )
     first = max(0, int(np.searchsorted(starts, start, side="right")) - 1)
     if streamed:
         snaps = plan._windows

@@ -24,7 +24,7 @@ Why (*): ``t(., c)`` is convex and piecewise linear with slope ``r(l, c)``,
 so the split is optimal exactly when the left part ``m`` lies where
 ``t(., c)`` has slope ``r - 1`` and the right part ``l - m`` where
 ``t(., c - 1)`` has slope ``r``; (*) picks the smallest such ``m``, and
-``tests/test_revolve.py`` checks the total against ``t(n, c)`` for every
+``tests/schedules/test_revolve.py`` checks the total against ``t(n, c)`` for every
 ``n <= 2000``, ``c <= 40``.  With one slot left a segment is reversed by
 restarting from its base for every step (``t(l, 1) = l (l - 1) / 2``).
 

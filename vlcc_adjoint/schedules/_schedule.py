@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import VlccIndexError, VlccValueError
 from . import _chunks
 from ._chunks import ChunkedTable
 from .actions import ACTION_DTYPE, Action, action_from_row
@@ -25,12 +26,11 @@ MAX_LEVELS = 8
 def check_positive_int(value, name: str, minimum: int = 1) -> int:
     """``value`` as an ``int`` >= ``minimum``, or a ``ValueError`` saying so."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(
-            f"{name} must be an integer >= {minimum}, got {value!r} "
-            f"of type {type(value).__name__}"
+        raise VlccValueError(
+            f"{name} must be an integer >= {minimum}, got {value!r} of type {type(value).__name__}"
         )
     if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+        raise VlccValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return int(value)
 
 
@@ -39,9 +39,9 @@ def check_cost(value, name: str) -> float:
     try:
         cost = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
+        raise VlccValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
     if not math.isfinite(cost) or cost < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise VlccValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return cost
 
 
@@ -109,14 +109,14 @@ class Schedule:
         else:
             table = np.asarray(table)
             if table.dtype != ACTION_DTYPE:
-                raise ValueError(
+                raise VlccValueError(
                     f"a schedule table must have dtype ACTION_DTYPE, got {table.dtype}; "
                     "build it with vlcc_adjoint.schedules.actions_to_table"
                 )
             table.flags.writeable = False
             self.table = table
         if not 1 <= len(levels) <= MAX_LEVELS:
-            raise ValueError(f"a schedule has 1 to {MAX_LEVELS} levels, got {len(levels)}")
+            raise VlccValueError(f"a schedule has 1 to {MAX_LEVELS} levels, got {len(levels)}")
         self.n_steps = check_positive_int(n_steps, "steps")
         self.levels = tuple(levels)
         self.forward_cost = check_cost(forward_cost, "forward_cost")
@@ -234,7 +234,7 @@ class Schedule:
         if i < 0:
             i += m
         if not 0 <= i < m:
-            raise IndexError(f"action index {index} is out of range for {m} actions")
+            raise VlccIndexError(f"action index {index} is out of range for {m} actions")
         return action_from_row(next(self.blocks(rows=1, start=i))[0])
 
     def stats(self) -> ScheduleStats:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._jit import PythonBudget, njit
 import numpy as np
 
+from ..errors import VlccError, VlccTypeError
 from ._interrupt import call_kernel
-from ..errors import VlccError
+from ._jit import PythonBudget, njit
 from ._schedule import Schedule
 from .actions import ActionKind, action_from_row
 
@@ -216,17 +216,18 @@ def _replay_block_python(kind, a, b, level, dst, n, slots, mask, regs):
     """:func:`_replay_block` in plain Python: the same checks, the same result."""
     nlv = len(slots)
     limit = [int(x) for x in slots]
-    used = regs[4:4 + nlv].tolist()
-    peak = regs[4 + nlv:4 + 2 * nlv].tolist()
-    reads = regs[4 + 2 * nlv:4 + 3 * nlv].tolist()
-    writes = regs[4 + 3 * nlv:4 + 4 * nlv].tolist()
+    used = regs[4 : 4 + nlv].tolist()
+    peak = regs[4 + nlv : 4 + 2 * nlv].tolist()
+    reads = regs[4 + 2 * nlv : 4 + 3 * nlv].tolist()
+    writes = regs[4 + 3 * nlv : 4 + 4 * nlv].tolist()
     cur, due, fwd, adj = (int(x) for x in regs[:4])
     state = mask
     mask = bytearray(state.tobytes())  # indexed faster than the array
     err = 0
     i = 0
-    for i, (k, s, e, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), b.tolist(),
-                                             level.tolist(), dst.tolist())):
+    for i, (k, s, e, lv, d) in enumerate(
+        zip(kind.tolist(), a.tolist(), b.tolist(), level.tolist(), dst.tolist())
+    ):
         if s < 0 or s > n:
             err = 15
         elif 1 <= k <= 4 and not 0 <= lv < nlv:
@@ -312,9 +313,15 @@ def _whole(block, kind, a, b, level, dst, n, slots):
     if not err and regs[_DUE] >= 0:
         err, i = 16, len(kind)
     nlv = len(slots)
-    return ((int(err), int(i) if err else -1) + tuple(int(x) for x in regs[:4])
-            + (regs[4 + nlv:4 + 2 * nlv].copy(), regs[4 + 2 * nlv:4 + 3 * nlv].copy(),
-               regs[4 + 3 * nlv:4 + 4 * nlv].copy()))
+    return (
+        (int(err), int(i) if err else -1)
+        + tuple(int(x) for x in regs[:4])
+        + (
+            regs[4 + nlv : 4 + 2 * nlv].copy(),
+            regs[4 + 2 * nlv : 4 + 3 * nlv].copy(),
+            regs[4 + 3 * nlv : 4 + 4 * nlv].copy(),
+        )
+    )
 
 
 def _replay_kernel(kind, a, b, level, dst, n, slots):
@@ -352,8 +359,17 @@ def _replay_schedule(schedule: Schedule, slots, block):
     mask, regs = _replay_state(n, len(slots))
     offset = 0
     for piece in _pieces(schedule):
-        err, i = block(piece["kind"], piece["a"], piece["b"], piece["level"], piece["dst"], n,
-                       slots, mask, regs)
+        err, i = block(
+            piece["kind"],
+            piece["a"],
+            piece["b"],
+            piece["level"],
+            piece["dst"],
+            n,
+            slots,
+            mask,
+            regs,
+        )
         if err:
             return int(err), offset + int(i), piece[i], regs
         offset += len(piece)
@@ -378,7 +394,7 @@ def simulate(schedule: Schedule) -> ScheduleStats:
     order, a schedule that ends before adjoint step 0.
     """
     if not isinstance(schedule, Schedule):
-        raise TypeError(
+        raise VlccTypeError(
             f"simulate takes a Schedule, got {type(schedule).__name__}; wrap a raw "
             "table as Schedule(table, n_steps, levels)"
         )
@@ -390,22 +406,33 @@ def simulate(schedule: Schedule) -> ScheduleStats:
     big = np.iinfo(np.int64).max
     slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
     nlv = len(slots)
-    block = (_replay_block_python if _python_rows.take(m, _replay_block) else _replay_block)
+    block = _replay_block_python if _python_rows.take(m, _replay_block) else _replay_block
     # Long tables replay on a worker thread, so that Ctrl-C is clean (_interrupt).
-    err, index, row, regs = call_kernel(_replay_schedule, schedule, slots, block,
-                                        threaded=m > THREADED_ROWS)
+    err, index, row, regs = call_kernel(
+        _replay_schedule, schedule, slots, block, threaded=m > THREADED_ROWS
+    )
     cur, due, fwd, adj = (int(x) for x in regs[:4])
-    peak = regs[4 + nlv:4 + 2 * nlv]
-    reads = regs[4 + 2 * nlv:4 + 3 * nlv]
-    writes = regs[4 + 3 * nlv:4 + 4 * nlv]
+    peak = regs[4 + nlv : 4 + 2 * nlv]
+    reads = regs[4 + 2 * nlv : 4 + 3 * nlv]
+    writes = regs[4 + 3 * nlv : 4 + 4 * nlv]
     if err:
-        fields = dict(n=n, cur=cur, due=due, nlv_1=nlv - 1,
-                      curtext=("nothing" if cur < 0 else f"u_{cur}"))
+        fields = dict(
+            n=n, cur=cur, due=due, nlv_1=nlv - 1, curtext=("nothing" if cur < 0 else f"u_{cur}")
+        )
         where = ""
         if row is not None:
-            fields.update(a=int(row["a"]), b=int(row["b"]), lv=int(row["level"]),
-                          dst=int(row["dst"]), kind=int(row["kind"]))
-            lv = int(row["dst"]) if row["kind"] == ActionKind.MOVE and err == 6 else int(row["level"])
+            fields.update(
+                a=int(row["a"]),
+                b=int(row["b"]),
+                lv=int(row["level"]),
+                dst=int(row["dst"]),
+                kind=int(row["kind"]),
+            )
+            lv = (
+                int(row["dst"])
+                if row["kind"] == ActionKind.MOVE and err == 6
+                else int(row["level"])
+            )
             fields["lv"] = lv if err == 6 else fields["lv"]
             fields["slots"] = int(slots[lv]) if 0 <= lv < len(slots) else 0
             try:
@@ -417,8 +444,9 @@ def simulate(schedule: Schedule) -> ScheduleStats:
     predicted = (
         fwd * schedule.forward_cost
         + adj * schedule.adjoint_cost
-        + sum(w * lv.write_cost + r * lv.read_cost
-              for w, r, lv in zip(writes, reads, schedule.levels))
+        + sum(
+            w * lv.write_cost + r * lv.read_cost for w, r, lv in zip(writes, reads, schedule.levels)
+        )
     )
     stats = ScheduleStats(
         n_steps=n,

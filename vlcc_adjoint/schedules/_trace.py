@@ -50,7 +50,7 @@ class Trace:
     def forward_count(self) -> int:
         return int(len(self.forward_steps))
 
-    def assert_equal(self, other: "Trace") -> None:
+    def assert_equal(self, other: Trace) -> None:
         """Raise ``AssertionError`` naming the first difference from `other`."""
         for name in ("forward_steps", "reverse_steps", "reverse_states"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -64,7 +64,7 @@ class Trace:
                 )
                 raise AssertionError(
                     f"traces differ in {name} at position {diff}: "
-                    f"{mine[diff:diff + 5].tolist()} vs {theirs[diff:diff + 5].tolist()} "
+                    f"{mine[diff : diff + 5].tolist()} vs {theirs[diff : diff + 5].tolist()} "
                     f"(lengths {len(mine)} and {len(theirs)})"
                 )
         if tuple(self.reads) != tuple(other.reads) or tuple(self.writes) != tuple(other.writes):
@@ -89,5 +89,6 @@ def table_trace(schedule: Schedule) -> Trace:
     offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     forward_steps = starts + offsets
     reverse_steps = t["a"][t["kind"] == ActionKind.REVERSE].astype(np.int64)
-    return Trace(forward_steps, reverse_steps, stats.reads, stats.writes,
-                 reverse_states=reverse_steps.copy())
+    return Trace(
+        forward_steps, reverse_steps, stats.reads, stats.writes, reverse_states=reverse_steps.copy()
+    )

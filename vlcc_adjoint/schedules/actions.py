@@ -49,9 +49,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable
-from typing import Union
 
 import numpy as np
+
+from ..errors import VlccTypeError, VlccValueError
 
 __all__ = [
     "ACTION_DTYPE",
@@ -81,9 +82,7 @@ class ActionKind(enum.IntEnum):
 
 
 #: Row layout of ``Schedule.table``: packed, 19 bytes an action.
-ACTION_DTYPE = np.dtype(
-    [("kind", "u1"), ("a", "i8"), ("b", "i8"), ("level", "i1"), ("dst", "i1")]
-)
+ACTION_DTYPE = np.dtype([("kind", "u1"), ("a", "i8"), ("b", "i8"), ("level", "i1"), ("dst", "i1")])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,7 +152,7 @@ class Reverse:
 
 
 #: Any one of the six actions (the type of an element of a schedule).
-Action = Union[Advance, Save, Load, Delete, Move, Reverse]
+Action = Advance | Save | Load | Delete | Move | Reverse
 
 
 def action_from_row(row: np.void) -> Action:
@@ -171,7 +170,7 @@ def action_from_row(row: np.void) -> Action:
         return Move(a, level, dst)
     if kind == ActionKind.REVERSE:
         return Reverse(a)
-    raise ValueError(f"unknown action kind {kind}; expected one of {list(ActionKind)}")
+    raise VlccValueError(f"unknown action kind {kind}; expected one of {list(ActionKind)}")
 
 
 def actions_to_table(actions: Iterable[Action]) -> np.ndarray:
@@ -181,7 +180,7 @@ def actions_to_table(actions: Iterable[Action]) -> np.ndarray:
         try:
             rows.append(action.row())
         except AttributeError:
-            raise TypeError(
+            raise VlccTypeError(
                 f"{action!r} is not a schedule action; use Advance, Save, Load, "
                 "Delete, Move or Reverse"
             ) from None

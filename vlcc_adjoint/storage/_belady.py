@@ -14,7 +14,7 @@ both used by :class:`~vlcc_adjoint.storage.TieredStore`:
   it would cost a miss on something needed sooner.  For unit-size entries
   this "MIN with bypass" miss count is optimal over every policy that may
   decline to cache (Belady 1966; Mattson, Gecsei, Slutz & Traiger, IBM Syst.
-  J. 9(2), 1970); ``tests/test_belady.py`` checks it against an exhaustive
+  J. 9(2), 1970); ``tests/storage/test_belady.py`` checks it against an exhaustive
   search on small random traces.
 * **Prefetch stops at the first refusal.**  The prefetcher walks the future
   reads in order and fetches each one that can be admitted; the first read
@@ -37,6 +37,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Hashable, Iterable, Sequence
 
+from ..errors import VlccKeyError, VlccValueError
+
 __all__ = ["NEVER", "ForesightCache", "belady_misses", "next_use_times", "prefetch_order"]
 
 #: The next-use time of an entry that is never read again.
@@ -57,7 +59,7 @@ class ForesightCache:
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:
-            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+            raise VlccValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
         self.peak_bytes = 0
@@ -93,9 +95,9 @@ class ForesightCache:
     def insert(self, key, size: int, next_use: int) -> None:
         """Reserve `size` bytes for `key` (which must be new and must fit)."""
         if key in self._size:
-            raise KeyError(f"{key!r} is already cached")
+            raise VlccKeyError(f"{key!r} is already cached")
         if size < 0 or self.used_bytes + size > self.capacity_bytes:
-            raise ValueError(
+            raise VlccValueError(
                 f"{key!r} ({size} B) does not fit: {self.used_bytes} of "
                 f"{self.capacity_bytes} B used; evict first (see victims_for)"
             )
@@ -170,8 +172,9 @@ def next_use_times(trace: Sequence[Hashable]) -> list[int]:
     return out
 
 
-def belady_misses(trace: Sequence[Hashable], capacity_bytes: int,
-                  sizes: dict | None = None) -> tuple[int, int]:
+def belady_misses(
+    trace: Sequence[Hashable], capacity_bytes: int, sizes: dict | None = None
+) -> tuple[int, int]:
     """Replay `trace` through a :class:`ForesightCache` (MIN with bypass).
 
     On every access: a hit updates the entry's next use (an entry never used
@@ -209,8 +212,9 @@ def belady_misses(trace: Sequence[Hashable], capacity_bytes: int,
     return misses, cache.peak_bytes
 
 
-def prefetch_order(upcoming: Iterable[tuple[Hashable, int, int]], cache: ForesightCache,
-                   limit: int | None = None) -> list[tuple[Hashable, list]]:
+def prefetch_order(
+    upcoming: Iterable[tuple[Hashable, int, int]], cache: ForesightCache, limit: int | None = None
+) -> list[tuple[Hashable, list]]:
     """Decide which upcoming reads to prefetch, and what each one evicts.
 
     Walks `upcoming` (``(key, size, next_use)`` in increasing ``next_use``;
@@ -236,4 +240,3 @@ def prefetch_order(upcoming: Iterable[tuple[Hashable, int, int]], cache: Foresig
         cache.insert(key, size, t)
         decisions.append((key, victims))
     return decisions
-

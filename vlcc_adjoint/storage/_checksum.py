@@ -7,7 +7,7 @@ is not a cryptographic hash: it protects against accidents, not against an
 attacker who can write to the store.
 
 Two implementations of the *same* function, with bit-identical digests
-(``tests/test_checksum.py`` checks them against the ``xxhash`` package for
+(``tests/storage/test_checksum.py`` checks them against the ``xxhash`` package for
 every length class and alignment, so the stored format, 16 hexadecimal
 digits, is unchanged and records written before still verify):
 
@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from ..errors import VlccTypeError, VlccValueError
 from ..state import byte_view
 from ._tier import CorruptCheckpointError, Record, TierFullError, check_key
 
@@ -79,7 +80,7 @@ def bytes_checksum(data) -> str:
         return xxhash.xxh3_64_hexdigest(view)
     h = xxhash.xxh3_64()
     for start in range(0, len(view), _SLICE):
-        h.update(view[start:start + _SLICE])
+        h.update(view[start : start + _SLICE])
     return h.hexdigest()
 
 
@@ -92,7 +93,7 @@ def leaf_checksum(arr: np.ndarray) -> str:
     caller's thread.
     """
     if not arr.flags.c_contiguous:
-        raise ValueError("leaf_checksum needs a C-contiguous array")
+        raise VlccValueError("leaf_checksum needs a C-contiguous array")
     n = arr.nbytes
     if n >= KERNEL_MIN_BYTES and _LITTLE:
         kernels = _KERNELS or _build()
@@ -139,8 +140,15 @@ def copy_checksum(src: np.ndarray, dst: np.ndarray, *, stream: bool = False) -> 
       caller's working set from the caches.
     """
     n = src.nbytes
-    if n >= KERNEL_MIN_BYTES and _LITTLE and src.dtype == dst.dtype and src.shape == dst.shape \
-            and src.flags.c_contiguous and dst.flags.c_contiguous and dst.flags.writeable:
+    if (
+        n >= KERNEL_MIN_BYTES
+        and _LITTLE
+        and src.dtype == dst.dtype
+        and src.shape == dst.shape
+        and src.flags.c_contiguous
+        and dst.flags.c_contiguous
+        and dst.flags.writeable
+    ):
         kernels = _KERNELS or _build()
         if kernels:
             k = kernels[2] if stream and n >= STREAM_MIN_BYTES else kernels[0]
@@ -160,9 +168,24 @@ _BUILD_LOCK = threading.Lock()
 # Dtypes the kernels take as they are (numba types them); the others
 # (float16, long double, non-native byte order, records, strings, dates)
 # are passed as a byte view of the same memory.
-_DIRECT = frozenset(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float32, np.float64, np.complex64, np.complex128))
+_DIRECT = frozenset(
+    np.dtype(t)
+    for t in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
+    )
+)
 
 
 def _operand(arr: np.ndarray) -> np.ndarray:
@@ -178,9 +201,12 @@ def _build():
         if _KERNELS is not None:
             return _KERNELS
         if not _LITTLE:
-            warnings.warn("vlcc_adjoint: this host is big-endian; checkpoint checksums use "
-                          "np.copyto + xxhash (the same digests, one more pass over the data)",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "vlcc_adjoint: this host is big-endian; checkpoint checksums use "
+                "np.copyto + xxhash (the same digests, one more pass over the data)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             _KERNELS = ()
             return _KERNELS
         from ._xxh3 import build
@@ -190,6 +216,7 @@ def _build():
 
 
 # -- helpers shared by the tier implementations ----------------------------------
+
 
 def step_of(spec: object) -> int | None:
     """The checkpointed step a spec carries (``spec["step"]``), if any."""
@@ -209,7 +236,9 @@ def corrupt(message: str, key: str, tier: str, step: int | None) -> CorruptCheck
         f"{where(key, tier, step)} is corrupt: {message}. The stored data was damaged or "
         "modified after it was saved; delete the record and recompute the state from an "
         "earlier checkpoint",
-        key=key, tier=tier, step=step,
+        key=key,
+        tier=tier,
+        step=step,
     )
 
 
@@ -217,19 +246,27 @@ def check_record(key: str, record: Record) -> None:
     """Validate what a tier is asked to store (cheap: no hashing)."""
     check_key(key)
     if not isinstance(record, Record):
-        raise TypeError(f"tiers store Record objects, got {type(record).__name__}; build one "
-                        "with vlcc_adjoint.storage.make_record(spec, leaves)")
+        raise VlccTypeError(
+            f"tiers store Record objects, got {type(record).__name__}; build one "
+            "with vlcc_adjoint.storage.make_record(spec, leaves)"
+        )
     if len(record.checksums) != len(record.leaves):
-        raise ValueError(f"record {key!r} has {len(record.leaves)} leaves but "
-                         f"{len(record.checksums)} checksums; build it with make_record")
+        raise VlccValueError(
+            f"record {key!r} has {len(record.leaves)} leaves but "
+            f"{len(record.checksums)} checksums; build it with make_record"
+        )
     for i, checksum in enumerate(record.checksums):
         if not (type(checksum) is str and _HEX16.fullmatch(checksum)):
-            raise ValueError(f"checksum {i} of record {key!r} is {checksum!r}, not 16 hex digits "
-                             "(xxh3-64); build the record with make_record")
+            raise VlccValueError(
+                f"checksum {i} of record {key!r} is {checksum!r}, not 16 hex digits "
+                "(xxh3-64); build the record with make_record"
+            )
     for i, leaf in enumerate(record.leaves):
         if type(leaf) is not np.ndarray or not leaf.flags.c_contiguous or leaf.dtype.hasobject:
-            raise TypeError(f"leaf {i} of record {key!r} must be a C-contiguous numpy array of a "
-                            "non-object dtype; build the record with make_record")
+            raise VlccTypeError(
+                f"leaf {i} of record {key!r} must be a C-contiguous numpy array of a "
+                "non-object dtype; build the record with make_record"
+            )
 
 
 def encode_spec(key: str, spec: Any) -> str:
@@ -237,7 +274,7 @@ def encode_spec(key: str, spec: Any) -> str:
     try:
         return _ENCODER.encode(spec)
     except (TypeError, ValueError) as err:
-        raise ValueError(
+        raise VlccValueError(
             f"the spec of record {key!r} is not pure JSON ({err}); specs hold only dicts, lists, "
             "strings, finite numbers, bools and None (vlcc_adjoint.state.flatten makes such specs)"
         ) from None
@@ -248,17 +285,27 @@ def verify_leaves(leaves, checksums, key: str, tier: str, step: int | None) -> N
     for i, (leaf, want) in enumerate(zip(leaves, checksums)):
         got = leaf_checksum(leaf)
         if got != want:
-            raise corrupt(f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
-                          f"the record says {want}", key, tier, step)
+            raise corrupt(
+                f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
+                f"the record says {want}",
+                key,
+                tier,
+                step,
+            )
 
 
 def check_capacity(capacity_bytes: int | np.integer | None) -> int | None:
     """``capacity_bytes`` validated: ``None`` (unbounded) or an int >= 0."""
     if capacity_bytes is None:
         return None
-    if isinstance(capacity_bytes, (bool, float)) or not isinstance(capacity_bytes, (int, np.integer)) \
-            or capacity_bytes < 0:
-        raise ValueError(f"capacity_bytes must be None (unbounded) or an int >= 0, got {capacity_bytes!r}")
+    if (
+        isinstance(capacity_bytes, (bool, float))
+        or not isinstance(capacity_bytes, (int, np.integer))
+        or capacity_bytes < 0
+    ):
+        raise VlccValueError(
+            f"capacity_bytes must be None (unbounded) or an int >= 0, got {capacity_bytes!r}"
+        )
     return int(capacity_bytes)
 
 
@@ -269,4 +316,3 @@ def full(key: str, tier: str, need: int, used: int, capacity: int) -> TierFullEr
         f"{capacity} free; delete records first (the engine evicts), or give the tier a larger "
         "capacity_bytes"
     )
-

@@ -61,8 +61,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._checksum import (bytes_checksum, check_capacity, check_record, corrupt, encode_spec, full,
-                        leaf_checksum, step_of)
+from ..errors import VlccKeyError, VlccTypeError, VlccValueError
+from ._checksum import (
+    bytes_checksum,
+    check_capacity,
+    check_record,
+    corrupt,
+    encode_spec,
+    full,
+    leaf_checksum,
+    step_of,
+)
 from ._tier import Record, Tier
 
 if TYPE_CHECKING:
@@ -80,8 +89,15 @@ class _Blob:
 
     __slots__ = ("data", "checksum", "codec", "raw", "dtype", "shape")
 
-    def __init__(self, data: bytes, checksum: str, codec: str, raw: bool, dtype: np.dtype,
-                 shape: tuple[int, ...]):
+    def __init__(
+        self,
+        data: bytes,
+        checksum: str,
+        codec: str,
+        raw: bool,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+    ):
         self.data = data  # the codec's blob
         self.checksum = checksum  # xxh3-64 of data
         self.codec = codec  # the codec's config, as JSON text
@@ -126,15 +142,22 @@ class CompressedMemoryTier(Tier):
 
     fresh_gets = True  # get decodes into new arrays
 
-    def __init__(self, codec: Codec | None = None, capacity_bytes: int | None = None, *,
-                 name: str = "compressed-memory"):
+    def __init__(
+        self,
+        codec: Codec | None = None,
+        capacity_bytes: int | None = None,
+        *,
+        name: str = "compressed-memory",
+    ):
         from .codecs import Lossless
 
         self.codec = Lossless() if codec is None else codec
         for method in ("encode", "decode", "config"):
             if not callable(getattr(self.codec, method, None)):
-                raise TypeError(f"codec {self.codec!r} has no {method}(); use a codec from "
-                                "vlcc_adjoint.storage.codecs")
+                raise VlccTypeError(
+                    f"codec {self.codec!r} has no {method}(); use a codec from "
+                    "vlcc_adjoint.storage.codecs"
+                )
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.name = name
         self._config = json.dumps(self.codec.config(), sort_keys=True)
@@ -166,8 +189,9 @@ class CompressedMemoryTier(Tier):
             return ("relative", self._relative)
         return ("absolute", self.codec.abs_error)
 
-    def set_error_bound(self, abs_error: float | None = None, *,
-                        relative: float | None = None) -> None:
+    def set_error_bound(
+        self, abs_error: float | None = None, *, relative: float | None = None
+    ) -> None:
         """Set the error bound of the tier's ``ErrorBounded`` codec for later puts.
 
         Records already stored keep the bound they were written with (each
@@ -188,16 +212,21 @@ class CompressedMemoryTier(Tier):
         from .codecs import ErrorBounded
 
         if not isinstance(self.codec, ErrorBounded):
-            raise TypeError(
+            raise VlccTypeError(
                 f"tier {self.name!r} encodes with {self.codec!r}, which has no absolute error "
-                "bound to set; build it with CompressedMemoryTier(ErrorBounded(bound))")
+                "bound to set; build it with CompressedMemoryTier(ErrorBounded(bound))"
+            )
         if (abs_error is None) == (relative is None):
-            raise ValueError("set_error_bound takes exactly one of abs_error= and relative=")
+            raise VlccValueError("set_error_bound takes exactly one of abs_error= and relative=")
         value = abs_error if relative is None else relative
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-                or not math.isfinite(value) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float, np.floating, np.integer))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
             name = "abs_error" if relative is None else "relative"
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            raise VlccValueError(f"{name} must be a finite number > 0, got {value!r}")
         with self._lock:
             if relative is None:
                 self._set_codec(ErrorBounded(float(abs_error)))
@@ -226,8 +255,11 @@ class CompressedMemoryTier(Tier):
     def raw_bytes(self) -> int:
         """Uncompressed bytes of the leaves held (``raw_bytes / used_bytes``: the ratio)."""
         with self._lock:
-            return sum(int(np.prod(b.shape, dtype=np.int64)) * b.dtype.itemsize
-                       for e in self._records.values() for b in e.blobs)
+            return sum(
+                int(np.prod(b.shape, dtype=np.int64)) * b.dtype.itemsize
+                for e in self._records.values()
+                for b in e.blobs
+            )
 
     def _relative_codec(self, leaf: np.ndarray, tau: float, salt: str):
         """The codec and its config for `leaf` under the relative bound `tau`
@@ -254,8 +286,9 @@ class CompressedMemoryTier(Tier):
     def _encode(self, leaf: np.ndarray, salt: str = "") -> _Blob:
         if leaf.dtype.kind in "biufc" and leaf.dtype.names is None:
             tau = self._relative
-            codec, config = ((self.codec, self._config) if tau is None
-                             else self._relative_codec(leaf, tau, salt))
+            codec, config = (
+                (self.codec, self._config) if tau is None else self._relative_codec(leaf, tau, salt)
+            )
             data = codec.encode(leaf)
             codec, raw = config, False
         else:  # not a numeric dtype: its raw bytes, exactly
@@ -272,13 +305,17 @@ class CompressedMemoryTier(Tier):
         check_record(key, record)
         spec_json = encode_spec(key, record.spec)
         if key in self._records:  # fail before spending time on encoding
-            raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
-        blobs = [self._encode(leaf, f"{key}/{i}")  # outside the lock
-                 for i, leaf in enumerate(record.leaves)]
+            raise VlccKeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+        blobs = [
+            self._encode(leaf, f"{key}/{i}")  # outside the lock
+            for i, leaf in enumerate(record.leaves)
+        ]
         need = sum(len(b.data) for b in blobs)
         with self._lock:
             if key in self._records:
-                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+                raise VlccKeyError(
+                    f"record {key!r} is already in tier {self.name!r}; delete it first"
+                )
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
                 raise full(key, self.name, need, self._used, self.capacity_bytes)
             self._records[key] = _Entry(spec_json, blobs, tuple(record.checksums), self._lossless)
@@ -304,15 +341,19 @@ class CompressedMemoryTier(Tier):
         with self._lock:
             entry = self._records.get(key)
         if entry is None:
-            raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
         spec = json.loads(entry.spec)
         step = step_of(spec)
         leaves = []
         for i, blob in enumerate(entry.blobs):
             got = bytes_checksum(blob.data)
             if got != blob.checksum:
-                raise corrupt(f"the encoded bytes of leaf {i} have checksum {got}, stored "
-                              f"{blob.checksum}", key, self.name, step)
+                raise corrupt(
+                    f"the encoded bytes of leaf {i} have checksum {got}, stored {blob.checksum}",
+                    key,
+                    self.name,
+                    step,
+                )
             out = np.empty(blob.shape, blob.dtype)
             target = out.reshape(-1).view(np.uint8) if blob.raw else out
             try:
@@ -324,8 +365,12 @@ class CompressedMemoryTier(Tier):
         for i, (leaf, want, blob) in enumerate(zip(leaves, entry.checksums, entry.blobs)):
             got = leaf_checksum(leaf)
             if (entry.lossless or blob.raw) and got != want:
-                raise corrupt(f"decoded leaf {i} has checksum {got}, the record says {want}",
-                              key, self.name, step)
+                raise corrupt(
+                    f"decoded leaf {i} has checksum {got}, the record says {want}",
+                    key,
+                    self.name,
+                    step,
+                )
             checksums.append(got)
         return Record(spec, tuple(leaves), tuple(checksums))
 
@@ -334,7 +379,7 @@ class CompressedMemoryTier(Tier):
         with self._lock:
             entry = self._records.pop(key, None)
             if entry is None:
-                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+                raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             self._used -= sum(len(b.data) for b in entry.blobs)
 
     def keys(self) -> Iterator[str]:

@@ -36,6 +36,7 @@ import threading
 
 import numpy as np
 
+from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..state import leaf_digest
 
 __all__ = ["LeafTable"]
@@ -82,7 +83,7 @@ class LeafTable:
         of another dtype or shape (a digest computed for a different array).
         """
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"LeafTable stores numpy arrays, got {type(array).__name__}")
+            raise VlccTypeError(f"LeafTable stores numpy arrays, got {type(array).__name__}")
         with self._lock:
             entry = self._entries.get(digest)
             if entry is None:
@@ -92,7 +93,7 @@ class LeafTable:
                 return array
             stored = entry[0]
             if stored.dtype != array.dtype or stored.shape != array.shape:
-                raise ValueError(
+                raise VlccValueError(
                     f"digest {digest} is stored for a {stored.dtype.str}{list(stored.shape)} leaf, "
                     f"not {array.dtype.str}{list(array.shape)}; compute digests with leaf_digest"
                 )
@@ -124,7 +125,9 @@ class LeafTable:
         with self._lock:
             entry = self._entries.get(digest)
             if entry is None:
-                raise KeyError(f"leaf {digest} is not in the table (released more often than put?)")
+                raise VlccKeyError(
+                    f"leaf {digest} is not in the table (released more often than put?)"
+                )
             entry[1] -= 1
             self._referenced -= entry[0].nbytes
             if entry[1] == 0:
@@ -138,7 +141,7 @@ class LeafTable:
         with self._lock:
             entry = self._entries.get(digest)
         if entry is None:
-            raise KeyError(f"leaf {digest} is not in the table")
+            raise VlccKeyError(f"leaf {digest} is not in the table")
         return entry[0]
 
     def refcount(self, digest: str) -> int:
@@ -156,5 +159,7 @@ class LeafTable:
             return len(self._entries)
 
     def __repr__(self) -> str:
-        return (f"LeafTable(leaves={len(self)}, nbytes={self._nbytes}, "
-                f"referenced_bytes={self._referenced})")
+        return (
+            f"LeafTable(leaves={len(self)}, nbytes={self._nbytes}, "
+            f"referenced_bytes={self._referenced})"
+        )

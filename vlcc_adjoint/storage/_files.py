@@ -28,8 +28,17 @@ except ImportError:  # not POSIX: no direct I/O either
 
 import numpy as np
 
-__all__ = ["DIRECT_MIN", "O_CLOEXEC", "O_NOFOLLOW", "fsync_dir", "fsync_paths", "read_direct",
-           "read_exactly", "write_all", "write_file"]
+__all__ = [
+    "DIRECT_MIN",
+    "O_CLOEXEC",
+    "O_NOFOLLOW",
+    "fsync_dir",
+    "fsync_paths",
+    "read_direct",
+    "read_exactly",
+    "write_all",
+    "write_file",
+]
 
 #: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
 #: by subprocesses (an MPI launcher, a user's ``subprocess.run``).
@@ -62,8 +71,14 @@ def write_all(fd: int, data: bytes | bytearray | memoryview | np.ndarray) -> Non
         view = view[n:]
 
 
-def write_file(path: str, data: bytes | bytearray | memoryview | np.ndarray, durable: bool, *,
-               truncate: bool = False, exclusive: bool = False) -> None:
+def write_file(
+    path: str,
+    data: bytes | bytearray | memoryview | np.ndarray,
+    durable: bool,
+    *,
+    truncate: bool = False,
+    exclusive: bool = False,
+) -> None:
     """Write `data` at `path`; fsync it when `durable`.
 
     By default the file is created or written over from its start, not
@@ -74,8 +89,14 @@ def write_file(path: str, data: bytes | bytearray | memoryview | np.ndarray, dur
     `path` is never followed (``OSError`` with ``ELOOP``): a store never
     writes outside itself through a link planted in it.
     """
-    flags = (os.O_WRONLY | os.O_CREAT | O_CLOEXEC | O_NOFOLLOW | (os.O_TRUNC if truncate else 0)
-             | (os.O_EXCL if exclusive else 0))
+    flags = (
+        os.O_WRONLY
+        | os.O_CREAT
+        | O_CLOEXEC
+        | O_NOFOLLOW
+        | (os.O_TRUNC if truncate else 0)
+        | (os.O_EXCL if exclusive else 0)
+    )
     fd = os.open(path, flags, 0o644)
     try:
         write_all(fd, data)
@@ -121,7 +142,7 @@ def read_direct(fd: int, view: memoryview, address: int) -> int:
     done = 0
     try:
         while done < body:
-            n = os.readv(fd, [view[done:min(body, done + _DIRECT_SLICE)]])
+            n = os.readv(fd, [view[done : min(body, done + _DIRECT_SLICE)]])
             done += n
             if n == 0 or n % _DIRECT_ALIGN:
                 break  # the file ended (a short last page): read on buffered

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import VlccKeyError
 from ._checksum import check_capacity, check_record, encode_spec, full, step_of, verify_leaves
 from ._tier import Record, Tier
 
@@ -76,8 +77,9 @@ class MemoryTier(Tier):
         key is taken, ``ValueError`` if the spec is not pure JSON.
         """
         check_record(key, record)
-        self._insert(key, encode_spec(key, record.spec), tuple(record.leaves),
-                     tuple(record.checksums))
+        self._insert(
+            key, encode_spec(key, record.spec), tuple(record.leaves), tuple(record.checksums)
+        )
 
     def adopt(self, key: str, record: Record) -> None:
         """``put`` for a :class:`~vlcc_adjoint.storage.TieredStore`'s own
@@ -100,7 +102,9 @@ class MemoryTier(Tier):
         with self._lock:
             records, objects = self._records, self._objects
             if key in records:
-                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+                raise VlccKeyError(
+                    f"record {key!r} is already in tier {self.name!r}; delete it first"
+                )
             if len(leaves) == 1:  # one leaf (a small state's record): as below
                 leaf = leaves[0]
                 holder = objects.get(id(leaf))
@@ -137,7 +141,7 @@ class MemoryTier(Tier):
         with self._lock:
             entry = self._records.get(key)
         if entry is None:
-            raise KeyError(f"no record {key!r} in tier {self.name!r}")
+            raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
         spec, leaves, checksums = entry
         spec = json.loads(spec if type(spec) is str else encode_spec(key, spec))  # a fresh dict
         verify_leaves(leaves, checksums, key, self.name, step_of(spec))
@@ -148,7 +152,7 @@ class MemoryTier(Tier):
         with self._lock:
             entry = self._records.pop(key, None)
             if entry is None:
-                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+                raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             objects = self._objects
             for leaf in entry[1]:
                 holder = objects[id(leaf)]

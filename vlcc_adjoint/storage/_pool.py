@@ -109,7 +109,7 @@ def empty(dtype: np.dtype, shape: tuple) -> np.ndarray:
         return np.empty(shape, dtype)
     block = np.empty(nbytes + PAGE, np.uint8)
     start = -block.ctypes.data % PAGE
-    return block[start:start + nbytes].view(dtype).reshape(shape)
+    return block[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _is_block(base) -> bool:
@@ -215,9 +215,12 @@ class BufferPool:
         """
         if key is not None and len(arrays) == 1:
             arr = arrays.pop()
-            if (sys.getrefcount(arr) > _SOLE or not arr.flags.writeable
-                    or not arr.flags.c_contiguous
-                    or (arr.base is not None and not unshared_memory(arr))):
+            if (
+                sys.getrefcount(arr) > _SOLE
+                or not arr.flags.writeable
+                or not arr.flags.c_contiguous
+                or (arr.base is not None and not unshared_memory(arr))
+            ):
                 if arr.nbytes >= ALIGNED_MIN:
                     self._set_aside([arr])
                 else:
@@ -225,8 +228,7 @@ class BufferPool:
                 return 0
             with self._lock:
                 nbytes = arr.nbytes
-                if self.free_bytes + nbytes > self.max_free_bytes and \
-                        not self._make_room(nbytes):
+                if self.free_bytes + nbytes > self.max_free_bytes and not self._make_room(nbytes):
                     self.refused += 1
                     return 0
                 free = self._free.get(key)
@@ -240,9 +242,12 @@ class BufferPool:
         keep, held = [], []
         while arrays:
             arr = arrays.pop()
-            if (sys.getrefcount(arr) > _SOLE or not arr.flags.writeable
-                    or not arr.flags.c_contiguous
-                    or (arr.base is not None and not unshared_memory(arr))):
+            if (
+                sys.getrefcount(arr) > _SOLE
+                or not arr.flags.writeable
+                or not arr.flags.c_contiguous
+                or (arr.base is not None and not unshared_memory(arr))
+            ):
                 held.append(arr)
                 continue
             keep.append(arr)
@@ -253,8 +258,9 @@ class BufferPool:
         if keep:
             with self._lock:  # once per call, not per array
                 for arr in keep:
-                    if self.free_bytes + arr.nbytes > self.max_free_bytes and \
-                            not self._make_room(arr.nbytes):
+                    if self.free_bytes + arr.nbytes > self.max_free_bytes and not self._make_room(
+                        arr.nbytes
+                    ):
                         self.refused += 1
                         continue
                     self._free.setdefault((arr.dtype, arr.shape), []).append(arr)
@@ -270,9 +276,13 @@ class BufferPool:
         the rest."""
         with self._lock:
             for arr in arrays:
-                if (arr.nbytes >= ALIGNED_MIN and arr.flags.writeable and arr.flags.c_contiguous
-                        and (arr.base is None or _is_block(arr.base))
-                        and self._make_room(arr.nbytes, slots=1)):
+                if (
+                    arr.nbytes >= ALIGNED_MIN
+                    and arr.flags.writeable
+                    and arr.flags.c_contiguous
+                    and (arr.base is None or _is_block(arr.base))
+                    and self._make_room(arr.nbytes, slots=1)
+                ):
                     self._pending.append(((arr.dtype, arr.shape), arr))
                     self.free_bytes += arr.nbytes
                 else:
@@ -283,8 +293,9 @@ class BufferPool:
         """Lock held: drop pending buffers (oldest first) until `nbytes` fit
         (and `slots` more pending ones)."""
         pending = self._pending
-        while pending and (self.free_bytes + nbytes > self.max_free_bytes
-                           or len(pending) + slots > _MAX_PENDING):
+        while pending and (
+            self.free_bytes + nbytes > self.max_free_bytes or len(pending) + slots > _MAX_PENDING
+        ):
             _, arr = pending.pop(0)
             self.free_bytes -= arr.nbytes
             self.refused += 1

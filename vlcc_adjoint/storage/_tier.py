@@ -6,7 +6,7 @@ It is deliberately small (zarr-python's ``Store`` is the model): ``put``,
 (the asynchronous :class:`~vlcc_adjoint.storage.TieredStore`, the lineage)
 talks to this interface only, so a new tier is one small class.
 
-Contract, checked by ``tests/test_tiers.py`` for every implementation:
+Contract, checked by ``tests/storage/test_tiers.py`` for every implementation:
 
 * ``used_bytes <= capacity_bytes`` at all times.  A ``put`` that does not fit
   raises :class:`TierFullError` and changes nothing; a tier never evicts on
@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import VlccError
+from ..errors import VlccError, VlccTypeError, VlccValueError
 
 __all__ = [
     "CorruptCheckpointError",
@@ -66,8 +66,15 @@ class CorruptCheckpointError(StorageError):
     the damage is in one).
     """
 
-    def __init__(self, message: str, *, key: str | None = None, tier: str | None = None,
-                 step: int | None = None, path: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        tier: str | None = None,
+        step: int | None = None,
+        path: str | None = None,
+    ):
         super().__init__(message)
         self.key = key
         self.tier = tier
@@ -78,7 +85,7 @@ class CorruptCheckpointError(StorageError):
 def check_key(key: str) -> str:
     """``key`` if it is a safe record key, else a ``ValueError`` saying why."""
     if not isinstance(key, str) or _KEY.fullmatch(key) is None:
-        raise ValueError(
+        raise VlccValueError(
             f"invalid record key {key!r}: use 1-200 characters of A-Z a-z 0-9 _ . - "
             "not starting with '.' (keys must not name paths outside the store)"
         )
@@ -129,11 +136,15 @@ def make_record(spec: dict, leaves: Sequence[np.ndarray]) -> Record:
     out = []
     for i, leaf in enumerate(leaves):
         if type(leaf) is not np.ndarray:
-            raise TypeError(f"leaf {i} is a {type(leaf).__name__}; records hold numpy arrays "
-                            "(flatten the state with vlcc_adjoint.state.flatten first)")
+            raise VlccTypeError(
+                f"leaf {i} is a {type(leaf).__name__}; records hold numpy arrays "
+                "(flatten the state with vlcc_adjoint.state.flatten first)"
+            )
         if leaf.dtype.hasobject:
-            raise TypeError(f"leaf {i} is an object array, which cannot be stored without pickle; "
-                            "convert it to a numeric dtype")
+            raise VlccTypeError(
+                f"leaf {i} is an object array, which cannot be stored without pickle; "
+                "convert it to a numeric dtype"
+            )
         out.append(leaf if leaf.flags.c_contiguous else np.ascontiguousarray(leaf))
     return Record(spec, tuple(out), tuple(leaf_checksum(leaf) for leaf in out))
 
@@ -233,7 +244,7 @@ class Tier(abc.ABC):
             return None
         return self.capacity_bytes - self.used_bytes
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a tier without resources has none to release
         """Release resources (files, pools).  Idempotent."""
 
     def __repr__(self) -> str:

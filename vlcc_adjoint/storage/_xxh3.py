@@ -4,7 +4,7 @@ copy-and-hash with streaming stores, in one pass over the input.
 The function is Y. Collet's XXH3-64 (``XXH3_hashLong_64b_default`` of
 ``xxhash.h`` v0.8: default secret, seed 0) for inputs of more than 240
 bytes, bit for bit: the stored format (16 hexadecimal digits) is the one
-the ``xxhash`` package computes, and ``tests/test_checksum.py`` compares
+the ``xxhash`` package computes, and ``tests/storage/test_checksum.py`` compares
 the two for every length class and alignment.
 
 The algorithm.  The input is read in 64-byte *stripes*, one ``<8 x i64>``
@@ -58,6 +58,8 @@ import functools
 import numpy as np
 import xxhash
 
+from ..errors import VlccRuntimeError
+
 __all__ = ["build"]
 
 _SECRET = bytes.fromhex(  # XXH3_kSecret
@@ -73,6 +75,7 @@ _P64_1, _P64_2, _P64_3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E377
 _P64_4, _P64_5 = 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
 _INIT_ACC = (_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1)
 _AVALANCHE = 0x165667919E3779F9
+
 
 def _i64(v: int) -> str:
     """`v` as an LLVM i64 literal (two's complement: IR literals are signed)."""
@@ -107,17 +110,25 @@ def _kernel_ir(name: str, copy: bool, stream: bool = False) -> str:
     """``i64 name(ptr src, ptr dst, i64 len)``: xxh3-64 of the `len` bytes at
     `src` (more than 240, any alignment), copying them to `dst` if `copy`,
     with streaming stores if `stream` and `dst` is 16-byte aligned."""
-    store = """
+    store = (
+        """
   %q = getelementptr inbounds i8, ptr %dst, i64 %off
-  store volatile <8 x i64> %d, ptr %q, align 1""" if copy else ""
+  store volatile <8 x i64> %d, ptr %q, align 1"""
+        if copy
+        else ""
+    )
     if stream:  # four 16-byte streaming stores (64-byte ones need 64-byte alignment)
         store = """
-  %q = getelementptr inbounds i8, ptr %dst, i64 %off""" + "".join(f"""
+  %q = getelementptr inbounds i8, ptr %dst, i64 %off""" + "".join(
+            f"""
   %d{j} = shufflevector <8 x i64> %d, <8 x i64> poison, <2 x i32> <i32 {2 * j}, i32 {2 * j + 1}>
   %q{j} = getelementptr inbounds i8, ptr %q, i64 {16 * j}
-  store <2 x i64> %d{j}, ptr %q{j}, align 16, !nontemporal !0""" for j in range(4))
+  store <2 x i64> %d{j}, ptr %q{j}, align 16, !nontemporal !0"""
+            for j in range(4)
+        )
     # A streaming copy needs a 16-byte-aligned destination: else the plain one.
-    entry = f"""
+    entry = (
+        f"""
   %dint = ptrtoint ptr %dst to i64
   %dmis = and i64 %dint, 15
   %daligned = icmp eq i64 %dmis, 0
@@ -125,19 +136,30 @@ def _kernel_ir(name: str, copy: bool, stream: bool = False) -> str:
 plain:
   %pr = tail call i64 @{name.replace("_stream", "_copy")}(ptr %src, ptr %dst, i64 %len)
   ret i64 %pr
-start:""" if stream else """
+start:"""
+        if stream
+        else """
   br label %start
 start:"""
+    )
     # Streaming stores are weakly ordered: fence them before anyone may look.
-    fence = """
-  call void @llvm.x86.sse.sfence()""" if stream else ""
+    fence = (
+        """
+  call void @llvm.x86.sse.sfence()"""
+        if stream
+        else ""
+    )
     # The bytes after the last whole stripe of the last block (its final
     # stripe is hashed below, from the end of the input).
-    rest = """
+    rest = (
+        """
   %rp = getelementptr inbounds i8, ptr %src, i64 %done
   %rq = getelementptr inbounds i8, ptr %dst, i64 %done
   %rlen = sub i64 %len, %done
-  call void @llvm.memcpy.p0.p0.i64(ptr %rq, ptr %rp, i64 %rlen, i1 false)""" if copy else ""
+  call void @llvm.memcpy.p0.p0.i64(ptr %rq, ptr %rp, i64 %rlen, i1 false)"""
+        if copy
+        else ""
+    )
     merge, h = [], "%h0"
     for i in range(4):
         merge.append(f"""
@@ -240,15 +262,19 @@ def _compile():
     # Streaming stores (and their sfence) on x86; elsewhere the "stream"
     # kernel is the plain one.
     x86 = llvm.get_default_triple().split("-")[0] in ("x86_64", "i686", "i386")
-    ir = (f"@keys = private unnamed_addr constant [24 x i64] [{keys}], align 8\n"
-          "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)\n"
-          + ("declare void @llvm.x86.sse.sfence()\n!0 = !{i32 1}\n" if x86 else "")
-          + _kernel_ir("xxh3_copy_raw", True) + _kernel_ir("xxh3_hash_raw", False)
-          + _kernel_ir("xxh3_stream_raw", True, stream=x86)
-          + "".join(_entry_ir(name) for name in _NAMES))
+    ir = (
+        f"@keys = private unnamed_addr constant [24 x i64] [{keys}], align 8\n"
+        "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)\n"
+        + ("declare void @llvm.x86.sse.sfence()\n!0 = !{i32 1}\n" if x86 else "")
+        + _kernel_ir("xxh3_copy_raw", True)
+        + _kernel_ir("xxh3_hash_raw", False)
+        + _kernel_ir("xxh3_stream_raw", True, stream=x86)
+        + "".join(_entry_ir(name) for name in _NAMES)
+    )
     target = llvm.Target.from_default_triple()
     machine = target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
+    )
     module = llvm.parse_assembly(ir)
     module.verify()
     builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
@@ -277,8 +303,9 @@ def _array_kernel(address: int):
     """``f(src, dst, nbytes)`` on C-contiguous arrays: the kernel at
     `address`, called through ctypes (which releases the GIL for the call)
     with the arrays' data pointers."""
-    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
-                          ctypes.c_int64)(address)
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64)(
+        address
+    )
     data_pointers = _pointers()
 
     def kernel(src, dst, nbytes):
@@ -304,14 +331,18 @@ def build():
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, 5000, dtype=np.uint8)
     for start, n in ((0, 4096), (1, 4099), (8, 1000), (3, 241)):
-        probe = raw[start:start + n]
+        probe = raw[start : start + n]
         want = xxhash.xxh3_64_intdigest(probe)
         if built[1](probe, probe, n) != want:
-            raise RuntimeError(f"the compiled xxh3 kernel disagrees with xxhash on {n} bytes; "
-                               "report this with your CPU model and llvmlite version")
+            raise VlccRuntimeError(
+                f"the compiled xxh3 kernel disagrees with xxhash on {n} bytes; "
+                "report this with your CPU model and llvmlite version"
+            )
         for k in (built[0], built[2]):
             copied = np.zeros(n + 1, np.uint8)[1:] if start else np.zeros(n, np.uint8)
             if k(probe, copied, n) != want or not np.array_equal(copied, probe):
-                raise RuntimeError(f"the compiled xxh3 copy kernel disagrees with xxhash on {n} "
-                                   "bytes; report this with your CPU model and llvmlite version")
+                raise VlccRuntimeError(
+                    f"the compiled xxh3 copy kernel disagrees with xxhash on {n} "
+                    "bytes; report this with your CPU model and llvmlite version"
+                )
     return engine, built

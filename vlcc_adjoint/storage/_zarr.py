@@ -26,7 +26,7 @@ async event loop), which costs milliseconds per small record
 ``benchmarks/results/bench_tiers.json``).  This module writes the small,
 documented v3 JSON metadata and the chunk bytes itself, with ``os.write``
 at the key path zarr reads.  The result is an ordinary zarr v3 hierarchy;
-``tests/test_tiers.py`` reads it back with plain zarr.
+``tests/storage/test_tiers.py`` reads it back with plain zarr.
 
 One writer, modes
 -----------------
@@ -112,6 +112,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ..errors import VlccKeyError, VlccValueError
 from ..state import byte_view
 from . import format as F
 from ._checksum import check_capacity, check_record, corrupt, full, step_of, verify_leaves
@@ -149,8 +150,16 @@ class ZarrTier(Tier):
     # records outlive the process; get reads into new or given arrays; I/O waits
     persistent = fresh_gets = reads_into = waits_on_io = True
 
-    def __init__(self, path: str | os.PathLike, capacity_bytes: int | None = None, *, mode: str = "a",
-                 durable: bool = False, recycle: int = 8, name: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        capacity_bytes: int | None = None,
+        *,
+        mode: str = "a",
+        durable: bool = False,
+        recycle: int = 8,
+        name: str | None = None,
+    ):
         self.path = os.path.abspath(os.fspath(path))
         self.capacity_bytes = check_capacity(capacity_bytes)
         self.mode = F.parse_mode(mode)
@@ -158,7 +167,7 @@ class ZarrTier(Tier):
         self.supports_writes = self.supports_deletes = self.mode != "r"
         self.durable = bool(durable)
         if not isinstance(recycle, int) or recycle < 0:
-            raise ValueError(f"recycle must be an int >= 0, got {recycle!r}")
+            raise VlccValueError(f"recycle must be an int >= 0, got {recycle!r}")
         self.recycle = recycle
         self.name = name or f"zarr:{self.path}"
         self._lock = threading.Lock()
@@ -190,8 +199,10 @@ class ZarrTier(Tier):
                 try:
                     F.check_dir(path)
                 except FileNotFoundError:
-                    raise StorageError(f"there is no zarr store at {path} (mode={mode!r} opens an "
-                                       "existing one); open it with mode='a' to create it") from None
+                    raise StorageError(
+                        f"there is no zarr store at {path} (mode={mode!r} opens an "
+                        "existing one); open it with mode='a' to create it"
+                    ) from None
             else:
                 os.makedirs(path, exist_ok=True)
                 F.check_dir(path)
@@ -201,33 +212,54 @@ class ZarrTier(Tier):
             if exists:
                 self.format = read_root(path, root_meta)
                 if mode == "w-":
-                    raise StorageError(f"{path} already holds a zarr store and mode='w-' refuses "
-                                       "an existing one; open it with mode='a' to reuse it, or "
-                                       "mode='w' to empty it")
+                    raise StorageError(
+                        f"{path} already holds a zarr store and mode='w-' refuses "
+                        "an existing one; open it with mode='a' to reuse it, or "
+                        "mode='w' to empty it"
+                    )
                 if mode == "w":
                     self._empty()
                     exists = False
             elif any(e.name not in (SCRATCH, LOCK) for e in os.scandir(path)):
-                raise StorageError(f"{path} exists, is not empty and is not a zarr v3 group; give "
-                                   "ZarrTier a new or empty directory")
+                raise StorageError(
+                    f"{path} exists, is not empty and is not a zarr v3 group; give "
+                    "ZarrTier a new or empty directory"
+                )
             elif mode in ("r", "r+"):
-                raise StorageError(f"there is no zarr store at {path} (no zarr.json; mode={mode!r} "
-                                   "opens an existing one); open it with mode='a' to create it")
+                raise StorageError(
+                    f"there is no zarr store at {path} (no zarr.json; mode={mode!r} "
+                    "opens an existing one); open it with mode='a' to create it"
+                )
             if not exists:
                 self.format = FORMAT
-                F.write_json(root_meta, F.group_document({ATTRS: {
-                    "format": FORMAT,
-                    "layout": "one group per checkpoint record; leaf i of record K is the array "
-                              "K/i; records are written by vlcc_adjoint.storage.ZarrTier",
-                }}), self.durable)
+                F.write_json(
+                    root_meta,
+                    F.group_document(
+                        {
+                            ATTRS: {
+                                "format": FORMAT,
+                                "layout": "one group per checkpoint record; leaf i of record K is the array "
+                                "K/i; records are written by vlcc_adjoint.storage.ZarrTier",
+                            }
+                        }
+                    ),
+                    self.durable,
+                )
             if mode != "r":
                 # Whatever is in the scratch is an interrupted write or a recycled
                 # directory of an earlier writer (dead: we hold the lock).
                 F.remove_tree(self._scratch, path)
                 os.mkdir(self._scratch)
-                F.write_json(os.path.join(self._scratch, "zarr.json"), F.group_document({
-                    ATTRS: "scratch space of ZarrTier: interrupted writes and recycled "
-                           "directories, never records"}), self.durable)
+                F.write_json(
+                    os.path.join(self._scratch, "zarr.json"),
+                    F.group_document(
+                        {
+                            ATTRS: "scratch space of ZarrTier: interrupted writes and recycled "
+                            "directories, never records"
+                        }
+                    ),
+                    self.durable,
+                )
             for entry in os.scandir(path):
                 if entry.name.startswith(".") or entry.name == "zarr.json":
                     continue
@@ -239,8 +271,9 @@ class ZarrTier(Tier):
                 self._index[entry.name] = stored
                 self._used += stored.nbytes
         except OSError as err:
-            raise StorageError(f"cannot open the zarr store at {path}: {err} "
-                               f"({F.remedy(err)})") from err
+            raise StorageError(
+                f"cannot open the zarr store at {path}: {err} ({F.remedy(err)})"
+            ) from err
         if self.capacity_bytes is not None and self._used > self.capacity_bytes:
             raise StorageError(
                 f"the zarr store at {path} holds {self._used} bytes of records, more than "
@@ -261,8 +294,11 @@ class ZarrTier(Tier):
             return load(key, record_dir)
         except CorruptCheckpointError as err:
             try:
-                nbytes = F.tree_bytes(record_dir) if os.path.isdir(record_dir) \
-                    and not os.path.islink(record_dir) else 0
+                nbytes = (
+                    F.tree_bytes(record_dir)
+                    if os.path.isdir(record_dir) and not os.path.islink(record_dir)
+                    else 0
+                )
             except OSError:
                 nbytes = 0
             bad = corrupt(str(err), key, self.name, None)
@@ -281,11 +317,15 @@ class ZarrTier(Tier):
 
     def _check_writable(self, what: str) -> None:
         if self.mode == "r":
-            raise StorageError(f"cannot {what}: tier {self.name!r} was opened with mode='r' (read "
-                               "only); open it with mode='a' (or 'r+') to write")
+            raise StorageError(
+                f"cannot {what}: tier {self.name!r} was opened with mode='r' (read "
+                "only); open it with mode='a' (or 'r+') to write"
+            )
         if self._closed:
-            raise StorageError(f"cannot {what}: tier {self.name!r} is closed (its writer lock is "
-                               "released); open the store again to write")
+            raise StorageError(
+                f"cannot {what}: tier {self.name!r} is closed (its writer lock is "
+                "released); open the store again to write"
+            )
 
     # -- the Tier protocol ----------------------------------------------------------
 
@@ -315,7 +355,7 @@ class ZarrTier(Tier):
         self._check_writable(f"store record {key!r}")
         check_record(key, record)
         if key == "zarr.json":
-            raise ValueError("'zarr.json' is the store's own metadata file, not a record key")
+            raise VlccValueError("'zarr.json' is the store's own metadata file, not a record key")
         leaves = record.leaves
         kinds = [self._kind(leaf) for leaf in leaves]
         group, spec_json, digest = encode(key, record.spec, kinds, record.checksums)
@@ -341,12 +381,15 @@ class ZarrTier(Tier):
         with self._lock:
             old = self._index.get(key)
             if key in self._busy or (old is not None and not old.inherited):
-                raise KeyError(f"record {key!r} is already in tier {self.name!r}; delete it first")
+                raise VlccKeyError(
+                    f"record {key!r} is already in tier {self.name!r}; delete it first"
+                )
             if old is not None and old.error is not None:
                 raise StorageError(
                     f"record {key!r} in tier {self.name!r} cannot be replaced: its directory is "
                     f"not a readable record ({old.error}); delete it first (tier.delete({key!r})) "
-                    "or use another key")
+                    "or use another key"
+                )
             if old is not None and old is same:
                 old.inherited = False  # the same record is stored already, intact
                 return
@@ -446,33 +489,43 @@ class ZarrTier(Tier):
                 os.mkdir(leaf_dir)
                 old_chunk, old_size, old_meta = None, 0, b""
             if old_meta != meta:
-                write_file(leaf_dir + "/zarr.json", meta, False,
-                           truncate=old_meta is None or len(old_meta) > len(meta))
+                write_file(
+                    leaf_dir + "/zarr.json",
+                    meta,
+                    False,
+                    truncate=old_meta is None or len(old_meta) > len(meta),
+                )
                 rest.append(leaf_dir + "/zarr.json")
             if old_chunk is not None and old_chunk != chunk:
                 os.unlink(os.path.join(leaf_dir, old_chunk))
                 old_size = 0
             if chunk is not None:
-                write_file(f"{leaf_dir}/{chunk}", byte_view(leaf), False,
-                           truncate=old_size > leaf.nbytes)
+                write_file(
+                    f"{leaf_dir}/{chunk}", byte_view(leaf), False, truncate=old_size > leaf.nbytes
+                )
                 chunks.append(f"{leaf_dir}/{chunk}")
             rest.append(leaf_dir)
             new_leaves.append((chunk, leaf.nbytes, meta))
-        write_file(work + "/zarr.json", group, False,
-                   truncate=old is not None and (old.group_size is None or old.group_size > len(group)))
+        write_file(
+            work + "/zarr.json",
+            group,
+            False,
+            truncate=old is not None and (old.group_size is None or old.group_size > len(group)),
+        )
         if self.durable:
             F.fsync_paths(chunks + rest + [work + "/zarr.json", work], uncache=len(chunks))
         return Layout(new_leaves, len(group))
 
-    def get(self, key: str, *, take: Callable[[np.dtype, tuple], np.ndarray] | None = None
-            ) -> Record:
+    def get(
+        self, key: str, *, take: Callable[[np.dtype, tuple], np.ndarray] | None = None
+    ) -> Record:
         """Read and verify the record under `key`, each leaf into ``take(dtype,
         shape)`` (default ``np.empty``); with direct I/O when durable (see
         :func:`~vlcc_adjoint.storage.format.read_into`)."""
         with self._lock:
             stored = self._index.get(key)
             if stored is None:
-                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+                raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             self._readers[key] = self._readers.get(key, 0) + 1
         try:
             return self._read(key, stored, take)
@@ -501,7 +554,7 @@ class ZarrTier(Tier):
                 F.read_into(path, byte_view(out), direct=self.durable)
             except FileNotFoundError:
                 if key not in self._index:
-                    raise KeyError(f"record {key!r} was deleted while being read") from None
+                    raise VlccKeyError(f"record {key!r} was deleted while being read") from None
                 bad = corrupt(f"the chunk file {path} of leaf {i} is missing", key, self.name, step)
                 bad.path = path
                 raise bad from None
@@ -510,8 +563,9 @@ class ZarrTier(Tier):
                 bad.path = path
                 raise bad from None
             except OSError as err:
-                raise StorageError(f"could not read record {key!r} from tier {self.name!r}: "
-                                   f"{err}") from err
+                raise StorageError(
+                    f"could not read record {key!r} from tier {self.name!r}: {err}"
+                ) from err
             leaves.append(out)
         checksums = tuple(info[4] for info in stored.leaves)
         verify_leaves(leaves, checksums, key, self.name, step)
@@ -525,10 +579,12 @@ class ZarrTier(Tier):
         self._check_writable(f"delete record {key!r}")
         with self._lock:
             if key in self._busy:
-                raise KeyError(f"record {key!r} in tier {self.name!r} is being written or deleted")
+                raise VlccKeyError(
+                    f"record {key!r} in tier {self.name!r} is being written or deleted"
+                )
             stored = self._index.pop(key, None)
             if stored is None:
-                raise KeyError(f"no record {key!r} in tier {self.name!r}")
+                raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             self._busy.add(key)
             self._used -= stored.nbytes
             reading = key in self._readers
@@ -542,15 +598,20 @@ class ZarrTier(Tier):
                 self._index[key] = stored
                 self._used += stored.nbytes
                 self._busy.discard(key)
-            raise StorageError(f"could not delete record {key!r} from tier {self.name!r}: {err} "
-                               f"({F.remedy(err)})") from err
+            raise StorageError(
+                f"could not delete record {key!r} from tier {self.name!r}: {err} ({F.remedy(err)})"
+            ) from err
         keep = False
         with self._lock:
             self._busy.discard(key)
             cap = self.capacity_bytes
-            if (away is not None and stored.layout is not None and not reading
-                    and len(self._pool) < self.recycle
-                    and (cap is None or self._used + self._pooled + stored.nbytes <= cap)):
+            if (
+                away is not None
+                and stored.layout is not None
+                and not reading
+                and len(self._pool) < self.recycle
+                and (cap is None or self._used + self._pooled + stored.nbytes <= cap)
+            ):
                 self._pool.append((away, stored.layout, stored.nbytes))
                 self._pooled += stored.nbytes
                 keep = True
@@ -583,7 +644,7 @@ class ZarrTier(Tier):
             self._discard(path)
         self._release()
 
-    def __enter__(self) -> "ZarrTier":
+    def __enter__(self) -> ZarrTier:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -591,8 +652,10 @@ class ZarrTier(Tier):
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity_bytes is None else f"{self.capacity_bytes} B"
-        return (f"ZarrTier({self.path!r}, mode={self.mode!r}, records={len(self._index)}, "
-                f"used={self._used} B, capacity={cap})")
+        return (
+            f"ZarrTier({self.path!r}, mode={self.mode!r}, records={len(self._index)}, "
+            f"used={self._used} B, capacity={cap})"
+        )
 
 
 def _at(spec) -> str:

@@ -18,10 +18,19 @@ __all__ = ["array_metadata", "chunk_key", "zarr_data_type"]
 
 _ZARR_TYPES = {
     ("b", 1): "bool",
-    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
-    ("c", 8): "complex64", ("c", 16): "complex128",
+    ("i", 1): "int8",
+    ("i", 2): "int16",
+    ("i", 4): "int32",
+    ("i", 8): "int64",
+    ("u", 1): "uint8",
+    ("u", 2): "uint16",
+    ("u", 4): "uint32",
+    ("u", 8): "uint64",
+    ("f", 2): "float16",
+    ("f", 4): "float32",
+    ("f", 8): "float64",
+    ("c", 8): "complex64",
+    ("c", 16): "complex128",
 }
 
 
@@ -41,8 +50,9 @@ def chunk_key(index: Iterable[int]) -> str:
     return "c" + "".join(f".{int(i)}" for i in index)
 
 
-def array_metadata(dtype: np.dtype, shape: Sequence[int], chunk_shape: Sequence[int] | None = None
-                   ) -> tuple[bytes, str | None]:
+def array_metadata(
+    dtype: np.dtype, shape: Sequence[int], chunk_shape: Sequence[int] | None = None
+) -> tuple[bytes, str | None]:
     """A zarr v3 array's ``zarr.json`` for `dtype` and `shape`, and the key of its
     first chunk (``None`` when the array is empty: it has no chunk).
 
@@ -64,8 +74,15 @@ def array_metadata(dtype: np.dtype, shape: Sequence[int], chunk_shape: Sequence[
         codec = {"name": "bytes"}
     else:
         codec = {"name": "bytes", "configuration": {"endian": "little" if order == "<" else "big"}}
-    fill = False if ztype == "bool" else [0.0, 0.0] if ztype.startswith("complex") \
-        else 0.0 if ztype.startswith("float") else 0
+    fill = (
+        False
+        if ztype == "bool"
+        else [0.0, 0.0]
+        if ztype.startswith("complex")
+        else 0.0
+        if ztype.startswith("float")
+        else 0
+    )
     chunks = [max(1, s) for s in shape] if chunk_shape is None else [int(c) for c in chunk_shape]
     meta = {
         "zarr_format": 3,

@@ -37,6 +37,7 @@ import re
 
 import numpy as np
 
+from ..errors import VlccValueError
 from ..state import dtype_to_json
 from . import format as F
 from ._checksum import encode_spec
@@ -68,8 +69,14 @@ class Kind:
             self.chunk = None
         # the leaf's entry in the record attributes (canonical JSON) after its
         # checksum, which sorts first: '{"checksum":"...",' + tail
-        self.tail = F.canonical_json({"dtype": dtype_to_json(dtype), "shape": list(shape),
-                                      "nbytes": self.nbytes, "chunk": self.chunk})[1:]
+        self.tail = F.canonical_json(
+            {
+                "dtype": dtype_to_json(dtype),
+                "shape": list(shape),
+                "nbytes": self.nbytes,
+                "chunk": self.chunk,
+            }
+        )[1:]
 
 
 class Layout:
@@ -93,10 +100,17 @@ class Stored:
 
     __slots__ = ("nbytes", "spec_json", "leaves", "layout", "digest", "inherited", "error")
 
-    def __init__(self, nbytes: int, spec_json: str | None, leaves: list | None,
-                 layout: Layout | None,
-                 digest: str | None, *, inherited: bool = False,
-                 error: CorruptCheckpointError | None = None):
+    def __init__(
+        self,
+        nbytes: int,
+        spec_json: str | None,
+        leaves: list | None,
+        layout: Layout | None,
+        digest: str | None,
+        *,
+        inherited: bool = False,
+        error: CorruptCheckpointError | None = None,
+    ):
         self.nbytes = nbytes
         self.spec_json = spec_json  # the record's spec, canonical JSON
         self.leaves = leaves  # per leaf (shape, dtype, nbytes, chunk name, checksum)
@@ -124,13 +138,24 @@ def encode(key: str, spec, kinds: list[Kind], checksums) -> tuple[bytes, bytes, 
         spec_json = F.canonical_json(spec)
     except (TypeError, ValueError):
         encode_spec(key, spec)  # raises the error that names what is not JSON
-        raise ValueError(f"the spec of record {key!r} has dict keys that are not all strings; "
-                         "specs are JSON, whose object keys are strings") from None
-    leaves = b"[" + b",".join(b'{"checksum":"%s",%s' % (c.encode(), k.tail)
-                              for k, c in zip(kinds, checksums)) + b"]"
-    group, digest = F.sealed_group_json(ATTRS, {
-        "format": b"%d" % FORMAT, "key": b'"%s"' % key.encode(), "leaves": leaves,
-        "spec": spec_json})
+        raise VlccValueError(
+            f"the spec of record {key!r} has dict keys that are not all strings; "
+            "specs are JSON, whose object keys are strings"
+        ) from None
+    leaves = (
+        b"["
+        + b",".join(b'{"checksum":"%s",%s' % (c.encode(), k.tail) for k, c in zip(kinds, checksums))
+        + b"]"
+    )
+    group, digest = F.sealed_group_json(
+        ATTRS,
+        {
+            "format": b"%d" % FORMAT,
+            "key": b'"%s"' % key.encode(),
+            "leaves": leaves,
+            "spec": spec_json,
+        },
+    )
     return group, spec_json.decode("ascii"), digest
 
 
@@ -146,22 +171,34 @@ def load(key: str, record_dir: str) -> Stored:
     try:
         attrs = F.open_group(path, ATTRS)
     except FileNotFoundError:
-        raise _bad(path, "is missing: the directory is not a record (a damaged record or a "
-                   "foreign zarr node; delete it or move it out of the store)") from None
+        raise _bad(
+            path,
+            "is missing: the directory is not a record (a damaged record or a "
+            "foreign zarr node; delete it or move it out of the store)",
+        ) from None
     if attrs is None:
-        raise _bad(path, f"has no {ATTRS!r} attributes: not a record of this store (a damaged "
-                   "record or a foreign zarr node; delete it or move it out of the store)")
+        raise _bad(
+            path,
+            f"has no {ATTRS!r} attributes: not a record of this store (a damaged "
+            "record or a foreign zarr node; delete it or move it out of the store)",
+        )
     fmt = attrs.get("format") if type(attrs) is dict else None
     if fmt not in FORMATS or type(fmt) is not int:
-        raise _bad(path, f"is a record of format {fmt!r}; this version reads formats "
-                   f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)")
+        raise _bad(
+            path,
+            f"is a record of format {fmt!r}; this version reads formats "
+            f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)",
+        )
     digest = None
     if fmt >= 2:
         digest = attrs.get("digest")
         attrs = F.unseal(attrs, path)
     if set(attrs) != _RECORD_KEYS[fmt]:
-        raise _bad(path, f"has attributes {sorted(attrs)}, a format-{fmt} record has "
-                   f"{sorted(_RECORD_KEYS[fmt])}")
+        raise _bad(
+            path,
+            f"has attributes {sorted(attrs)}, a format-{fmt} record has "
+            f"{sorted(_RECORD_KEYS[fmt])}",
+        )
     if attrs["key"] != key:
         raise _bad(path, f"says it is record {attrs['key']!r}, but it is stored as {key!r}")
     if type(attrs["spec"]) is not dict or type(attrs["leaves"]) is not list:
@@ -172,10 +209,14 @@ def load(key: str, record_dir: str) -> Stored:
             raise _bad(path, f"describes leaf {i} with fields other than {sorted(_LEAF_KEYS)}")
         dtype, shape, nbytes = F.check_leaf(leaf["dtype"], leaf["shape"], path)
         if leaf["nbytes"] != nbytes:
-            raise _bad(path, f"gives leaf {i} {leaf['nbytes']!r} bytes, its dtype and shape "
-                       f"{nbytes}")
-        expected = None if nbytes == 0 else F.chunk_key(
-            [0] * (len(shape) + (0 if F.zarr_data_type(dtype) else 1)))
+            raise _bad(
+                path, f"gives leaf {i} {leaf['nbytes']!r} bytes, its dtype and shape {nbytes}"
+            )
+        expected = (
+            None
+            if nbytes == 0
+            else F.chunk_key([0] * (len(shape) + (0 if F.zarr_data_type(dtype) else 1)))
+        )
         if leaf["chunk"] != expected:
             raise _bad(path, f"names chunk {leaf['chunk']!r} for leaf {i}, expected {expected!r}")
         if not (type(leaf["checksum"]) is str and _HEX16.fullmatch(leaf["checksum"])):
@@ -185,27 +226,31 @@ def load(key: str, record_dir: str) -> Stored:
         leaves.append((shape, dtype, nbytes, expected, leaf["checksum"]))
     layout = Layout([(chunk, nbytes, None) for _, _, nbytes, chunk, _ in leaves], None)
     spec_json = F.canonical_json(attrs["spec"]).decode("ascii")
-    return Stored(F.tree_bytes(record_dir), spec_json, leaves, layout,
-                  digest, inherited=True)
+    return Stored(F.tree_bytes(record_dir), spec_json, leaves, layout, digest, inherited=True)
 
 
 def read_root(store: str, root_meta: str) -> int | None:
     """The format the root group ``root_meta`` of the store `store` declares
     (``None``: a plain zarr group, adopted as a store)."""
     doc = F.read_json(root_meta)
-    if not (type(doc) is dict and doc.get("zarr_format") == 3
-            and doc.get("node_type") == "group"):
-        raise _bad(root_meta, f"{store} is not a zarr v3 group (its zarr.json says otherwise); "
-                   "give ZarrTier a new or empty directory")
+    if not (type(doc) is dict and doc.get("zarr_format") == 3 and doc.get("node_type") == "group"):
+        raise _bad(
+            root_meta,
+            f"{store} is not a zarr v3 group (its zarr.json says otherwise); "
+            "give ZarrTier a new or empty directory",
+        )
     attrs = doc.get("attributes")
     attrs = attrs.get(ATTRS) if type(attrs) is dict else None
     if attrs is None:
         return None
     fmt = attrs.get("format") if type(attrs) is dict else None
     if type(fmt) is not int or fmt not in FORMATS:
-        raise _bad(root_meta, f"the store says it is of format {fmt!r}; this version reads "
-                   f"formats {', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer "
-                   "ones)")
+        raise _bad(
+            root_meta,
+            f"the store says it is of format {fmt!r}; this version reads "
+            f"formats {', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer "
+            "ones)",
+        )
     return fmt
 
 

@@ -77,23 +77,72 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ._files import (DIRECT_MIN, O_CLOEXEC, fsync_dir, fsync_paths, read_direct, read_exactly,
-                     write_all, write_file)
-from ._checksum import (check_capacity, check_record, corrupt, encode_spec, full, leaf_checksum,
-                        step_of)
+from ..errors import VlccValueError
+from ._checksum import (
+    check_capacity,
+    check_record,
+    corrupt,
+    encode_spec,
+    full,
+    leaf_checksum,
+    step_of,
+)
+from ._files import (
+    DIRECT_MIN,
+    O_CLOEXEC,
+    fsync_dir,
+    fsync_paths,
+    read_direct,
+    read_exactly,
+    write_all,
+    write_file,
+)
 from ._tier import CorruptCheckpointError, StorageError
 from ._zarr_meta import array_metadata, chunk_key, zarr_data_type
 
 __all__ = [
-    "LOCK_DIR", "MAX_METADATA_BYTES", "MODES",
+    "LOCK_DIR",
+    "MAX_METADATA_BYTES",
+    "MODES",
     # the record checks every tier shares, from the checksum module:
-    "check_capacity", "check_record", "corrupt", "encode_spec", "full", "leaf_checksum", "step_of",
-    "StoreLockedError", "WriterLock", "allocation_limit",
-    "array_metadata", "canonical_json", "check_allocation", "check_dir", "check_leaf",
-    "chunk_key", "digest", "fsync_dir", "fsync_paths", "group_document", "lock_store", "open_regular", "open_group",
-    "parse_mode", "publish", "read_into", "read_json", "read_limited", "remedy", "remove_tree",
-    "sealed_group", "sealed_group_json", "tree_bytes", "unseal", "write_all", "write_file",
-    "write_json", "zarr_data_type"
+    "check_capacity",
+    "check_record",
+    "corrupt",
+    "encode_spec",
+    "full",
+    "leaf_checksum",
+    "step_of",
+    "StoreLockedError",
+    "WriterLock",
+    "allocation_limit",
+    "array_metadata",
+    "canonical_json",
+    "check_allocation",
+    "check_dir",
+    "check_leaf",
+    "chunk_key",
+    "digest",
+    "fsync_dir",
+    "fsync_paths",
+    "group_document",
+    "lock_store",
+    "open_regular",
+    "open_group",
+    "parse_mode",
+    "publish",
+    "read_into",
+    "read_json",
+    "read_limited",
+    "remedy",
+    "remove_tree",
+    "sealed_group",
+    "sealed_group_json",
+    "tree_bytes",
+    "unseal",
+    "write_all",
+    "write_file",
+    "write_json",
+    "zarr_data_type",
 ]
 
 #: The largest metadata file any store reads (bytes).  A record's group
@@ -117,8 +166,9 @@ class StoreLockedError(StorageError):
 def parse_mode(mode: str) -> str:
     """`mode` if it is one of :data:`MODES`, else a ``ValueError`` listing them."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))} (as in zarr), "
-                         f"got {mode!r}")
+        raise VlccValueError(
+            f"mode must be one of {', '.join(map(repr, MODES))} (as in zarr), got {mode!r}"
+        )
     return mode
 
 
@@ -134,8 +184,11 @@ def check_dir(path: str) -> None:
     """
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        raise _corrupt(path, "is a symbolic link where the store has a directory; stores are "
-                       "never read or written through links (replace it with a real directory)")
+        raise _corrupt(
+            path,
+            "is a symbolic link where the store has a directory; stores are "
+            "never read or written through links (replace it with a real directory)",
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise _corrupt(path, "is not a directory where the store has one")
 
@@ -173,8 +226,11 @@ def _open_checked(path: str, flags: int) -> tuple[int, os.stat_result]:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _corrupt(path, "is not a regular file (a FIFO, device, socket or directory "
-                           "in place of a store file)")
+            raise _corrupt(
+                path,
+                "is not a regular file (a FIFO, device, socket or directory "
+                "in place of a store file)",
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -187,8 +243,9 @@ def read_limited(path: str, limit: int) -> bytes:
     try:
         size = st.st_size
         if size > limit:
-            raise _corrupt(path, f"has {size} bytes, more than the {limit} a file of its kind "
-                           "may have")
+            raise _corrupt(
+                path, f"has {size} bytes, more than the {limit} a file of its kind may have"
+            )
         buf = bytearray(size)
         if not read_exactly(fd, memoryview(buf)):
             raise _corrupt(path, "ended while it was read (truncated)")
@@ -220,7 +277,7 @@ def read_into(path: str, out: np.ndarray | bytearray | memoryview, *, direct: bo
 
 
 def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid in checkpoint metadata")
+    raise VlccValueError(f"{name} is not valid in checkpoint metadata")
 
 
 def read_json(path: str, limit: int = MAX_METADATA_BYTES) -> Any:
@@ -232,8 +289,9 @@ def read_json(path: str, limit: int = MAX_METADATA_BYTES) -> Any:
     """
     data = read_limited(path, limit)
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant,
-                          object_pairs_hook=_unique_keys)
+        return json.loads(
+            data.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise _corrupt(path, f"is not valid JSON metadata ({err})") from None
 
@@ -241,7 +299,7 @@ def read_json(path: str, limit: int = MAX_METADATA_BYTES) -> Any:
 def _unique_keys(pairs):
     out = dict(pairs)
     if len(out) != len(pairs):
-        raise ValueError("duplicate key in an object")
+        raise VlccValueError("duplicate key in an object")
     return out
 
 
@@ -254,8 +312,9 @@ def canonical_json(obj: Any) -> bytes:
     return _CANONICAL.encode(obj).encode("ascii")
 
 
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                              allow_nan=False)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+)
 
 
 def digest(description: Any) -> str:
@@ -288,8 +347,11 @@ def check_allocation(nbytes: int, path: str, what: str = "data") -> int:
     ``CorruptCheckpointError`` (a size no real checkpoint on this machine has)."""
     limit = allocation_limit()
     if not isinstance(nbytes, int) or nbytes < 0 or nbytes > limit:
-        raise _corrupt(path, f"declares {nbytes!r} bytes of {what}, more than this machine's "
-                       f"{limit} bytes of memory")
+        raise _corrupt(
+            path,
+            f"declares {nbytes!r} bytes of {what}, more than this machine's "
+            f"{limit} bytes of memory",
+        )
     return nbytes
 
 
@@ -319,7 +381,8 @@ class WriterLock:
             except BlockingIOError:
                 raise StoreLockedError(
                     f"{store} is open for writing by {self._holder(fd)}; close it there first, "
-                    "or open this store with mode='r' to read it") from None
+                    "or open this store with mode='r' to read it"
+                ) from None
             os.ftruncate(fd, 0)
             info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
             write_all(fd, canonical_json(info))
@@ -369,9 +432,13 @@ def lock_store(path: str, what: str, durable: bool = False) -> WriterLock:
     lock = WriterLock(os.path.join(lock_dir, "holder"), what)
     try:
         if not os.path.lexists(os.path.join(lock_dir, "zarr.json")):  # held: no race
-            write_json(os.path.join(lock_dir, "zarr.json"), group_document(
-                {"vlcc_adjoint": "the writer lock of the store (pid and host of its holder)"}),
-                durable)
+            write_json(
+                os.path.join(lock_dir, "zarr.json"),
+                group_document(
+                    {"vlcc_adjoint": "the writer lock of the store (pid and host of its holder)"}
+                ),
+                durable,
+            )
     except BaseException:
         lock.release()
         raise
@@ -384,7 +451,9 @@ def lock_store(path: str, what: str, durable: bool = False) -> WriterLock:
 MAX_NDIM = 32
 
 
-def check_leaf(dtype_json: object, shape: object, path: str) -> tuple[np.dtype, tuple[int, ...], int]:
+def check_leaf(
+    dtype_json: object, shape: object, path: str
+) -> tuple[np.dtype, tuple[int, ...], int]:
     """A stored array's dtype, shape and byte size, validated before anything is
     allocated from them.
 
@@ -401,8 +470,11 @@ def check_leaf(dtype_json: object, shape: object, path: str) -> tuple[np.dtype, 
         raise _corrupt(path, f"declares an invalid dtype ({err})") from None
     if dtype.hasobject:
         raise _corrupt(path, "declares an object dtype, which is never stored (no pickle)")
-    if not (type(shape) is list and len(shape) <= MAX_NDIM
-            and all(type(s) is int and 0 <= s < 2**62 for s in shape)):
+    if not (
+        type(shape) is list
+        and len(shape) <= MAX_NDIM
+        and all(type(s) is int and 0 <= s < 2**62 for s in shape)
+    ):
         raise _corrupt(path, f"declares an invalid shape {shape!r}")
     nbytes = dtype.itemsize
     for s in shape:
@@ -447,7 +519,10 @@ def sealed_group(name: str, attrs: dict) -> tuple[bytes, str]:
         # canonical_json of the sealed document without encoding attrs twice:
         # "digest" sorts before every other key of attrs.
         doc = b'{"attributes":{"%s":{"digest":"%s",%s}},"node_type":"group","zarr_format":3}' % (
-            name.encode(), d.encode(), body[1:-1])
+            name.encode(),
+            d.encode(),
+            body[1:-1],
+        )
     else:
         doc = canonical_json(group_document({name: {**attrs, "digest": d}}))
     return doc, d
@@ -466,13 +541,18 @@ def sealed_group_json(name: str, parts: dict) -> tuple[bytes, str]:
     sig = (name, *keys)
     if sig not in _PLAIN_NAMES:
         if not keys or keys[0] <= "digest" or not all(k.isidentifier() for k in sig):
-            raise ValueError(f"attribute names {keys} and group attribute {name!r} must be "
-                             "plain identifiers sorting after 'digest'")
+            raise VlccValueError(
+                f"attribute names {keys} and group attribute {name!r} must be "
+                "plain identifiers sorting after 'digest'"
+            )
         _PLAIN_NAMES.add(sig)
     body = b"{" + b",".join([b'"%s":%s' % (k.encode(), parts[k]) for k in keys]) + b"}"
     d = xxhash.xxh3_128_hexdigest(body)
     doc = b'{"attributes":{"%s":{"digest":"%s",%s}},"node_type":"group","zarr_format":3}' % (
-        name.encode(), d.encode(), body[1:-1])
+        name.encode(),
+        d.encode(),
+        body[1:-1],
+    )
     return doc, d
 
 
@@ -484,8 +564,11 @@ def open_group(path: str, name: str) -> Any:
     naming `path`.
     """
     doc = read_json(path)
-    if not (type(doc) is dict and doc.get("zarr_format") == 3
-            and doc.get("node_type") in ("group", "array")):
+    if not (
+        type(doc) is dict
+        and doc.get("zarr_format") == 3
+        and doc.get("node_type") in ("group", "array")
+    ):
         raise _corrupt(path, "is not the zarr.json of a zarr v3 node")
     attrs = doc.get("attributes", {})
     if type(attrs) is not dict:
@@ -509,8 +592,11 @@ def unseal(attrs: object, path: str) -> dict:
     except (TypeError, ValueError) as err:  # e.g. an int where JSON allows none
         raise _corrupt(path, f"has content that is not canonical JSON ({err})") from None
     if got != want:
-        raise _corrupt(path, f"has content whose digest {got} is not the {want} it was written "
-                       "with (the file was damaged or modified after it was written)")
+        raise _corrupt(
+            path,
+            f"has content whose digest {got} is not the {want} it was written "
+            "with (the file was damaged or modified after it was written)",
+        )
     return out
 
 
@@ -526,7 +612,9 @@ def remedy(err: OSError) -> str:
     if err.errno == errno.ENOENT:
         return "the store directory was removed or moved; open the store again"
     if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
-        return "a directory of that name, not a record of this tier, is in the store; use another key"
+        return (
+            "a directory of that name, not a record of this tier, is in the store; use another key"
+        )
     return "check the file system"
 
 
@@ -551,7 +639,7 @@ def remove_tree(path: str, root: str) -> None:
     root = os.path.abspath(root)
     full = os.path.abspath(path)
     if os.path.commonpath([root, full]) != root or full == root:
-        raise ValueError(f"refusing to remove {full}: it is not inside the store {root}")
+        raise VlccValueError(f"refusing to remove {full}: it is not inside the store {root}")
     try:
         st = os.lstat(full)
     except FileNotFoundError:

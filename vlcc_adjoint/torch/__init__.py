@@ -39,18 +39,18 @@ state providers (:func:`register_providers`); ``import vlcc_adjoint`` does
 not import torch.
 """
 
+from . import dcp as dcp
+from ._deepspeed import VlccCheckpointEngine as VlccCheckpointEngine
+from ._offload import OffloadStats as OffloadStats
+from ._offload import offload_saved_tensors as offload_saved_tensors
+from ._sequence import checkpoint_sequence as checkpoint_sequence
+from ._sequence_plan import SequencePlan as SequencePlan
+from ._sequence_plan import plan_sequence as plan_sequence
+from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._state import numpy_to_tensor as numpy_to_tensor
 from ._state import register_providers as register_providers
 from ._state import restore_training_state as restore_training_state
 from ._state import tensor_to_numpy as tensor_to_numpy
 from ._state import training_state as training_state
-from ._sequence import checkpoint_sequence as checkpoint_sequence
-from ._sequence_plan import SequencePlan as SequencePlan
-from ._sequence_plan import plan_sequence as plan_sequence
-from ._sequential import checkpoint_sequential as checkpoint_sequential
-from ._offload import OffloadStats as OffloadStats
-from ._offload import offload_saved_tensors as offload_saved_tensors
-from ._deepspeed import VlccCheckpointEngine as VlccCheckpointEngine
-from . import dcp as dcp
 
 register_providers()

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.futures import Future
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
 
+from ..errors import VlccFileNotFoundError, VlccKeyError, VlccValueError
 from ..lineage import CorruptCheckpointError, History
 from ._dcp_meta import FORMAT, META_KEY, decode_metadata
 from ._state import _storage_dtype, numpy_to_tensor
@@ -33,7 +34,7 @@ MAX_DOCUMENT_BYTES = 1 << 30
 
 
 def _no_constant(name: str):
-    raise ValueError(f"{name} is not strict JSON")
+    raise VlccValueError(f"{name} is not strict JSON")
 
 
 def _inflate(packed: bytes) -> bytes:
@@ -42,9 +43,9 @@ def _inflate(packed: bytes) -> bytes:
     d = zlib.decompressobj()
     text = d.decompress(packed, MAX_DOCUMENT_BYTES + 1)
     if len(text) > MAX_DOCUMENT_BYTES:
-        raise ValueError(f"the document inflates to more than {MAX_DOCUMENT_BYTES} bytes")
+        raise VlccValueError(f"the document inflates to more than {MAX_DOCUMENT_BYTES} bytes")
     if not d.eof or d.unused_data:
-        raise ValueError("the compressed document is cut short or followed by other bytes")
+        raise VlccValueError("the compressed document is cut short or followed by other bytes")
     return text
 
 
@@ -53,18 +54,28 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
     v = h.version(vid)
     mark = v.meta.get(META_KEY)
     if not (isinstance(mark, dict) and mark.get("format") == FORMAT):
-        raise ValueError(f"version {vid} of {h.path} was not written by VlccWriter (its "
-                         f"metadata has no {META_KEY!r} entry of format {FORMAT}); read it with "
-                         "History.load / History.checkout, or load a version that dcp.save wrote")
+        raise VlccValueError(
+            f"version {vid} of {h.path} was not written by VlccWriter (its "
+            f"metadata has no {META_KEY!r} entry of format {FORMAT}); read it with "
+            "History.load / History.checkout, or load a version that dcp.save wrote"
+        )
     infos = h.leaves(vid)
     manifest = os.path.join(h.path, "versions", vid, "0")
     first = infos[0] if infos else None
-    if first is None or np.dtype(first.dtype) != np.uint8 or len(first.shape) != 1 \
-            or first.nbytes > MAX_DOCUMENT_BYTES:
+    if (
+        first is None
+        or np.dtype(first.dtype) != np.uint8
+        or len(first.shape) != 1
+        or first.nbytes > MAX_DOCUMENT_BYTES
+    ):
         what = "missing" if first is None else f"{first.dtype}{list(first.shape)}"
-        raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata leaf is "
-                                     f"{what}, not a JSON text of at most {MAX_DOCUMENT_BYTES} "
-                                     "bytes", key=vid, path=manifest)
+        raise CorruptCheckpointError(
+            f"version {vid} of {h.path}: its DCP metadata leaf is "
+            f"{what}, not a JSON text of at most {MAX_DOCUMENT_BYTES} "
+            "bytes",
+            key=vid,
+            path=manifest,
+        )
     raw = h.read_leaf(vid, 0)
     try:
         text = raw.tobytes()
@@ -83,26 +94,34 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
             if offset is not None:  # a run of bytes in a pack leaf
                 end = offset + math.prod(sizes) * want.itemsize
                 if stored != np.uint8 or len(leaf.shape) != 1 or end > leaf.shape[0]:
-                    raise ValueError(f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the metadata "
-                                     f"says {index.fqn!r} lies in its bytes {offset}:{end}")
-            elif tuple(leaf.shape) != sizes or \
-                    stored.newbyteorder("=") != want.newbyteorder("="):
-                raise ValueError(f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the "
-                                 f"metadata says {index.fqn!r} is {dtype}{list(sizes)} there")
+                    raise VlccValueError(
+                        f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the metadata "
+                        f"says {index.fqn!r} lies in its bytes {offset}:{end}"
+                    )
+            elif tuple(leaf.shape) != sizes or stored.newbyteorder("=") != want.newbyteorder("="):
+                raise VlccValueError(
+                    f"leaf {i} is {leaf.dtype}{list(leaf.shape)}, the "
+                    f"metadata says {index.fqn!r} is {dtype}{list(sizes)} there"
+                )
         return md, storage, leaf_keys
     except (ValueError, TypeError, RecursionError, zlib.error) as err:
-        raise CorruptCheckpointError(f"version {vid} of {h.path}: its DCP metadata is invalid "
-                                     f"({err}); load another version", key=vid,
-                                     path=manifest) from None
+        raise CorruptCheckpointError(
+            f"version {vid} of {h.path}: its DCP metadata is invalid ({err}); load another version",
+            key=vid,
+            path=manifest,
+        ) from None
 
 
 def _check_request(req, sizes: tuple) -> None:
     """A load request must lie inside the stored chunk it reads."""
     if len(req.storage_offsets) != len(sizes) or any(
-            o + n > s for o, n, s in zip(req.storage_offsets, req.lengths, sizes)):
-        raise ValueError(f"the load plan asks for {req.storage_index.fqn!r} "
-                         f"[{list(req.storage_offsets)} + {list(req.lengths)}] "
-                         f"beyond the stored chunk {list(sizes)}")
+        o + n > s for o, n, s in zip(req.storage_offsets, req.lengths, sizes)
+    ):
+        raise VlccValueError(
+            f"the load plan asks for {req.storage_index.fqn!r} "
+            f"[{list(req.storage_offsets)} + {list(req.lengths)}] "
+            f"beyond the stored chunk {list(sizes)}"
+        )
 
 
 def _copy_out(stored: torch.Tensor, req, row0: int, planner: LoadPlanner) -> None:
@@ -113,8 +132,10 @@ def _copy_out(stored: torch.Tensor, req, row0: int, planner: LoadPlanner) -> Non
         src = src.narrow(dim, o - row0 if dim == 0 else o, n)
     target = planner.resolve_tensor(req).detach()
     if target.size() != src.size():
-        raise ValueError(f"{req.storage_index.fqn!r}: the state dict's tensor has size "
-                         f"{list(target.size())}, the plan reads {list(src.size())}")
+        raise VlccValueError(
+            f"{req.storage_index.fqn!r}: the state dict's tensor has size "
+            f"{list(target.size())}, the plan reads {list(src.size())}"
+        )
     target.copy_(src)
     planner.commit_tensor(req, target)
 
@@ -142,17 +163,21 @@ class VlccReader(StorageReader):
 
     def _open(self) -> None:
         if not os.path.isdir(self.path):
-            raise FileNotFoundError(f"no history at {self.path}: the path is not a directory; "
-                                    "give VlccReader the directory a VlccWriter saved to")
+            raise VlccFileNotFoundError(
+                f"no history at {self.path}: the path is not a directory; "
+                "give VlccReader the directory a VlccWriter saved to"
+            )
         h = History(self.path, mode="r")
         try:
             try:
                 vid = h.resolve(self.ref)
             except KeyError as err:
                 branches = ", ".join(sorted(h.branches)[:8]) or "none"
-                raise KeyError(f"{self.ref!r} names no version of the history at {self.path} "
-                               f"({err.args[0] if err.args else err}); branches: {branches}. "
-                               "Give a branch, tag, version id or 'branch~n'") from None
+                raise VlccKeyError(
+                    f"{self.ref!r} names no version of the history at {self.path} "
+                    f"({err.args[0] if err.args else err}); branches: {branches}. "
+                    "Give a branch, tag, version id or 'branch~n'"
+                ) from None
             self._metadata, self._storage, _ = read_document(h, vid)
         except BaseException:
             h.close()
@@ -160,7 +185,7 @@ class VlccReader(StorageReader):
         self._history = h
         self.version = vid
 
-    def __enter__(self) -> "VlccReader":
+    def __enter__(self) -> VlccReader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -195,8 +220,9 @@ class VlccReader(StorageReader):
         sm = dataclasses.replace(sm, load_id=self.load_id)
         return dataclasses.replace(md, storage_meta=sm, storage_data=self._storage)
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
-                              **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         """Nothing to set up: the storage map was read with the metadata.
 
         **Arguments:**
@@ -229,20 +255,26 @@ class VlccReader(StorageReader):
         for req in plan.items:
             info = self._storage.get(req.storage_index)
             if info is None:
-                raise KeyError(f"{req.storage_index.fqn!r} (offsets {req.storage_index.offset}) "
-                               f"is not in version {self.version} of {self.path}")
+                raise VlccKeyError(
+                    f"{req.storage_index.fqn!r} (offsets {req.storage_index.offset}) "
+                    f"is not in version {self.version} of {self.path}"
+                )
             if req.type == LoadItemType.BYTE_IO:
                 if info[0] != "value":
-                    raise ValueError(f"{req.storage_index.fqn!r} is a tensor in version "
-                                     f"{self.version}, the state dict expects an object")
+                    raise VlccValueError(
+                        f"{req.storage_index.fqn!r} is a tensor in version "
+                        f"{self.version}, the state dict expects an object"
+                    )
                 stream = io.BytesIO()
                 torch.save(info[1], stream)
                 stream.seek(0)
                 planner.load_bytes(req, stream)
                 continue
             if info[0] != "leaf":
-                raise ValueError(f"{req.storage_index.fqn!r} is a non-tensor item in version "
-                                 f"{self.version}, the state dict expects a tensor")
+                raise VlccValueError(
+                    f"{req.storage_index.fqn!r} is a non-tensor item in version "
+                    f"{self.version}, the state dict expects a tensor"
+                )
             by_leaf.setdefault(info[1], []).append((req, info))
         for leaf, reqs in sorted(by_leaf.items()):  # one leaf in memory at a time
             if reqs[0][1][4] is not None:
@@ -277,20 +309,26 @@ class VlccReader(StorageReader):
         raw = self._history.read_leaf(self.version, leaf, rows=(lo, hi))
         self._check_array(leaf, raw, torch.uint8, (hi - lo,), (hi - lo,))
         for (req, (_, _, dtype, sizes, _)), (a, b) in zip(reqs, spans):
-            arr = raw[a - lo:b - lo].view(_storage_dtype(dtype)).reshape(sizes)
+            arr = raw[a - lo : b - lo].view(_storage_dtype(dtype)).reshape(sizes)
             _copy_out(numpy_to_tensor(arr, dtype), req, 0, planner)
 
-    def _check_array(self, leaf: int, arr: np.ndarray, dtype: torch.dtype, want: tuple,
-                     sizes: tuple) -> None:
-        if arr.shape != want or arr.dtype.newbyteorder("=") != \
-                _storage_dtype(dtype).newbyteorder("="):
+    def _check_array(
+        self, leaf: int, arr: np.ndarray, dtype: torch.dtype, want: tuple, sizes: tuple
+    ) -> None:
+        if arr.shape != want or arr.dtype.newbyteorder("=") != _storage_dtype(dtype).newbyteorder(
+            "="
+        ):
             raise CorruptCheckpointError(
                 f"version {self.version} of {self.path}: leaf {leaf} holds "
                 f"{arr.dtype}{list(arr.shape)} there, its DCP metadata says "
-                f"{dtype}{list(want)} (of a chunk {list(sizes)})", key=self.version,
-                path=os.path.join(self.path, "versions", self.version, str(leaf)))
+                f"{dtype}{list(want)} (of a chunk {list(sizes)})",
+                key=self.version,
+                path=os.path.join(self.path, "versions", self.version, str(leaf)),
+            )
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         """Whether `checkpoint_id` is a local path (**Arguments:** `checkpoint_id`)."""
-        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(
+            checkpoint_id
+        )

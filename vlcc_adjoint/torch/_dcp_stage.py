@@ -118,7 +118,8 @@ class StagingArea:
                 raise TimeoutError(
                     f"the previous async_save of this VlccWriter still uses its staging area "
                     f"after {self.timeout:.0f} s; wait for that save's future (.result()) before "
-                    "the next async_save, or give each concurrent save its own VlccWriter")
+                    "the next async_save, or give each concurrent save its own VlccWriter"
+                )
 
     def stage(self, state_dict: dict) -> dict:
         """Copy `state_dict`'s tensors into the area; return the staged state dict."""
@@ -168,19 +169,27 @@ class StagingArea:
                 i = next(views)
                 local = tensors[i]
                 n = local.numel() * local.element_size()
-                view = buf[offsets[i]:offsets[i] + n].view(local.dtype).view(local.shape)
+                view = buf[offsets[i] : offsets[i] + n].view(local.dtype).view(local.shape)
                 view.copy_(local.detach())
                 out = view
                 if dtensor is not None and isinstance(obj, dtensor):
-                    out = dtensor.from_local(view, obj.device_mesh, obj.placements,
-                                             run_check=False, shape=obj.shape,
-                                             stride=obj.stride())
+                    out = dtensor.from_local(
+                        view,
+                        obj.device_mesh,
+                        obj.placements,
+                        run_check=False,
+                        shape=obj.shape,
+                        stride=obj.stride(),
+                    )
                 if i == 0:  # the object in the staged dict: alive as long as the dict is
                     self._staged = weakref.ref(out)
                 return out
             if isinstance(obj, dict):
-                return type(obj)((k, copy_into(v)) for k, v in obj.items()) \
-                    if type(obj) is not dict else {k: copy_into(v) for k, v in obj.items()}
+                return (
+                    type(obj)((k, copy_into(v)) for k, v in obj.items())
+                    if type(obj) is not dict
+                    else {k: copy_into(v) for k, v in obj.items()}
+                )
             if isinstance(obj, list):
                 return [copy_into(v) for v in obj]
             if isinstance(obj, tuple):
@@ -191,5 +200,9 @@ class StagingArea:
 
     def summary(self) -> dict[str, Any]:
         """``nbytes`` (buffer), ``shard_bytes`` (last save's tensors), ``saves``, ``reallocations``."""
-        return {"nbytes": self.nbytes, "shard_bytes": self.shard_bytes, "saves": self.saves,
-                "reallocations": self.reallocations}
+        return {
+            "nbytes": self.nbytes,
+            "shard_bytes": self.shard_bytes,
+            "saves": self.saves,
+            "reallocations": self.reallocations,
+        }

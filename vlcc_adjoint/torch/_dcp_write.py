@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
+from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..lineage import CorruptCheckpointError, History
 from ._dcp_meta import FORMAT, META_KEY, encode_metadata, encode_value, storage_key
 from ._dcp_read import read_document
@@ -42,19 +43,27 @@ DOCUMENT_LEVEL = 6
 
 def _spec(keys: Sequence[str], entries: Sequence[dict]) -> dict:
     """The state spec of a version: ``{"dcp_metadata": leaf 0, "items": {key: leaf i}}``."""
-    return {"format": "vlcc-state/1",
-            "tree": {"dict": ["dcp_metadata", "items"],
-                     "items": [{"leaf": 0}, {"dict": list(keys),
-                                            "items": [{"leaf": i + 1} for i in range(len(keys))]}]},
-            "leaves": [{"dtype": e["dtype"], "shape": e["shape"]} for e in entries]}
+    return {
+        "format": "vlcc-state/1",
+        "tree": {
+            "dict": ["dcp_metadata", "items"],
+            "items": [
+                {"leaf": 0},
+                {"dict": list(keys), "items": [{"leaf": i + 1} for i in range(len(keys))]},
+            ],
+        },
+        "leaves": [{"dtype": e["dtype"], "shape": e["shape"]} for e in entries],
+    }
 
 
 def _check_path(path: str | os.PathLike) -> str:
     """`path` made absolute; ``NotADirectoryError`` when it exists and is no directory."""
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise NotADirectoryError(f"{path} is not a directory; a VlccWriter saves into a history "
-                                 "directory: give a new path (it is created) or a history's")
+        raise NotADirectoryError(
+            f"{path} is not a directory; a VlccWriter saves into a history "
+            "directory: give a new path (it is created) or a history's"
+        )
     return path
 
 
@@ -94,13 +103,22 @@ class VlccWriter(StorageWriter, AsyncStager):
 
     _synchronize_after_execute: bool = False  # stage() copies synchronously
 
-    def __init__(self, path: str | os.PathLike, branch: str = "main", message: str = "",
-                 tags: Sequence[str] = (), deltas: bool | None = None, *,
-                 step: int | None = None, meta: dict | None = None, background: bool = False,
-                 at: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        branch: str = "main",
+        message: str = "",
+        tags: Sequence[str] = (),
+        deltas: bool | None = None,
+        *,
+        step: int | None = None,
+        meta: dict | None = None,
+        background: bool = False,
+        at: str | None = None,
+    ):
         super().__init__()
         if not isinstance(branch, str):
-            raise TypeError(f"branch must be a str, got {type(branch).__name__}")
+            raise VlccTypeError(f"branch must be a str, got {type(branch).__name__}")
         if isinstance(tags, str):
             tags = (tags,)
         self.path = _check_path(path)
@@ -145,7 +163,7 @@ class VlccWriter(StorageWriter, AsyncStager):
             self._history = History(self.path, deltas=self.deltas)
         return self._history
 
-    def __enter__(self) -> "VlccWriter":
+    def __enter__(self) -> VlccWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -211,25 +229,32 @@ class VlccWriter(StorageWriter, AsyncStager):
             tags = h.tags
             taken = [t for t in self.tags if t in tags]
             if taken:
-                raise ValueError(f"tag {taken[0]!r} already names version {tags[taken[0]]} in "
-                                 f"{self.path}; choose another tag, or move it afterwards with "
-                                 "History.tag(name, version, force=True)")
+                raise VlccValueError(
+                    f"tag {taken[0]!r} already names version {tags[taken[0]]} in "
+                    f"{self.path}; choose another tag, or move it afterwards with "
+                    "History.tag(name, version, force=True)"
+                )
             parent = h.branches.get(self.branch)
             self._base = None
             if parent is None and self.at is not None:
                 try:
                     parent = self._base = h.resolve(self.at)
                 except KeyError as err:
-                    raise KeyError(f"at={self.at!r} names no version of {self.path} ({err}); "
-                                   "give a version id, tag, branch or 'branch~n'") from None
+                    raise VlccKeyError(
+                        f"at={self.at!r} names no version of {self.path} ({err}); "
+                        "give a version id, tag, branch or 'branch~n'"
+                    ) from None
         except BaseException:
             self.staging.release()
             raise
-        return [dataclasses.replace(p, storage_data={"parent": parent, "slot": i})
-                for i, p in enumerate(plans)]
+        return [
+            dataclasses.replace(p, storage_data={"parent": parent, "slot": i})
+            for i, p in enumerate(plans)
+        ]
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner
-                   ) -> torch.futures.Future[list[WriteResult]]:
+    def write_data(
+        self, plan: SavePlan, planner: SavePlanner
+    ) -> torch.futures.Future[list[WriteResult]]:
         """Stage this rank's items into the history (chunks only: no version yet).
 
         **Arguments:**
@@ -263,13 +288,15 @@ class VlccWriter(StorageWriter, AsyncStager):
                     stream.seek(0)
                     obj = torch.load(stream, weights_only=True)
                 value = encode_value(obj, f"state_dict[{item.index.fqn!r}]")
-                results.append(WriteResult(index=item.index, size_in_bytes=0,
-                                           storage_data={"value": value}))
+                results.append(
+                    WriteResult(index=item.index, size_in_bytes=0, storage_data={"value": value})
+                )
                 continue
             t = planner.resolve_data(item)
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"the planner resolved {item.index.fqn!r} to a "
-                                f"{type(t).__name__}, not a tensor")
+                raise VlccTypeError(
+                    f"the planner resolved {item.index.fqn!r} to a {type(t).__name__}, not a tensor"
+                )
             t = t.detach()
             if t.device.type != "cpu":
                 t = t.cpu()
@@ -281,30 +308,42 @@ class VlccWriter(StorageWriter, AsyncStager):
         keys = [storage_key(i.index) for i, _ in own]
         pack_keys = [f"{PACK_PREFIX}{slot}.{j}" for j in range(len(packs))]
         where = self._parent_leaves(h, parent) if parent is not None and h.deltas else None
-        entries = h.stage([a for _, a in own], base=parent if where else None,
-                          base_leaves=[where.get(k) for k in keys] if where else None)
+        entries = h.stage(
+            [a for _, a in own],
+            base=parent if where else None,
+            base_leaves=[where.get(k) for k in keys] if where else None,
+        )
         for (item, arr), key, entry in zip(own, keys, entries):
             self.written_bytes += entry["written"]
-            results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
-                                       storage_data={"key": key, "leaf": entry}))
+            results.append(
+                WriteResult(
+                    index=item.index,
+                    size_in_bytes=arr.nbytes,
+                    storage_data={"key": key, "leaf": entry},
+                )
+            )
         if packs:
             need = min(PACK_BYTES, sum(a.nbytes for _, a in small))
             if self._pack is None or self._pack.nbytes < need:
                 self._pack = np.empty(need, np.uint8)
         for pack, pack_key in zip(packs, pack_keys):
             _, last, end = pack[-1]
-            view = self._pack[:end + last.nbytes]  # the pack's bytes, at the buffer's start
+            view = self._pack[: end + last.nbytes]  # the pack's bytes, at the buffer's start
             for item, arr, off in pack:
-                view[off:off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
-            (entry,) = h.stage([view], base=parent if where else None,
-                               base_leaves=[where.get(pack_key)] if where else None)
+                view[off : off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            (entry,) = h.stage(
+                [view],
+                base=parent if where else None,
+                base_leaves=[where.get(pack_key)] if where else None,
+            )
             self.written_bytes += entry["written"]
             for k, (item, arr, off) in enumerate(pack):
                 sd = {"key": storage_key(item.index), "pack": pack_key, "offset": off}
                 if k == 0:
                     sd["pack_leaf"] = entry
-                results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes,
-                                           storage_data=sd))
+                results.append(
+                    WriteResult(index=item.index, size_in_bytes=arr.nbytes, storage_data=sd)
+                )
         return results
 
     def _packs(self, small: list) -> list[list]:
@@ -359,14 +398,16 @@ class VlccWriter(StorageWriter, AsyncStager):
             for wr in rank_results:
                 sd = wr.storage_data
                 if not isinstance(sd, dict):
-                    raise TypeError(f"write result for {wr.index.fqn!r} is not from a VlccWriter")
+                    raise VlccTypeError(
+                        f"write result for {wr.index.fqn!r} is not from a VlccWriter"
+                    )
                 if "value" in sd:
                     values[wr.index.fqn] = sd["value"]
                 elif "pack" in sd:
                     chunks[sd["key"]] = (sd["pack"], sd["offset"])
                     if "pack_leaf" in sd:
                         if sd["pack"] in entries:
-                            raise ValueError(f"two ranks wrote the pack {sd['pack']!r}")
+                            raise VlccValueError(f"two ranks wrote the pack {sd['pack']!r}")
                         entries[sd["pack"]] = sd["pack_leaf"]
                 else:
                     chunks[sd["key"]] = (sd["key"], None)
@@ -383,15 +424,24 @@ class VlccWriter(StorageWriter, AsyncStager):
         leaves = [first] + [entries[k] for k in keys]
         meta = {} if self.step is None else {"step": self.step}
         meta.update(self.meta)
-        meta[META_KEY] = {"format": FORMAT, "items": len(doc["items"]), "leaves": len(keys),
-                          "ranks": len(results), "document": "zlib"}
-        self.version = h.commit_staged(_spec(keys, leaves), leaves, self.message, meta,
-                                       branch=self.branch, at=self._base)
+        meta[META_KEY] = {
+            "format": FORMAT,
+            "items": len(doc["items"]),
+            "leaves": len(keys),
+            "ranks": len(results),
+            "document": "zlib",
+        }
+        self.version = h.commit_staged(
+            _spec(keys, leaves), leaves, self.message, meta, branch=self.branch, at=self._base
+        )
         for tag in self.tags:
             h.tag(tag, self.version)
         # dcp.save returns this metadata on every rank: each learns the version.
-        metadata.storage_data = {"vlcc_version": self.version, "branch": self.branch,
-                                 "path": self.path}
+        metadata.storage_data = {
+            "vlcc_version": self.version,
+            "branch": self.branch,
+            "path": self.path,
+        }
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint id (the path) and this save's id."""
@@ -400,7 +450,9 @@ class VlccWriter(StorageWriter, AsyncStager):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         """Whether `checkpoint_id` is a local path (**Arguments:** `checkpoint_id`)."""
-        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(
+            checkpoint_id
+        )
 
     # -- AsyncStager (dcp.async_save) -----------------------------------------------
 

@@ -52,7 +52,7 @@ History and rebuilds the state from its zarr chunks with the torch state
 provider (:mod:`vlcc_adjoint.torch._state`).  The DeepSpeed objects of ZeRO
 stages 0-3 checkpoints (loss scalers, ``fragment_address``,
 ``ZeroStageEnum``) are stored as plain data and rebuilt from an allow-list
-(:mod:`vlcc_adjoint.torch._deepspeed_state`); ``tests/test_deepspeed_zero.py``
+(:mod:`vlcc_adjoint.torch._deepspeed_state`); ``tests/torch/test_deepspeed_zero.py``
 checks every stage against DeepSpeed's ``torch.save`` engine: the files'
 contents, the reloaded weights and optimizer state bit for bit, and the
 losses after resuming.  A file that is not a pointer
@@ -84,6 +84,7 @@ import numpy as np
 import torch
 
 from .. import state as _vstate
+from ..errors import VlccFileNotFoundError, VlccRuntimeError, VlccTypeError, VlccValueError
 from ._deepspeed_state import register_deepspeed_providers
 from ._state import register_providers
 
@@ -147,30 +148,42 @@ class VlccCheckpointEngine:
     ``preserves_storage_sharing``.
     """
 
-    def __init__(self, history: History | str | os.PathLike | None = None, config_params: Any = None,
-                 *, model: torch.nn.Module | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, defer: bool | None = None,
-                 wait_on_commit: str = "captured", chunk_bytes: int = 1 << 20,
-                 codec: Codec | None = None, durable: bool = False) -> None:
+    def __init__(
+        self,
+        history: History | str | os.PathLike | None = None,
+        config_params: Any = None,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        defer: bool | None = None,
+        wait_on_commit: str = "captured",
+        chunk_bytes: int = 1 << 20,
+        codec: Codec | None = None,
+        durable: bool = False,
+    ) -> None:
         register_providers()
         if "deepspeed" in sys.modules:
             register_deepspeed_providers(import_modules=True)
         if wait_on_commit not in ("written", "captured"):
-            raise ValueError(f"wait_on_commit must be 'written' or 'captured', got "
-                             f"{wait_on_commit!r}")
+            raise VlccValueError(
+                f"wait_on_commit must be 'written' or 'captured', got {wait_on_commit!r}"
+            )
         if defer is None:
             defer = model is not None or optimizer is not None
         if defer and model is None and optimizer is None:
-            raise ValueError("defer=True needs model= and/or optimizer= (the tensors only the "
-                             "optimizer step changes); use VlccCheckpointEngine.attach("
-                             "model_engine), or defer=False")
+            raise VlccValueError(
+                "defer=True needs model= and/or optimizer= (the tensors only the "
+                "optimizer step changes); use VlccCheckpointEngine.attach("
+                "model_engine), or defer=False"
+            )
         self.name = "VlccCheckpointEngine"
         self.model = model
         self.optimizer = optimizer
         self.defer = bool(defer)
         self.wait_on_commit = wait_on_commit
-        self._history_opts = dict(chunk_bytes=chunk_bytes, codec=codec, durable=durable,
-                                  capture="copy")
+        self._history_opts = dict(
+            chunk_bytes=chunk_bytes, codec=codec, durable=durable, capture="copy"
+        )
         self._history = None
         self._history_path = None
         self._own_history = False
@@ -195,12 +208,11 @@ class VlccCheckpointEngine:
         self._error = None
         self._hooks = []
         self.timings = collections.Counter()  # seconds: save, commit_wait
-        self._finalizer = weakref.finalize(self, _shutdown, self._lock, self._jobs,
-                                          self._publish)
+        self._finalizer = weakref.finalize(self, _shutdown, self._lock, self._jobs, self._publish)
         if "deepspeed" in sys.modules:  # a virtual subclass of DeepSpeed's ABC
             try:
-                from deepspeed.runtime.checkpoint_engine.checkpoint_engine import \
-                    CheckpointEngine
+                from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
                 CheckpointEngine.register(VlccCheckpointEngine)
             except Exception:  # pragma: no cover - another DeepSpeed layout
                 pass
@@ -208,8 +220,12 @@ class VlccCheckpointEngine:
     # -- setup -----------------------------------------------------------------------
 
     @classmethod
-    def attach(cls, model_engine: DeepSpeedEngine, history: History | str | os.PathLike | None = None,
-               **kwargs: Any) -> VlccCheckpointEngine:
+    def attach(
+        cls,
+        model_engine: DeepSpeedEngine,
+        history: History | str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> VlccCheckpointEngine:
         """Make a new engine ``model_engine.checkpoint_engine`` (a DeepSpeed engine).
 
         Passes the engine's module and optimizer (so parameters and optimizer
@@ -228,16 +244,20 @@ class VlccCheckpointEngine:
         ``optimizer.step()`` (a step pre-hook), as DeepSpeed does for a
         decoupled engine."""
         if not hasattr(optimizer, "register_step_pre_hook"):
-            raise TypeError(f"{type(optimizer).__name__} has no register_step_pre_hook; call "
-                            "engine.commit() yourself before the optimizer step")
+            raise VlccTypeError(
+                f"{type(optimizer).__name__} has no register_step_pre_hook; call "
+                "engine.commit() yourself before the optimizer step"
+            )
         self._hooks.append(optimizer.register_step_pre_hook(lambda *a, **k: self._commit_hook()))
 
     def history(self) -> History:
         """The ``History`` this engine writes to (opened on first use)."""
         if self._history is None:
             if self._history_path is None:
-                raise RuntimeError("VlccCheckpointEngine: no history path yet; pass history= or "
-                                   "call create(info) (DeepSpeed does, in save_checkpoint)")
+                raise VlccRuntimeError(
+                    "VlccCheckpointEngine: no history path yet; pass history= or "
+                    "call create(info) (DeepSpeed does, in save_checkpoint)"
+                )
             from ..lineage import History
 
             os.makedirs(self._history_path, exist_ok=True)
@@ -265,7 +285,7 @@ class VlccCheckpointEngine:
         t0 = time.perf_counter()
         self._raise_error()
         if self._closed:
-            raise RuntimeError("VlccCheckpointEngine is closed")
+            raise VlccRuntimeError("VlccCheckpointEngine is closed")
         if "deepspeed" in sys.modules:  # DeepSpeed may have been imported after __init__
             register_deepspeed_providers(import_modules=True)
         tag = getattr(self._info, "tag", None)
@@ -291,8 +311,9 @@ class VlccCheckpointEngine:
             with self._lock:
                 self._jobs.append(job)
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._capture_loop,
-                                                    name="vlcc-ds-capture", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._capture_loop, name="vlcc-ds-capture", daemon=True
+                    )
                     self._thread.start()
                 self._lock.notify_all()
         self._pending.append(job)
@@ -320,10 +341,11 @@ class VlccCheckpointEngine:
                     raise
                 state = history.load(pointer["version"])
         except KeyError as err:
-            raise FileNotFoundError(
+            raise VlccFileNotFoundError(
                 f"{path} points to version {pointer['version']} of the history at {hist_path}, "
                 "which is not there: the checkpoint was still being written when the process "
-                "ended (load an earlier tag) or the history was garbage-collected") from err
+                "ended (load an earlier tag) or the history was garbage-collected"
+            ) from err
         if isinstance(map_location, (str, torch.device)):
             device = torch.device(map_location)
             state = _map_tensors(state, lambda t: t.to(device))
@@ -349,8 +371,9 @@ class VlccCheckpointEngine:
                 with self._lock:
                     self._publish.append(item)
                     if self._publisher is None:
-                        self._publisher = threading.Thread(target=self._publish_loop,
-                                                           name="vlcc-ds-publish", daemon=True)
+                        self._publisher = threading.Thread(
+                            target=self._publish_loop, name="vlcc-ds-publish", daemon=True
+                        )
                         self._publisher.start()
                     self._lock.notify_all()
         self._info = self._ds_info = None
@@ -439,20 +462,27 @@ class VlccCheckpointEngine:
             raw = f.read(_POINTER_MAX + 1)
         try:
             if len(raw) > _POINTER_MAX:
-                raise ValueError("too large")
+                raise VlccValueError("too large")
             doc = json.loads(raw.decode("utf-8"))
-            if not (isinstance(doc, dict) and doc.get("format") == POINTER_FORMAT
-                    and isinstance(doc.get("history"), str)
-                    and isinstance(doc.get("version"), str)):
-                raise ValueError("not a vlcc pointer")
+            if not (
+                isinstance(doc, dict)
+                and doc.get("format") == POINTER_FORMAT
+                and isinstance(doc.get("history"), str)
+                and isinstance(doc.get("version"), str)
+            ):
+                raise VlccValueError("not a vlcc pointer")
         except (ValueError, UnicodeDecodeError):
             hint = ""
             if raw[:2] == b"PK" or raw[:1] == b"\x80":
-                hint = (" It looks like a torch.save (pickle) file: if you trust it, read it "
-                        "with torch.load(path, weights_only=True) or DeepSpeed's "
-                        "TorchCheckpointEngine; VlccCheckpointEngine never unpickles.")
-            raise ValueError(f"{path} is not a checkpoint pointer written by "
-                             f"VlccCheckpointEngine (format {POINTER_FORMAT}).{hint}") from None
+                hint = (
+                    " It looks like a torch.save (pickle) file: if you trust it, read it "
+                    "with torch.load(path, weights_only=True) or DeepSpeed's "
+                    "TorchCheckpointEngine; VlccCheckpointEngine never unpickles."
+                )
+            raise VlccValueError(
+                f"{path} is not a checkpoint pointer written by "
+                f"VlccCheckpointEngine (format {POINTER_FORMAT}).{hint}"
+            ) from None
         return doc
 
     # -- internals -----------------------------------------------------------------------
@@ -463,9 +493,14 @@ class VlccCheckpointEngine:
 
     def _write_pointer(self, path: str, vid: str, tag) -> None:
         rel = os.path.relpath(self._history_path, os.path.dirname(path))
-        doc = {"format": POINTER_FORMAT, "history": rel, "version": vid, "tag": tag,
-               "note": "a VlccCheckpointEngine checkpoint: the state is version `version` "
-                       "of the vlcc lineage History at `history` (relative to this file)"}
+        doc = {
+            "format": POINTER_FORMAT,
+            "history": rel,
+            "version": vid,
+            "tag": tag,
+            "note": "a VlccCheckpointEngine checkpoint: the state is version `version` "
+            "of the vlcc lineage History at `history` (relative to this file)",
+        }
         _write_atomic(path, json.dumps(doc, indent=1).encode())
 
     def _reader(self, hist_path: str):
@@ -566,8 +601,10 @@ class VlccCheckpointEngine:
         with self._lock:
             err, self._error = self._error, None
         if err is not None:
-            raise RuntimeError(f"VlccCheckpointEngine: a checkpoint capture failed: {err!r}; "
-                               "that checkpoint was not stored") from err
+            raise VlccRuntimeError(
+                f"VlccCheckpointEngine: a checkpoint capture failed: {err!r}; "
+                "that checkpoint was not stored"
+            ) from err
 
 
 def _shutdown(lock, jobs, publish):

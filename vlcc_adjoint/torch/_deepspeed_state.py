@@ -41,16 +41,19 @@ import sys
 import torch
 
 from .. import state as _vstate
+from ..errors import VlccTypeError, VlccValueError
 
 __all__ = ["ALLOWED", "register_deepspeed_providers"]
 
 # name in a checkpoint -> (module, class name, how it is stored)
 ALLOWED: dict[str, tuple[str, str, str]] = {
     "deepspeed.LossScaler": ("deepspeed.runtime.fp16.loss_scaler", "LossScaler", "attrs"),
-    "deepspeed.DynamicLossScaler": ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler",
-                                    "attrs"),
-    "deepspeed.fragment_address": ("deepspeed.utils.tensor_fragment", "fragment_address",
-                                   "fields"),
+    "deepspeed.DynamicLossScaler": (
+        "deepspeed.runtime.fp16.loss_scaler",
+        "DynamicLossScaler",
+        "attrs",
+    ),
+    "deepspeed.fragment_address": ("deepspeed.utils.tensor_fragment", "fragment_address", "fields"),
     "deepspeed.ZeroStageEnum": ("deepspeed.runtime.zero.config", "ZeroStageEnum", "enum"),
 }
 
@@ -65,23 +68,31 @@ def _attrs_provider(name: str, cls: type):
         attrs = dict(vars(obj))
         bad = [k for k, v in attrs.items() if not isinstance(v, _ATTR_VALUES)]
         if bad:
-            raise TypeError(f"{cls.__qualname__}.{bad[0]} is a {type(attrs[bad[0]]).__name__}; "
-                            f"the {name} provider stores numbers, bools, strings, dtypes and "
-                            "tensors only")
+            raise VlccTypeError(
+                f"{cls.__qualname__}.{bad[0]} is a {type(attrs[bad[0]]).__name__}; "
+                f"the {name} provider stores numbers, bools, strings, dtypes and "
+                "tensors only"
+            )
         return [attrs], None
 
     def unflatten_fn(aux, children):
         if aux is not None or len(children) != 1 or not isinstance(children[0], dict):
-            raise ValueError(f"malformed {name} entry in checkpoint metadata")
+            raise VlccValueError(f"malformed {name} entry in checkpoint metadata")
         attrs = children[0]
         if len(attrs) > _MAX_ATTRS:
-            raise ValueError(f"{name} entry with {len(attrs)} attributes in checkpoint metadata")
+            raise VlccValueError(
+                f"{name} entry with {len(attrs)} attributes in checkpoint metadata"
+            )
         for key, value in attrs.items():
             if not (isinstance(key, str) and key.isidentifier() and not key.startswith("__")):
-                raise ValueError(f"{name} entry with attribute {key!r:.40} in checkpoint metadata")
+                raise VlccValueError(
+                    f"{name} entry with attribute {key!r:.40} in checkpoint metadata"
+                )
             if not isinstance(value, _ATTR_VALUES):
-                raise ValueError(f"{name}.{key} is a {type(value).__name__} in checkpoint "
-                                 "metadata; expected a number, bool, string, dtype or tensor")
+                raise VlccValueError(
+                    f"{name}.{key} is a {type(value).__name__} in checkpoint "
+                    "metadata; expected a number, bool, string, dtype or tensor"
+                )
         obj = object.__new__(cls)
         obj.__dict__.update(attrs)
         return obj
@@ -96,9 +107,13 @@ def _fields_provider(name: str, cls: type):
         return [], {k: getattr(obj, k) for k in names}
 
     def unflatten_fn(aux, children):
-        if (children or not isinstance(aux, dict) or sorted(aux) != sorted(names)
-                or not all(type(v) is int for v in aux.values())):
-            raise ValueError(f"malformed {name} {aux!r:.80} in checkpoint metadata")
+        if (
+            children
+            or not isinstance(aux, dict)
+            or sorted(aux) != sorted(names)
+            or not all(type(v) is int for v in aux.values())
+        ):
+            raise VlccValueError(f"malformed {name} {aux!r:.80} in checkpoint metadata")
         return cls(**aux)
 
     return flatten_fn, unflatten_fn
@@ -110,7 +125,7 @@ def _enum_provider(name: str, cls: type):
 
     def unflatten_fn(aux, children):
         if children or type(aux) is not int:
-            raise ValueError(f"malformed {name} {aux!r:.40} in checkpoint metadata")
+            raise VlccValueError(f"malformed {name} {aux!r:.40} in checkpoint metadata")
         return cls(aux)  # ValueError for a value the enum does not have
 
     return flatten_fn, unflatten_fn

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..errors import VlccRuntimeError, VlccValueError
 from ._state import _NAME_OF, numpy_to_tensor, register_providers, tensor_to_numpy
 
 if TYPE_CHECKING:
@@ -116,8 +117,19 @@ class OffloadStats:
 class _Rec:
     """One saved tensor routed by the context."""
 
-    __slots__ = ("key", "nbytes", "tensor", "version", "dtype", "shape", "perm", "device",
-                 "refs", "state", "__weakref__")
+    __slots__ = (
+        "key",
+        "nbytes",
+        "tensor",
+        "version",
+        "dtype",
+        "shape",
+        "perm",
+        "device",
+        "refs",
+        "state",
+        "__weakref__",
+    )
 
     def __init__(self, key, nbytes, dtype, shape, device):
         self.key = key
@@ -189,22 +201,31 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     - `workers`: the store's writer threads (default 1).
     """
 
-    def __init__(self, budget_bytes: int, *, tiers: Sequence[Tier] | None = None,
-                 directory: str | os.PathLike | None = None,
-                 threshold_bytes: int = 1 << 20, keep_bytes: int | None = None,
-                 staging_bytes: int | None = None, prefetch_bytes: int | None = None,
-                 workers: int = 1):
+    def __init__(
+        self,
+        budget_bytes: int,
+        *,
+        tiers: Sequence[Tier] | None = None,
+        directory: str | os.PathLike | None = None,
+        threshold_bytes: int = 1 << 20,
+        keep_bytes: int | None = None,
+        staging_bytes: int | None = None,
+        prefetch_bytes: int | None = None,
+        workers: int = 1,
+    ):
         register_providers()
         for name, value in (("budget_bytes", budget_bytes), ("threshold_bytes", threshold_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+                raise VlccValueError(f"{name} must be an int >= 0, got {value!r}")
         staging = budget_bytes // 4 if staging_bytes is None else int(staging_bytes)
         prefetch = budget_bytes // 4 if prefetch_bytes is None else int(prefetch_bytes)
         keep = budget_bytes - staging - prefetch if keep_bytes is None else int(keep_bytes)
         if min(staging, prefetch, keep) < 0 or staging + prefetch + keep > budget_bytes:
-            raise ValueError(f"keep_bytes={keep} + staging_bytes={staging} + "
-                             f"prefetch_bytes={prefetch} must be >= 0 and sum to at most "
-                             f"budget_bytes={budget_bytes}")
+            raise VlccValueError(
+                f"keep_bytes={keep} + staging_bytes={staging} + "
+                f"prefetch_bytes={prefetch} must be >= 0 and sum to at most "
+                f"budget_bytes={budget_bytes}"
+            )
         super().__init__(self._pack, self._unpack)
         self.budget_bytes = int(budget_bytes)
         self.keep_limit, self.staging_limit, self.prefetch_limit = keep, staging, prefetch
@@ -246,10 +267,15 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             # No plan, no read cache (this module prefetches), and the pool of
             # reusable staging buffers shares the staging allowance.
             half = max(self.staging_limit // 2, 0)
-            self._store = TieredStore(list(tiers), staging_bytes=half, pool_bytes=half,
-                                      prefetch_bytes=0, workers=self._workers,
-                                      policy="spill" if len(tiers) > 1 else "raise",
-                                      close_tiers=self._tiers is None)
+            self._store = TieredStore(
+                list(tiers),
+                staging_bytes=half,
+                pool_bytes=half,
+                prefetch_bytes=0,
+                workers=self._workers,
+                policy="spill" if len(tiers) > 1 else "raise",
+                close_tiers=self._tiers is None,
+            )
             self._finalizer = weakref.finalize(self, _cleanup, self._store, self._tmpdir)
         return self._store
 
@@ -280,20 +306,28 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._peak["staging"] = max(self._peak["staging"], s.peak_staging_bytes)
         self._peak["kept"] = max(self._peak["kept"], self._kept_used)
         self._peak["prefetch"] = max(self._peak["prefetch"], self._prefetch_used)
-        self._peak["total"] = max(self._peak["total"],
-                                  self._kept_used + staging + self._prefetch_used)
+        self._peak["total"] = max(
+            self._peak["total"], self._kept_used + staging + self._prefetch_used
+        )
 
     def _raise_error(self):
         if self._error is not None:
             err, self._error = self._error, None
-            raise RuntimeError(f"offload_saved_tensors: the prefetch thread failed: {err!r}"
-                               ) from err
+            raise VlccRuntimeError(
+                f"offload_saved_tensors: the prefetch thread failed: {err!r}"
+            ) from err
 
     # -- hooks -------------------------------------------------------------------------
 
     def _eligible(self, t) -> bool:
-        if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized \
-                or t.is_nested or t.device.type == "meta" or t.dtype not in _NAME_OF:
+        if (
+            type(t) is not torch.Tensor
+            or t.layout != torch.strided
+            or t.is_quantized
+            or t.is_nested
+            or t.device.type == "meta"
+            or t.dtype not in _NAME_OF
+        ):
             return False
         if t.numel() * t.element_size() < self.threshold:
             return False
@@ -306,15 +340,21 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _pack(self, t):
         if self._closed:
-            raise RuntimeError("offload_saved_tensors: this context was closed; create a new one")
+            raise VlccRuntimeError(
+                "offload_saved_tensors: this context was closed; create a new one"
+            )
         if not self._eligible(t):
             return t
         nbytes = t.numel() * t.element_size()
         with self._lock:
             self._reap()
             seen = self._alias.get(id(t))
-            if seen is not None and seen[0]() is t and seen[1] == t._version \
-                    and seen[2].state != "gone":
+            if (
+                seen is not None
+                and seen[0]() is t
+                and seen[1] == t._version
+                and seen[2].state != "gone"
+            ):
                 return _Handle(seen[2], self)
             rec = _Rec(next(self._keys), nbytes, t.dtype, tuple(t.shape), t.device)
             self._n["packed"] += 1
@@ -346,11 +386,12 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if rec.state == "kept":
             t = rec.tensor
             if t._version != rec.version:
-                raise RuntimeError(
+                raise VlccRuntimeError(
                     "one of the variables needed for gradient computation has been modified by "
                     f"an inplace operation: a saved tensor of shape {list(rec.shape)} is at "
                     f"version {t._version}, expected version {rec.version} (saved under "
-                    "offload_saved_tensors)")
+                    "offload_saved_tensors)"
+                )
             return t
         t0 = time.perf_counter()
         with self._lock:
@@ -377,8 +418,11 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             arr = self._store.load(rec.key, 0)
             with self._lock:
                 self._n["sync_reads"] += 1
-                if shared and rec.key not in self._buffer \
-                        and self._prefetch_used + arr.nbytes <= self.prefetch_limit:
+                if (
+                    shared
+                    and rec.key not in self._buffer
+                    and self._prefetch_used + arr.nbytes <= self.prefetch_limit
+                ):
                     self._buffer[rec.key] = arr
                     self._prefetch_used += arr.nbytes
         self._stall += time.perf_counter() - t0
@@ -416,8 +460,9 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if self._stored and self._cursor is None:
             self._cursor = len(self._stored) - 1
         if self._thread is None and self._stored and self.prefetch_limit > 0:
-            self._thread = threading.Thread(target=self._prefetch_loop,
-                                            name="vlcc-offload-prefetch", daemon=True)
+            self._thread = threading.Thread(
+                target=self._prefetch_loop, name="vlcc-offload-prefetch", daemon=True
+            )
             self._thread.start()
         self._cond.notify_all()
 
@@ -440,7 +485,10 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                             return
                         self._reap()
                         rec = self._next_candidate()
-                        if rec is not None and self._prefetch_used + rec.nbytes <= self.prefetch_limit:
+                        if (
+                            rec is not None
+                            and self._prefetch_used + rec.nbytes <= self.prefetch_limit
+                        ):
                             break
                         self._cond.wait(0.05)
                     self._inflight = rec.key
@@ -468,7 +516,9 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def __enter__(self):
         if self._closed:
-            raise RuntimeError("offload_saved_tensors: this context was closed; create a new one")
+            raise VlccRuntimeError(
+                "offload_saved_tensors: this context was closed; create a new one"
+            )
         with self._lock:
             if self._store is not None:
                 self._reap()
@@ -494,15 +544,25 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._sample()
             n = self._n
             return OffloadStats(
-                packed=n["packed"], packed_bytes=n["packed_bytes"], kept=n["kept"],
-                kept_bytes=n["kept_bytes"], offloaded=n["offloaded"],
-                offloaded_bytes=n["offloaded_bytes"], prefetched=n["prefetched"],
-                prefetch_hits=n["prefetch_hits"], sync_reads=n["sync_reads"],
-                stall_seconds=self._stall, peak_kept_bytes=self._peak["kept"],
+                packed=n["packed"],
+                packed_bytes=n["packed_bytes"],
+                kept=n["kept"],
+                kept_bytes=n["kept_bytes"],
+                offloaded=n["offloaded"],
+                offloaded_bytes=n["offloaded_bytes"],
+                prefetched=n["prefetched"],
+                prefetch_hits=n["prefetch_hits"],
+                sync_reads=n["sync_reads"],
+                stall_seconds=self._stall,
+                peak_kept_bytes=self._peak["kept"],
                 peak_staging_bytes=self._peak["staging"],
-                peak_prefetch_bytes=self._peak["prefetch"], peak_bytes=self._peak["total"],
-                budget_bytes=self.budget_bytes, keep_bytes=self.keep_limit,
-                staging_bytes=self.staging_limit, prefetch_bytes=self.prefetch_limit)
+                peak_prefetch_bytes=self._peak["prefetch"],
+                peak_bytes=self._peak["total"],
+                budget_bytes=self.budget_bytes,
+                keep_bytes=self.keep_limit,
+                staging_bytes=self.staging_limit,
+                prefetch_bytes=self.prefetch_limit,
+            )
 
     def close(self) -> None:
         """Stop the prefetcher, close the store, remove the temporary directory.

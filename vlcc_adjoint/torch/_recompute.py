@@ -23,13 +23,25 @@ import types
 
 import torch
 
+from ..errors import VlccTypeError, VlccValueError
 from ..schedules import ActionKind
 
-__all__ = ["check_store", "close_quietly", "collect_params", "dispatch", "foreign_leaf",
-           "get_rng", "rng_devices", "schedule_store", "set_rng", "with_cotangent"]
+__all__ = [
+    "check_store",
+    "close_quietly",
+    "collect_params",
+    "dispatch",
+    "foreign_leaf",
+    "get_rng",
+    "rng_devices",
+    "schedule_store",
+    "set_rng",
+    "with_cotangent",
+]
 
 _ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
 _DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
+
 
 def _tensors_in(obj, out: list, depth: int = 0) -> None:
     """Tensors that require grad reachable from `obj`: a tensor, a module, a short
@@ -65,15 +77,30 @@ def _tensors_in(obj, out: list, depth: int = 0) -> None:
         glob = obj.__globals__
         for name in obj.__code__.co_names:
             value = glob.get(name)
-            if isinstance(value, (torch.Tensor, torch.nn.Module, types.FunctionType,
-                                  functools.partial)):
+            if isinstance(
+                value, (torch.Tensor, torch.nn.Module, types.FunctionType, functools.partial)
+            ):
                 _tensors_in(value, out, depth + 1)
-    elif callable(obj) and isinstance(getattr(obj, "__dict__", None), dict) \
-            and not isinstance(obj, type):
+    elif (
+        callable(obj)
+        and isinstance(getattr(obj, "__dict__", None), dict)
+        and not isinstance(obj, type)
+    ):
         # A callable object (a wrapper around a module): its attributes.
         for value in list(obj.__dict__.values())[:64]:
-            if isinstance(value, (torch.Tensor, torch.nn.Module, types.FunctionType,
-                                  types.MethodType, functools.partial, list, tuple, dict)):
+            if isinstance(
+                value,
+                (
+                    torch.Tensor,
+                    torch.nn.Module,
+                    types.FunctionType,
+                    types.MethodType,
+                    functools.partial,
+                    list,
+                    tuple,
+                    dict,
+                ),
+            ):
                 _tensors_in(value, out, depth + 1)
 
 
@@ -86,8 +113,10 @@ def collect_params(step, params) -> list[torch.Tensor]:
             params = [params]
         for i, p in enumerate(params):
             if not isinstance(p, torch.Tensor):
-                raise TypeError(f"params[{i}] is a {type(p).__name__}; params= lists tensors "
-                                "(use list(module.parameters()) for a module)")
+                raise VlccTypeError(
+                    f"params[{i}] is a {type(p).__name__}; params= lists tensors "
+                    "(use list(module.parameters()) for a module)"
+                )
         found.extend(p for p in params if p.requires_grad)
     seen, out = set(), []
     for p in found:
@@ -163,17 +192,23 @@ def close_quietly(store):
 def check_store(store, levels: int):
     tiers = getattr(store, "tiers", None)
     if tiers is None or not all(hasattr(store, m) for m in ("save", "load", "delete", "move")):
-        raise TypeError(f"checkpoint_sequence: store must be a vlcc_adjoint.storage.TieredStore, "
-                        f"got {type(store).__name__}")
+        raise VlccTypeError(
+            f"checkpoint_sequence: store must be a vlcc_adjoint.storage.TieredStore, "
+            f"got {type(store).__name__}"
+        )
     if len(tiers) < levels - 1:
-        raise ValueError(f"checkpoint_sequence: the schedule uses levels 1..{levels - 1} below "
-                         f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
-                         f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
-                         "tiers)")
+        raise VlccValueError(
+            f"checkpoint_sequence: the schedule uses levels 1..{levels - 1} below "
+            f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
+            f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
+            "tiers)"
+        )
     if getattr(store, "plan", None) is not None:
-        raise ValueError("checkpoint_sequence: build the TieredStore without plan=; its levels "
-                         "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
-                         "an io_plan of the whole schedule does not describe")
+        raise VlccValueError(
+            "checkpoint_sequence: build the TieredStore without plan=; its levels "
+            "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
+            "an io_plan of the whole schedule does not describe"
+        )
 
 
 def schedule_store(stats, store):
@@ -220,4 +255,4 @@ def dispatch(run, kind, a, b, level, dst):
     elif kind == _REVERSE:
         run._reverse(a)
     else:  # pragma: no cover
-        raise ValueError(f"unknown action kind {kind} in the schedule table")
+        raise VlccValueError(f"unknown action kind {kind} in the schedule table")

@@ -102,9 +102,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from ..schedules import ActionKind, Online, Revolve, Schedule, default_snapshots, simulate
-from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, get_rng,
-                         rng_devices, schedule_store, set_rng, with_cotangent)
+from ._recompute import (
+    close_quietly,
+    collect_params,
+    dispatch,
+    foreign_leaf,
+    get_rng,
+    rng_devices,
+    schedule_store,
+    set_rng,
+    with_cotangent,
+)
 from ._slots import Slots
 from ._state import register_providers
 
@@ -117,7 +127,7 @@ _REVERSE = int(ActionKind.REVERSE)
 
 # Records (step, store level) a run left in a user's store: the next run on
 # that store deletes them first (a forward whose backward never ran).
-_HELD: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
+_HELD: weakref.WeakKeyDictionary[object, set] = weakref.WeakKeyDictionary()
 
 
 @functools.lru_cache(maxsize=32)
@@ -130,20 +140,26 @@ def _resolve_schedule(schedule, snapshots, n_blocks: int) -> Schedule:
         if snapshots is None:
             snapshots = default_snapshots(n_blocks, repetitions=2)
         if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
-            raise ValueError(f"snapshots must be an int >= 1, got {snapshots!r}")
+            raise VlccValueError(f"snapshots must be an int >= 1, got {snapshots!r}")
         return _default_schedule(n_blocks, min(snapshots, n_blocks))
     if snapshots is not None:
-        raise ValueError("give either schedule= or snapshots= (Revolve's slots), not both")
+        raise VlccValueError("give either schedule= or snapshots= (Revolve's slots), not both")
     if isinstance(schedule, Online) and schedule.n_steps is None:
-        raise ValueError("checkpoint_sequence knows its number of steps: use Revolve, "
-                         "Multistage, StoreAll, Periodic or Online(snapshots, steps=...)")
+        raise VlccValueError(
+            "checkpoint_sequence knows its number of steps: use Revolve, "
+            "Multistage, StoreAll, Periodic or Online(steps, snapshots=...)"
+        )
     if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, "
-                        f"Multistage, ...), got {type(schedule).__name__}")
+        raise VlccTypeError(
+            f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, "
+            f"Multistage, ...), got {type(schedule).__name__}"
+        )
     if schedule.n_steps != n_blocks:
-        raise ValueError(f"the schedule is for {schedule.n_steps} steps, but the chain has "
-                         f"{n_blocks} (steps / block, rounded up); build it with "
-                         f"{type(schedule).__name__}({n_blocks}, ...)")
+        raise VlccValueError(
+            f"the schedule is for {schedule.n_steps} steps, but the chain has "
+            f"{n_blocks} (steps / block, rounded up); build it with "
+            f"{type(schedule).__name__}({n_blocks}, ...)"
+        )
     return schedule
 
 
@@ -159,8 +175,10 @@ def _split_state(x):
         if kind not in (tuple, list):  # named tuples: rebuild by position
             return list(x), lambda leaves: kind(*leaves)
         return list(x), kind
-    raise TypeError(f"checkpoint_sequence: the state must be a tensor or a tuple/list of "
-                    f"tensors (e.g. an LSTM's (h, c)), got {type(x).__name__}")
+    raise VlccTypeError(
+        f"checkpoint_sequence: the state must be a tensor or a tuple/list of "
+        f"tensors (e.g. an LSTM's (h, c)), got {type(x).__name__}"
+    )
 
 
 # -- the interpreter ---------------------------------------------------------------------
@@ -170,8 +188,20 @@ class _Run:
     """One forward/backward of a chain: the machine of
     :mod:`~vlcc_adjoint.schedules.actions` over torch tensors."""
 
-    def __init__(self, step, n, block, schedule, store, own_store, inputs, rebuild,
-                 n_leaves, params, preserve_rng):
+    def __init__(
+        self,
+        step,
+        n,
+        block,
+        schedule,
+        store,
+        own_store,
+        inputs,
+        rebuild,
+        n_leaves,
+        params,
+        preserve_rng,
+    ):
         self.step = step
         self.n = n
         self.block = block
@@ -215,21 +245,27 @@ class _Run:
         self.calls += 1
         if self.rebuild is None:
             if not isinstance(out, torch.Tensor):
-                raise TypeError(f"checkpoint_sequence: step {i} returned a "
-                                f"{type(out).__name__}; it must return the next state, a "
-                                "tensor like its input")
+                raise VlccTypeError(
+                    f"checkpoint_sequence: step {i} returned a "
+                    f"{type(out).__name__}; it must return the next state, a "
+                    "tensor like its input"
+                )
             out = [out]
         else:
             if not isinstance(out, (tuple, list)) or len(out) != self.n_leaves:
-                raise TypeError(f"checkpoint_sequence: step {i} returned {type(out).__name__}; "
-                                f"it must return the next state, {self.n_leaves} tensors like "
-                                "its input")
+                raise VlccTypeError(
+                    f"checkpoint_sequence: step {i} returned {type(out).__name__}; "
+                    f"it must return the next state, {self.n_leaves} tensors like "
+                    "its input"
+                )
             out = list(out)
         sig = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else None for t in out]
         if sig != self.signature:
-            raise ValueError(f"checkpoint_sequence: step {i} returned a state of shapes/dtypes "
-                             f"{sig}, its input was {self.signature}; a step must map the state "
-                             "to a state of the same shapes and dtypes")
+            raise VlccValueError(
+                f"checkpoint_sequence: step {i} returned a state of shapes/dtypes "
+                f"{sig}, its input was {self.signature}; a step must map the state "
+                "to a state of the same shapes and dtypes"
+            )
         return out
 
     def _advance(self, a: int, b: int):
@@ -254,8 +290,9 @@ class _Run:
             set_rng(self.rng, self.devices)
         start, stop = j * self.block, min((j + 1) * self.block, self.n)
         with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(t.is_floating_point() or t.is_complex())
-                      for t in self.cur]
+            leaves = [
+                t.detach().requires_grad_(t.is_floating_point() or t.is_complex()) for t in self.cur
+            ]
             xs = None
             if self.inputs is not None and self.inputs.requires_grad:
                 xs = self.inputs[start:stop].detach().requires_grad_(True)
@@ -268,16 +305,18 @@ class _Run:
 
     def _save(self, i: int, level: int):
         if self.cur_step != i:  # pragma: no cover - simulate() validated the table
-            raise RuntimeError(f"Save({i}, {level}) without u_{i} in hand")
+            raise VlccRuntimeError(f"Save({i}, {level}) without u_{i} in hand")
         self.slots.save(i, level, self.cur)
         self.rngs[(i, level)] = self.rng
 
     def _load(self, i: int, level: int):
         self.cur = self.slots.load(
-            i, level,
+            i,
+            level,
             lambda loaded: [t.to(d.device, non_blocking=True) for t, d in zip(loaded, self.like)],
             f"checkpoint_sequence: the snapshot of step {i * self.block} was modified in "
-            "place; `step` must return a new state and leave its argument unchanged")
+            "place; `step` must return a new state and leave its argument unchanged",
+        )
         self.cur_step = i
         self.rng = self.rngs[(i, level)]
 
@@ -286,16 +325,23 @@ class _Run:
         del self.rngs[(i, level)]
 
     def _move(self, i: int, src: int, dst: int):
-        self.slots.move(i, src, dst,
-                        lambda loaded: [t.to(d.device) for t, d in zip(loaded, self.like)])
+        self.slots.move(
+            i, src, dst, lambda loaded: [t.to(d.device) for t, d in zip(loaded, self.like)]
+        )
         self.rngs[(i, dst)] = self.rngs.pop((i, src))
 
     # -- the passes --------------------------------------------------------------------
 
     def _rows(self, start: int, stop: int):
         t = self.table[start:stop]
-        return zip(range(start, stop), t["kind"].tolist(), t["a"].tolist(), t["b"].tolist(),
-                   t["level"].tolist(), t["dst"].tolist())
+        return zip(
+            range(start, stop),
+            t["kind"].tolist(),
+            t["a"].tolist(),
+            t["b"].tolist(),
+            t["level"].tolist(),
+            t["dst"].tolist(),
+        )
 
     _dispatch = dispatch
 
@@ -315,13 +361,14 @@ class _Run:
         self.cur, self.cur_step = [t.detach() for t in leaves], 0
         if self.preserve:
             self.rng = self.rng0 = get_rng(self.devices)
-        for self.index, kind, a, b, level, dst in self._rows(0, self.split):
+        for index, kind, a, b, level, dst in self._rows(0, self.split):
+            self.index = index
             self._dispatch(kind, a, b, level, dst)
         if self.final is None:
             # Holding u_{m-1} (Reverse(m-1) comes first): tape the last block
             # now, the output is its result and Reverse(m-1) reuses the tape.
             if self.cur_step != self.m - 1:  # pragma: no cover - simulate() validated
-                raise RuntimeError("the schedule's forward sweep does not end at the last step")
+                raise VlccRuntimeError("the schedule's forward sweep does not end at the last step")
             xin, xs, out = self._tape(self.m - 1)
             self.tape = (self.m - 1, xin, xs, out)
             self.final = [t.detach() for t in out]
@@ -332,17 +379,19 @@ class _Run:
 
     def backward(self, grads):
         if self.used:
-            raise RuntimeError(
+            raise VlccRuntimeError(
                 "checkpoint_sequence: its backward pass runs once per forward pass (the "
                 "schedule consumes its snapshots); run the forward pass again, or keep the "
-                "tapes with plain autograd if you need retain_graph=True")
+                "tapes with plain autograd if you need retain_graph=True"
+            )
         self.used = True
         self.lam = [None if g is None else g for g in grads]
         self.grad_params = [None] * len(self.params)
         if self.inputs is not None and self.inputs.requires_grad:
             self.grad_inputs = torch.zeros_like(self.inputs)
         with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
-            for self.index, kind, a, b, level, dst in self._rows(self.split, len(self.table)):
+            for index, kind, a, b, level, dst in self._rows(self.split, len(self.table)):
+                self.index = index
                 self._dispatch(kind, a, b, level, dst)
         return self.lam, self.grad_inputs, self.grad_params
 
@@ -351,9 +400,10 @@ class _Run:
         the parameters and the cotangent (``create_graph=True``): the whole chain
         again, with grad, from the forward pass's own input tensors."""
         if self.used:
-            raise RuntimeError(
+            raise VlccRuntimeError(
                 "checkpoint_sequence: its backward pass runs once per forward pass; run the "
-                "forward pass again")
+                "forward pass again"
+            )
         self.used = True
         with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
             if self.preserve:
@@ -364,8 +414,11 @@ class _Run:
         outs, cots = with_cotangent(out, grads)
         xs = [self.inputs] if self.inputs is not None and self.inputs.requires_grad else []
         wrt = [t for t in leaves if t.requires_grad] + xs + self.params
-        got = (torch.autograd.grad(outs, wrt, cots, allow_unused=True, create_graph=True)
-               if outs else [None] * len(wrt))
+        got = (
+            torch.autograd.grad(outs, wrt, cots, allow_unused=True, create_graph=True)
+            if outs
+            else [None] * len(wrt)
+        )
         it = iter(got)
         lam = [next(it) if t.requires_grad else None for t in leaves]
         grad_inputs = next(it) if xs else None
@@ -377,7 +430,7 @@ class _Run:
             self.tape = None
         else:
             if self.cur_step != j:  # pragma: no cover - simulate() validated the table
-                raise RuntimeError(f"Reverse({j}) without u_{j} in hand")
+                raise VlccRuntimeError(f"Reverse({j}) without u_{j} in hand")
             xin, xs, out = self._tape(j)
         self.cur, self.cur_step = None, -1
         outs, cots = with_cotangent(out, self.lam)
@@ -388,9 +441,10 @@ class _Run:
         if not outs:  # the cotangent is zero from here back
             self.lam = [None] * len(xin)
             return
-        got = torch.autograd.grad(outs, wrt + extra + self.params, cots, allow_unused=True,
-                                  retain_graph=True)
-        it = iter(got[:len(wrt)])
+        got = torch.autograd.grad(
+            outs, wrt + extra + self.params, cots, allow_unused=True, retain_graph=True
+        )
+        it = iter(got[: len(wrt)])
         self.lam = [next(it) if t.requires_grad else None for t in xin]
         k = len(wrt)
         if xs is not None:
@@ -398,7 +452,7 @@ class _Run:
             k += 1
             if g is not None:
                 start = j * self.block
-                self.grad_inputs[start:start + g.shape[0]] += g
+                self.grad_inputs[start : start + g.shape[0]] += g
         for p, g in enumerate(got[k:]):
             if g is not None:
                 acc = self.grad_params[p]
@@ -413,12 +467,13 @@ class _Run:
         stops = {p.grad_fn for p in self.params if p.grad_fn is not None}
         var = foreign_leaf(out, ours, stops)
         if var is not None:
-            raise ValueError(
+            raise VlccValueError(
                 f"checkpoint_sequence: `step` uses a tensor of shape {tuple(var.shape)} "
                 f"and dtype {var.dtype} that requires grad but is not an input of the "
                 "checkpointed sequence, so it would get no gradient; pass it with "
                 "params=[...] (module parameters are found automatically when step is "
-                "the module, a bound method of it, or a closure/partial over it)")
+                "the module, a bound method of it, or a closure/partial over it)"
+            )
 
     def finish(self):
         """Delete what this run left in the store; close the store if it is ours."""
@@ -435,8 +490,8 @@ class _Run:
 class _Sequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, *tensors):
-        out = run.forward(tensors[:run.n_leaves])
-        ctx.leaves = tensors[:run.n_leaves]  # for create_graph=True (the caller's tensors)
+        out = run.forward(tensors[: run.n_leaves])
+        ctx.leaves = tensors[: run.n_leaves]  # for create_graph=True (the caller's tensors)
         ctx.run = run
         ctx.n_leaves = run.n_leaves
         ctx.n_inputs = 0 if run.inputs is None else 1
@@ -449,10 +504,11 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, *grads):
         run = ctx.run
         if run is None:
-            raise RuntimeError(
+            raise VlccRuntimeError(
                 "checkpoint_sequence: its backward pass runs once per forward pass (the "
                 "schedule consumes its snapshots); run the forward pass again, or keep the "
-                "tapes with plain autograd if you need retain_graph=True")
+                "tapes with plain autograd if you need retain_graph=True"
+            )
         try:
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient
                 lam, grad_inputs, grad_params = run.double_backward(ctx.leaves, grads)
@@ -523,29 +579,44 @@ def checkpoint_sequence(
     """
     register_providers()
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        raise VlccValueError(f"steps must be an int >= 1, got {steps!r}")
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be an int >= 1, got {block!r}")
+        raise VlccValueError(f"block must be an int >= 1, got {block!r}")
     leaves, rebuild = _split_state(x)
     if inputs is not None:
         if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < steps:
-            raise ValueError(f"inputs must be a tensor whose first dimension has at least "
-                             f"steps={steps} entries, got "
-                             f"{getattr(inputs, 'shape', type(inputs).__name__)}")
+            raise VlccValueError(
+                f"inputs must be a tensor whose first dimension has at least "
+                f"steps={steps} entries, got "
+                f"{getattr(inputs, 'shape', type(inputs).__name__)}"
+            )
     n_blocks = -(-steps // block)
     schedule = _resolve_schedule(schedule, snapshots, n_blocks)
     plist = collect_params(step, params)
     needs_grad = torch.is_grad_enabled() and (
-        any(t.requires_grad for t in leaves) or bool(plist)
-        or (inputs is not None and inputs.requires_grad))
+        any(t.requires_grad for t in leaves)
+        or bool(plist)
+        or (inputs is not None and inputs.requires_grad)
+    )
     if not needs_grad:
         u = x
         for i in range(steps):
             u = step(u) if inputs is None else step(inputs[i], u)
         return u
     store, own_store = schedule_store(simulate(schedule), store)
-    run = _Run(step, steps, block, schedule, store, own_store, inputs, rebuild, len(leaves),
-               plist, preserve_rng_state)
+    run = _Run(
+        step,
+        steps,
+        block,
+        schedule,
+        store,
+        own_store,
+        inputs,
+        rebuild,
+        len(leaves),
+        plist,
+        preserve_rng_state,
+    )
     tensors = [*leaves, *([inputs] if inputs is not None else []), *plist]
     try:
         out = _Sequence.apply(run, *tensors)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..errors import VlccValueError
 from ..schedules import binomial_forward_count
 
 __all__ = ["SequencePlan", "plan_sequence"]
@@ -51,9 +52,9 @@ def plan_sequence(steps: int, memory: float, tape: float = 1.0) -> SequencePlan:
     """
     n = int(steps)
     if n < 1:
-        raise ValueError(f"steps must be >= 1, got {steps!r}")
+        raise VlccValueError(f"steps must be >= 1, got {steps!r}")
     if not tape > 0:
-        raise ValueError(f"tape must be > 0, got {tape!r}")
+        raise VlccValueError(f"tape must be > 0, got {tape!r}")
     best = None
     k = 1
     while k <= n and 1 + k * tape <= memory:
@@ -65,7 +66,8 @@ def plan_sequence(steps: int, memory: float, tape: float = 1.0) -> SequencePlan:
             best = cand
         k += 1
     if best is None:
-        raise ValueError(f"memory={memory} states cannot hold a snapshot and a one-step tape "
-                         f"of {tape} states")
+        raise VlccValueError(
+            f"memory={memory} states cannot hold a snapshot and a one-step tape of {tape} states"
+        )
     evals, mem, k, c = best
     return SequencePlan(block=k, snapshots=c, recomputed=evals, memory=mem)

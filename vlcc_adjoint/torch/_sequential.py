@@ -70,9 +70,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from ..schedules import ActionKind, Online, Schedule, StoreAll, simulate
-from ._recompute import (close_quietly, collect_params, dispatch, foreign_leaf, get_rng,
-                         rng_devices, schedule_store, set_rng, with_cotangent)
+from ._recompute import (
+    close_quietly,
+    collect_params,
+    dispatch,
+    foreign_leaf,
+    get_rng,
+    rng_devices,
+    schedule_store,
+    set_rng,
+    with_cotangent,
+)
 from ._slots import Slots
 from ._state import register_providers
 
@@ -86,7 +96,8 @@ _REVERSE = int(ActionKind.REVERSE)
 _REENTRANT_GRAPH = (
     "checkpoint_sequential(use_reentrant=True) cannot differentiate its gradient "
     "(create_graph=True), as torch.utils.checkpoint is incompatible with .grad() in its "
-    "reentrant variant; pass use_reentrant=False, which supports double backward.")
+    "reentrant variant; pass use_reentrant=False, which supports double backward."
+)
 
 
 # -- the state between layers: tensors and the structure around them -------------------
@@ -95,8 +106,9 @@ _REENTRANT_GRAPH = (
 def _flatten(obj, tensors: list, depth: int = 0):
     """A tree description of `obj` whose tensors are appended to `tensors`."""
     if depth > 32:
-        raise ValueError("checkpoint_sequential: the state between layers is nested more than "
-                         "32 levels deep")
+        raise VlccValueError(
+            "checkpoint_sequential: the state between layers is nested more than 32 levels deep"
+        )
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
         return ("t",)
@@ -136,8 +148,18 @@ def _differentiable(t: torch.Tensor) -> bool:
 class _Layers:
     """One forward/backward of a sequence of layers under a schedule table."""
 
-    def __init__(self, functions, bounds, schedule, store, own_store, params, block_params,
-                 preserve_rng, reentrant):
+    def __init__(
+        self,
+        functions,
+        bounds,
+        schedule,
+        store,
+        own_store,
+        params,
+        block_params,
+        preserve_rng,
+        reentrant,
+    ):
         self.functions = functions
         self.bounds = bounds  # block j = layers bounds[j] .. bounds[j+1]-1
         self.m = len(bounds) - 1
@@ -197,16 +219,19 @@ class _Layers:
 
     def _save(self, i: int, level: int):
         if self.cur_step != i:  # pragma: no cover - simulate() validated the table
-            raise RuntimeError(f"Save({i}, {level}) without the input of block {i} in hand")
+            raise VlccRuntimeError(f"Save({i}, {level}) without the input of block {i} in hand")
         self.slots.save(i, level, self.cur)
         self.kept[(i, level)] = (self.tree, [t.device for t in self.cur], self.rng)
 
     def _load(self, i: int, level: int):
         self.tree, devices, self.rng = self.kept[(i, level)]
         self.cur = self.slots.load(
-            i, level, lambda loaded: [t.to(d) for t, d in zip(loaded, devices)],
+            i,
+            level,
+            lambda loaded: [t.to(d) for t, d in zip(loaded, devices)],
             f"checkpoint_sequential: the kept input of layer {self.bounds[i]} was modified in "
-            "place; a layer must not modify its input in place")
+            "place; a layer must not modify its input in place",
+        )
         self.cur_step = i
         self.cur_kept = True
 
@@ -223,8 +248,13 @@ class _Layers:
 
     def _rows(self, start: int, stop: int):
         t = self.table[start:stop]
-        return zip(t["kind"].tolist(), t["a"].tolist(), t["b"].tolist(), t["level"].tolist(),
-                   t["dst"].tolist())
+        return zip(
+            t["kind"].tolist(),
+            t["a"].tolist(),
+            t["b"].tolist(),
+            t["level"].tolist(),
+            t["dst"].tolist(),
+        )
 
     _dispatch = dispatch
 
@@ -242,7 +272,7 @@ class _Layers:
         for row in self._rows(0, self.split):
             self._dispatch(*row)
         if self.cur_step != self.m - 1:  # pragma: no cover - simulate() validated the table
-            raise RuntimeError("the schedule's forward sweep does not end at the last block")
+            raise VlccRuntimeError("the schedule's forward sweep does not end at the last block")
         xin, out, tree = self._tape(self.m - 1)
         self.tape = (self.m - 1, xin, out)
         self.out_tree = tree
@@ -271,7 +301,7 @@ class _Layers:
             self.tape = None
         else:
             if self.cur_step != j:  # pragma: no cover - simulate() validated the table
-                raise RuntimeError(f"Reverse({j}) without the input of block {j} in hand")
+                raise VlccRuntimeError(f"Reverse({j}) without the input of block {j} in hand")
             xin, out, _ = self._tape(j)
         self.cur, self.cur_step = None, -1
         outs, cots = with_cotangent(out, self.lam)
@@ -284,9 +314,9 @@ class _Layers:
             self._check_closure(j, outs, xin, mine)
             self.checked.add(j)
         got = torch.autograd.grad(outs, wrt + mine, cots, allow_unused=True)
-        it = iter(got[:len(wrt)])
+        it = iter(got[: len(wrt)])
         self.lam = [next(it) if t.requires_grad else None for t in xin]
-        for p, g in zip(self.block_params[j], got[len(wrt):]):
+        for p, g in zip(self.block_params[j], got[len(wrt) :]):
             if g is not None:
                 acc = self.grad_params[p]
                 self.grad_params[p] = g if acc is None else acc + g
@@ -297,18 +327,19 @@ class _Layers:
         stops = {p.grad_fn for p in mine if p.grad_fn is not None}
         var = foreign_leaf(outs, ours, stops)
         if var is not None:
-            raise ValueError(
+            raise VlccValueError(
                 f"checkpoint_sequential: layer {self.bounds[j]}..{self.bounds[j + 1] - 1} "
                 f"uses a tensor of shape {tuple(var.shape)} that requires grad but is "
                 "neither a parameter of the layers nor reachable from their closures, so "
                 "it would get no gradient; make it an nn.Parameter of a layer (or pass the "
-                "layer as an nn.Module that owns it)")
+                "layer as an nn.Module that owns it)"
+            )
 
     def double_backward(self, tree, leaves, grads):
         """The gradient as a differentiable function of the inputs, the parameters and
         the cotangent: the whole sequence again with grad, from the saved inputs."""
         if self.reentrant:
-            raise RuntimeError(_REENTRANT_GRAPH)
+            raise VlccRuntimeError(_REENTRANT_GRAPH)
         with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
             if self.preserve:
                 set_rng(self.rng0, self.devices)
@@ -321,10 +352,11 @@ class _Layers:
         wrt = [t for t in leaves if t.requires_grad]
         if not outs:
             return [None] * len(leaves), [None] * len(self.params)
-        got = torch.autograd.grad(outs, wrt + self.params, cots, allow_unused=True,
-                                  create_graph=True)
-        it = iter(got[:len(wrt)])
-        return [next(it) if t.requires_grad else None for t in leaves], list(got[len(wrt):])
+        got = torch.autograd.grad(
+            outs, wrt + self.params, cots, allow_unused=True, create_graph=True
+        )
+        it = iter(got[: len(wrt)])
+        return [next(it) if t.requires_grad else None for t in leaves], list(got[len(wrt) :])
 
     def finish(self):
         if self.store is None:
@@ -349,7 +381,7 @@ class _Sequential(torch.autograd.Function):
     def backward(ctx, *grads):
         run = ctx.run
         tensors = ctx.saved_tensors
-        leaves = tensors[:ctx.n_leaves]
+        leaves = tensors[: ctx.n_leaves]
         if torch.is_grad_enabled():  # create_graph=True
             lam, grad_params = run.double_backward(ctx.tree, leaves, grads)
             run.used = True  # a later backward (retain_graph=True) sweeps again
@@ -371,20 +403,31 @@ def _layers(functions) -> list:
     if isinstance(functions, (list, tuple, torch.nn.ModuleList)):
         layers = list(functions)
     else:
-        raise TypeError(f"checkpoint_sequential: functions must be an nn.Sequential, an "
-                        f"nn.ModuleList or a list of modules/functions, got "
-                        f"{type(functions).__name__}")
+        raise VlccTypeError(
+            f"checkpoint_sequential: functions must be an nn.Sequential, an "
+            f"nn.ModuleList or a list of modules/functions, got "
+            f"{type(functions).__name__}"
+        )
     for i, f in enumerate(layers):
         if not callable(f):
-            raise TypeError(f"checkpoint_sequential: functions[{i}] is a {type(f).__name__}, "
-                            "not a module or function")
+            raise VlccTypeError(
+                f"checkpoint_sequential: functions[{i}] is a {type(f).__name__}, "
+                "not a module or function"
+            )
     return layers
 
 
-def checkpoint_sequential(functions: torch.nn.Sequential | torch.nn.ModuleList | Sequence[Callable],
-                          segments: int, input: Any, use_reentrant: bool | None = None,
-                          *, schedule: Schedule | None = None, store: TieredStore | None = None,
-                          preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+def checkpoint_sequential(
+    functions: torch.nn.Sequential | torch.nn.ModuleList | Sequence[Callable],
+    segments: int,
+    input: Any,
+    use_reentrant: bool | None = None,
+    *,
+    schedule: Schedule | None = None,
+    store: TieredStore | None = None,
+    preserve_rng_state: bool = True,
+    **kwargs: Any,
+) -> Any:
     """``torch.utils.checkpoint.checkpoint_sequential``, optionally under a vlcc schedule.
 
     **Arguments:**
@@ -420,41 +463,53 @@ def checkpoint_sequential(functions: torch.nn.Sequential | torch.nn.ModuleList |
             "vlcc_adjoint.torch.checkpoint_sequential: the use_reentrant parameter should be "
             "passed explicitly, as torch.utils.checkpoint.checkpoint_sequential asks; "
             "use_reentrant=False is recommended (it supports double backward); None means "
-            "True, torch's current default.", stacklevel=2)
+            "True, torch's current default.",
+            stacklevel=2,
+        )
         use_reentrant = True
     if kwargs:
-        raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+        raise VlccValueError("Unexpected keyword arguments: " + ",".join(kwargs))
     if not isinstance(use_reentrant, bool):
-        raise TypeError(f"checkpoint_sequential: use_reentrant must be True or False, got a "
-                        f"{type(use_reentrant).__name__} (it takes one input; pack several "
-                        "into a tuple)")
+        raise VlccTypeError(
+            f"checkpoint_sequential: use_reentrant must be True or False, got a "
+            f"{type(use_reentrant).__name__} (it takes one input; pack several "
+            "into a tuple)"
+        )
     layers = _layers(functions)
     n = len(layers)
     if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n:
-        raise ValueError(f"checkpoint_sequential: segments must be an int between 1 and the "
-                         f"number of layers ({n}), got {segments!r}")
+        raise VlccValueError(
+            f"checkpoint_sequential: segments must be an int between 1 and the "
+            f"number of layers ({n}), got {segments!r}"
+        )
     register_providers()
     if schedule is None:
         schedule = StoreAll(segments)
     elif not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, "
-                        f"Multistage, ...), got {type(schedule).__name__}")
+        raise VlccTypeError(
+            f"schedule must be a vlcc_adjoint.schedules.Schedule (Revolve, "
+            f"Multistage, ...), got {type(schedule).__name__}"
+        )
     elif isinstance(schedule, Online) and schedule.n_steps is None:
-        raise ValueError("checkpoint_sequential knows its number of blocks: use Revolve, "
-                         "Multistage, StoreAll, Periodic or Online(snapshots, steps=...)")
+        raise VlccValueError(
+            "checkpoint_sequential knows its number of blocks: use Revolve, "
+            "Multistage, StoreAll, Periodic or Online(steps, snapshots=...)"
+        )
     elif schedule.n_steps != segments:
-        raise ValueError(f"the schedule is for {schedule.n_steps} steps, but segments="
-                         f"{segments}: the schedule's steps are the segments (pass "
-                         f"segments={schedule.n_steps}, or build "
-                         f"{type(schedule).__name__}({segments}, ...)); one block per layer "
-                         f"is segments={n}")
+        raise VlccValueError(
+            f"the schedule is for {schedule.n_steps} steps, but segments="
+            f"{segments}: the schedule's steps are the segments (pass "
+            f"segments={schedule.n_steps}, or build "
+            f"{type(schedule).__name__}({segments}, ...)); one block per layer "
+            f"is segments={n}"
+        )
     bounds = _blocks(n, segments)
     params: list[torch.Tensor] = []
     index: dict[int, int] = {}
     block_params = []
     for j in range(segments):
         mine, seen = [], set()
-        for f in layers[bounds[j]:bounds[j + 1]]:
+        for f in layers[bounds[j] : bounds[j + 1]]:
             for p in collect_params(f, None):
                 if id(p) not in seen:
                     seen.add(id(p))
@@ -466,16 +521,24 @@ def checkpoint_sequential(functions: torch.nn.Sequential | torch.nn.ModuleList |
         block_params.append([index[id(p)] for p in mine])
     leaves: list[torch.Tensor] = []
     tree = _flatten(input, leaves)
-    needs_grad = torch.is_grad_enabled() and (
-        any(t.requires_grad for t in leaves) or bool(params))
+    needs_grad = torch.is_grad_enabled() and (any(t.requires_grad for t in leaves) or bool(params))
     if not needs_grad or segments == 1 and schedule.n_steps == 1:
         state = input
         for f in layers:
             state = f(state)
         return state
     store, own_store = schedule_store(simulate(schedule), store)
-    run = _Layers(layers, bounds, schedule, store, own_store, params, block_params,
-                  preserve_rng_state, use_reentrant)
+    run = _Layers(
+        layers,
+        bounds,
+        schedule,
+        store,
+        own_store,
+        params,
+        block_params,
+        preserve_rng_state,
+        use_reentrant,
+    )
     try:
         out = _Sequential.apply(run, tree, len(leaves), *leaves, *params)
     except BaseException:

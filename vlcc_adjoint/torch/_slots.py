@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import VlccRuntimeError
+
 __all__ = ["Slots"]
 
 
@@ -58,7 +60,7 @@ class Slots:
         if level == 0:
             snap, versions = self.slots[i]
             if [t._version for t in snap] != versions:
-                raise RuntimeError(modified)
+                raise VlccRuntimeError(modified)
             return snap
         return place(self.store.load(i, level - 1))
 

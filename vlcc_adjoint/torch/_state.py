@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from .. import state as _vstate
+from ..errors import VlccTypeError, VlccValueError
 from ._deepspeed_state import register_deepspeed_providers
 
 __all__ = [
@@ -69,9 +70,27 @@ __all__ = [
 
 # The allow-list of dtypes a spec may name: torch's own names, nothing else.
 _DTYPE_NAMES = [
-    "float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32",
-    "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool",
-    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "complex128",
+    "complex64",
+    "complex32",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
 ]
 _DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n)}
 _NAME_OF = {d: n for n, d in _DTYPES.items()}
@@ -79,11 +98,20 @@ _NAME_OF = {d: n for n, d in _DTYPES.items()}
 # Dtypes that Tensor.numpy() converts as themselves; the others travel as
 # the signed integer of their width (a bit-exact view, both ways).
 _NUMPY_OF = {
-    torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16,
-    torch.complex128: np.complex128, torch.complex64: np.complex64,
-    torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
-    torch.uint64: np.uint64, torch.uint32: np.uint32, torch.uint16: np.uint16,
-    torch.uint8: np.uint8, torch.bool: np.bool_,
+    torch.float64: np.float64,
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.complex128: np.complex128,
+    torch.complex64: np.complex64,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint64: np.uint64,
+    torch.uint32: np.uint32,
+    torch.uint16: np.uint16,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
 }
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NP_INT_OF_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
@@ -100,18 +128,24 @@ def _storage_dtype(dtype: torch.dtype) -> np.dtype:
 
 def _check_plain(t: torch.Tensor) -> None:
     if t.layout != torch.strided:
-        raise TypeError(f"a {t.layout} tensor cannot be checkpointed as is; convert it with "
-                        ".to_dense() (or store its indices and values as two tensors)")
+        raise VlccTypeError(
+            f"a {t.layout} tensor cannot be checkpointed as is; convert it with "
+            ".to_dense() (or store its indices and values as two tensors)"
+        )
     if t.is_quantized:
-        raise TypeError("a quantized tensor cannot be checkpointed as is; store "
-                        "t.dequantize() or t.int_repr() with its scale and zero point")
+        raise VlccTypeError(
+            "a quantized tensor cannot be checkpointed as is; store "
+            "t.dequantize() or t.int_repr() with its scale and zero point"
+        )
     if t.is_nested:
-        raise TypeError("a nested tensor cannot be checkpointed; store t.unbind() as a list")
+        raise VlccTypeError("a nested tensor cannot be checkpointed; store t.unbind() as a list")
     if t.device.type == "meta":
-        raise TypeError("a tensor on the meta device has no data to checkpoint; materialise it "
-                        "first (e.g. module.to_empty(device='cpu') and initialise it)")
+        raise VlccTypeError(
+            "a tensor on the meta device has no data to checkpoint; materialise it "
+            "first (e.g. module.to_empty(device='cpu') and initialise it)"
+        )
     if t.dtype not in _NAME_OF:
-        raise TypeError(f"tensors of dtype {t.dtype} are not supported; convert with .to(...)")
+        raise VlccTypeError(f"tensors of dtype {t.dtype} are not supported; convert with .to(...)")
 
 
 def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -140,7 +174,7 @@ def numpy_to_tensor(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     want = _storage_dtype(dtype)
     if not isinstance(arr, np.ndarray) or arr.dtype.newbyteorder("=") != want.newbyteorder("="):
         got = getattr(arr, "dtype", type(arr).__name__)
-        raise ValueError(f"a {dtype} tensor is stored as {want}, the checkpoint holds {got}")
+        raise VlccValueError(f"a {dtype} tensor is stored as {want}, the checkpoint holds {got}")
     if not (arr.flags.writeable and arr.flags.aligned and arr.dtype.isnative):
         arr = np.array(arr, dtype=want.newbyteorder("="), copy=True)
     t = torch.from_numpy(arr)
@@ -159,10 +193,10 @@ def _flatten_tensor(t):
 
 def _rebuild_tensor(aux, children) -> torch.Tensor:
     if not (isinstance(aux, dict) and isinstance(aux.get("dtype"), str) and len(children) == 1):
-        raise ValueError(f"malformed torch tensor entry {aux!r:.80} in checkpoint metadata")
+        raise VlccValueError(f"malformed torch tensor entry {aux!r:.80} in checkpoint metadata")
     dtype = _DTYPES.get(aux["dtype"])
     if dtype is None:
-        raise ValueError(f"unknown torch dtype {aux['dtype']!r:.40} in checkpoint metadata")
+        raise VlccValueError(f"unknown torch dtype {aux['dtype']!r:.40} in checkpoint metadata")
     t = numpy_to_tensor(children[0], dtype)
     if aux.get("requires_grad") is True and (t.is_floating_point() or t.is_complex()):
         t.requires_grad_(True)
@@ -191,7 +225,7 @@ def _flatten_ordered_dict(d):
 
 def _unflatten_ordered_dict(aux, children):
     if not (isinstance(aux, dict) and len(children) == 1 and isinstance(children[0], dict)):
-        raise ValueError("malformed OrderedDict entry in checkpoint metadata")
+        raise VlccValueError("malformed OrderedDict entry in checkpoint metadata")
     out = collections.OrderedDict(children[0])
     meta = aux.get("metadata")
     if isinstance(meta, dict):
@@ -201,13 +235,13 @@ def _unflatten_ordered_dict(aux, children):
 
 def _unflatten_size(aux, children):
     if not (isinstance(aux, list) and all(type(s) is int and s >= 0 for s in aux)) or children:
-        raise ValueError(f"malformed torch.Size {aux!r:.80} in checkpoint metadata")
+        raise VlccValueError(f"malformed torch.Size {aux!r:.80} in checkpoint metadata")
     return torch.Size(aux)
 
 
 def _unflatten_dtype(aux, children):
     if not isinstance(aux, str) or aux not in _DTYPES or children:
-        raise ValueError(f"unknown torch dtype {aux!r:.40} in checkpoint metadata")
+        raise VlccValueError(f"unknown torch dtype {aux!r:.40} in checkpoint metadata")
     return _DTYPES[aux]
 
 
@@ -217,7 +251,7 @@ def _flatten_device(dev):
 
 def _unflatten_device(aux, children):
     if not isinstance(aux, str) or _DEVICE.fullmatch(aux) is None or children:
-        raise ValueError(f"malformed torch.device {aux!r:.40} in checkpoint metadata")
+        raise VlccValueError(f"malformed torch.device {aux!r:.40} in checkpoint metadata")
     return torch.device(aux)
 
 
@@ -246,16 +280,26 @@ def register_providers() -> None:
     reg(torch.dtype, lambda d: ([], _NAME_OF[d]), _unflatten_dtype, name="torch.dtype")
     reg(torch.device, _flatten_device, _unflatten_device, name="torch.device")
     if not _vstate.is_registered(collections.OrderedDict):  # the core may learn it one day
-        reg(collections.OrderedDict, _flatten_ordered_dict, _unflatten_ordered_dict,
-            name="collections.OrderedDict")
+        reg(
+            collections.OrderedDict,
+            _flatten_ordered_dict,
+            _unflatten_ordered_dict,
+            name="collections.OrderedDict",
+        )
     _REGISTERED = True
 
 
 # -- training states ---------------------------------------------------------------------
 
 
-def training_state(model: torch.nn.Module | None = None, optimizer: Any = None, scheduler: Any = None, *,
-                   rng: bool = False, **extra: Any) -> dict:
+def training_state(
+    model: torch.nn.Module | None = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    *,
+    rng: bool = False,
+    **extra: Any,
+) -> dict:
     """The state of a training loop as one checkpointable dict.
 
     **Arguments:**
@@ -286,8 +330,14 @@ def training_state(model: torch.nn.Module | None = None, optimizer: Any = None, 
     return out
 
 
-def restore_training_state(state: dict, model: torch.nn.Module | None = None, optimizer: Any = None,
-                           scheduler: Any = None, *, strict: bool = True) -> dict:
+def restore_training_state(
+    state: dict,
+    model: torch.nn.Module | None = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    *,
+    strict: bool = True,
+) -> dict:
     """Load a :func:`training_state` back into live objects.
 
     **Arguments:** `state` (as read back from a store or ``History``),

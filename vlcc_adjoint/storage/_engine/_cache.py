@@ -42,8 +42,7 @@ class ReadCache:
     - `lookahead`: how many future reads :meth:`pump` considers.
     """
 
-    def __init__(self, shared, jobs, clock, writer, capture, capacity_bytes: int,
-                 lookahead: int):
+    def __init__(self, shared, jobs, clock, writer, capture, capacity_bytes: int, lookahead: int):
         self.shared = shared
         self.jobs = jobs
         self.clock = clock
@@ -119,8 +118,11 @@ class ReadCache:
         sh = self.shared
         prefetch = sh.prefetch_levels
         spilled = sh.n["spills"]
-        levels = [k for k in range(len(self.clock.reads))
-                  if k in prefetch or (spilled and any(j > k for j in prefetch))]
+        levels = [
+            k
+            for k in range(len(self.clock.reads))
+            if k in prefetch or (spilled and any(j > k for j in prefetch))
+        ]
         seen = set()
         by_record = sh.by_record
         for t, r in self.clock.upcoming_reads(levels, self.lookahead):
@@ -134,8 +136,13 @@ class ReadCache:
     def pump(self) -> None:
         """Lock held: start the prefetches Belady admits, soonest first."""
         sh = self.shared
-        if self.clock.plan is None or sh.workers == 0 or sh.closing \
-                or not sh.prefetch_levels or self.belady.capacity_bytes == 0:
+        if (
+            self.clock.plan is None
+            or sh.workers == 0
+            or sh.closing
+            or not sh.prefetch_levels
+            or self.belady.capacity_bytes == 0
+        ):
             return
         for entry, t in self._upcoming():
             if self.inflight >= self.max_inflight:

@@ -105,7 +105,8 @@ class Capture:
                 how.append(TAKE)
                 copy_bytes += n
             elif not leaf.flags.writeable and (
-                    (traits is not None and i in traits.immutable) or immutable_array(leaf)):
+                (traits is not None and i in traits.immutable) or immutable_array(leaf)
+            ):
                 how.append(REFERENCE)
             else:
                 how.append(COPY)

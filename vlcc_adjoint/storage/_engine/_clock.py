@@ -24,6 +24,7 @@ from bisect import bisect_left
 
 import numpy as np
 
+from ...errors import VlccTypeError, VlccValueError
 from .._belady import NEVER
 from ._common import DELETE, LOAD, MOVE, SAVE, PlanMismatchError, describe
 
@@ -95,15 +96,21 @@ class PlanClock:
         if plan is None:
             return
         if hasattr(plan, "make_store") and hasattr(plan, "schedule"):
-            raise TypeError("TieredStore(plan=) takes an IOPlan, not the BudgetPlan vlcc_adjoint.plan() "
-                            "returns; use budget_plan.make_store() (the store its schedule needs), or "
-                            "TieredStore(tiers, plan=io_plan(budget_plan.schedule))")
+            raise VlccTypeError(
+                "TieredStore(plan=) takes an IOPlan, not the BudgetPlan vlcc_adjoint.plan() "
+                "returns; use budget_plan.make_store() (the store its schedule needs), or "
+                "TieredStore(tiers, plan=io_plan(budget_plan.schedule))"
+            )
         if not all(hasattr(plan, a) for a in ("levels", "records", "record_of_action")):
-            raise TypeError(f"plan must be an IOPlan, got {type(plan).__name__}; pass "
-                            "vlcc_adjoint.schedules.io_plan(schedule)")
+            raise VlccTypeError(
+                f"plan must be an IOPlan, got {type(plan).__name__}; pass "
+                "vlcc_adjoint.schedules.io_plan(schedule)"
+            )
         if len(plan.levels) > nlv:
-            raise ValueError(f"the plan uses {len(plan.levels)} levels but the store has "
-                             f"{nlv} tiers; pass one tier per schedule level")
+            raise VlccValueError(
+                f"the plan uses {len(plan.levels)} levels but the store has "
+                f"{nlv} tiers; pass one tier per schedule level"
+            )
         self.ops = tuple(a.tolist() for a in plan_ops(plan))
         # Per record: the position of its first read among its level's
         # reads (-1: never read), looked up once per save, not searched.
@@ -144,8 +151,12 @@ class PlanClock:
                 "done); construct the store with the io_plan of the schedule being run, or "
                 "with plan=None"
             )
-        if kinds[c] != kind or steps[c] != step or levels[c] != level or \
-                (kind == MOVE and dsts[c] != dst):
+        if (
+            kinds[c] != kind
+            or steps[c] != step
+            or levels[c] != level
+            or (kind == MOVE and dsts[c] != dst)
+        ):
             call = describe(kind, step, level, dst)
             raise PlanMismatchError(
                 f"{call} does not follow the plan: it expected action {index[c]}, "
@@ -224,8 +235,9 @@ class PlanClock:
             index = self.reads[k][0]
             p = bisect_left(index, now)
             if p < len(index):
-                streams.append(zip(index[p:p + lookahead],
-                                   self.read_records[k][p:p + lookahead]))
+                streams.append(
+                    zip(index[p : p + lookahead], self.read_records[k][p : p + lookahead])
+                )
         if not streams:
             return iter(())
         reads = streams[0] if len(streams) == 1 else heapq.merge(*streams)

@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ...errors import VlccValueError
 from .._stats import StoreStats, TierStats
 from .._tier import StorageError
 
@@ -44,24 +45,25 @@ def tier_name(tier) -> str:
 
 def check_int(name, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        raise VlccValueError(f"{name} must be an int >= 0, got {value!r}")
 
 
 def check_step(step) -> int:
     if type(step) is int and step >= 0:
         return step
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be an int >= 0, got {step!r}")
+        raise VlccValueError(f"step must be an int >= 0, got {step!r}")
     return int(step)
 
 
 def check_level(level, nlv: int) -> int:
     if type(level) is int and 0 <= level < nlv:
         return level
-    if isinstance(level, bool) or not isinstance(level, (int, np.integer)) \
-            or not 0 <= level < nlv:
-        raise ValueError(f"level must be an int in 0..{nlv - 1} (an index into the "
-                         f"store's {nlv} tiers), got {level!r}")
+    if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not 0 <= level < nlv:
+        raise VlccValueError(
+            f"level must be an int in 0..{nlv - 1} (an index into the "
+            f"store's {nlv} tiers), got {level!r}"
+        )
     return int(level)
 
 
@@ -90,10 +92,33 @@ class Slot:
 class Entry:
     """One stored record: a state on one level, from its save to its delete."""
 
-    __slots__ = ("step", "level", "tier", "key", "seq", "spec", "nbytes", "leaves", "owned",
-                 "digests", "checksums", "staged_bytes", "state", "cancel", "done", "error",
-                 "slot", "record", "read_q", "move_src", "delete_after", "reserved",
-                 "reserved_tier", "lent", "shape")
+    __slots__ = (
+        "step",
+        "level",
+        "tier",
+        "key",
+        "seq",
+        "spec",
+        "nbytes",
+        "leaves",
+        "owned",
+        "digests",
+        "checksums",
+        "staged_bytes",
+        "state",
+        "cancel",
+        "done",
+        "error",
+        "slot",
+        "record",
+        "read_q",
+        "move_src",
+        "delete_after",
+        "reserved",
+        "reserved_tier",
+        "lent",
+        "shape",
+    )
 
     def __init__(self, step, level, tier, seq, spec, nbytes, record):
         self.step = step
@@ -169,9 +194,23 @@ class Shared:
         self.by_record: dict[int, Entry] = {}
         self.seq = itertools.count()
         self.tc = [TierCounters() for _ in tiers]
-        self.n = dict(saves=0, loads=0, moves=0, deletes=0, spills=0, captured=0,
-                      referenced=0, issued=0, hits=0, late=0, misses=0, wasted=0,
-                      staged_hits=0, dedup_hits=0, dedup_saved=0)
+        self.n = dict(
+            saves=0,
+            loads=0,
+            moves=0,
+            deletes=0,
+            spills=0,
+            captured=0,
+            referenced=0,
+            issued=0,
+            hits=0,
+            late=0,
+            misses=0,
+            wasted=0,
+            staged_hits=0,
+            dedup_hits=0,
+            dedup_saved=0,
+        )
         self.t = dict(capture=0.0, stall=0.0, flush=0.0, io=0.0)
         self.closing = False  # queued prefetches are skipped, none are started
         self.stopping = False  # workers exit
@@ -205,26 +244,51 @@ def snapshot(shared, placement, cache, pool) -> StoreStats:
         tiers = []
         for k, (tier, c) in enumerate(zip(sh.tiers, sh.tc)):
             used = tier.used_bytes
-            tiers.append(TierStats(
-                level=k, name=tier_name(tier),
-                bytes_in=c.bytes_in, bytes_out=c.bytes_out, puts=c.puts, gets=c.gets,
-                deletes=c.deletes, records=c.records, raw_bytes=c.raw_bytes,
-                used_bytes=used, capacity_bytes=tier.capacity_bytes,
-                compression_ratio=(c.raw_bytes / used) if used > 0 and c.raw_bytes else None,
-            ))
+            tiers.append(
+                TierStats(
+                    level=k,
+                    name=tier_name(tier),
+                    bytes_in=c.bytes_in,
+                    bytes_out=c.bytes_out,
+                    puts=c.puts,
+                    gets=c.gets,
+                    deletes=c.deletes,
+                    records=c.records,
+                    raw_bytes=c.raw_bytes,
+                    used_bytes=used,
+                    capacity_bytes=tier.capacity_bytes,
+                    compression_ratio=(c.raw_bytes / used) if used > 0 and c.raw_bytes else None,
+                )
+            )
         n, t = sh.n, sh.t
         return StoreStats(
-            tiers=tuple(tiers), saves=n["saves"], loads=n["loads"], moves=n["moves"],
-            deletes=n["deletes"], spills=n["spills"], captured_bytes=n["captured"],
-            referenced_bytes=n["referenced"], capture_seconds=t["capture"],
-            stall_seconds=t["stall"], flush_seconds=t["flush"], io_seconds=t["io"],
-            prefetch_issued=n["issued"], prefetch_hits=n["hits"], prefetch_late=n["late"],
-            prefetch_misses=n["misses"], prefetch_wasted=n["wasted"],
-            staged_hits=n["staged_hits"], dedup_hits=n["dedup_hits"],
-            dedup_bytes_saved=n["dedup_saved"], staging_bytes=pl.staging_used,
-            cache_bytes=cache.used_bytes, peak_staging_bytes=pl.peak_staging,
-            peak_cache_bytes=cache.peak_bytes, staging_limit=pl.staging_limit,
-            cache_limit=cache.capacity_bytes, pool_reused=pool.reused,
+            tiers=tuple(tiers),
+            saves=n["saves"],
+            loads=n["loads"],
+            moves=n["moves"],
+            deletes=n["deletes"],
+            spills=n["spills"],
+            captured_bytes=n["captured"],
+            referenced_bytes=n["referenced"],
+            capture_seconds=t["capture"],
+            stall_seconds=t["stall"],
+            flush_seconds=t["flush"],
+            io_seconds=t["io"],
+            prefetch_issued=n["issued"],
+            prefetch_hits=n["hits"],
+            prefetch_late=n["late"],
+            prefetch_misses=n["misses"],
+            prefetch_wasted=n["wasted"],
+            staged_hits=n["staged_hits"],
+            dedup_hits=n["dedup_hits"],
+            dedup_bytes_saved=n["dedup_saved"],
+            staging_bytes=pl.staging_used,
+            cache_bytes=cache.used_bytes,
+            peak_staging_bytes=pl.peak_staging,
+            peak_cache_bytes=cache.peak_bytes,
+            staging_limit=pl.staging_limit,
+            cache_limit=cache.capacity_bytes,
+            pool_reused=pool.reused,
             pool_allocated=pool.allocated,
         )
 

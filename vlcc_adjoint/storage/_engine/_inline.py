@@ -96,14 +96,22 @@ class InlinePath:
         self.levels = [d and not shared.dedup for d in shared.direct]
         # Whether the read-ahead cache has anything to look ahead for
         # (ReadCache.pump returns at once otherwise).
-        self.pumps = clock.plan is not None and shared.workers > 0 \
-            and bool(shared.prefetch_levels) and cache.belady.capacity_bytes > 0
+        self.pumps = (
+            clock.plan is not None
+            and shared.workers > 0
+            and bool(shared.prefetch_levels)
+            and cache.belady.capacity_bytes > 0
+        )
         # Per level: the tier's put of a record given in parts, where it is
         # MemoryTier's own adopt (a subclass's adopt is called as it is).
-        self.adopters = [t.adopt_leaves if isinstance(t, MemoryTier)
-                         and type(t).adopt is MemoryTier.adopt
-                         and type(t).adopt_leaves is MemoryTier.adopt_leaves else None
-                         for t in shared.tiers]
+        self.adopters = [
+            t.adopt_leaves
+            if isinstance(t, MemoryTier)
+            and type(t).adopt is MemoryTier.adopt
+            and type(t).adopt_leaves is MemoryTier.adopt_leaves
+            else None
+            for t in shared.tiers
+        ]
         self._layout = None
         self._shape = None
 
@@ -127,8 +135,7 @@ class InlinePath:
         shape = self._shape if layout is self._layout else self.shape_of(layout)
         root = shape.root
         if root is not None:  # Layout.leaves of a one-array layout, in place
-            if type(state) is not ndarray or state.dtype is not root[0] \
-                    or state.shape != root[1]:
+            if type(state) is not ndarray or state.dtype is not root[0] or state.shape != root[1]:
                 return False
             flags = state.flags
             if not flags.c_contiguous:
@@ -151,8 +158,10 @@ class InlinePath:
             # running counted), with the raw size as the estimate (a tier
             # that stores less than it was given goes the general way).
             used = tier.used_bytes
-            if 0 < used < sh.tc[level].raw_bytes \
-                    or used + self.placement.reserved[level] + nbytes > cap:
+            if (
+                0 < used < sh.tc[level].raw_bytes
+                or used + self.placement.reserved[level] + nbytes > cap
+            ):
                 return False
         record = self.clock.follow(SAVE, step, level)  # raises before any change
         take = self.capture.pool.take_key
@@ -174,8 +183,12 @@ class InlinePath:
                 out.append(buf)
         t1 = time.perf_counter()
         leaves = buf = None
-        spec = {"format": shape.format, "tree": layout.tree, "leaves": layout.leaf_specs,
-                "step": step}
+        spec = {
+            "format": shape.format,
+            "tree": layout.tree,
+            "leaves": layout.leaf_specs,
+            "step": step,
+        }
         entry = Entry(step, level, level, next(sh.seq), spec, nbytes, record)
         entry.leaves, entry.owned, entry.checksums = out, list(shape.owned), sums
         entry.shape = shape
@@ -318,8 +331,11 @@ class InlinePath:
             capture = self.capture
             nbytes = entry.nbytes
             limit = capture.hold_limit
-            if shape is not None and shape.n == 1 and (
-                    limit is None or capture.held() + nbytes <= limit):
+            if (
+                shape is not None
+                and shape.n == 1
+                and (limit is None or capture.held() + nbytes <= limit)
+            ):
                 capture.pool.recycle(leaves, shape.keys[0])  # as release_owned
             else:
                 capture.release_owned(leaves, nbytes)

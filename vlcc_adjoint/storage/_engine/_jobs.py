@@ -98,8 +98,11 @@ class Jobs:
         best = None
         heap = self.heap
         for i, job in enumerate(heap):
-            if job[2] in kinds and (entry is None or job[4] is entry) \
-                    and (best is None or job[:2] < heap[best][:2]):
+            if (
+                job[2] in kinds
+                and (entry is None or job[4] is entry)
+                and (best is None or job[:2] < heap[best][:2])
+            ):
                 best = i
         if best is None:
             return False
@@ -182,21 +185,26 @@ class Jobs:
             else:
                 msg = f"close() gave up: {exc}"
         elif what == "save":
-            msg = (f"saving step {step} to level {level} (tier {tname!r}) failed: "
-                   f"{type(exc).__name__}: {exc}. The record of step {step} on level {level} "
-                   "is lost; recompute the state or restart from an earlier checkpoint")
+            msg = (
+                f"saving step {step} to level {level} (tier {tname!r}) failed: "
+                f"{type(exc).__name__}: {exc}. The record of step {step} on level {level} "
+                "is lost; recompute the state or restart from an earlier checkpoint"
+            )
         elif what == "delete":
-            msg = (f"deleting step {step} from level {level} (tier {tname!r}) "
-                   f"failed: {type(exc).__name__}: {exc}. The tier may still hold the record "
-                   "and its bytes; check the tier's path and permissions")
+            msg = (
+                f"deleting step {step} from level {level} (tier {tname!r}) "
+                f"failed: {type(exc).__name__}: {exc}. The tier may still hold the record "
+                "and its bytes; check the tier's path and permissions"
+            )
         else:
-            msg = (f"the background {what} of step {step} to level {level} (tier {tname!r}) "
-                   f"failed: {type(exc).__name__}: {exc}. The record of step {step} on level "
-                   f"{level} is lost; check the tier's path, permissions and free space, then "
-                   "recompute the state or restart from an earlier checkpoint")
+            msg = (
+                f"the background {what} of step {step} to level {level} (tier {tname!r}) "
+                f"failed: {type(exc).__name__}: {exc}. The record of step {step} on level "
+                f"{level} is lost; check the tier's path, permissions and free space, then "
+                "recompute the state or restart from an earlier checkpoint"
+            )
         if isinstance(exc, CorruptCheckpointError):
-            raise CorruptCheckpointError(msg + more, key=exc.key, tier=exc.tier,
-                                         step=step) from exc
+            raise CorruptCheckpointError(msg + more, key=exc.key, tier=exc.tier, step=step) from exc
         raise StorageError(msg + more) from exc
 
     def after_inline(self) -> None:

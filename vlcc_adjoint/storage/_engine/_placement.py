@@ -59,8 +59,11 @@ class Placement:
             if not (self.staging_used > 0 and self.staging_used + nbytes > self.staging_limit):
                 return
             t0 = time.perf_counter()
-            while self.staging_used > 0 and self.staging_used + nbytes > self.staging_limit \
-                    and not jobs.failures:
+            while (
+                self.staging_used > 0
+                and self.staging_used + nbytes > self.staging_limit
+                and not jobs.failures
+            ):
                 if not jobs.help(("write",)):
                     sh.changed.wait(0.05)
             sh.t["stall"] += time.perf_counter() - t0
@@ -109,15 +112,20 @@ class Placement:
                         # Pending writes and deletes may free room: help them along.
                         if not jobs.help(("write", "delete")):
                             sh.changed.wait(0.05)
-                    notes.append(f"level {k} ({tier_name(tier)}): "
-                                 f"{used} of {cap} B used, {self.reserved[k]} B pending")
+                    notes.append(
+                        f"level {k} ({tier_name(tier)}): "
+                        f"{used} of {cap} B used, {self.reserved[k]} B pending"
+                    )
         finally:
             if t0 is not None:
                 with sh.lock:
                     sh.t["stall"] += time.perf_counter() - t0
         jobs.raise_failures()
-        remedy = ("give the tier a larger capacity_bytes, use a schedule with fewer slots on "
-                  "that level")
+        remedy = (
+            "give the tier a larger capacity_bytes, use a schedule with fewer slots on that level"
+        )
         remedy += "" if sh.policy == "spill" else ", or construct the store with policy='spill'"
-        raise StorageError(f"step {step} ({nbytes} B) does not fit on level {level}: "
-                           f"{'; '.join(notes)}. {remedy[0].upper() + remedy[1:]}")
+        raise StorageError(
+            f"step {step} ({nbytes} B) does not fit on level {level}: "
+            f"{'; '.join(notes)}. {remedy[0].upper() + remedy[1:]}"
+        )

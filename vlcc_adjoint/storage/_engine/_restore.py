@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import VlccValueError
 from ...state import dtype_from_json, flatten_traits, unflatten
 from .._belady import NEVER
 from .._checksum import copy_checksum, corrupt, leaf_checksum
@@ -74,7 +75,8 @@ class Restore:
                 elif source == "tier":
                     owned = [sh.fresh[entry.tier]] * len(arrays)
                     free = nxt == NEVER or not cache.admit(
-                        entry, arrays, owned, None, nxt, prefetched=False)
+                        entry, arrays, owned, None, nxt, prefetched=False
+                    )
                 if not copy and not free:
                     entry.lent = True
                 lent = entry.lent
@@ -85,8 +87,7 @@ class Restore:
                 else:
                     state = self.rebuild(entry, [readonly(a) for a in arrays])
                 if free:  # the read buffers go to the pool (if nobody holds them)
-                    self.capture.release(arrays, owned,
-                                         slot.digests if slot is not None else None)
+                    self.capture.release(arrays, owned, slot.digests if slot is not None else None)
                 return state
             if free:
                 if slot is not None and slot.digests:
@@ -110,7 +111,8 @@ class Restore:
             raise StorageError(
                 f"the record of step {entry.step} is missing from level {entry.tier} "
                 f"({tier_name(tier)}, key {entry.key!r}): it was "
-                "removed behind the store's back; recompute the state")
+                "removed behind the store's back; recompute the state"
+            )
         with sh.lock:
             leaves, sums = list(entry.leaves), entry.checksums
             if not copy:
@@ -122,8 +124,9 @@ class Restore:
                 if rebuilt[i]:  # immutable arrays: rebuilt from a copy
                     dsts[i] = np.empty(src.shape, src.dtype)
                 self.verify(entry, i, src, copy_checksum(src, dsts[i]), sums[i])
-            if any(rebuilt) or (out_spec["tree"] is not spec["tree"]
-                                and out_spec["tree"] != spec["tree"]):
+            if any(rebuilt) or (
+                out_spec["tree"] is not spec["tree"] and out_spec["tree"] != spec["tree"]
+            ):
                 out = unflatten(spec, dsts)
             state = out
         elif copy:
@@ -172,17 +175,29 @@ class Restore:
     def verify(self, entry, i, leaf, got, want) -> None:
         if got != want:
             name = getattr(self.shared.tiers[entry.tier], "name", None)
-            exc = corrupt(f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
-                          f"the record says {want}", entry.key, name, entry.step)
-            raise CorruptCheckpointError(f"step {entry.step} on level {entry.level}: {exc}",
-                                         key=entry.key, tier=name, step=entry.step)
+            exc = corrupt(
+                f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
+                f"the record says {want}",
+                entry.key,
+                name,
+                entry.step,
+            )
+            raise CorruptCheckpointError(
+                f"step {entry.step} on level {entry.level}: {exc}",
+                key=entry.key,
+                tier=name,
+                step=entry.step,
+            )
 
     def targets(self, out, spec):
         """Check that `out` can take the stored state of `spec` in place:
         ``(its arrays, its spec, which leaves are rebuilt)``."""
         layout = self.capture.layout
-        if layout is not None and (spec["tree"] is layout.tree or spec["tree"] == layout.tree) \
-                and (spec["leaves"] is layout.leaf_specs or spec["leaves"] == layout.leaf_specs):
+        if (
+            layout is not None
+            and (spec["tree"] is layout.tree or spec["tree"] == layout.tree)
+            and (spec["leaves"] is layout.leaf_specs or spec["leaves"] == layout.leaf_specs)
+        ):
             # The record has the structure of the states saved last; so has
             # `out` if the layout takes it: its leaves are then its own
             # C-contiguous numpy arrays, of the record's dtypes and shapes.
@@ -190,24 +205,31 @@ class Restore:
             if targets is not None:
                 for i, dst in enumerate(targets):
                     if not dst.flags.writeable:
-                        raise ValueError(f"out= array {i} is read-only; pass writeable arrays, "
-                                         "or load without out=")
+                        raise VlccValueError(
+                            f"out= array {i} is read-only; pass writeable arrays, "
+                            "or load without out="
+                        )
                 return targets, layout.spec(), [False] * len(targets)
         targets, out_spec, traits = flatten_traits(out)
         want = spec["leaves"]
         if len(targets) != len(want):
-            raise ValueError(f"out= has {len(targets)} arrays, the stored state of step "
-                             f"{spec.get('step')} has {len(want)}; pass a state of the same "
-                             "structure, or load without out=")
+            raise VlccValueError(
+                f"out= has {len(targets)} arrays, the stored state of step "
+                f"{spec.get('step')} has {len(want)}; pass a state of the same "
+                "structure, or load without out="
+            )
         same = out_spec["leaves"] == want  # same dtypes (byte order included) and shapes
         rebuilt = []
         for i, dst in enumerate(targets):
             if not same:
                 w = want[i]
                 dtype = dtype_from_json(w["dtype"])
-                if list(dst.shape) != w["shape"] or dst.dtype != dtype \
-                        or dst.dtype.str != dtype.str:
-                    raise ValueError(
+                if (
+                    list(dst.shape) != w["shape"]
+                    or dst.dtype != dtype
+                    or dst.dtype.str != dtype.str
+                ):
+                    raise VlccValueError(
                         f"out= array {i} is {dst.dtype.str}{list(dst.shape)}, the stored one "
                         f"is {w['dtype']}{w['shape']}; pass a state of the same shapes and "
                         "dtypes, or load without out="
@@ -218,11 +240,14 @@ class Restore:
             # A copy flatten made of a non-contiguous array: writing it
             # would restore nothing.
             if i in traits.fresh:
-                raise ValueError(f"out= array {i} is not C-contiguous, so it cannot be restored "
-                                 "in place; pass C-contiguous arrays, or load without out=")
+                raise VlccValueError(
+                    f"out= array {i} is not C-contiguous, so it cannot be restored "
+                    "in place; pass C-contiguous arrays, or load without out="
+                )
             if not dst.flags.writeable:
-                raise ValueError(f"out= array {i} is read-only; pass writeable arrays, or load "
-                                 "without out=")
+                raise VlccValueError(
+                    f"out= array {i} is read-only; pass writeable arrays, or load without out="
+                )
         return targets, out_spec, rebuilt
 
     @staticmethod
@@ -233,8 +258,9 @@ class Restore:
                 targets[i] = np.array(src, copy=True)
             else:
                 np.copyto(dst, src, casting="no")
-        if not any(rebuilt) and (out_spec["tree"] is spec["tree"]
-                                 or out_spec["tree"] == spec["tree"]):
+        if not any(rebuilt) and (
+            out_spec["tree"] is spec["tree"] or out_spec["tree"] == spec["tree"]
+        ):
             return out
         return unflatten(spec, targets)
 
@@ -244,8 +270,13 @@ def own(arrays: list, owned) -> list:
     owning, writeable, C-contiguous) are handed over, the others copied."""
     out = []
     for i, arr in enumerate(arrays):
-        if owned is not None and owned[i] and unshared_memory(arr) and arr.flags.writeable \
-                and arr.flags.c_contiguous:
+        if (
+            owned is not None
+            and owned[i]
+            and unshared_memory(arr)
+            and arr.flags.writeable
+            and arr.flags.c_contiguous
+        ):
             out.append(arr)
         else:
             out.append(np.array(arr, copy=True))

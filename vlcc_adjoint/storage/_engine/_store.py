@@ -9,6 +9,8 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...errors import VlccTypeError, VlccValueError
+
 if TYPE_CHECKING:  # storage reads an IOPlan's arrays; it does not import schedules
     from ...schedules import IOPlan
 
@@ -17,8 +19,20 @@ from .._tier import StorageError, Tier
 from ._cache import ReadCache
 from ._capture import Capture
 from ._clock import PlanClock
-from ._common import (DELETE, LOAD, MOVE, SAVE, STORED, Entry, Shared, check_int, check_level,
-                      check_step, snapshot, tier_name)
+from ._common import (
+    DELETE,
+    LOAD,
+    MOVE,
+    SAVE,
+    STORED,
+    Entry,
+    Shared,
+    check_int,
+    check_level,
+    check_step,
+    snapshot,
+    tier_name,
+)
 from ._inline import InlinePath
 from ._jobs import Jobs
 from ._placement import Placement
@@ -71,28 +85,44 @@ class TieredStore:
     Use it as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, tiers: Sequence[Tier], plan: IOPlan | None = None, prefetch_bytes: int = 256 * _MiB, *,
-                 staging_bytes: int = 512 * _MiB, workers: int | None = None,
-                 policy: str = "raise",
-                 dedup: bool | str = False, prefetch_levels: Sequence[int] | None = None,
-                 lookahead: int = 64, pool_bytes: int | None = None, close_tiers: bool = True):
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        plan: IOPlan | None = None,
+        prefetch_bytes: int = 256 * _MiB,
+        *,
+        staging_bytes: int = 512 * _MiB,
+        workers: int | None = None,
+        policy: str = "raise",
+        dedup: bool | str = False,
+        prefetch_levels: Sequence[int] | None = None,
+        lookahead: int = 64,
+        pool_bytes: int | None = None,
+        close_tiers: bool = True,
+    ):
         tiers = list(tiers)
         if not tiers:
-            raise ValueError("TieredStore needs at least one tier, e.g. [MemoryTier()]")
+            raise VlccValueError("TieredStore needs at least one tier, e.g. [MemoryTier()]")
         for k, tier in enumerate(tiers):
             if not isinstance(tier, Tier):
-                raise TypeError(f"tiers[{k}] is a {type(tier).__name__}, not a Tier; use "
-                                "MemoryTier, CompressedMemoryTier, ZarrTier or a Tier subclass")
+                raise VlccTypeError(
+                    f"tiers[{k}] is a {type(tier).__name__}, not a Tier; use "
+                    "MemoryTier, CompressedMemoryTier, ZarrTier or a Tier subclass"
+                )
         if policy not in ("raise", "spill"):
-            raise ValueError(f"policy must be 'raise' or 'spill', got {policy!r}")
+            raise VlccValueError(f"policy must be 'raise' or 'spill', got {policy!r}")
         if workers is None:
             workers = max(1, min(4, (os.cpu_count() or 2) - 1))
             if any(t.waits_on_io for t in tiers):
                 workers = max(2, workers)
         if dedup not in (False, True, "eager"):
-            raise ValueError(f"dedup must be False, True or 'eager', got {dedup!r}")
-        for name, value in (("prefetch_bytes", prefetch_bytes), ("staging_bytes", staging_bytes),
-                            ("workers", workers), ("lookahead", lookahead)):
+            raise VlccValueError(f"dedup must be False, True or 'eager', got {dedup!r}")
+        for name, value in (
+            ("prefetch_bytes", prefetch_bytes),
+            ("staging_bytes", staging_bytes),
+            ("workers", workers),
+            ("lookahead", lookahead),
+        ):
             check_int(name, value)
         nlv = len(tiers)
         if prefetch_levels is None:
@@ -100,7 +130,7 @@ class TieredStore:
         prefetch_levels = frozenset(int(k) for k in prefetch_levels)
         bad = [k for k in prefetch_levels if not 0 <= k < nlv]
         if bad:
-            raise ValueError(f"prefetch_levels {bad} are not levels of these {nlv} tiers")
+            raise VlccValueError(f"prefetch_levels {bad} are not levels of these {nlv} tiers")
         self.tiers = tiers
         self.policy = policy
         self.dedup = dedup
@@ -116,18 +146,25 @@ class TieredStore:
         # a free buffer only within it (BudgetPlan.make_store sizes a memory
         # budget for those three).  None: unbounded.
         caps = [t.capacity_bytes for t, r in zip(tiers, sh.retains) if r]
-        hold = None if any(c is None for c in caps) else \
-            sum(caps) + staging + int(prefetch_bytes)
+        hold = None if any(c is None for c in caps) else sum(caps) + staging + int(prefetch_bytes)
         self._capture = Capture(sh, staging if pool_bytes is None else int(pool_bytes), hold)
         self._jobs = Jobs(sh, self._run_job)
         self._placement = Placement(sh, self._jobs, staging)
         self._writer = Writer(sh, self._jobs, self._placement, self._capture, self._clock)
-        self._cache = ReadCache(sh, self._jobs, self._clock, self._writer, self._capture,
-                                int(prefetch_bytes), int(lookahead))
+        self._cache = ReadCache(
+            sh,
+            self._jobs,
+            self._clock,
+            self._writer,
+            self._capture,
+            int(prefetch_bytes),
+            int(lookahead),
+        )
         self._writer.cache = self._cache
         self._restore = Restore(sh, self._clock, self._capture, self._cache)
-        self._inline = InlinePath(sh, self._clock, self._capture, self._placement, self._jobs,
-                                  self._writer, self._cache)
+        self._inline = InlinePath(
+            sh, self._clock, self._capture, self._placement, self._jobs, self._writer, self._cache
+        )
         self._capture.held = self._held
         self._verify = self._restore.verify
         self._retaining = [t for t, r in zip(tiers, sh.retains) if r]
@@ -142,8 +179,10 @@ class TieredStore:
                 f"the plan has {reach} storage level(s) but the store has {nlv} tiers: tier "
                 f"level(s) {names} will never be used.  Use a schedule with one level per tier "
                 "(e.g. Multistage(steps, levels=[Level(...), ...])), pass only the tiers the "
-                "schedule uses, or policy='spill' to overflow into them", UserWarning,
-                stacklevel=3)
+                "schedule uses, or policy='spill' to overflow into them",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @property
     def plan(self) -> IOPlan | None:
@@ -199,8 +238,12 @@ class TieredStore:
         action.
         """
         with self._api:
-            sh, clock, capture, placement = self._shared, self._clock, self._capture, \
-                self._placement
+            sh, clock, capture, placement = (
+                self._shared,
+                self._clock,
+                self._capture,
+                self._placement,
+            )
             if sh.closed or self._jobs.failures:
                 self._enter()
             if type(step) is not int or step < 0:
@@ -208,8 +251,10 @@ class TieredStore:
             if type(level) is not int or not 0 <= level < sh.nlv:
                 level = self._check_level(level)
             if (step, level) in sh.index:
-                raise StorageError(f"step {step} is already stored on level {level}; delete it "
-                                   "first (schedules Save a step once per level)")
+                raise StorageError(
+                    f"step {step} is already stored on level {level}; delete it "
+                    "first (schedules Save a step once per level)"
+                )
             if self._inline.save(step, state, level):
                 if sh.workers == 0:
                     self._jobs.raise_failures()
@@ -302,10 +347,18 @@ class TieredStore:
                 level = self._check_level(level)
             entry = sh.index.get((step, level)) or self._lookup(step, level)
             shape = entry.shape
-            if shape is not None and shape.small and out is None and copy \
-                    and entry.state == STORED and entry.slot is None and sh.direct[entry.tier] \
-                    and entry.leaves is not None and entry.checksums is not None \
-                    and entry.key in sh.tiers[entry.tier]:
+            if (
+                shape is not None
+                and shape.small
+                and out is None
+                and copy
+                and entry.state == STORED
+                and entry.slot is None
+                and sh.direct[entry.tier]
+                and entry.leaves is not None
+                and entry.checksums is not None
+                and entry.key in sh.tiers[entry.tier]
+            ):
                 # A memory record of a known structure: the short path.
                 clock.follow(LOAD, step, level)
                 state = self._inline.load(entry, self._verify)
@@ -313,14 +366,21 @@ class TieredStore:
                     self._jobs.raise_failures()
                 return state
             if not copy and out is not None:
-                raise ValueError("load(copy=False) returns read-only views of the stored record; "
-                                 "it cannot restore into out= as well (pass one or the other)")
+                raise VlccValueError(
+                    "load(copy=False) returns read-only views of the stored record; "
+                    "it cannot restore into out= as well (pass one or the other)"
+                )
             targets = None if out is None else self._restore.targets(out, entry.spec)
             mark = clock.mark()
             clock.follow(LOAD, step, level)
             try:
-                if entry.state == STORED and entry.slot is None and sh.direct[entry.tier] \
-                        and entry.leaves is not None and entry.checksums is not None:
+                if (
+                    entry.state == STORED
+                    and entry.slot is None
+                    and sh.direct[entry.tier]
+                    and entry.leaves is not None
+                    and entry.checksums is not None
+                ):
                     return self._restore.direct(entry, out, targets, copy)
                 acquired = self._cache.acquire(entry)
             except BaseException:
@@ -392,10 +452,11 @@ class TieredStore:
             sh, clock, placement = self._shared, self._clock, self._placement
             step, src, dst = check_step(step), self._check_level(src), self._check_level(dst)
             if src == dst:
-                raise ValueError(f"move of step {step} from level {src} to itself")
+                raise VlccValueError(f"move of step {step} from level {src} to itself")
             if (step, dst) in sh.index:
-                raise StorageError(f"step {step} is already stored on level {dst}; delete it "
-                                   "there first")
+                raise StorageError(
+                    f"step {step} is already stored on level {dst}; delete it there first"
+                )
             old = self._lookup(step, src)
             mark = clock.mark()
             record = clock.follow(MOVE, step, src, dst)
@@ -467,11 +528,19 @@ class TieredStore:
                 while jobs.outstanding:
                     left = None if deadline is None else deadline - time.perf_counter()
                     if left is not None and left <= 0:
-                        jobs.failures.append((
-                            "close", None, None, None,
-                            TimeoutError(f"{jobs.outstanding} background jobs still pending "
-                                         f"after {timeout} s (steps, levels: "
-                                         f"{jobs.pending_steps()[:10]})")))
+                        jobs.failures.append(
+                            (
+                                "close",
+                                None,
+                                None,
+                                None,
+                                TimeoutError(
+                                    f"{jobs.outstanding} background jobs still pending "
+                                    f"after {timeout} s (steps, levels: "
+                                    f"{jobs.pending_steps()[:10]})"
+                                ),
+                            )
+                        )
                         break
                     sh.changed.wait(0.05 if left is None else min(left, 0.05))
                 jobs.stop()
@@ -490,9 +559,11 @@ class TieredStore:
                         jobs.failures.append(("close", None, k, tier, exc))
             sh.closed = True
             if stuck:
-                raise StorageError(f"worker threads {stuck} were still busy when close() timed "
-                                   "out; a tier operation is hanging (check the tier's path or "
-                                   "network); they are daemon threads and end with the process")
+                raise StorageError(
+                    f"worker threads {stuck} were still busy when close() timed "
+                    "out; a tier operation is hanging (check the tier's path or "
+                    "network); they are daemon threads and end with the process"
+                )
             jobs.raise_failures()
 
     def __enter__(self) -> TieredStore:
@@ -540,8 +611,7 @@ class TieredStore:
     def _held(self) -> int:
         """Bytes of buffers the store holds: staged, cached, pooled, and in
         the tiers that keep them."""
-        held = self._placement.staging_used + self._cache.used_bytes + \
-            self._capture.pool.free_bytes
+        held = self._placement.staging_used + self._cache.used_bytes + self._capture.pool.free_bytes
         for tier in self._retaining:
             held += tier.used_bytes
         return held
@@ -566,8 +636,9 @@ class TieredStore:
         for k in range(self._shared.nlv):
             if (step, k) in self._shared.index:
                 return k
-        raise StorageError(f"step {step} is not stored on any level; stored: "
-                           f"{self._describe_stored()}")
+        raise StorageError(
+            f"step {step} is not stored on any level; stored: {self._describe_stored()}"
+        )
 
     def _describe_stored(self) -> str:
         by = {}
@@ -580,9 +651,11 @@ class TieredStore:
     def _lookup(self, step, level) -> Entry:
         entry = self._shared.index.get((step, level))
         if entry is None:
-            raise StorageError(f"step {step} is not stored on level {level} (stored: "
-                               f"{self._describe_stored()}); save it first, or load from "
-                               "the level the schedule saved it on")
+            raise StorageError(
+                f"step {step} is not stored on level {level} (stored: "
+                f"{self._describe_stored()}); save it first, or load from "
+                "the level the schedule saved it on"
+            )
         return entry
 
     def _register(self, entry):

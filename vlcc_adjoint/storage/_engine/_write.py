@@ -60,8 +60,9 @@ class Writer:
         try:
             if sh.dedup is True:
                 self.capture.pool.recycle(self.capture.dedup(entry, entry.leaves))
-            self.put(entry, Record(entry.spec, tuple(entry.leaves), tuple(entry.checksums)),
-                     adopt=True)
+            self.put(
+                entry, Record(entry.spec, tuple(entry.leaves), tuple(entry.checksums)), adopt=True
+            )
         except BaseException as exc:
             self.inline_failed(entry, exc)
         with sh.lock:
@@ -129,8 +130,9 @@ class Writer:
                 # kept by reference are hashed here, with the GIL released.
                 if sums is None:
                     sums = [None] * len(leaves)
-                checksums = [c if c is not None else leaf_checksum(leaf)
-                             for leaf, c in zip(leaves, sums)]
+                checksums = [
+                    c if c is not None else leaf_checksum(leaf) for leaf, c in zip(leaves, sums)
+                ]
             # A Move's leaves read from its source keep the checksums verified there.
             record = Record(entry.spec, tuple(leaves), tuple(checksums))
             del leaves
@@ -229,20 +231,25 @@ class Writer:
                 rec = tier.get(entry.key)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(
-                f"step {entry.step} on level {entry.level}: {exc}", key=entry.key,
-                tier=getattr(tier, "name", None), step=entry.step) from exc
+                f"step {entry.step} on level {entry.level}: {exc}",
+                key=entry.key,
+                tier=getattr(tier, "name", None),
+                step=entry.step,
+            ) from exc
         except KeyError as exc:
             raise StorageError(
                 f"the record of step {entry.step} is missing from level {entry.tier} "
                 f"({tier_name(tier)}, key {entry.key!r}): it was "
-                "removed behind the store's back; recompute the state") from exc
+                "removed behind the store's back; recompute the state"
+            ) from exc
         except StorageError:
             raise
         except Exception as exc:
             raise StorageError(
                 f"reading step {entry.step} from level {entry.tier} "
                 f"({tier_name(tier)}) failed: "
-                f"{type(exc).__name__}: {exc}") from exc
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         with sh.lock:
             c = sh.tc[entry.tier]
             c.gets += 1
@@ -334,4 +341,5 @@ def lost(entry) -> StorageError:
     return StorageError(
         f"step {entry.step} on level {entry.level} is lost: its background write failed "
         f"({type(entry.error).__name__}: {entry.error}); recompute it or restart from "
-        "an earlier checkpoint")
+        "an earlier checkpoint"
+    )

@@ -162,22 +162,33 @@ def pack_blocks(src, count, bsize, fixed, widths, nb, words, pos, acc, shift):
         if w <= 8:
             for i in range(bsize // 8):
                 b = _U(s + 8 * i)
-                v = (src[b] | (src[b + _U(1)] << uw) | (src[b + _U(2)] << _U(2) * uw)
-                     | (src[b + _U(3)] << _U(3) * uw) | (src[b + _U(4)] << _U(4) * uw)
-                     | (src[b + _U(5)] << _U(5) * uw) | (src[b + _U(6)] << _U(6) * uw)
-                     | (src[b + _U(7)] << _U(7) * uw))
+                v = (
+                    src[b]
+                    | (src[b + _U(1)] << uw)
+                    | (src[b + _U(2)] << _U(2) * uw)
+                    | (src[b + _U(3)] << _U(3) * uw)
+                    | (src[b + _U(4)] << _U(4) * uw)
+                    | (src[b + _U(5)] << _U(5) * uw)
+                    | (src[b + _U(6)] << _U(6) * uw)
+                    | (src[b + _U(7)] << _U(7) * uw)
+                )
                 pos, acc, shift = _put(v, 8 * w, words, pos, acc, shift)
         elif w <= 16:
             for i in range(bsize // 4):
                 b = _U(s + 4 * i)
-                v = (src[b] | (src[b + _U(1)] << uw) | (src[b + _U(2)] << _U(2) * uw)
-                     | (src[b + _U(3)] << _U(3) * uw))
+                v = (
+                    src[b]
+                    | (src[b + _U(1)] << uw)
+                    | (src[b + _U(2)] << _U(2) * uw)
+                    | (src[b + _U(3)] << _U(3) * uw)
+                )
                 pos, acc, shift = _put(v, 4 * w, words, pos, acc, shift)
         elif w <= 32:
             for i in range(bsize // 2):
                 b = _U(s + 2 * i)
-                pos, acc, shift = _put(src[b] | (src[b + _U(1)] << uw), 2 * w, words, pos, acc,
-                                       shift)
+                pos, acc, shift = _put(
+                    src[b] | (src[b + _U(1)] << uw), 2 * w, words, pos, acc, shift
+                )
         else:
             for i in range(bsize):
                 pos, acc, shift = _put(src[_U(s + i)], w, words, pos, acc, shift)

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import VlccRuntimeError, VlccTypeError, VlccValueError
+
 MAGIC = b"VLCZ"
 HEADER_VERSION = 1
 MAX_NDIM = 32
@@ -48,8 +50,8 @@ LOSSLESS_ID = 1
 ERROR_BOUNDED_ID = 2
 FIXED_RATE_ID = 3
 
-_REGISTRY: dict[str, type["Codec"]] = {}
-_BY_ID: dict[int, type["Codec"]] = {}
+_REGISTRY: dict[str, type[Codec]] = {}
+_BY_ID: dict[int, type[Codec]] = {}
 
 
 class Codec(abc.ABC):
@@ -106,7 +108,7 @@ class Codec(abc.ABC):
         return codec_from_config, (self.config(),)
 
     @classmethod
-    def _decoder(cls) -> "Codec":
+    def _decoder(cls) -> Codec:
         """A shared instance whose ``decode`` reads any blob of this codec
         (the parameters a decoder needs are in the blob)."""
         inst = cls.__dict__.get("_shared_decoder")
@@ -117,7 +119,7 @@ class Codec(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def _default_instance(cls) -> "Codec":
+    def _default_instance(cls) -> Codec:
         """Any instance (used for decoding only)."""
 
 
@@ -132,21 +134,19 @@ def codec_from_config(config: dict[str, Any]) -> Codec:
     **Returns:** a new codec equal to the one that wrote ``config``.
     """
     if not isinstance(config, dict) or "name" not in config:
-        raise ValueError(
+        raise VlccValueError(
             f"a codec config is a dict {{'name': ..., 'configuration': {{...}}}}, got {config!r}"
         )
     cls = _REGISTRY.get(config["name"])
     if cls is None:
-        raise ValueError(
-            f"unknown codec name {config['name']!r}; known: {sorted(_REGISTRY)}"
-        )
+        raise VlccValueError(f"unknown codec name {config['name']!r}; known: {sorted(_REGISTRY)}")
     params = config.get("configuration", {})
     if not isinstance(params, dict):
-        raise ValueError(f"'configuration' must be a dict, got {params!r}")
+        raise VlccValueError(f"'configuration' must be a dict, got {params!r}")
     try:
         return cls(**params)
     except TypeError as err:
-        raise ValueError(f"bad configuration for {config['name']!r}: {err}") from None
+        raise VlccValueError(f"bad configuration for {config['name']!r}: {err}") from None
 
 
 def decode(blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
@@ -179,7 +179,7 @@ def _as_view(blob) -> memoryview:
     try:
         view = memoryview(blob)
     except TypeError:
-        raise TypeError(f"a blob must be bytes-like, got {type(blob).__name__}") from None
+        raise VlccTypeError(f"a blob must be bytes-like, got {type(blob).__name__}") from None
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
     return view
@@ -188,17 +188,20 @@ def _as_view(blob) -> memoryview:
 def _peek_codec_id(blob) -> int:
     view = _as_view(blob)
     if len(view) < _FIXED.size:
-        raise ValueError(
-            f"truncated blob: {len(view)} bytes, a header needs at least {_FIXED.size}")
+        raise VlccValueError(
+            f"truncated blob: {len(view)} bytes, a header needs at least {_FIXED.size}"
+        )
     magic, hver, codec_id, _, _, _ = _FIXED.unpack_from(view, 0)
     if magic != MAGIC:
-        raise ValueError(
-            f"not a vlcc_adjoint codec blob (magic {bytes(magic)!r}, expected {MAGIC!r})")
+        raise VlccValueError(
+            f"not a vlcc_adjoint codec blob (magic {bytes(magic)!r}, expected {MAGIC!r})"
+        )
     if hver != HEADER_VERSION:
-        raise ValueError(
-            f"unsupported blob header version {hver} (this build reads {HEADER_VERSION})")
+        raise VlccValueError(
+            f"unsupported blob header version {hver} (this build reads {HEADER_VERSION})"
+        )
     if codec_id not in _BY_ID:
-        raise ValueError(f"unknown codec id {codec_id} in blob header")
+        raise VlccValueError(f"unknown codec id {codec_id} in blob header")
     return codec_id
 
 
@@ -221,43 +224,44 @@ def read_header(blob, codec_id: int, version: int | tuple[int, ...]):
     view = _as_view(blob)
     got = _peek_codec_id(view)
     if got != codec_id:
-        raise ValueError(
+        raise VlccValueError(
             f"blob was written by {_BY_ID[got].__name__} (codec id {got}), not "
             f"{_BY_ID[codec_id].__name__}; decode it with that codec or with codecs.decode(blob)"
         )
     _, _, _, cver, ndim, dstr = _FIXED.unpack_from(view, 0)
     versions = version if isinstance(version, tuple) else (version,)
     if cver not in versions:
-        raise ValueError(
+        raise VlccValueError(
             f"unsupported {_BY_ID[codec_id].__name__} format version {cver} "
             f"(this build reads {', '.join(map(str, versions))})"
         )
     if ndim > MAX_NDIM:
-        raise ValueError(f"corrupt blob header: ndim {ndim} > {MAX_NDIM}")
+        raise VlccValueError(f"corrupt blob header: ndim {ndim} > {MAX_NDIM}")
     offset = _FIXED.size + 8 * ndim
     if len(view) < offset:
-        raise ValueError(f"truncated blob: {len(view)} bytes, the header alone needs {offset}")
+        raise VlccValueError(f"truncated blob: {len(view)} bytes, the header alone needs {offset}")
     try:
         text = dstr.rstrip(b"\0").decode("ascii")
         if len(text) < 3 or text[0] not in "<>|=" or text[1] not in _NUMERIC_KINDS:
             raise ValueError
         dtype = np.dtype(text)
     except (ValueError, TypeError, UnicodeDecodeError):
-        raise ValueError(
-            f"corrupt blob header: dtype {bytes(dstr)!r} is not a numeric dtype") from None
+        raise VlccValueError(
+            f"corrupt blob header: dtype {bytes(dstr)!r} is not a numeric dtype"
+        ) from None
     shape = struct.unpack_from(f"<{ndim}Q", view, _FIXED.size)
     size = 1
     for s in shape:
         size *= s
     if size * dtype.itemsize >= 2**62:
-        raise ValueError(f"corrupt blob header: shape {shape} is too large")
+        raise VlccValueError(f"corrupt blob header: shape {shape} is too large")
     return view, dtype, tuple(int(s) for s in shape), offset
 
 
 def need(view: memoryview, end: int, what: str) -> None:
     """Raise a clear ``ValueError`` if ``view`` is shorter than ``end`` bytes."""
     if len(view) < end:
-        raise ValueError(f"truncated blob: {what} needs {end} bytes, the blob has {len(view)}")
+        raise VlccValueError(f"truncated blob: {what} needs {end} bytes, the blob has {len(view)}")
 
 
 # -- arrays -----------------------------------------------------------------------
@@ -268,13 +272,15 @@ def check_numeric(array) -> np.ndarray:
     if not isinstance(array, np.ndarray):
         array = np.asarray(array)
     if array.dtype.kind not in _NUMERIC_KINDS:
-        raise TypeError(
+        raise VlccTypeError(
             "codecs encode numeric arrays (bool, int, uint, float, complex), got dtype "
             f"{array.dtype}; "
             "convert it first (e.g. strings to bytes with np.frombuffer)"
         )
     if array.ndim > MAX_NDIM:
-        raise ValueError(f"codecs encode arrays of at most {MAX_NDIM} dimensions, got {array.ndim}")
+        raise VlccValueError(
+            f"codecs encode arrays of at most {MAX_NDIM} dimensions, got {array.ndim}"
+        )
     return array
 
 
@@ -299,14 +305,14 @@ def output(out: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...]) -> n
     if out is None:
         return np.empty(shape, dtype)
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        raise VlccTypeError(f"out must be a numpy array, got {type(out).__name__}")
     if out.dtype != dtype or out.shape != shape:
-        raise ValueError(
+        raise VlccValueError(
             f"out has dtype {out.dtype} and shape {out.shape}; the blob holds dtype {dtype} "
             f"and shape {shape}"
         )
     if not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned):
-        raise ValueError("out must be a writeable, aligned, C-contiguous array")
+        raise VlccValueError("out must be a writeable, aligned, C-contiguous array")
     return out
 
 
@@ -318,8 +324,9 @@ def from_bytes(view: memoryview, dtype, count: int, offset: int) -> np.ndarray:
 
 def little_endian_host() -> None:
     if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
-        raise RuntimeError(
-            "the numba codecs write little-endian words; big-endian hosts are unsupported")
+        raise VlccRuntimeError(
+            "the numba codecs write little-endian words; big-endian hosts are unsupported"
+        )
 
 
 class Scratch(threading.local):

@@ -74,10 +74,22 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import VlccValueError
 from ._bitpack import words_for_bits
 from ._bytepack import pack8, unpack8
-from ._codec import (ERROR_BOUNDED_ID, Codec, Scratch, check_numeric, from_bytes,
-                     little_endian_host, need, output, read_header, readonly, write_header)
+from ._codec import (
+    ERROR_BOUNDED_ID,
+    Codec,
+    Scratch,
+    check_numeric,
+    from_bytes,
+    little_endian_host,
+    need,
+    output,
+    read_header,
+    readonly,
+    write_header,
+)
 from ._interp import sweep
 from ._lorenzo import decode_v1, encode_v1, lorenzo_shape
 from ._lossless import Lossless
@@ -130,9 +142,11 @@ class ErrorBounded(Codec):
         try:
             eb = float(abs_error)
         except (TypeError, ValueError):
-            raise ValueError(f"abs_error must be a finite number > 0, got {abs_error!r}") from None
+            raise VlccValueError(
+                f"abs_error must be a finite number > 0, got {abs_error!r}"
+            ) from None
         if not (math.isfinite(eb) and eb > 0):
-            raise ValueError(f"abs_error must be a finite number > 0, got {abs_error!r}")
+            raise VlccValueError(f"abs_error must be a finite number > 0, got {abs_error!r}")
         self.abs_error = eb
         self._scratch = Scratch()
         self._lossless = Lossless()
@@ -143,7 +157,7 @@ class ErrorBounded(Codec):
         return {"abs_error": self.abs_error}
 
     @classmethod
-    def _default_instance(cls) -> "ErrorBounded":
+    def _default_instance(cls) -> ErrorBounded:
         return cls(1.0)
 
     @property
@@ -170,8 +184,9 @@ class ErrorBounded(Codec):
         n = x.size
         nz, ny, nx = lorenzo_shape(array.shape)
         if n == 0:
-            return header + _PARAMS.pack(_MODE_INTERP, 0, 0, 0, self.abs_error, self.step,
-                                         nz, ny, nx, 0, 0, 0, 0, 0, 0)
+            return header + _PARAMS.pack(
+                _MODE_INTERP, 0, 0, 0, self.abs_error, self.step, nz, ny, nx, 0, 0, 0, 0, 0, 0
+            )
         nb = -(-n // 8)
         sc = self._scratch
         codes = sc.get("codes", np.uint8, 8 * nb)
@@ -179,8 +194,24 @@ class ErrorBounded(Codec):
         esc = sc.get("esc", np.int64, n)
         exc = sc.get("exc", np.int64, n)
         bufa, bufb, pb, xs, rs = self._buffers(x.dtype, nz, ny, nx)
-        _, n_esc, n_exc = sweep(x, bufb, nz, ny, nx, self.step, self.abs_error, codes, esc, exc,
-                                bufa, bufb, pb, xs, rs, True)
+        _, n_esc, n_exc = sweep(
+            x,
+            bufb,
+            nz,
+            ny,
+            nx,
+            self.step,
+            self.abs_error,
+            codes,
+            esc,
+            exc,
+            bufa,
+            bufb,
+            pb,
+            xs,
+            rs,
+            True,
+        )
         if n_exc > n // 4:
             return self._encode_lossless(header, array)
         widths = sc.get("widths", np.uint8, nb)
@@ -190,8 +221,7 @@ class ErrorBounded(Codec):
         epart = self._zstd_bytes.encode(_zigzag(esc[:n_esc])) if n_esc else b""
         xpart = pack_exceptions(self._lossless, np.sort(exc[:n_exc]), x)
         pad = -(len(header) + _PARAMS.size + len(wpart)) % 8
-        size = (len(header) + _PARAMS.size + len(wpart) + pad + 8 * nwords + len(epart)
-                + len(xpart))
+        size = len(header) + _PARAMS.size + len(wpart) + pad + 8 * nwords + len(epart) + len(xpart)
         if n_esc > n // 8:
             # Codes too large for bytes (noise-like data at a tight bound): the
             # format-1 coder, whose bit widths follow the codes, may do better.
@@ -200,10 +230,26 @@ class ErrorBounded(Codec):
                 return v1
         if size >= array.nbytes:
             return self._encode_lossless(header, array)
-        params = _PARAMS.pack(_MODE_INTERP, 0, 0, 0, self.abs_error, self.step, nz, ny, nx,
-                              n_esc, n_exc, len(wpart), 8 * nwords, len(epart), len(xpart))
-        return b"".join((header, params, wpart, b"\0" * pad, words[:nwords].view(np.uint8).data,
-                         epart, xpart))
+        params = _PARAMS.pack(
+            _MODE_INTERP,
+            0,
+            0,
+            0,
+            self.abs_error,
+            self.step,
+            nz,
+            ny,
+            nx,
+            n_esc,
+            n_exc,
+            len(wpart),
+            8 * nwords,
+            len(epart),
+            len(xpart),
+        )
+        return b"".join(
+            (header, params, wpart, b"\0" * pad, words[:nwords].view(np.uint8).data, epart, xpart)
+        )
 
     def _buffers(self, dtype: np.dtype, nz: int, ny: int, nx: int):
         """This thread's work arrays for :func:`sweep` on an ``(nz, ny, nx)`` view:
@@ -213,14 +259,39 @@ class ErrorBounded(Codec):
         half = nz * ny * ((nx + 1) // 2)
         row = (nx + 1) // 2 + 1
         c = dtype.char
-        return (sc.get("a" + c, dtype, half), sc.get("b" + c, dtype, half),
-                sc.get("pb", np.float64, row), sc.get("xs" + c, dtype, row),
-                sc.get("rs" + c, dtype, row))
+        return (
+            sc.get("a" + c, dtype, half),
+            sc.get("b" + c, dtype, half),
+            sc.get("pb", np.float64, row),
+            sc.get("xs" + c, dtype, row),
+            sc.get("rs" + c, dtype, row),
+        )
 
     def _encode_lossless(self, header: bytes, array: np.ndarray) -> bytes:
         inner = self._lossless.encode(array)
-        return b"".join((header, _PARAMS.pack(_MODE_LOSSLESS, 0, 0, 0, self.abs_error, self.step,
-                                              0, 0, 0, 0, 0, 0, 0, 0, len(inner)), inner))
+        return b"".join(
+            (
+                header,
+                _PARAMS.pack(
+                    _MODE_LOSSLESS,
+                    0,
+                    0,
+                    0,
+                    self.abs_error,
+                    self.step,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    len(inner),
+                ),
+                inner,
+            )
+        )
 
     def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
         """Decompress a blob written by :meth:`encode` (any ``abs_error``: the
@@ -238,44 +309,61 @@ class ErrorBounded(Codec):
         if view[6] == _V1:
             return decode_v1(view, offset, dtype, shape, out, self._scratch)
         need(view, offset + _PARAMS.size, "the ErrorBounded parameters")
-        (mode, flags, _, _, _, step, nz, ny, nx, n_esc, n_exc, nb_widths, nb_words, nb_esc,
-         nb_exc) = _PARAMS.unpack_from(view, offset)
+        (
+            mode,
+            flags,
+            _,
+            _,
+            _,
+            step,
+            nz,
+            ny,
+            nx,
+            n_esc,
+            n_exc,
+            nb_widths,
+            nb_words,
+            nb_esc,
+            nb_exc,
+        ) = _PARAMS.unpack_from(view, offset)
         offset += _PARAMS.size
         if mode == _MODE_LOSSLESS:
             return decode_fallback(view, offset, nb_exc, out, dtype, shape, "ErrorBounded")
         if mode != _MODE_INTERP or flags:
-            raise ValueError(f"corrupt ErrorBounded blob: unknown mode {mode} or flags {flags}")
+            raise VlccValueError(f"corrupt ErrorBounded blob: unknown mode {mode} or flags {flags}")
         if not compresses(dtype):
-            raise ValueError(f"corrupt ErrorBounded blob: a lossy payload for dtype {dtype}")
+            raise VlccValueError(f"corrupt ErrorBounded blob: a lossy payload for dtype {dtype}")
         if not (math.isfinite(step) and step > 0):
-            raise ValueError(f"corrupt ErrorBounded blob: quantisation step {step}")
+            raise VlccValueError(f"corrupt ErrorBounded blob: quantisation step {step}")
         if (nz, ny, nx) != lorenzo_shape(shape):
-            raise ValueError("corrupt ErrorBounded blob: its 3-D view does not match its shape")
+            raise VlccValueError("corrupt ErrorBounded blob: its 3-D view does not match its shape")
         n = math.prod(shape)
-        if n_esc > n or n_exc > n or (n_esc == 0) != (nb_esc == 0) or (
-                n_exc == 0) != (nb_exc == 0):
-            raise ValueError(f"corrupt ErrorBounded blob: {n_esc} escapes and {n_exc} "
-                             f"exceptions ({nb_esc} and {nb_exc} bytes) in {n} values")
+        if n_esc > n or n_exc > n or (n_esc == 0) != (nb_esc == 0) or (n_exc == 0) != (nb_exc == 0):
+            raise VlccValueError(
+                f"corrupt ErrorBounded blob: {n_esc} escapes and {n_exc} "
+                f"exceptions ({nb_esc} and {nb_exc} bytes) in {n} values"
+            )
         pad = -(offset + nb_widths) % 8 if n else 0
         end = offset + nb_widths + pad + nb_words + nb_esc + nb_exc
         need(view, end, "the ErrorBounded payload")
         if len(view) != end:
-            raise ValueError("corrupt ErrorBounded blob: trailing bytes after the payload")
+            raise VlccValueError("corrupt ErrorBounded blob: trailing bytes after the payload")
         if n == 0:
             if end != offset:
-                raise ValueError("corrupt ErrorBounded blob: a payload for an empty array")
+                raise VlccValueError("corrupt ErrorBounded blob: a payload for an empty array")
             return output(out, dtype, shape)
         nb = -(-n // 8)
         sc = self._scratch
         widths = sc.get("widths", np.uint8, nb)
         try:  # decoded into a buffer of the size the shape implies, or refused
-            self._zstd.decode(view[offset:offset + nb_widths], out=widths)
+            self._zstd.decode(view[offset : offset + nb_widths], out=widths)
         except ValueError as err:
-            raise ValueError(f"corrupt ErrorBounded blob: block widths: {err}") from None
+            raise VlccValueError(f"corrupt ErrorBounded blob: block widths: {err}") from None
         offset += nb_widths + pad
         if widths.max() > 8 or 8 * words_for_bits(8 * int(widths.sum(dtype=np.int64))) != nb_words:
-            raise ValueError(
-                "corrupt ErrorBounded blob: block widths do not match the payload size")
+            raise VlccValueError(
+                "corrupt ErrorBounded blob: block widths do not match the payload size"
+            )
         little_endian_host()
         result = output(out, dtype, shape)  # only now: the sizes agree with the shape
         words = from_bytes(view, np.uint64, nb_words // 8, offset)
@@ -286,17 +374,35 @@ class ErrorBounded(Codec):
         if n_esc:
             zz = esc[:n_esc].view(np.uint64)
             try:
-                self._zstd_bytes.decode(view[offset:offset + nb_esc], out=zz)
+                self._zstd_bytes.decode(view[offset : offset + nb_esc], out=zz)
             except ValueError as err:
-                raise ValueError(f"corrupt ErrorBounded blob: escapes: {err}") from None
+                raise VlccValueError(f"corrupt ErrorBounded blob: escapes: {err}") from None
             esc[:n_esc] = (zz >> np.uint64(1)).view(np.int64) ^ -(zz & np.uint64(1)).view(np.int64)
         offset += nb_esc
         flat = result.reshape(-1)
         bufa, bufb, pb, xs, rs = self._buffers(dtype, nz, ny, nx)
-        _, used, _ = sweep(readonly(flat), flat, nz, ny, nx, step, 0.0, codes, esc[:n_esc],
-                           sc.get("exc", np.int64, 1), bufa, bufb, pb, xs, rs, False)
+        _, used, _ = sweep(
+            readonly(flat),
+            flat,
+            nz,
+            ny,
+            nx,
+            step,
+            0.0,
+            codes,
+            esc[:n_esc],
+            sc.get("exc", np.int64, 1),
+            bufa,
+            bufb,
+            pb,
+            xs,
+            rs,
+            False,
+        )
         if used != n_esc:
-            raise ValueError(f"corrupt ErrorBounded blob: the codes use {used} of {n_esc} escapes")
+            raise VlccValueError(
+                f"corrupt ErrorBounded blob: the codes use {used} of {n_esc} escapes"
+            )
         if n_exc:
             patch_exceptions(view, offset, nb_exc, n_exc, flat, "ErrorBounded")
         return result
@@ -305,5 +411,4 @@ class ErrorBounded(Codec):
         """A format-1 (Lorenzo) blob of ``array``: what earlier releases wrote."""
         array = check_numeric(array)
         header = write_header(self.codec_id, _V1, array.dtype, array.shape)
-        return encode_v1(array, header, self.abs_error, self.step, self._scratch,
-                         self._lossless)
+        return encode_v1(array, header, self.abs_error, self.step, self._scratch, self._lossless)

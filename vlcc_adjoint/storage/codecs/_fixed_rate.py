@@ -57,11 +57,23 @@ import numba
 import numpy as np
 from numpy.typing import DTypeLike
 
+from ...errors import VlccValueError
 from ._bitpack import bits_float, finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
-from ._codec import (FIXED_RATE_ID, Codec, Scratch, check_numeric, from_bytes,
-                     little_endian_host, need, output, read_header, readonly, write_header)
-from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
+from ._codec import (
+    FIXED_RATE_ID,
+    Codec,
+    Scratch,
+    check_numeric,
+    from_bytes,
+    little_endian_host,
+    need,
+    output,
+    read_header,
+    readonly,
+    write_header,
+)
 from ._lossless import Lossless
+from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
 
 __all__ = ["FixedRate"]
 
@@ -193,8 +205,18 @@ def _encode(x, bits, kmin, big, exps, words, tmp, codes, exc, no_widths, bmax, b
                         n_exc += 1
                         codes[o + j] = 0
         blk += nblk
-        _, pos, acc, shift = pack_blocks(codes, nblk * _BLOCK, np.int64(_BLOCK), bits, no_widths,
-                                         np.int64(0), words, pos, acc, shift)
+        _, pos, acc, shift = pack_blocks(
+            codes,
+            nblk * _BLOCK,
+            np.int64(_BLOCK),
+            bits,
+            no_widths,
+            np.int64(0),
+            words,
+            pos,
+            acc,
+            shift,
+        )
     return finish(words, pos, acc, shift), n_exc
 
 
@@ -208,14 +230,15 @@ def _decode(exps, words, bits, out, codes, no_widths):
     for c0 in range(0, n, _CH):
         m_chunk = min(_CH, n - c0)
         nblk = (m_chunk + _BLOCK - 1) // _BLOCK
-        bit = unpack_blocks(words, bit, nblk, np.int64(_BLOCK), bits, no_widths, np.int64(0),
-                            codes, np.int64(0))
+        bit = unpack_blocks(
+            words, bit, nblk, np.int64(_BLOCK), bits, no_widths, np.int64(0), codes, np.int64(0)
+        )
         for b0 in range(0, m_chunk, _BLOCK):
             cnt = min(_BLOCK, m_chunk - b0)
             quantum = _pow2(np.int64(exps[blk]))
             blk += 1
-            cs = codes[b0:b0 + _BLOCK]
-            outs = out[c0 + b0:c0 + b0 + cnt]
+            cs = codes[b0 : b0 + _BLOCK]
+            outs = out[c0 + b0 : c0 + b0 + cnt]
             for j in range(cnt):
                 q = np.int64(cs[j] << up) >> np.int64(up)  # sign-extend from `bits` bits
                 outs[j] = np.float64(q) * quantum
@@ -250,7 +273,7 @@ class FixedRate(Codec):
 
     def __init__(self, bits: int):
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 64:
-            raise ValueError(f"bits must be an integer in 2..64, got {bits!r}")
+            raise VlccValueError(f"bits must be an integer in 2..64, got {bits!r}")
         self.bits = int(bits)
         self._scratch = Scratch()
         self._lossless = Lossless()
@@ -259,7 +282,7 @@ class FixedRate(Codec):
         return {"bits": self.bits}
 
     @classmethod
-    def _default_instance(cls) -> "FixedRate":
+    def _default_instance(cls) -> FixedRate:
         return cls(16)
 
     def error_bound(self, block_max: float) -> float:
@@ -273,8 +296,12 @@ class FixedRate(Codec):
         if n == 0:
             return header
         nblocks = -(-n // _BLOCK)
-        return header + 2 * nblocks + (-(header + 2 * nblocks) % 8) + 8 * words_for_bits(
-            self.bits * _BLOCK * nblocks)
+        return (
+            header
+            + 2 * nblocks
+            + (-(header + 2 * nblocks) % 8)
+            + 8 * words_for_bits(self.bits * _BLOCK * nblocks)
+        )
 
     def encode(self, array: np.ndarray) -> bytes:
         """Compress ``array`` at ``bits`` bits per value.
@@ -290,8 +317,9 @@ class FixedRate(Codec):
         header = write_header(self.codec_id, self.version, array.dtype, array.shape)
         if not compresses(array.dtype):
             inner = self._lossless.encode(array)
-            return b"".join((header, _PARAMS.pack(_MODE_LOSSLESS, self.bits, 0, 0, 0, len(inner)),
-                             inner))
+            return b"".join(
+                (header, _PARAMS.pack(_MODE_LOSSLESS, self.bits, 0, 0, 0, len(inner)), inner)
+            )
         little_endian_host()
         x = readonly(array).reshape(-1)
         n = x.size
@@ -308,17 +336,20 @@ class FixedRate(Codec):
         big = 2.0**127 if x.dtype == np.float32 else 2.0**1023
         codes = sc.get("codes", np.uint64, _CH)
         exc = sc.get("exc", np.int64, 64 + n // 1024)
-        nwords, n_exc = _encode(x, self.bits, kmin, big, exps, words, tmp, codes, exc,
-                                         _NO_WIDTHS, bmax, bpar)
+        nwords, n_exc = _encode(
+            x, self.bits, kmin, big, exps, words, tmp, codes, exc, _NO_WIDTHS, bmax, bpar
+        )
         if n_exc > exc.size:
             exc = sc.get("exc", np.int64, n_exc)
-            nwords, n_exc = _encode(x, self.bits, kmin, big, exps, words, tmp, codes, exc,
-                                         _NO_WIDTHS, bmax, bpar)
+            nwords, n_exc = _encode(
+                x, self.bits, kmin, big, exps, words, tmp, codes, exc, _NO_WIDTHS, bmax, bpar
+            )
         exc_part = pack_exceptions(self._lossless, exc[:n_exc], x)
         pad = -(len(header) + _PARAMS.size + 2 * nblocks) % 8
         params = _PARAMS.pack(_MODE_BFP, self.bits, 0, 0, n_exc, len(exc_part))
-        return b"".join((header, params, exps.data, b"\0" * pad,
-                         words[:nwords].view(np.uint8).data, exc_part))
+        return b"".join(
+            (header, params, exps.data, b"\0" * pad, words[:nwords].view(np.uint8).data, exc_part)
+        )
 
     def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
         """Decompress a blob written by :meth:`encode` (any ``bits``: the blob
@@ -339,9 +370,9 @@ class FixedRate(Codec):
         if mode == _MODE_LOSSLESS:
             return decode_fallback(view, offset, nbytes_exc, out, dtype, shape, "FixedRate")
         if mode != _MODE_BFP or not 2 <= bits <= 64:
-            raise ValueError(f"corrupt FixedRate blob: mode {mode}, bits {bits}")
+            raise VlccValueError(f"corrupt FixedRate blob: mode {mode}, bits {bits}")
         if not compresses(dtype):
-            raise ValueError(f"corrupt FixedRate blob: a lossy payload for dtype {dtype}")
+            raise VlccValueError(f"corrupt FixedRate blob: a lossy payload for dtype {dtype}")
         n = math.prod(shape)
         nblocks = -(-n // _BLOCK)
         nwords = words_for_bits(bits * _BLOCK * nblocks) if n else 0
@@ -349,7 +380,7 @@ class FixedRate(Codec):
         end = offset + 2 * nblocks + pad + 8 * nwords + nbytes_exc
         need(view, end, "the FixedRate payload")
         if len(view) != end:
-            raise ValueError("corrupt FixedRate blob: trailing bytes after the payload")
+            raise VlccValueError("corrupt FixedRate blob: trailing bytes after the payload")
         result = output(out, dtype, shape)  # only now: the sizes agree with the shape
         if n == 0:
             return result
@@ -357,7 +388,7 @@ class FixedRate(Codec):
         exps = from_bytes(view, np.int16, nblocks, offset)
         kmin = -149 if dtype == np.float32 else -1074
         if exps.min() < kmin or exps.max() > _KMAX:
-            raise ValueError("corrupt FixedRate blob: block exponent out of range")
+            raise VlccValueError("corrupt FixedRate blob: block exponent out of range")
         offset += 2 * nblocks + pad
         words = from_bytes(view, np.uint64, nwords, offset)
         offset += 8 * nwords
@@ -367,4 +398,3 @@ class FixedRate(Codec):
         if n_exc:
             patch_exceptions(view, offset, nbytes_exc, n_exc, flat, "FixedRate")
         return result
-

@@ -107,8 +107,9 @@ def _predict_rows(a, b, c, d, pb, m, kind):
     +3`` grid units (``a``, ``d`` unused unless cubic, ``c`` if constant)."""
     if kind == 0:
         for j in range(m):
-            pb[j] = ((np.float64(b[j]) + np.float64(c[j])) * 9.0
-                     - (np.float64(a[j]) + np.float64(d[j]))) * 0.0625
+            pb[j] = (
+                (np.float64(b[j]) + np.float64(c[j])) * 9.0 - (np.float64(a[j]) + np.float64(d[j]))
+            ) * 0.0625
     elif kind == 1:
         for j in range(m):
             pb[j] = (np.float64(b[j]) + np.float64(c[j])) * 0.5
@@ -126,8 +127,10 @@ def _predict_odd(e, pb, mo, mx):
     # i = 1 has no neighbour at -3; the cubic needs i + 3 < mx, i.e. 2j + 4 < mx
     hi = min((mx - 5) // 2 if mx >= 5 else 0, mo - 1)
     for j in range(1, hi + 1):
-        pb[j] = ((np.float64(e[j]) + np.float64(e[j + 1])) * 9.0
-                 - (np.float64(e[j - 1]) + np.float64(e[j + 2]))) * 0.0625
+        pb[j] = (
+            (np.float64(e[j]) + np.float64(e[j + 1])) * 9.0
+            - (np.float64(e[j - 1]) + np.float64(e[j + 2]))
+        ) * 0.0625
     j = 0  # then the right edge: j = 0 and hi < j < mo are linear or constant
     while j < mo:
         if _kind(2 * j + 1, mx) == 2:
@@ -141,7 +144,7 @@ def _predict_odd(e, pb, mo, mx):
 def _gather(x, xs, base, st, m):
     """``xs[j] = x[base + j st]``, ``j < m``."""
     if st == 2:  # the finest level: a constant stride, which LLVM vectorises
-        xb = x[base:base + 2 * m]
+        xb = x[base : base + 2 * m]
         for j in range(m):
             xs[j] = xb[2 * j]
         return
@@ -254,17 +257,19 @@ def sweep(x, out, nz, ny, nx, step, eb, codes, esc, exc, bufa, bufb, pb, xs, rs,
                         kind = _kind(y, my)
                         o1 = me
                     r0 = (z * my + y) * me
-                    a = cur[max(r0 - 3 * o1, 0):]
-                    d_ = cur[r0 + 3 * o1:] if kind == 0 else a
-                    _predict_rows(a, cur[r0 - o1:], cur[r0 + o1:] if kind < 2 else a, d_, pb,
-                                  me, kind)
-                    row = cur[r0:r0 + me]
-                    cs = codes[k:k + me]
+                    a = cur[max(r0 - 3 * o1, 0) :]
+                    d_ = cur[r0 + 3 * o1 :] if kind == 0 else a
+                    _predict_rows(
+                        a, cur[r0 - o1 :], cur[r0 + o1 :] if kind < 2 else a, d_, pb, me, kind
+                    )
+                    row = cur[r0 : r0 + me]
+                    cs = codes[k : k + me]
                     if encode:
                         base = (z * s * ny + y * s) * nx
                         _gather(x, xs, base, 2 * s, me)
-                        ne, nexc = _encode_row(xs, row, pb, me, step, inv, eb, cs, esc, ne,
-                                               exc, nexc, base, 2 * s)
+                        ne, nexc = _encode_row(
+                            xs, row, pb, me, step, inv, eb, cs, esc, ne, exc, nexc, base, 2 * s
+                        )
                     else:
                         ne = _decode_row(row, pb, me, step, cs, esc, ne)
                         if ne < 0:
@@ -276,15 +281,16 @@ def sweep(x, out, nz, ny, nx, step, eb, codes, esc, exc, bufa, bufb, pb, xs, rs,
         for z in range(mz):
             for y in range(my):
                 r0 = (z * my + y) * me
-                e = cur[r0:r0 + me]
+                e = cur[r0 : r0 + me]
                 if mo:
                     _predict_odd(e, pb, mo, mx)
-                    cs = codes[k:k + mo]
+                    cs = codes[k : k + mo]
                     if encode:
                         base = (z * s * ny + y * s) * nx + s
                         _gather(x, xs, base, 2 * s, mo)
-                        ne, nexc = _encode_row(xs, rs, pb, mo, step, inv, eb, cs, esc, ne, exc,
-                                               nexc, base, 2 * s)
+                        ne, nexc = _encode_row(
+                            xs, rs, pb, mo, step, inv, eb, cs, esc, ne, exc, nexc, base, 2 * s
+                        )
                     else:
                         ne = _decode_row(rs, pb, mo, step, cs, esc, ne)
                         if ne < 0:
@@ -292,9 +298,9 @@ def sweep(x, out, nz, ny, nx, step, eb, codes, esc, exc, bufa, bufb, pb, xs, rs,
                     k += mo
                 if lev > 1:
                     t0 = (2 * z * nmy + 2 * y) * nme
-                    _interleave(nxt[t0:t0 + mx], e, rs, me, mo)
+                    _interleave(nxt[t0 : t0 + mx], e, rs, me, mo)
                 elif not encode:
                     t0 = (z * ny + y) * nx
-                    _interleave(out[t0:t0 + mx], e, rs, me, mo)
+                    _interleave(out[t0 : t0 + mx], e, rs, me, mo)
         cur, nxt = nxt, cur
     return k, ne, nexc

@@ -112,6 +112,7 @@ import struct
 import numba
 import numpy as np
 
+from ...errors import VlccValueError
 from ._bitpack import finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
 from ._codec import from_bytes, little_endian_host, need, output, readonly
 from ._lossy import compresses, decode_fallback, pack_exceptions, patch_exceptions
@@ -142,8 +143,9 @@ def _flush_blocks(rbuf, fill, final, widths, nb, words, pos, acc, shift):
             rbuf[i] = 0
         fill += _B - fill % _B
     done = fill - fill % _B
-    nb, pos, acc, shift = pack_blocks(rbuf, done, np.int64(_B), np.int64(-1), widths, nb,
-                                      words, pos, acc, shift)
+    nb, pos, acc, shift = pack_blocks(
+        rbuf, done, np.int64(_B), np.int64(-1), widths, nb, words, pos, acc, shift
+    )
     for i in range(fill - done):
         rbuf[i] = rbuf[done + i]
     return fill - done, nb, pos, acc, shift
@@ -179,7 +181,7 @@ def _encode(x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1, d
             pbuf[0] = 0  # p left of the row
             for j0 in range(0, nx, _CH):
                 m = min(_CH, nx - j0)
-                xs = x[k + j0:k + j0 + m]
+                xs = x[k + j0 : k + j0 + m]
                 # Pass 1 (vectorised): the lattice index; count what is out of
                 # range and track max |x| (as IEEE bits: an integer max vectorises).
                 bad = 0
@@ -208,10 +210,10 @@ def _encode(x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1, d
                                     exc[n_exc] = k + j0 + j
                                 n_exc += 1
                 # Pass 2 (vectorised): Lorenzo residual D_z D_y D_x p, zigzagged.
-                rb = rbuf[fill:fill + m]
+                rb = rbuf[fill : fill + m]
                 if nz > 1:
-                    d1s = d1[j0:j0 + m]
-                    d2s = d2[y * nx + j0:y * nx + j0 + m]
+                    d1s = d1[j0 : j0 + m]
+                    d2s = d2[y * nx + j0 : y * nx + j0 + m]
                     for j in range(m):
                         r1 = pbuf[j + 1] - pbuf[j]
                         r2 = r1 - d1s[j]
@@ -220,7 +222,7 @@ def _encode(x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1, d
                         d2s[j] = r2
                         rb[j] = np.uint64((r << 1) ^ (r >> 63))
                 elif ny > 1:
-                    d1s = d1[j0:j0 + m]
+                    d1s = d1[j0 : j0 + m]
                     for j in range(m):
                         r1 = pbuf[j + 1] - pbuf[j]
                         r = r1 - d1s[j]
@@ -231,11 +233,13 @@ def _encode(x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1, d
                         r = pbuf[j + 1] - pbuf[j]
                         rb[j] = np.uint64((r << 1) ^ (r >> 63))
                 pbuf[0] = pbuf[m]
-                fill, nb, pos, acc, shift = _flush_blocks(rbuf, fill + m, np.bool_(False), widths,
-                                                          nb, words, pos, acc, shift)
+                fill, nb, pos, acc, shift = _flush_blocks(
+                    rbuf, fill + m, np.bool_(False), widths, nb, words, pos, acc, shift
+                )
             k += nx
-    fill, nb, pos, acc, shift = _flush_blocks(rbuf, fill, np.bool_(True), widths, nb, words, pos,
-                                              acc, shift)
+    fill, nb, pos, acc, shift = _flush_blocks(
+        rbuf, fill, np.bool_(True), widths, nb, words, pos, acc, shift
+    )
     return finish(words, pos, acc, shift), n_exc
 
 
@@ -263,14 +267,15 @@ def _decode(widths, words, out, nz, ny, nx, step, rbuf, pbuf, d1, d2):
                 m = min(_CH, nx - j0)
                 if avail < m:
                     more = (m - avail + _B - 1) // _B
-                    bit = unpack_blocks(words, bit, more, np.int64(_B), np.int64(-1), widths, nb,
-                                        rbuf, avail)
+                    bit = unpack_blocks(
+                        words, bit, more, np.int64(_B), np.int64(-1), widths, nb, rbuf, avail
+                    )
                     nb += more
                     avail += more * _B
                 # Undo the zigzag, then D_z and D_y (vectorised, one loop).
                 if nz > 1:
-                    d1s = d1[j0:j0 + m]
-                    d2s = d2[y * nx + j0:y * nx + j0 + m]
+                    d1s = d1[j0 : j0 + m]
+                    d2s = d2[y * nx + j0 : y * nx + j0 + m]
                     for j in range(m):
                         c = rbuf[j]
                         r = (np.int64(c >> np.uint64(1)) ^ -np.int64(c & np.uint64(1))) + d2s[j]
@@ -279,7 +284,7 @@ def _decode(widths, words, out, nz, ny, nx, step, rbuf, pbuf, d1, d2):
                         d1s[j] = r
                         pbuf[j] = r
                 elif ny > 1:
-                    d1s = d1[j0:j0 + m]
+                    d1s = d1[j0 : j0 + m]
                     for j in range(m):
                         c = rbuf[j]
                         r = (np.int64(c >> np.uint64(1)) ^ -np.int64(c & np.uint64(1))) + d1s[j]
@@ -293,7 +298,7 @@ def _decode(widths, words, out, nz, ny, nx, step, rbuf, pbuf, d1, d2):
                 for j in range(m):
                     p += pbuf[j]
                     pbuf[j] = p
-                outs = out[k + j0:k + j0 + m]
+                outs = out[k + j0 : k + j0 + m]
                 for j in range(m):
                     outs[j] = np.float64(pbuf[j]) * step
                 for i in range(avail - m):
@@ -331,12 +336,11 @@ def lorenzo_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2]
 
 
-
-
 def _lossless_v1(lossless, header: bytes, array: np.ndarray, eb: float, step: float) -> bytes:
     inner = lossless.encode(array)
-    return b"".join((header, _PARAMS.pack(_MODE_LOSSLESS, 0, 0, 0, eb, step, 0, 0, 0, 0, 0,
-                                          len(inner)), inner))
+    return b"".join(
+        (header, _PARAMS.pack(_MODE_LOSSLESS, 0, 0, 0, eb, step, 0, 0, 0, 0, 0, len(inner)), inner)
+    )
 
 
 def encode_v1(array: np.ndarray, header: bytes, eb: float, step: float, sc, lossless) -> bytes:
@@ -361,8 +365,9 @@ def encode_v1(array: np.ndarray, header: bytes, eb: float, step: float, sc, loss
     d2 = sc.get("v1d2", np.int64, ny * nx if nz > 1 else 1)
     exc = sc.get("v1exc", np.int64, n)
     safe = _safe_magnitude(eb, x.dtype)
-    nwords, n_exc = _encode(x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1,
-                            d2, exc)
+    nwords, n_exc = _encode(
+        x, nz, ny, nx, step, eb, safe, widths, words, tmp, pbuf, rbuf, d1, d2, exc
+    )
     if n_exc > n // 4:
         return _lossless_v1(lossless, header, array, eb, step)
     exc_part = pack_exceptions(lossless, exc[:n_exc], x)
@@ -370,7 +375,7 @@ def encode_v1(array: np.ndarray, header: bytes, eb: float, step: float, sc, loss
     if widths.max() < 16:
         flags |= _NIBBLES
         nib = sc.get("v1nibbles", np.uint8, (nblocks + 1) // 2)
-        nib[:nblocks // 2] = widths[0:nblocks - 1:2] | (widths[1::2] << 4)
+        nib[: nblocks // 2] = widths[0 : nblocks - 1 : 2] | (widths[1::2] << 4)
         if nblocks % 2:
             nib[-1] = widths[-1]
         widths = nib
@@ -378,44 +383,54 @@ def encode_v1(array: np.ndarray, header: bytes, eb: float, step: float, sc, loss
     size = len(header) + _PARAMS.size + widths.size + pad + 8 * nwords + len(exc_part)
     if size >= array.nbytes:
         return _lossless_v1(lossless, header, array, eb, step)
-    params = _PARAMS.pack(_MODE_LORENZO, flags, 0, 0, eb, step, nz, ny, nx, n_exc, 8 * nwords,
-                          len(exc_part))
-    return b"".join((header, params, widths.data, b"\0" * pad,
-                     words[:nwords].view(np.uint8).data, exc_part))
+    params = _PARAMS.pack(
+        _MODE_LORENZO, flags, 0, 0, eb, step, nz, ny, nx, n_exc, 8 * nwords, len(exc_part)
+    )
+    return b"".join(
+        (header, params, widths.data, b"\0" * pad, words[:nwords].view(np.uint8).data, exc_part)
+    )
 
 
-def decode_v1(view: memoryview, offset: int, dtype: np.dtype, shape: tuple[int, ...],
-              out: np.ndarray | None, sc) -> np.ndarray:
+def decode_v1(
+    view: memoryview,
+    offset: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    out: np.ndarray | None,
+    sc,
+) -> np.ndarray:
     """Decode the format-1 payload at ``view[offset:]`` of a blob whose header
     holds ``dtype`` and ``shape`` (into ``out`` when given), with the scratch
     ``sc``; a ``ValueError`` when the payload does not add up."""
     need(view, offset + _PARAMS.size, "the ErrorBounded parameters")
-    (mode, flags, _, _, eb, step, nz, ny, nx, n_exc, nbytes_words,
-     nbytes_exc) = _PARAMS.unpack_from(view, offset)
+    (mode, flags, _, _, eb, step, nz, ny, nx, n_exc, nbytes_words, nbytes_exc) = (
+        _PARAMS.unpack_from(view, offset)
+    )
     offset += _PARAMS.size
     if mode == _MODE_LOSSLESS:
         return decode_fallback(view, offset, nbytes_exc, out, dtype, shape, "ErrorBounded")
     if mode != _MODE_LORENZO:
-        raise ValueError(f"corrupt ErrorBounded blob: unknown mode {mode}")
+        raise VlccValueError(f"corrupt ErrorBounded blob: unknown mode {mode}")
     if not compresses(dtype):
-        raise ValueError(f"corrupt ErrorBounded blob: a lossy payload for dtype {dtype}")
+        raise VlccValueError(f"corrupt ErrorBounded blob: a lossy payload for dtype {dtype}")
     if not (math.isfinite(step) and step > 0):
-        raise ValueError(f"corrupt ErrorBounded blob: quantisation step {step}")
+        raise VlccValueError(f"corrupt ErrorBounded blob: quantisation step {step}")
     n = math.prod(shape)
     if (nz, ny, nx) != lorenzo_shape(shape):
-        raise ValueError(
-            "corrupt ErrorBounded blob: its Lorenzo shape does not match its shape")
+        raise VlccValueError(
+            "corrupt ErrorBounded blob: its Lorenzo shape does not match its shape"
+        )
     if flags & ~_NIBBLES:
-        raise ValueError(f"corrupt ErrorBounded blob: unknown flags {flags}")
+        raise VlccValueError(f"corrupt ErrorBounded blob: unknown flags {flags}")
     nblocks = -(-n // _B)
     nwb = (nblocks + 1) // 2 if flags & _NIBBLES else nblocks
     pad = -(offset + nwb) % 8 if n else 0
     end = offset + (nwb + pad + nbytes_words + nbytes_exc if n else 0)
     need(view, end, "the ErrorBounded payload")
     if len(view) != end:
-        raise ValueError("corrupt ErrorBounded blob: trailing bytes after the payload")
+        raise VlccValueError("corrupt ErrorBounded blob: trailing bytes after the payload")
     if n_exc > n:
-        raise ValueError(f"corrupt ErrorBounded blob: {n_exc} exceptions in {n} values")
+        raise VlccValueError(f"corrupt ErrorBounded blob: {n_exc} exceptions in {n} values")
     result = output(out, dtype, shape)  # only now: the sizes agree with the shape
     if n == 0:
         return result
@@ -427,10 +442,13 @@ def decode_v1(view: memoryview, offset: int, dtype: np.dtype, shape: tuple[int, 
         full[1::2] = widths >> 4
         widths = readonly(full[:nblocks])
     offset += nwb + pad
-    if (widths.max() > 64 or
-            8 * words_for_bits(_B * int(widths.sum(dtype=np.int64))) != nbytes_words):
-        raise ValueError(
-            "corrupt ErrorBounded blob: block widths do not match the payload size")
+    if (
+        widths.max() > 64
+        or 8 * words_for_bits(_B * int(widths.sum(dtype=np.int64))) != nbytes_words
+    ):
+        raise VlccValueError(
+            "corrupt ErrorBounded blob: block widths do not match the payload size"
+        )
     words = from_bytes(view, np.uint64, nbytes_words // 8, offset)
     offset += nbytes_words
     rbuf = sc.get("v1rbuf", np.uint64, _CH + _B)

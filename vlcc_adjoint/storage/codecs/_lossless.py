@@ -40,8 +40,8 @@ from typing import Any
 import blosc2
 import numpy as np
 
-from ._codec import (LOSSLESS_ID, Codec, check_numeric, need, output, read_header,
-                     write_header)
+from ...errors import VlccValueError
+from ._codec import LOSSLESS_ID, Codec, check_numeric, need, output, read_header, write_header
 
 __all__ = ["Lossless"]
 
@@ -54,8 +54,11 @@ _COMPRESSORS = {
     "blosclz": blosc2.Codec.BLOSCLZ,
 }
 _COMPRESSOR_NAMES = list(_COMPRESSORS)
-_SHUFFLES = {"none": blosc2.Filter.NOFILTER, "byte": blosc2.Filter.SHUFFLE,
-             "bit": blosc2.Filter.BITSHUFFLE}
+_SHUFFLES = {
+    "none": blosc2.Filter.NOFILTER,
+    "byte": blosc2.Filter.SHUFFLE,
+    "bit": blosc2.Filter.BITSHUFFLE,
+}
 _SHUFFLE_NAMES = list(_SHUFFLES)
 _PARAMS = struct.Struct("<BBBBIQQ")
 
@@ -86,27 +89,34 @@ class Lossless(Codec):
     version = 1
     lossless = True  # decode(encode(x)) == x for every input
 
-    def __init__(self, clevel: int = 5, compressor: str = "lz4", shuffle: str = "byte",
-                 nthreads: int = 1):
+    def __init__(
+        self, clevel: int = 5, compressor: str = "lz4", shuffle: str = "byte", nthreads: int = 1
+    ):
         if not isinstance(clevel, (int, np.integer)) or not 0 <= clevel <= 9:
-            raise ValueError(f"clevel must be an integer in 0..9, got {clevel!r}")
+            raise VlccValueError(f"clevel must be an integer in 0..9, got {clevel!r}")
         if compressor not in _COMPRESSORS:
-            raise ValueError(f"compressor must be one of {_COMPRESSOR_NAMES}, got {compressor!r}")
+            raise VlccValueError(
+                f"compressor must be one of {_COMPRESSOR_NAMES}, got {compressor!r}"
+            )
         if shuffle not in _SHUFFLES:
-            raise ValueError(f"shuffle must be one of {_SHUFFLE_NAMES}, got {shuffle!r}")
+            raise VlccValueError(f"shuffle must be one of {_SHUFFLE_NAMES}, got {shuffle!r}")
         if not isinstance(nthreads, (int, np.integer)) or nthreads < 1:
-            raise ValueError(f"nthreads must be a positive integer, got {nthreads!r}")
+            raise VlccValueError(f"nthreads must be a positive integer, got {nthreads!r}")
         self.clevel = int(clevel)
         self.compressor = compressor
         self.shuffle = shuffle
         self.nthreads = int(nthreads)
 
     def _parameters(self) -> dict[str, Any]:
-        return {"clevel": self.clevel, "compressor": self.compressor, "shuffle": self.shuffle,
-                "nthreads": self.nthreads}
+        return {
+            "clevel": self.clevel,
+            "compressor": self.compressor,
+            "shuffle": self.shuffle,
+            "nthreads": self.nthreads,
+        }
 
     @classmethod
-    def _default_instance(cls) -> "Lossless":
+    def _default_instance(cls) -> Lossless:
         return cls()
 
     def encode(self, array: np.ndarray) -> bytes:
@@ -128,13 +138,28 @@ class Lossless(Codec):
         # (still exact, just less effective).
         typesize = itemsize if itemsize <= 255 else 1
         for start in range(0, data.size, chunk):
-            chunks.append(blosc2.compress2(
-                data[start:start + chunk], codec=_COMPRESSORS[self.compressor],
-                clevel=self.clevel, typesize=typesize,
-                filters=[_SHUFFLES[self.shuffle]], filters_meta=[0],
-                nthreads=self.nthreads))
-        parts.append(_PARAMS.pack(_COMPRESSOR_NAMES.index(self.compressor), self.clevel,
-                                  _SHUFFLE_NAMES.index(self.shuffle), 0, 0, chunk, len(chunks)))
+            chunks.append(
+                blosc2.compress2(
+                    data[start : start + chunk],
+                    codec=_COMPRESSORS[self.compressor],
+                    clevel=self.clevel,
+                    typesize=typesize,
+                    filters=[_SHUFFLES[self.shuffle]],
+                    filters_meta=[0],
+                    nthreads=self.nthreads,
+                )
+            )
+        parts.append(
+            _PARAMS.pack(
+                _COMPRESSOR_NAMES.index(self.compressor),
+                self.clevel,
+                _SHUFFLE_NAMES.index(self.shuffle),
+                0,
+                0,
+                chunk,
+                len(chunks),
+            )
+        )
         parts.append(struct.pack(f"<{len(chunks)}Q", *(len(c) for c in chunks)))
         parts.extend(chunks)
         return b"".join(parts)
@@ -154,28 +179,36 @@ class Lossless(Codec):
         return decode_payload(view, offset, dtype, shape, out, self.nthreads)
 
 
-def decode_payload(view: memoryview, offset: int, dtype: np.dtype, shape: tuple[int, ...],
-                   out: np.ndarray | None, nthreads: int = 1) -> np.ndarray:
+def decode_payload(
+    view: memoryview,
+    offset: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    out: np.ndarray | None,
+    nthreads: int = 1,
+) -> np.ndarray:
     """Decode the Lossless part of a blob that starts at ``offset``."""
     need(view, offset + _PARAMS.size, "the Lossless parameters")
     comp, clevel, shuf, _, _, chunk, nchunks = _PARAMS.unpack_from(view, offset)
     if comp >= len(_COMPRESSOR_NAMES) or shuf >= len(_SHUFFLE_NAMES) or clevel > 9:
-        raise ValueError("corrupt Lossless parameters in blob")
+        raise VlccValueError("corrupt Lossless parameters in blob")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if chunk <= 0 or nchunks != -(-nbytes // chunk):
-        raise ValueError(f"corrupt Lossless blob: {nchunks} chunks of {chunk} bytes "
-                         f"cannot hold {nbytes} bytes")
+        raise VlccValueError(
+            f"corrupt Lossless blob: {nchunks} chunks of {chunk} bytes cannot hold {nbytes} bytes"
+        )
     offset += _PARAMS.size
     need(view, offset + 8 * nchunks, "the Lossless chunk table")
     lengths = struct.unpack_from(f"<{nchunks}Q", view, offset)
     offset += 8 * nchunks
     if offset + sum(lengths) != len(view):
-        raise ValueError(
+        raise VlccValueError(
             f"truncated or padded Lossless blob: the chunks need {offset + sum(lengths)} bytes, "
-            f"the blob has {len(view)}")
+            f"the blob has {len(view)}"
+        )
     chunks = []
     for i, length in enumerate(lengths):
-        src = view[offset:offset + length]
+        src = view[offset : offset + length]
         offset += length
         expect = min(chunk, nbytes - i * chunk)
         try:
@@ -183,16 +216,19 @@ def decode_payload(view: memoryview, offset: int, dtype: np.dtype, shape: tuple[
         except Exception:
             raw, cbytes = -1, -1
         if raw != expect or cbytes != length:
-            raise ValueError(f"corrupt Lossless chunk {i}: it says {raw} raw / {cbytes} compressed "
-                             f"bytes, expected {expect} / {length}")
+            raise VlccValueError(
+                f"corrupt Lossless chunk {i}: it says {raw} raw / {cbytes} compressed "
+                f"bytes, expected {expect} / {length}"
+            )
         chunks.append(src)
     result = output(out, dtype, shape)  # only now: the chunks agree with the shape
     dst = memoryview(result.reshape(-1).view(np.uint8)) if nbytes else None
     for i, src in enumerate(chunks):
         start = i * chunk
         try:
-            blosc2.decompress2(src, dst=dst[start:start + min(chunk, nbytes - start)],
-                               nthreads=nthreads)
+            blosc2.decompress2(
+                src, dst=dst[start : start + min(chunk, nbytes - start)], nthreads=nthreads
+            )
         except (RuntimeError, ValueError) as err:
-            raise ValueError(f"corrupt Lossless chunk {i}: {err}") from None
+            raise VlccValueError(f"corrupt Lossless chunk {i}: {err}") from None
     return result

@@ -24,6 +24,7 @@ import struct
 
 import numpy as np
 
+from ...errors import VlccValueError
 from ._codec import need
 from ._lossless import Lossless
 
@@ -34,15 +35,22 @@ def compresses(dtype: np.dtype) -> bool:
     return dtype in (np.float32, np.float64) and dtype.byteorder != ">"
 
 
-def decode_fallback(view: memoryview, offset: int, nbytes: int, out: np.ndarray | None,
-                    dtype: np.dtype, shape: tuple[int, ...], who: str) -> np.ndarray:
+def decode_fallback(
+    view: memoryview,
+    offset: int,
+    nbytes: int,
+    out: np.ndarray | None,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    who: str,
+) -> np.ndarray:
     """The array of the inner :class:`Lossless` blob at ``view[offset:offset+nbytes]``
     (into `out` when given), which must have the outer blob's `dtype` and
     `shape`; a ``ValueError`` naming `who` if not."""
     need(view, offset + nbytes, "the lossless payload")
-    inner = Lossless._decoder().decode(view[offset:offset + nbytes], out=out)
+    inner = Lossless._decoder().decode(view[offset : offset + nbytes], out=out)
     if inner.dtype != dtype or inner.shape != shape:
-        raise ValueError(f"corrupt {who} blob: the inner array does not match the header")
+        raise VlccValueError(f"corrupt {who} blob: the inner array does not match the header")
     return inner
 
 
@@ -55,29 +63,30 @@ def pack_exceptions(lossless: Lossless, idx: np.ndarray, flat: np.ndarray) -> by
     return struct.pack("<Q", len(a)) + a + lossless.encode(flat[idx])
 
 
-def patch_exceptions(view: memoryview, offset: int, nbytes: int, n_exc: int, flat: np.ndarray,
-                     who: str) -> None:
+def patch_exceptions(
+    view: memoryview, offset: int, nbytes: int, n_exc: int, flat: np.ndarray, who: str
+) -> None:
     """Write the ``n_exc`` values of the table at ``view[offset:offset+nbytes]``
     into ``flat``; a ``ValueError`` naming ``who`` if the table is corrupt."""
     need(view, offset + nbytes, "the exception table")
     if nbytes < 8:
-        raise ValueError(f"corrupt {who} blob: bad exception table")
+        raise VlccValueError(f"corrupt {who} blob: bad exception table")
     (la,) = struct.unpack_from("<Q", view, offset)
     if 8 + la > nbytes:
-        raise ValueError(f"corrupt {who} blob: bad exception table")
+        raise VlccValueError(f"corrupt {who} blob: bad exception table")
     if not 0 < n_exc <= flat.size:
-        raise ValueError(f"corrupt {who} blob: {n_exc} exceptions in {flat.size} values")
+        raise VlccValueError(f"corrupt {who} blob: {n_exc} exceptions in {flat.size} values")
     lossless = Lossless._decoder()
     # decoded into arrays of the declared size: a table claiming more is refused
     # before anything is allocated for it
     deltas = np.empty(n_exc, np.int64)
     values = np.empty(n_exc, flat.dtype)
     try:
-        lossless.decode(view[offset + 8:offset + 8 + la], out=deltas)
-        lossless.decode(view[offset + 8 + la:offset + nbytes], out=values)
+        lossless.decode(view[offset + 8 : offset + 8 + la], out=deltas)
+        lossless.decode(view[offset + 8 + la : offset + nbytes], out=values)
     except ValueError as err:
-        raise ValueError(f"corrupt {who} blob: bad exception table ({err})") from None
+        raise VlccValueError(f"corrupt {who} blob: bad exception table ({err})") from None
     idx = np.cumsum(deltas)
     if idx[0] < 0 or idx[-1] >= flat.size or np.any(deltas[1:] <= 0):
-        raise ValueError(f"corrupt {who} blob: exception indices out of range")
+        raise VlccValueError(f"corrupt {who} blob: exception indices out of range")
     flat[idx] = values

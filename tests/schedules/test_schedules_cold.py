@@ -1,0 +1,327 @@
+"""The plain-Python paths of the schedules agree with their numba kernels.
+
+Small schedules are built, replayed and planned in plain Python so that the
+first schedule of a process never waits for numba; large ones by the numba
+kernels.  Both paths are forced here, one against the other: tables byte for
+byte, replay results (errors included) and I/O plans exactly.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from vlcc_adjoint.schedules import (
+    Advance,
+    Delete,
+    InvalidScheduleError,
+    Level,
+    Load,
+    Move,
+    Multistage,
+    Online,
+    Periodic,
+    Reverse,
+    Revolve,
+    Save,
+    Schedule,
+    StoreAll,
+    _io_plan,
+    _revolve,
+    _simulate,
+    actions_to_table,
+    io_plan,
+    simulate,
+)
+from vlcc_adjoint.schedules._jit import LazyKernel, PythonBudget, njit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _same(x, y) -> bool:
+    """Tuples of ints and arrays equal item by item, arrays in dtype too."""
+    if len(x) != len(y):
+        return False
+    for u, v in zip(x, y):
+        if isinstance(u, np.ndarray) or isinstance(v, np.ndarray):
+            u, v = np.asarray(u), np.asarray(v)
+            if u.dtype != v.dtype or u.shape != v.shape or u.tobytes() != v.tobytes():
+                return False
+        elif int(u) != int(v):
+            return False
+    return True
+
+
+def _both_tables(n, c):
+    c = min(c, max(n - 1, 1))
+    return (_revolve.revolve_table(n, c, python=True), _revolve.revolve_table(n, c, python=False))
+
+
+@pytest.mark.parametrize("n", list(range(1, 70)) + [100, 257, 1000, 4321])
+def test_revolve_python_table_is_the_kernel_table_byte_for_byte(n):
+    for c in (1, 2, 3, 4, 5, 7, 10, 40, 200):
+        py, nb = _both_tables(n, c)
+        assert py.dtype == nb.dtype
+        assert py.tobytes() == nb.tobytes(), (n, c)
+
+
+def test_revolve_tables_agree_below_at_and_above_the_threshold():
+    limit = _revolve._python_steps.limit
+    for n in (limit - 1, limit, limit + 1):
+        for c in (3, 25):
+            py, nb = _both_tables(n, c)
+            assert py.tobytes() == nb.tobytes(), (n, c)
+    # The default choice: Python exactly up to the limit, the kernel above it.
+    kernel = LazyKernel(lambda: None, {})
+    assert PythonBudget(limit).take(limit, kernel)
+    assert not PythonBudget(limit).take(limit + 1, kernel)
+
+
+def test_python_budget_is_spent_then_the_kernel_takes_over():
+    kernel = LazyKernel(lambda: None, {})
+    budget = PythonBudget(100)
+    assert budget.take(60, kernel)
+    assert budget.take(40, kernel)
+    assert not budget.take(1, kernel)
+    fresh = PythonBudget(100)
+    kernel._dispatcher = object()  # a loaded kernel is always cheaper to run
+    assert not fresh.take(1, kernel)
+
+
+def test_revolve_default_path_matches_both_forced_paths(monkeypatch):
+    for budget in (PythonBudget(0), PythonBudget(10**9)):
+        monkeypatch.setattr(_revolve, "_python_steps", budget)
+        for n, c in ((1, 1), (2, 5), (100, 10), (999, 3)):
+            py, _ = _both_tables(n, c)
+            assert Revolve(n, c).table.tobytes() == py.tobytes()
+
+
+def _schedules():
+    out = [Revolve(n, c) for n in (1, 2, 3, 10, 101, 1000) for c in (1, 2, 4, 9)]
+    out += [
+        StoreAll(1),
+        StoreAll(40, level=1),
+        Periodic(57, 8),
+        Periodic(60, 7, level=1),
+        Periodic(30, 4, level=0, buffer_level=2),
+        Online(300, snapshots=5),
+        Online(9, snapshots=1),
+    ]
+    out += [
+        Multistage(60, [Level(3), Level(8, 2.0, 2.0)]),
+        Multistage(40, [Level(2), Level(3, 0.5, 0.5), Level(10, 3.0, 4.0)], forward_cost=1.0),
+    ]
+    # A schedule with Moves (none of the classes above moves a record).
+    moving = [
+        Save(0, 1),
+        Advance(0, 2),
+        Save(2, 1),
+        Reverse(2),
+        Move(0, 1, 0),
+        Move(2, 1, 0),
+        Load(2, 0),
+        Delete(2, 0),
+        Move(0, 0, 1),
+        Load(0, 1),
+        Advance(0, 1),
+        Reverse(1),
+        Load(0, 1),
+        Delete(0, 1),
+        Reverse(0),
+    ]
+    out.append(Schedule(actions_to_table(moving), 3, (Level(2), Level(2))))
+    return out
+
+
+def _replay_args(schedule):
+    t = schedule.table
+    big = np.iinfo(np.int64).max
+    slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
+    return (t["kind"], t["a"], t["b"], t["level"], t["dst"], schedule.n_steps, slots)
+
+
+def test_replay_python_equals_kernel_on_every_schedule_class():
+    for schedule in _schedules():
+        args = _replay_args(schedule)
+        py = _simulate._replay_python(*args)
+        assert py[0] == 0, schedule
+        assert _same(py, _simulate._replay_kernel(*args)), schedule
+
+
+def _mutants(schedule, rng, count):
+    """Tables with one random defect each (a field changed, a row dropped or swapped)."""
+    t = schedule.table
+    for _ in range(count):
+        m = t.copy()
+        i = int(rng.integers(len(m)))
+        what = int(rng.integers(7))
+        if what == 0:
+            m["kind"][i] = rng.integers(0, 8)
+        elif what == 1:
+            m["a"][i] += rng.integers(-3, 4)
+        elif what == 2:
+            m["b"][i] = rng.integers(-1, schedule.n_steps + 3)
+        elif what == 3:
+            m["level"][i] = rng.integers(-1, 4)
+        elif what == 4:
+            m["dst"][i] = rng.integers(-1, 4)
+        elif what == 5:
+            m = np.delete(m, i)
+        else:
+            j = int(rng.integers(len(m)))
+            m[[i, j]] = m[[j, i]]
+        yield m
+
+
+def test_replay_python_equals_kernel_on_broken_tables_with_every_error():
+    rng = np.random.default_rng(7)
+    errors = set()
+    for schedule in _schedules():
+        if len(schedule.table) < 2:
+            continue
+        for table in _mutants(schedule, rng, 60):
+            broken = Schedule(table, schedule.n_steps, schedule.levels)
+            args = _replay_args(broken)
+            py = _simulate._replay_python(*args)
+            assert _same(py, _simulate._replay_kernel(*args)), (schedule, table)
+            errors.add(int(py[0]))
+    # Moves are rare in the schedules: two tables that break them.
+    for actions in ([Move(0, 0, 1)], [Save(0, 0), Save(0, 1), Move(0, 0, 1)]):
+        args = _replay_args(Schedule(actions_to_table(actions), 3, (Level(2), Level(2))))
+        py = _simulate._replay_python(*args)
+        assert _same(py, _simulate._replay_kernel(*args)), actions
+        errors.add(int(py[0]))
+    # The defects reach every check the replay makes.
+    assert errors >= set(range(1, 17)), sorted(errors)
+
+
+def test_simulate_gives_the_same_stats_and_errors_through_both_paths(monkeypatch):
+    rng = np.random.default_rng(11)
+    cases = list(_schedules())
+    cases += [
+        Schedule(t, s.n_steps, s.levels)
+        for s in cases[:8]
+        if len(s.table) > 1
+        for t in _mutants(s, rng, 5)
+    ]
+    results = []
+    for budget in (PythonBudget(10**9), PythonBudget(0)):
+        monkeypatch.setattr(_simulate, "_python_rows", budget)
+        got = []
+        for schedule in cases:
+            try:
+                got.append(simulate(schedule))
+            except InvalidScheduleError as error:
+                got.append((str(error), error.index))
+        results.append(got)
+    assert results[0] == results[1]
+
+
+def _scan_args(schedule):
+    t = schedule.table
+    kind = t["kind"]
+    nsaves = int(np.count_nonzero((kind == 1) | (kind == 4)))
+    nloads = int(np.count_nonzero((kind == 2) | (kind == 4)))
+    return (
+        t["kind"],
+        t["a"],
+        t["level"],
+        t["dst"],
+        schedule.n_steps,
+        len(schedule.levels),
+        nsaves,
+        nloads,
+    )
+
+
+def test_io_plan_scan_python_equals_kernel():
+    moves = 0
+    for schedule in _schedules():
+        args = _scan_args(schedule)
+        assert _same(_io_plan._scan_python(*args), _io_plan._scan_kernel(*args)), schedule
+        moves += int(np.count_nonzero(schedule.table["kind"] == 4))
+    assert moves > 0  # the scans were compared on Moves too
+
+
+def test_io_plan_is_the_same_through_both_paths(monkeypatch):
+    plans = []
+    for budget in (PythonBudget(10**9), PythonBudget(0)):
+        monkeypatch.setattr(_io_plan, "_python_rows", budget)
+        plans.append([io_plan(s) for s in _schedules()])
+    for a, b in zip(*plans):
+        assert a.records.tobytes() == b.records.tobytes()
+        assert np.array_equal(a.record_of_action, b.record_of_action)
+        assert len(a.levels) == len(b.levels)
+        for x, y in zip(a.levels, b.levels):
+            for name in ("index", "step", "record", "next_read_of_record"):
+                assert np.array_equal(getattr(x, name), getattr(y, name)), name
+
+
+def test_lazy_kernels_call_each_other_and_compile_once_called():
+    @njit(nogil=True)
+    def inner(x):
+        return x + 1
+
+    @njit(nogil=True)
+    def outer(x):
+        return inner(x) * 2
+
+    assert not inner.loaded and not outer.loaded
+    assert outer(3) == 8
+    assert outer.loaded and inner.loaded  # the caller's compilation typed the callee
+
+
+def _run(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_first_small_schedule_runs_no_numba_kernel():
+    out = _run("""
+        import vlcc_adjoint
+        from vlcc_adjoint.schedules import _io_plan, _revolve, _simulate
+        s = vlcc_adjoint.Revolve(100, 10)
+        s.stats()
+        vlcc_adjoint.io_plan(s)
+        print(_revolve._revolve_fill.loaded, _simulate._replay_block.loaded,
+              _io_plan._scan_block.loaded)
+    """)
+    assert out.split() == ["False", "False", "False"]
+
+
+def test_import_and_a_small_schedule_do_not_import_numba():
+    out = _run("""
+        import sys
+        import vlcc_adjoint
+        vlcc_adjoint.Revolve(100, 10).stats()
+        print("numba" in sys.modules)
+    """)
+    assert out.split() == ["False"]
+
+
+def test_load_kernels_makes_every_size_run_the_kernels():
+    out = _run("""
+        import vlcc_adjoint
+        from vlcc_adjoint.schedules import _io_plan, _jit, _revolve, _simulate, load_kernels
+        load_kernels()
+        left = (_revolve._python_steps.left, _simulate._python_rows.left,
+                _io_plan._python_rows.left)
+        s = vlcc_adjoint.Revolve(100, 10)
+        s.stats()
+        vlcc_adjoint.io_plan(s)
+        spent = left != (_revolve._python_steps.left, _simulate._python_rows.left,
+                         _io_plan._python_rows.left)
+        print(all(k.loaded for k in _jit._KERNELS), len(_jit._KERNELS) > 3, spent)
+    """)
+    assert out.split() == ["True", "True", "False"]  # no plain-Python work charged
