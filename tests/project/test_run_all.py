@@ -4,6 +4,7 @@ says while it runs.  Nothing here runs a benchmark: ``run_one`` and
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -121,12 +122,20 @@ def test_a_run_shows_progress_and_says_where_it_wrote(tmpdir_env, monkeypatch, c
 def test_no_benchmark_script_writes_into_the_source_tree_by_default(script, tmpdir_env):
     """Each script's own ``--out`` default (read from its source, so no
     benchmark runs) is the folder run_all uses."""
-    line = [ln for ln in script.read_text().splitlines() if '"--out"' in ln and "default=" in ln]
-    assert len(line) == 1, f"{script.name}: one --out argument with a default"
-    default = line[0].split("default=", 1)[1]
-    assert default.startswith(
-        'os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")'
-    ), line[0]
+    calls = [
+        node
+        for node in ast.walk(ast.parse(script.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
+        and any(isinstance(a, ast.Constant) and a.value == "--out" for a in node.args)
+    ]
+    assert len(calls) == 1, f"{script.name}: one --out argument"
+    default = [kw.value for kw in calls[0].keywords if kw.arg == "default"]
+    assert len(default) == 1, f"{script.name}: the --out argument has a default"
+    assert ast.unparse(default[0]) == (
+        "os.path.join(os.environ.get('TMPDIR') or '/tmp', 'vlcc-bench-results')"
+    ), ast.unparse(default[0])
     assert run_all.default_out() == tmpdir_env / "vlcc-bench-results"
 
 

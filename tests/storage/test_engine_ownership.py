@@ -202,11 +202,6 @@ def test_buffer_pool_is_public():
     assert buf.shape == (4,) and buf.flags.writeable
 
 
-def test_engine_modules_are_small():
-    for path in sorted((ROOT / "storage" / "_engine").glob("*.py")):
-        assert len(path.read_text().splitlines()) < 600, path
-
-
 # -- no array library named in the core -------------------------------------------------------
 
 
