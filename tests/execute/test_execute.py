@@ -106,7 +106,9 @@ def test_online_needs_a_stop_criterion_and_respects_max_steps():
     with pytest.raises(ValueError, match="stop="):
         run_adjoint(step, Online(snapshots=4), u0, lambda u: u)
     with pytest.raises(RuntimeError, match="max_steps=10"):
-        run_adjoint(step, Online(snapshots=4), u0, lambda u: u, stop=lambda u, i: False, max_steps=10)
+        run_adjoint(
+            step, Online(snapshots=4), u0, lambda u: u, stop=lambda u, i: False, max_steps=10
+        )
 
 
 def test_adj_final_may_be_an_array():

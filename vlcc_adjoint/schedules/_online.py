@@ -133,11 +133,17 @@ def _arguments(args: tuple, steps, snapshots) -> tuple:
             "when the number of steps is unknown"
         )
     old_steps = args[1] if len(args) == 2 else steps
-    new = f"Online({old_steps}, snapshots={args[0]})" if old_steps is not None else \
-        f"Online(snapshots={args[0]})"
+    new = (
+        f"Online({old_steps}, snapshots={args[0]})"
+        if old_steps is not None
+        else f"Online(snapshots={args[0]})"
+    )
     warnings.warn(
         f"Online(snapshots, steps) is the old argument order; write {new}, in the order "
-        "of Revolve(steps, snapshots)", DeprecationWarning, stacklevel=3)
+        "of Revolve(steps, snapshots)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return old_steps, args[0]
 
 
@@ -168,8 +174,7 @@ class Online(Schedule):
     the module docstring.
     """
 
-    def __init__(self, *args: int | None, steps: int | None = None,
-                 snapshots: int | None = None):
+    def __init__(self, *args: int | None, steps: int | None = None, snapshots: int | None = None):
         steps, snapshots = _arguments(args, steps, snapshots)
         self.snapshots = check_positive_int(snapshots, "snapshots")
         self._p = (self.snapshots + 1) // 2
