@@ -45,7 +45,7 @@ import dataclasses
 import numba
 import numpy as np
 
-from ..errors import VlccValueError
+from ..errors import VlccRuntimeError, VlccValueError
 from ..schedules import Schedule, simulate
 from ..schedules.actions import ActionKind
 
@@ -244,13 +244,20 @@ class Program:
     @property
     def rev_row(self) -> np.ndarray:
         """``int32[n]``: the buffer row holding ``u_{n-1-k}`` at adjoint step ``k``."""
-        r = self.rev_row_coded
+        r = self._coded()
         return np.where(r < 0, -1 - r, r).astype(np.int32)
 
     @property
     def rev_reads(self) -> np.ndarray:
         """``bool[n]``: whether adjoint step ``k``'s read stands for a ``Load``."""
-        return self.rev_row_coded < 0
+        return np.asarray(self._coded() < 0)
+
+    def _coded(self) -> np.ndarray:
+        if self.rev_row_coded is None:
+            raise VlccRuntimeError(
+                "this Program was built without its reverse rows (rev_row_coded)"
+            )
+        return self.rev_row_coded
 
     @property
     def levels(self) -> int:

@@ -292,7 +292,8 @@ def decode_metadata(
             continue
         if it.get("kind") != "tensor":
             raise VlccValueError(f"item {fqn!r} has an unknown kind")
-        dtype = _DTYPES.get(it.get("dtype")) if isinstance(it.get("dtype"), str) else None
+        name = it.get("dtype")
+        dtype = _DTYPES.get(name) if isinstance(name, str) else None
         if dtype is None:
             raise VlccValueError(f"item {fqn!r} has an unknown dtype {it.get('dtype')!r:.40}")
         size = _ints(it.get("size"), f"the size of {fqn!r}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import uuid
@@ -273,18 +274,31 @@ class VlccWriter(StorageWriter, AsyncStager):
         fut.set_result(results)
         return fut
 
+    def _pack_buffer(self, nbytes: int) -> np.ndarray:
+        """The buffer packs are assembled in, of at least `nbytes` (reused
+        from one save to the next, grown when a save needs more)."""
+        if self._pack is None or self._pack.nbytes < nbytes:
+            self._pack = np.empty(nbytes, np.uint8)
+        return self._pack
+
     def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
         h = self._open()
         parent = (plan.storage_data or {}).get("parent")
         slot = (plan.storage_data or {}).get("slot", self.rank)  # unique per rank
         results: list[WriteResult] = []
-        own, small = [], []  # (item, array)
+        own: list[tuple[Any, np.ndarray]] = []  # (item, array)
+        small: list[tuple[Any, np.ndarray]] = []
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
                 if hasattr(planner, "lookup_object"):
                     obj = planner.lookup_object(item.index)
                 else:  # a planner of another kind: its stream, read back as plain data
                     stream = planner.resolve_data(item)
+                    if not isinstance(stream, io.BytesIO):
+                        raise VlccTypeError(
+                            f"the planner resolved the bytes item {item.index.fqn!r} to a "
+                            f"{type(stream).__name__}, not a byte stream"
+                        )
                     stream.seek(0)
                     obj = torch.load(stream, weights_only=True)
                 value = encode_value(obj, f"state_dict[{item.index.fqn!r}]")
@@ -322,13 +336,10 @@ class VlccWriter(StorageWriter, AsyncStager):
                     storage_data={"key": key, "leaf": entry},
                 )
             )
-        if packs:
-            need = min(PACK_BYTES, sum(a.nbytes for _, a in small))
-            if self._pack is None or self._pack.nbytes < need:
-                self._pack = np.empty(need, np.uint8)
+        buffer = self._pack_buffer(min(PACK_BYTES, sum(a.nbytes for _, a in small)))
         for pack, pack_key in zip(packs, pack_keys):
             _, last, end = pack[-1]
-            view = self._pack[: end + last.nbytes]  # the pack's bytes, at the buffer's start
+            view = buffer[: end + last.nbytes]  # the pack's bytes, at the buffer's start
             for item, arr, off in pack:
                 view[off : off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
             (entry,) = h.stage(
@@ -356,7 +367,8 @@ class VlccWriter(StorageWriter, AsyncStager):
         packs of the changing ones are written.
         """
         digests: dict[str, bytes] = {}
-        same, other = [], []
+        same: list[Any] = []
+        other: list[Any] = []
         for item, arr in small:
             key = storage_key(item.index)
             digests[key] = hashlib.blake2b(arr.reshape(-1).view(np.uint8), digest_size=16).digest()
@@ -422,7 +434,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         first = h.stage([np.frombuffer(packed, np.uint8)])[0]
         self.written_bytes += first["written"]
         leaves = [first] + [entries[k] for k in keys]
-        meta = {} if self.step is None else {"step": self.step}
+        meta: dict[str, Any] = {} if self.step is None else {"step": self.step}
         meta.update(self.meta)
         meta[META_KEY] = {
             "format": FORMAT,

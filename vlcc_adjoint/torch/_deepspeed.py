@@ -181,33 +181,35 @@ class VlccCheckpointEngine:
         self.optimizer = optimizer
         self.defer = bool(defer)
         self.wait_on_commit = wait_on_commit
-        self._history_opts = dict(
+        self._history_opts: dict[str, Any] = dict(
             chunk_bytes=chunk_bytes, codec=codec, durable=durable, capture="copy"
         )
-        self._history = None
-        self._history_path = None
+        self._history: History | None = None
+        self._history_path: str | None = None
         self._own_history = False
-        if history is not None and hasattr(history, "commit"):
+        if history is not None and not isinstance(history, (str, os.PathLike)):
             self._history = history
             self._history_path = history.path
         elif history is not None:
             self._history_path = os.path.abspath(os.fspath(history))
-        self._readers: dict[str, object] = {}
+        self._readers: dict[str, History] = {}
         self._info = None
         self._ds_info = None
-        self._lock = threading.Condition()
+        mutex = threading.RLock()  # one lock, two conditions on it
+        self._lock = threading.Condition(mutex)
         self._jobs: collections.deque = collections.deque()
         self._pending: list[_Job] = []  # jobs of the tag being saved (for commit)
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._publish: collections.deque = collections.deque()  # (info, jobs) to publish
-        self._publisher = None
-        self._published = threading.Condition(self._lock)
+        self._publisher: threading.Thread | None = None
+        self._published = threading.Condition(mutex)
         self._latest_seq = itertools.count()
         self._latest_done = -1
         self._closed = False
-        self._error = None
-        self._hooks = []
-        self.timings = collections.Counter()  # seconds: save, commit_wait
+        self._error: BaseException | None = None
+        self._hooks: list[Any] = []  # torch hook handles (removed on close)
+        self.timings: collections.defaultdict[str, float] = collections.defaultdict(float)
+        # seconds spent in save and waiting in commit ("save", "commit_wait")
         self._finalizer = weakref.finalize(self, _shutdown, self._lock, self._jobs, self._publish)
         if "deepspeed" in sys.modules:  # a virtual subclass of DeepSpeed's ABC
             try:
@@ -492,7 +494,7 @@ class VlccCheckpointEngine:
             self.commit()
 
     def _write_pointer(self, path: str, vid: str, tag) -> None:
-        rel = os.path.relpath(self._history_path, os.path.dirname(path))
+        rel = os.path.relpath(self.history().path, os.path.dirname(path))
         doc = {
             "format": POINTER_FORMAT,
             "history": rel,

@@ -168,7 +168,8 @@ def _dense_permutation(t: torch.Tensor):
     permuted layout (a transpose); ``None`` for contiguous or other layouts."""
     if t.is_contiguous() or t.dim() < 2:
         return None
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    strides = t.stride()
+    order = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
     p = t.permute(order)
     return order if p.is_contiguous() else None
 
@@ -250,7 +251,7 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._stop = False
         self._closed = False
         self._error = None
-        self._n = collections.Counter()
+        self._n: collections.Counter[str] = collections.Counter()
         self._peak = dict(kept=0, staging=0, prefetch=0, total=0)
         self._stall = 0.0
 

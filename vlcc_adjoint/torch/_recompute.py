@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import Any
 
 import torch
 
@@ -150,7 +151,7 @@ def foreign_leaf(outs, ours: set, stops: set):
     graph, which autograd reaches through the Function's inputs).
     """
     stack = [o.grad_fn for o in outs if o.grad_fn is not None]
-    seen = set()
+    seen: set[Any] = set()  # autograd nodes visited
     while stack and len(seen) < _WALK_LIMIT:
         node = stack.pop()
         if node in seen or node in stops:

@@ -50,8 +50,12 @@ LOSSLESS_ID = 1
 ERROR_BOUNDED_ID = 2
 FIXED_RATE_ID = 3
 
+#: What ``decode`` reads: a blob's bytes, or a view of them (no copy).
+Blob = bytes | bytearray | memoryview
+
 _REGISTRY: dict[str, type[Codec]] = {}
 _BY_ID: dict[int, type[Codec]] = {}
+_DECODERS: dict[type[Codec], Codec] = {}  # one shared decoder per codec class
 
 
 class Codec(abc.ABC):
@@ -80,7 +84,7 @@ class Codec(abc.ABC):
         """Encode ``array`` into a self-describing blob."""
 
     @abc.abstractmethod
-    def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, blob: Blob, out: np.ndarray | None = None) -> np.ndarray:
         """Decode a blob written by this codec (into ``out`` when given)."""
 
     @abc.abstractmethod
@@ -111,10 +115,9 @@ class Codec(abc.ABC):
     def _decoder(cls) -> Codec:
         """A shared instance whose ``decode`` reads any blob of this codec
         (the parameters a decoder needs are in the blob)."""
-        inst = cls.__dict__.get("_shared_decoder")
+        inst = _DECODERS.get(cls)
         if inst is None:
-            inst = cls._default_instance()
-            cls._shared_decoder = inst
+            inst = _DECODERS.setdefault(cls, cls._default_instance())
         return inst
 
     @classmethod
@@ -149,7 +152,7 @@ def codec_from_config(config: dict[str, Any]) -> Codec:
         raise VlccValueError(f"bad configuration for {config['name']!r}: {err}") from None
 
 
-def decode(blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
+def decode(blob: Blob, out: np.ndarray | None = None) -> np.ndarray:
     """Decode any blob written by a codec of this package (it names its codec).
 
     **Arguments:**

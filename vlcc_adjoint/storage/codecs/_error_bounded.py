@@ -79,6 +79,7 @@ from ._bitpack import words_for_bits
 from ._bytepack import pack8, unpack8
 from ._codec import (
     ERROR_BOUNDED_ID,
+    Blob,
     Codec,
     Scratch,
     check_numeric,
@@ -293,7 +294,7 @@ class ErrorBounded(Codec):
             )
         )
 
-    def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, blob: Blob, out: np.ndarray | None = None) -> np.ndarray:
         """Decompress a blob written by :meth:`encode` (any ``abs_error``: the
         blob carries its own; format 1 and 2).
 

@@ -61,6 +61,7 @@ from ...errors import VlccValueError
 from ._bitpack import bits_float, finish, float_bits, pack_blocks, unpack_blocks, words_for_bits
 from ._codec import (
     FIXED_RATE_ID,
+    Blob,
     Codec,
     Scratch,
     check_numeric,
@@ -351,7 +352,7 @@ class FixedRate(Codec):
             (header, params, exps.data, b"\0" * pad, words[:nwords].view(np.uint8).data, exc_part)
         )
 
-    def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, blob: Blob, out: np.ndarray | None = None) -> np.ndarray:
         """Decompress a blob written by :meth:`encode` (any ``bits``: the blob
         carries its own).
 

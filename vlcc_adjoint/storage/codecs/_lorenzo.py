@@ -324,7 +324,7 @@ def _safe_magnitude(eb: float, dtype: np.dtype) -> np.int64:
         t = eb * 2.0**15 if eb >= 2.0**-100 else 0.0
     else:
         t = eb * 2.0**40 if eb >= 2.0**-1000 else 0.0
-    return np.array(min(t, 1e300)).view(np.int64)[()]
+    return np.int64(np.array(min(t, 1e300)).view(np.int64)[()])
 
 
 def lorenzo_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:

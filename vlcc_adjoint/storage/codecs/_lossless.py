@@ -41,7 +41,7 @@ import blosc2
 import numpy as np
 
 from ...errors import VlccValueError
-from ._codec import LOSSLESS_ID, Codec, check_numeric, need, output, read_header, write_header
+from ._codec import LOSSLESS_ID, Blob, Codec, check_numeric, need, output, read_header, write_header
 
 __all__ = ["Lossless"]
 
@@ -164,7 +164,7 @@ class Lossless(Codec):
         parts.extend(chunks)
         return b"".join(parts)
 
-    def decode(self, blob: bytes, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, blob: Blob, out: np.ndarray | None = None) -> np.ndarray:
         """Decompress a blob written by :meth:`encode`.
 
         **Arguments:**
@@ -222,7 +222,7 @@ def decode_payload(
             )
         chunks.append(src)
     result = output(out, dtype, shape)  # only now: the chunks agree with the shape
-    dst = memoryview(result.reshape(-1).view(np.uint8)) if nbytes else None
+    dst = result.reshape(-1).view(np.uint8).data  # a memoryview of the result's bytes
     for i, src in enumerate(chunks):
         start = i * chunk
         try:
