@@ -49,7 +49,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..errors import VlccValueError
-from ._comm import _mpi, active_guard, ensure_initialized, poll
+from ._comm import active_guard, ensure_initialized, mpi_module, poll
 from ._decomp import Decomposition
 
 __all__ = ["HaloExchange"]
@@ -197,7 +197,7 @@ class HaloExchange:
 
     def start(self, arr: np.ndarray) -> _Pending:
         """Start filling `arr`'s halos from the neighbours; ``.wait()`` the result."""
-        MPI = _mpi()
+        MPI = mpi_module()
         self._check(arr)
         reqs, unpack = [], []
         for a, side, q, send, recv in self._faces:
@@ -232,7 +232,7 @@ class HaloExchange:
         """Start the transpose of :meth:`exchange`: halo layers are added into
         the owners' boundary layers, then every halo of `arr` is zeroed (at
         ``.wait()``)."""
-        MPI = _mpi()
+        MPI = mpi_module()
         self._check(arr)
         reqs, adds = [], []
         for a, side, q, send, recv in self._faces:
