@@ -83,8 +83,11 @@ estimate, not a bound: the tests check the achieved error against exact
 runs on both examples at budgets ``1e-2 .. 1e-4``.  The a-posteriori check
 sees a sensitivity that grows below the pilots' bounds only when the run's
 error outgrows the pilots' (its difference to them then exceeds what (1)
-allows); a smaller jump is left to ``SAFETY``.  The cost is two to four runs of the schedule instead of
-one (the pilots compress more, so they fit wherever the final run does).
+allows); a smaller jump is left to ``SAFETY``.
+
+The cost is two to four runs of the schedule instead of one (at most
+:data:`MAX_RUNS`; the pilots compress more, so they fit wherever the final
+run does).
 Each run writes synchronously (``TieredStore(workers=0)``): every
 checkpoint on a lossy level is then read back decoded, so the estimate
 describes what ran (an asynchronous store serves some loads from the exact
