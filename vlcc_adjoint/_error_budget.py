@@ -287,7 +287,7 @@ def controlled_run(
     levels = lossy_levels(tiers)
     runs: list[BudgetRun] = []
     grads: list[tuple[float, list[np.ndarray]]] = []
-    totals = {"forward": 0, "seconds": 0.0}
+    forward_steps: list[int] = []  # of each run; its seconds are in runs
 
     def attempt(bound: float):
         if len(runs) >= MAX_RUNS:
@@ -309,8 +309,7 @@ def controlled_run(
         after = _bytes_put(tiers, levels)
         enc = after[1] - before[1]
         ratio = (after[0] - before[0]) / enc if enc > 0 else None
-        totals["forward"] += result.forward_steps
-        totals["seconds"] += seconds
+        forward_steps.append(result.forward_steps)
         value = gradient(result)
         if value is None:
             raise VlccValueError(
@@ -364,7 +363,7 @@ def controlled_run(
         compression_ratio=final.compression_ratio,
         sensitivity=k_hat,
         runs=tuple(runs),
-        forward_steps=totals["forward"],
-        wall_seconds=totals["seconds"],
+        forward_steps=sum(forward_steps),
+        wall_seconds=sum(r.seconds for r in runs),
     )
     return result, report

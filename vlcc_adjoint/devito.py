@@ -94,12 +94,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .budget import BudgetPlan
 from .errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from .execute import AdjointResult, run_adjoint
 from .schedules import Revolve, Schedule, StoreAll, default_snapshots
 
 if TYPE_CHECKING:
-    from .budget import BudgetPlan
     from .storage import TieredStore
 
 __all__ = ["DevitoSolver", "Revolver", "default_snapshots"]
@@ -202,6 +202,8 @@ def _data_address(range_op, name: str) -> int | None:
     arguments (``CheckpointOperator.args``, ``_KernelRange.args``); ``None``
     when unknown."""
     arg = getattr(range_op, "args", {}).get(name)
+    if arg is None:
+        return None
     try:
         return int(arg._obj.data.value)
     except (AttributeError, TypeError):
@@ -397,7 +399,7 @@ class DevitoSolver:
             for buf, src in zip(self.live, state):
                 np.copyto(buf, src)
             self._at_end = False
-        if self.recompute and not (self._at_end and step == self.n_steps - 1):
+        if self.recompute and not (self._at_end and step + 1 == self.n_steps):
             self._fwd.apply(t_start=step, t_end=step + 1)
         self._at_end = False
         self._rev.apply(t_start=step, t_end=step + 1)
@@ -449,8 +451,8 @@ class DevitoSolver:
         :class:`~vlcc_adjoint.execute.AdjointResult`; the gradient is in the
         reverse operator's fields.
         """
-        schedule, store, scratch = _resolve_schedule(schedule, steps, store)
-        self.n_steps = schedule.n_steps
+        resolved, store, scratch = _resolve_schedule(schedule, steps, store)
+        self.n_steps = resolved.n_steps
         self._at_end = False
 
         def between(_final_state):
@@ -462,7 +464,7 @@ class DevitoSolver:
             # check=False: the states are always the same buffers.
             return run_adjoint(
                 self,
-                schedule,
+                resolved,
                 self.live,
                 between,
                 store,
@@ -480,12 +482,14 @@ class DevitoSolver:
         return f"DevitoSolver(state=[{names}], offset={self.offset}, recompute={self.recompute})"
 
 
-def _remove(scratch):
+def _remove(scratch: str | None) -> None:
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _resolve_schedule(schedule, steps: int, store=None):
+def _resolve_schedule(
+    schedule: Schedule | int | BudgetPlan | None, steps: int, store: TieredStore | None = None
+) -> tuple[Schedule, TieredStore | None, str | None]:
     """``(schedule, store, scratch)`` from what a caller may give: a
     Schedule, an int (Revolve's snapshots), a BudgetPlan (with its store, on
     disk in the temporary directory `scratch` to remove after the run), or
@@ -494,7 +498,7 @@ def _resolve_schedule(schedule, steps: int, store=None):
         raise VlccValueError(f"the number of time steps must be an integer >= 1, got {steps!r}")
     steps = int(steps)
     scratch = None
-    if hasattr(schedule, "schedule") and hasattr(schedule, "make_store"):  # BudgetPlan
+    if isinstance(schedule, BudgetPlan):
         if store is None:
             if len(schedule.schedule.levels) > 1:
                 scratch = tempfile.mkdtemp(prefix="vlcc-devito-")
@@ -533,7 +537,7 @@ class _Sweeps:
     outcome.  It holds no reference to the :class:`Revolver`, so dropping
     one between the sweeps lets ``__del__`` release its worker."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.forward_done = threading.Event()
         self.go = threading.Event()
         self.cancel = False

@@ -471,8 +471,8 @@ def test_reader_finds_known_imports_of_every_kind():
     # under if TYPE_CHECKING
     assert (
         "vlcc_adjoint.devito",
-        "vlcc_adjoint.budget",
-        "BudgetPlan",
+        "vlcc_adjoint.storage",
+        "TieredStore",
         "for type checking only",
     ) in seen
     # ``from package import module`` resolves to the module

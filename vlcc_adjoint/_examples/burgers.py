@@ -54,11 +54,15 @@ method is the transposed stage recursion, as above).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
 from ..errors import VlccValueError
+
+if TYPE_CHECKING:
+    from ..execute import AdjointResult
 
 __all__ = ["BurgersProblem"]
 
@@ -235,7 +239,7 @@ class BurgersProblem:
         if self.sensors.size and (self.sensors.min() < 0 or self.sensors.max() >= self.n_cells):
             raise VlccValueError("sensor indices must lie in [0, n_cells)")
         self.sensor_weight = float(sensor_weight)
-        self.last_run = None
+        self.last_run: AdjointResult | None = None
 
         self._idx = 1.0 / self.dx
         self._nu_idx2 = self.nu / self.dx**2
@@ -352,10 +356,9 @@ class BurgersProblem:
         from ..execute import run_adjoint
 
         u = self.initial_state() if u0 is None else self._check_state(u0, "u0")
-        self.last_run = run_adjoint(
-            self, schedule, u, self.final_adjoint, store=store, progress=progress
-        )
-        return self.last_run.adjoint
+        result = run_adjoint(self, schedule, u, self.final_adjoint, store=store, progress=progress)
+        self.last_run = result
+        return result.adjoint
 
     def __repr__(self) -> str:
         return (

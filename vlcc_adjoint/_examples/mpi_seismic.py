@@ -52,7 +52,14 @@ import numba
 import numpy as np
 
 from ..errors import VlccValueError
-from ..mpi import Decomposition, DistributedArray, HaloExchange, ensure_initialized, run_adjoint
+from ..mpi import (
+    Decomposition,
+    DistributedAdjointResult,
+    DistributedArray,
+    HaloExchange,
+    ensure_initialized,
+    run_adjoint,
+)
 from .seismic import SeismicProblem, WaveState
 from .wave_kernels import RADIUS as _R
 from .wave_kernels import RING_ROWS as _S
@@ -126,6 +133,8 @@ class DistributedSeismic:
         self.halo = HaloExchange(comm, decomposition, (_R, 0))
         # Rows that need no halo (updated while the messages travel), and the
         # R rows at each end (after); a block of at most 2R rows is all edge.
+        self._inner: tuple[int, int]
+        self._edges: tuple[tuple[int, int], ...]
         if self.nl > 2 * _R:
             self._inner, self._edges = (_R, self.nl - _R), ((0, _R), (self.nl - _R, self.nl))
         else:
@@ -146,8 +155,8 @@ class DistributedSeismic:
         self._bring = np.zeros(ring)
         self._w = self.halo.empty()
         self._gacc = np.zeros((self.nl, p.nx))
-        self._d_obs = None
-        self.last_run = None
+        self._d_obs: np.ndarray | None = None
+        self.last_run: DistributedAdjointResult | None = None
         self.set_model(p.v_background)
 
     # ------------------------------------------------------------- models

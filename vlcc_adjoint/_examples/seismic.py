@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -86,6 +87,9 @@ from .wave_kernels import record_receivers as _record
 from .wave_kernels import wave_adjoint as _wave_adjoint
 from .wave_kernels import wave_forward as _wave_forward
 from .wave_kernels import wave_forward_many as _wave_forward_many
+
+if TYPE_CHECKING:
+    from ..execute import AdjointResult
 
 __all__ = ["SeismicProblem", "WaveState", "damping_tables", "ricker"]
 
@@ -268,7 +272,7 @@ class SeismicProblem:
         self._bring = np.zeros(shape_ring)
         self._gacc = np.zeros((nz, nx))
         self._d_obs: np.ndarray | None = None
-        self.last_run = None
+        self.last_run: AdjointResult | None = None
         self.set_model(self.v_background)
 
     # ----------------------------------------------------------- models

@@ -543,7 +543,9 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
     rank = guard.rank
     mine_src, mine_dst = src.block(rank), dst.block(rank)
     o_src, o_dst = src.offsets(rank), dst.offsets(rank)
-    outs, reqs, unpack = [], [], []
+    outs, reqs = [], []
+    unpack: list[tuple[np.ndarray, tuple[slice, ...], np.ndarray]] = []  # received parts
+    keep: list[np.ndarray] = []  # send buffers, alive until the wait
     for arr in arrays:
         out = np.empty(dst.local_shape(rank), arr.dtype)
         outs.append(out)
@@ -557,7 +559,7 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
             else:
                 buf = np.ascontiguousarray(part)
                 reqs.append(guard.comm.Isend([buf, MPI.BYTE], dest=q, tag=_P2P))
-                unpack.append((None, None, buf))  # keep the send buffer alive
+                keep.append(buf)
         for q in src.ranks_overlapping(mine_dst):
             if q == rank:
                 continue
@@ -569,8 +571,7 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
             unpack.append((out, _rel(box, o_dst), buf))
     guard.wait(reqs, "moving checkpoint blocks between decompositions")
     for out, where, buf in unpack:
-        if out is not None:
-            out[where] = buf
+        out[where] = buf
     return outs
 
 
