@@ -368,7 +368,7 @@ def private_imports(pkg: Path, allowed: dict[str, str], facades: dict[str, set[s
             if module in mods:
                 text = f"{src} reaches the private name {module}.{node.attr}"
                 refuse(path, node.lineno, text, node.attr)
-    return sorted(set(bad), key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
+    return sorted(set(bad), key=lambda s: (s.split(":")[0], int(s.split(":")[1]), s))
 
 
 def user_script_imports(scripts: list[Path], root: Path, demo: str) -> list[str]:
