@@ -318,7 +318,7 @@ def _package_of(module: str, mods: dict[str, Path]) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return parts[0]
-    if len(parts) == 2 and not mods[module].name == "__init__.py":
+    if len(parts) == 2 and mods[module].name != "__init__.py":
         return parts[0]
     return ".".join(parts[:2])
 
