@@ -11,8 +11,8 @@ exchanging two halo rows with its neighbours by non-blocking
 ``Isend``/``Irecv`` while it updates the rows that need none; the adjoint
 step exchanges the halos of ``a c beta'`` too (the Laplacian is symmetric,
 so its transpose is a stencil like the forward one), and the gradient is
-the serial one bit for bit.  ``vlcc_adjoint/_mpi/_seismic.py`` explains
-both.
+the serial one bit for bit.  ``vlcc_adjoint/_examples/mpi_seismic.py`` (the
+demo problem, built on :mod:`vlcc_adjoint.mpi` alone) explains both.
 
 The schedule is a two-level ``Multistage``: a few snapshots in each rank's
 memory, more on a zarr hierarchy shared by all ranks (``--dir``), written
@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from vlcc_adjoint import Level, Multistage, io_plan, run_adjoint
-from vlcc_adjoint._mpi._seismic import DistributedSeismic
+from vlcc_adjoint._examples.mpi_seismic import DistributedSeismic
 from vlcc_adjoint.mpi import (
     DistributedArray,
     DistributedStore,

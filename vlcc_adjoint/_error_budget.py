@@ -83,8 +83,11 @@ estimate, not a bound: the tests check the achieved error against exact
 runs on both examples at budgets ``1e-2 .. 1e-4``.  The a-posteriori check
 sees a sensitivity that grows below the pilots' bounds only when the run's
 error outgrows the pilots' (its difference to them then exceeds what (1)
-allows); a smaller jump is left to ``SAFETY``.  The cost is two to four runs of the schedule instead of
-one (the pilots compress more, so they fit wherever the final run does).
+allows); a smaller jump is left to ``SAFETY``.
+
+The cost is two to four runs of the schedule instead of one (at most
+:data:`MAX_RUNS`; the pilots compress more, so they fit wherever the final
+run does).
 Each run writes synchronously (``TieredStore(workers=0)``): every
 checkpoint on a lossy level is then read back decoded, so the estimate
 describes what ran (an asynchronous store serves some loads from the exact
@@ -284,7 +287,7 @@ def controlled_run(
     levels = lossy_levels(tiers)
     runs: list[BudgetRun] = []
     grads: list[tuple[float, list[np.ndarray]]] = []
-    totals = {"forward": 0, "seconds": 0.0}
+    forward_steps: list[int] = []  # of each run; its seconds are in runs
 
     def attempt(bound: float):
         if len(runs) >= MAX_RUNS:
@@ -306,8 +309,7 @@ def controlled_run(
         after = _bytes_put(tiers, levels)
         enc = after[1] - before[1]
         ratio = (after[0] - before[0]) / enc if enc > 0 else None
-        totals["forward"] += result.forward_steps
-        totals["seconds"] += seconds
+        forward_steps.append(result.forward_steps)
         value = gradient(result)
         if value is None:
             raise VlccValueError(
@@ -361,7 +363,7 @@ def controlled_run(
         compression_ratio=final.compression_ratio,
         sensitivity=k_hat,
         runs=tuple(runs),
-        forward_steps=totals["forward"],
-        wall_seconds=totals["seconds"],
+        forward_steps=sum(forward_steps),
+        wall_seconds=sum(r.seconds for r in runs),
     )
     return result, report

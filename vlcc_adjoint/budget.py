@@ -48,7 +48,7 @@ from .errors import VlccValueError
 from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
 
 if TYPE_CHECKING:
-    from .storage import TieredStore
+    from .storage import Tier, TieredStore
 
 __all__ = ["BudgetPlan", "plan", "slots_within"]
 
@@ -115,6 +115,7 @@ class BudgetPlan:
         from .storage import MemoryTier, TieredStore, ZarrTier
 
         capacity = self.memory_slots * self.state_bytes
+        tiers: list[Tier]
         if self.gradient_rtol is None:
             tiers = [MemoryTier(capacity_bytes=capacity)]
         else:
@@ -459,7 +460,7 @@ def plan(
         )
         if step_seconds is None:
             step_seconds = forward
-        if measure_adjoint:
+        if backward is not None:  # timed when measure_adjoint
             adjoint_cost = backward / max(float(step_seconds), 1e-9)
     step_seconds = max(float(step_seconds), 1e-9)
     adjoint_measured = measure_adjoint

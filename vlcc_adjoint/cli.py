@@ -154,6 +154,9 @@ def _bench(rest) -> int:
     # benchmarks/run_all.py is a script of the source tree, not a module of
     # the package: load it from its path and run it here, under this name.
     spec = importlib.util.spec_from_file_location("vlcc_bench_run_all", script)
+    if spec is None or spec.loader is None:
+        print(f"vlcc: error: {script} cannot be loaded as a Python module", file=sys.stderr)
+        return 2
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main(list(rest), prog="vlcc bench")

@@ -41,26 +41,37 @@ same objects for the whole run); snapshots hold only the live levels
 (``time_order`` of the ``time_order + 1`` slots), halos included so a restore
 is bit-exact.
 
-**The reverse step.** pyrevolve 2.2.8 applies the reverse operator over
-``(i, i + 1)`` for ``i = n - 1 .. 0`` (``n`` times), each time just after
-the forward operator over ``(i, i + 1)`` (for ``n - 1``, the last forward
-step itself), so it may read ``u[t+1]`` and the forward's other outputs at
-``t`` (receivers).  The usual imaging condition (``grad -= u * v.dt2``)
-reads only ``u[t]``, which the restored state holds: :class:`DevitoSolver`
+**The reverse step.** pyrevolve 2.2.8 applies the reverse operator ``n``
+times, over ``(i, i + 1)`` for ``i = n - 1 .. 0``, and runs the forward
+operator over ``(i, i + 1)`` just before each one (for ``i = n - 1`` that is
+the last forward step itself), so the reverse operator at ``t`` may read
+``u[t+1]`` and whatever else the forward operator writes at ``t``
+(receivers).  The usual imaging condition (``grad -= u * v.dt2``) reads only
+``u[t]``, which the restored state already holds; :class:`DevitoSolver`
 reads both operators' generated code and skips that forward step when the
-reverse operator reads nothing it writes (``n`` of the ``~6n`` forward
-iterations of Revolve at pyrevolve's default snapshot count).  A buffered
-field's time index is known modulo its buffer size only (Devito writes
-``u[t+1]`` of a two-slot buffer as ``u[t-1]``): a read of the slot outside
-the ``time_order`` live levels is a read of ``u[t+1]``.  Code that cannot
-be read gets the forward step, as in pyrevolve; either way the results are
-pyrevolve's, bit for bit.  The arguments are prepared once and each step
-calls the compiled kernel directly (as ``devito.CheckpointOperator`` does).
+reverse operator reads nothing it writes: ``n`` of the ``~6n`` forward
+iterations of a Revolve run at pyrevolve's default snapshot count.  A
+buffered field's time index is known only modulo its buffer size ``B``
+(Devito writes ``u[t+1]`` of a two-slot buffer as ``u[t-1]``): a read of the
+one slot outside the state's ``time_order`` live levels is a read of
+``u[t+1]``, which the forward step provides.  When the code cannot be read,
+the forward step runs, as in pyrevolve; either way the results are
+pyrevolve's, bit for bit.  One reverse operator call per step: the
+arguments are prepared once and each step calls the compiled kernel
+directly (as ``devito.CheckpointOperator`` does), microseconds per call.
 
 **The end of the forward sweep.** The last forward step runs in the
 fields' own buffers, as in pyrevolve: after the forward sweep (for
-:class:`Revolver`, after ``apply_forward()``) the fields hold what a plain
-forward run leaves in them, receivers included.
+:class:`Revolver`, after ``apply_forward()``) every checkpointed field holds
+what a plain forward run leaves in it, receivers included.
+
+**Caveat (as with pyrevolve).** Recomputation reruns the forward operator,
+which rewrites whatever it writes besides the state, receivers included: the
+reverse operator must read the data residual from its own object, not from
+the forward operator's receivers.  In the swap above, ``residual`` is that
+object (``residual.data[:] = rec.data - d_obs`` between the sweeps); a
+reverse operator given ``rec=rec`` would read traces that the reverse sweep's
+forward steps have overwritten.
 
 **Caveat (Devito's).** Devito's CPU operators switch the calling thread to
 flush-to-zero / denormals-are-zero (``_MM_SET_FLUSH_ZERO_MODE``) and leave
@@ -83,12 +94,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .budget import BudgetPlan
 from .errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from .execute import AdjointResult, run_adjoint
 from .schedules import Revolve, Schedule, StoreAll, default_snapshots
 
 if TYPE_CHECKING:
-    from .budget import BudgetPlan
     from .storage import TieredStore
 
 __all__ = ["DevitoSolver", "Revolver", "default_snapshots"]
@@ -103,9 +114,10 @@ class _KernelRange:
     """A Devito ``Operator`` applied over ``(t_start, t_end)``.
 
     The argument map is prepared once (``Operator.arguments``); each call
-    sets the two time bounds and calls the compiled kernel, skipping
-    ``Operator.apply``'s per-call argument processing (milliseconds).  The
-    data pointers stay valid: the adapter only copies into existing buffers.
+    sets the two time bounds and calls the compiled kernel, skipping the
+    per-call argument processing of ``Operator.apply`` (milliseconds, as much
+    as a small grid's time step).  The data pointers in the map stay valid:
+    the adapter only ever copies into the fields' existing buffers.
     """
 
     def __init__(self, op, kwargs: dict, time_name: str):
@@ -190,6 +202,8 @@ def _data_address(range_op, name: str) -> int | None:
     arguments (``CheckpointOperator.args``, ``_KernelRange.args``); ``None``
     when unknown."""
     arg = getattr(range_op, "args", {}).get(name)
+    if arg is None:
+        return None
     try:
         return int(arg._obj.data.value)
     except (AttributeError, TypeError):
@@ -272,7 +286,9 @@ class DevitoSolver:
         self._buffered = [bool(getattr(f, "_time_buffering", True)) for f in functions]
         self.recompute = self._decide_recompute(recompute)
         self.n_steps: int | None = None  # set by run()
-        self._at_end = False  # forward step n - 1 ran in the buffers (u_n is there)
+        # The live buffers went through forward step n - 1 (u_n is in them):
+        # the reverse step n - 1 needs no recomputation.
+        self._at_end = False
 
     # -- which levels the reverse step needs ---------------------------------
     def _decide_recompute(self, recompute):
@@ -286,14 +302,21 @@ class DevitoSolver:
         shift = self._rev_offset - self.offset  # reverse iteration t_i + shift for state i
         needs_next = False
         for f, order, buffered, buf in zip(self.functions, self._orders, self._buffered, self.live):
-            # A buffered field's level is known modulo its buffer size only.
-            size = buf.shape[0] if buffered else 1 << 62
+            size = buf.shape[0]
+            live = {(-j) % size for j in range(order)} if buffered else None
             for k in reads.get(f.name, ()):
-                level = (shift + k) % size  # relative to the newest level of state i
-                if level in {(-j) % size for j in range(order)}:
+                level = shift + k  # relative to the newest level of state i
+                if buffered:
+                    # Only the slot is known: level mod the buffer size.
+                    if level % size in live:
+                        continue  # a live level of the restored state
+                    if level % size == 1 % size:
+                        needs_next = True  # the slot one forward step writes
+                        continue
+                elif -order < level <= 0:
                     continue  # a live level of the restored state
-                if level == 1 % size:  # the level (slot) one forward step writes
-                    needs_next = True
+                elif level == 1:
+                    needs_next = True  # the level one forward step writes
                     continue
                 raise VlccValueError(
                     f"the reverse operator reads {f.name}[t{k:+d}], a time level that neither "
@@ -376,7 +399,7 @@ class DevitoSolver:
             for buf, src in zip(self.live, state):
                 np.copyto(buf, src)
             self._at_end = False
-        if self.recompute and not (self._at_end and step == self.n_steps - 1):
+        if self.recompute and not (self._at_end and step + 1 == self.n_steps):
             self._fwd.apply(t_start=step, t_end=step + 1)
         self._at_end = False
         self._rev.apply(t_start=step, t_end=step + 1)
@@ -411,15 +434,25 @@ class DevitoSolver:
         - `before_reverse`: called once between the sweeps, when every
           forward step has run (compute the data residual here).
         - `progress`: a progress bar over the schedule's actions.
-        - `gradient_rtol`, `gradient`, `reset_gradient`: as for :func:`~vlcc_adjoint.run_adjoint`
-          (``gradient=lambda: grad.data``; reset zeroes grad and the adjoint fields).
+        - `gradient_rtol`: a budget on the gradient's relative L2 error
+          against exact checkpoints (see
+          :func:`~vlcc_adjoint.execute.run_adjoint`): the store's
+          ``CompressedMemoryTier(ErrorBounded(...))`` levels get the bound
+          it allows (default store: one such level per schedule level), and
+          the sweeps run two to four times (two pilots, the run, a tighter
+          rerun if its a posteriori estimate exceeds the budget).  The
+          gradient lives in the reverse operator's fields, so it needs:
+        - `gradient`: ``gradient() -> array``, the gradient field's data
+          (e.g. ``lambda: grad.data``), read after each run; and
+        - `reset_gradient`: zero the gradient and the adjoint wavefields
+          before each run (e.g. ``grad.data.fill(0); v.data.fill(0)``).
 
         **Returns:** :func:`~vlcc_adjoint.execute.run_adjoint`'s
         :class:`~vlcc_adjoint.execute.AdjointResult`; the gradient is in the
         reverse operator's fields.
         """
-        schedule, store, scratch = _resolve_schedule(schedule, steps, store)
-        self.n_steps = schedule.n_steps
+        resolved, store, scratch = _resolve_schedule(schedule, steps, store)
+        self.n_steps = resolved.n_steps
         self._at_end = False
 
         def between(_final_state):
@@ -431,7 +464,7 @@ class DevitoSolver:
             # check=False: the states are always the same buffers.
             return run_adjoint(
                 self,
-                schedule,
+                resolved,
                 self.live,
                 between,
                 store,
@@ -449,12 +482,14 @@ class DevitoSolver:
         return f"DevitoSolver(state=[{names}], offset={self.offset}, recompute={self.recompute})"
 
 
-def _remove(scratch):
+def _remove(scratch: str | None) -> None:
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _resolve_schedule(schedule, steps: int, store=None):
+def _resolve_schedule(
+    schedule: Schedule | int | BudgetPlan | None, steps: int, store: TieredStore | None = None
+) -> tuple[Schedule, TieredStore | None, str | None]:
     """``(schedule, store, scratch)`` from what a caller may give: a
     Schedule, an int (Revolve's snapshots), a BudgetPlan (with its store, on
     disk in the temporary directory `scratch` to remove after the run), or
@@ -463,7 +498,7 @@ def _resolve_schedule(schedule, steps: int, store=None):
         raise VlccValueError(f"the number of time steps must be an integer >= 1, got {steps!r}")
     steps = int(steps)
     scratch = None
-    if hasattr(schedule, "schedule") and hasattr(schedule, "make_store"):  # BudgetPlan
+    if isinstance(schedule, BudgetPlan):
         if store is None:
             if len(schedule.schedule.levels) > 1:
                 scratch = tempfile.mkdtemp(prefix="vlcc-devito-")
@@ -502,7 +537,7 @@ class _Sweeps:
     outcome.  It holds no reference to the :class:`Revolver`, so dropping
     one between the sweeps lets ``__del__`` release its worker."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.forward_done = threading.Event()
         self.go = threading.Event()
         self.cancel = False
@@ -658,7 +693,8 @@ class Revolver:
 
     def __repr__(self) -> str:
         # Also for an instance whose __init__ raised (debuggers, tracebacks).
-        recompute = getattr(getattr(self, "solver", None), "recompute", None)
+        solver = getattr(self, "solver", None)
+        recompute = getattr(solver, "recompute", None)
         return (
             f"vlcc_adjoint.devito.Revolver({getattr(self, 'schedule', None)!r}, "
             f"n_timesteps={getattr(self, 'n_timesteps', None)}, recompute={recompute})"

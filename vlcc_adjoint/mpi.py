@@ -67,6 +67,7 @@ from ._mpi._comm import CollectiveTimeoutError as CollectiveTimeoutError
 from ._mpi._comm import Guard as Guard
 from ._mpi._comm import RankFailedError as RankFailedError
 from ._mpi._comm import active_guard as active_guard
+from ._mpi._comm import ensure_initialized as ensure_initialized
 from ._mpi._decomp import Decomposition as Decomposition
 from ._mpi._decomp import DistributedArray as DistributedArray
 from ._mpi._decomp import storage_layout as storage_layout
@@ -96,6 +97,7 @@ __all__ = [
     "ScheduleMismatchError",
     "SharedZarrTier",
     "active_guard",
+    "ensure_initialized",
     "list_checkpoints",
     "read_checkpoint",
     "run_adjoint",

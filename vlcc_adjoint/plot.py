@@ -125,7 +125,7 @@ def plot_schedule(
     segments = np.stack(
         [np.stack([t["a"][adv], rows[adv]], 1), np.stack([t["b"][adv], rows[adv]], 1)], 1
     )
-    ax.add_collection(LineCollection(segments, colors="0.3", linewidths=1.2, label="advance"))
+    ax.add_collection(LineCollection(list(segments), colors="0.3", linewidths=1.2, label="advance"))
     for lv in range(len(schedule.levels)):
         colour = _LEVEL_COLOURS[lv % len(_LEVEL_COLOURS)]
         for k, marker, what in ((ActionKind.SAVE, "v", "save"), (ActionKind.LOAD, "^", "load")):
@@ -158,6 +158,7 @@ def plot_schedule(
     # beside the axes, so that it covers neither the actions nor the axis labels
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     if path is not None:
-        ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=120, bbox_inches="tight")
+        figure = ax.figure.figure  # the figure itself, or the one holding a subfigure
+        figure.tight_layout()
+        figure.savefig(path, dpi=120, bbox_inches="tight")
     return ax

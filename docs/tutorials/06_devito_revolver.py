@@ -120,6 +120,8 @@ def checkpointed_gradient(Revolver, n_checkpoints):
     wrap_rev = CheckpointOperator(rev, u=u, v=v, grad=grad, residual=residual, dt=dt)
     wrp = Revolver(cp, wrap_fw, wrap_rev, n_checkpoints, NT - 2)
     wrp.apply_forward()
+    # The residual has an object of its own: the reverse sweep reruns the
+    # forward operator, which writes rec again (with pyrevolve as with vlcc).
     residual.data[:] = rec.data - d_obs
     wrp.apply_reverse()
     return grad.data.copy(), wrp

@@ -253,6 +253,39 @@ def test_revolver_takes_devito_operators_and_kwargs_without_pyrevolve(problem, r
     assert _rel(np.array(problem.grad.data), reference[0]) <= RTOL
 
 
+def test_recomputation_rewrites_the_forward_receivers_so_the_residual_has_its_own_object(
+    problem, reference
+):
+    # The module's caveat (as with pyrevolve): the reverse sweep reruns the
+    # forward operator, which writes the receivers again; the reverse
+    # operator reads the residual from its own object, so the gradient is
+    # right whatever the caller leaves in the forward's receivers.
+    fwd, u = problem.op("forward")
+    grad_op, _ = problem.op("gradient")
+    problem._reset()
+    wrp = Revolver(
+        [u],
+        fwd,
+        grad_op,
+        4,
+        problem.steps,
+        fwd_kwargs=dict(u=u, src=problem.src, rec=problem.rec, dt=problem.dt),
+        rev_kwargs=dict(
+            u=u, v=problem.v, grad=problem.grad, residual=problem.residual, dt=problem.dt
+        ),
+    )
+    wrp.apply_forward()
+    traces = np.array(problem.rec.data)
+    problem._set_residual()
+    problem.rec.data[:] = 0.0
+    wrp.apply_reverse()
+    rewritten = np.any(np.asarray(problem.rec.data) != 0.0, axis=1)
+    assert wrp.schedule.stats().forward_count > problem.steps  # it recomputed
+    assert rewritten.sum() > problem.steps // 2
+    np.testing.assert_array_equal(np.asarray(problem.rec.data)[rewritten], traces[rewritten])
+    assert _rel(np.array(problem.grad.data), reference[0]) <= RTOL
+
+
 def test_revolver_misuse_says_what_to_do(problem):
     fwd, u = problem.op("forward")
     grad_op, _ = problem.op("gradient")

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlcc_adjoint._examples import BurgersProblem, SeismicProblem, WaveState
+from vlcc_adjoint._examples import BurgersProblem, SeismicProblem, WaveState, wave_kernels
 from vlcc_adjoint._examples import burgers as _burgers
 from vlcc_adjoint._examples import seismic as _seismic
 from vlcc_adjoint.schedules import Advance, Delete, Load, Move, Periodic, Reverse, Revolve, Save
@@ -85,14 +85,14 @@ def _seismic_dot_test(nz, nx, seed):
     # nonzero source checks that it stays out of the linearisation.
     prev = a + 1j * H_COMPLEX * da
     curr = b + 1j * H_COMPLEX * db
-    _seismic._wave_forward(
+    wave_kernels.wave_forward(
         prev, curr, cv + 1j * H_COMPLEX * dcv, *tables, ring, nz // 2, nx // 2, 0.7
     )
     t_a, t_b = curr.imag / H_COMPLEX, prev.imag / H_COMPLEX  # (dA', dB')
     lhs = np.vdot(t_a, y_a) + np.vdot(t_b, y_b)
 
     alpha, beta, gacc = y_a.copy(), y_b.copy(), np.zeros((nz, nx))
-    _seismic._wave_adjoint(
+    wave_kernels.wave_adjoint(
         alpha, beta, b, cv, *tables, np.zeros((5, nx + 4)), np.zeros((5, nx + 4)), gacc
     )
     # alpha now holds the adjoint of B, beta that of A, gacc that of c.
@@ -127,7 +127,9 @@ def test_seismic_forward_laplacian_is_fourth_order_exact_on_quartics():
     exact = 12 * x**2 - 18 * z * x + 20 * z**3 / 7.0
     prev, curr = np.zeros((nz, nx)), q.copy()
     tables = _seismic.damping_tables(np.zeros(nz), np.zeros(nx), 0.01)
-    _seismic._wave_forward(prev, curr, np.ones((nz, nx)), *tables, np.zeros((5, nx + 4)), 0, 0, 0.0)
+    wave_kernels.wave_forward(
+        prev, curr, np.ones((nz, nx)), *tables, np.zeros((5, nx + 4)), 0, 0, 0.0
+    )
     lap = prev - 2 * q
     inner = (slice(2, -2), slice(2, -2))
     np.testing.assert_allclose(lap[inner], exact[inner], rtol=1e-9, atol=1e-7)
@@ -224,11 +226,11 @@ def _burgers_dot_test(n, dt, nu, seed):
     args = (dt, 1.0 / dx, nu / dx**2)
 
     w = u + 1j * H_COMPLEX * du
-    _burgers._rk3_forward(w, np.zeros(n, complex), np.zeros(n, complex), *args)
+    _burgers.rk3_forward(w, np.zeros(n, complex), np.zeros(n, complex), *args)
     lhs = np.vdot(w.imag / H_COMPLEX, y)
 
     lam = y.copy()
-    _burgers._rk3_adjoint(lam, u, np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), *args)
+    _burgers.rk3_adjoint(lam, u, np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), *args)
     return lhs, np.vdot(du, lam), np.linalg.norm(w.imag / H_COMPLEX) * np.linalg.norm(y)
 
 

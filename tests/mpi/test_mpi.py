@@ -95,8 +95,8 @@ def reference():
     compile them concurrently."""
     from mpi_problem import problem_kwargs
 
+    from vlcc_adjoint._examples.mpi_seismic import compile_kernels
     from vlcc_adjoint._examples.seismic import SeismicProblem
-    from vlcc_adjoint._mpi._seismic import compile_kernels
 
     compile_kernels()
     return SeismicProblem(**problem_kwargs()).reference_gradient(return_objective=True)
@@ -193,7 +193,7 @@ def test_one_rank_spmd_run_with_a_shared_hierarchy_is_bitwise_the_serial_gradien
     from mpi_problem import problem_kwargs
 
     from vlcc_adjoint import run_adjoint
-    from vlcc_adjoint._mpi._seismic import DistributedSeismic
+    from vlcc_adjoint._examples.mpi_seismic import DistributedSeismic
     from vlcc_adjoint.mpi import DistributedStore, SharedZarrTier, list_checkpoints
     from vlcc_adjoint.schedules import Level, Multistage, io_plan
     from vlcc_adjoint.storage import MemoryTier

@@ -11,9 +11,14 @@ that referees every checkpointed run.
   full-waveform inversion (gradient of a data misfit w.r.t. the velocity).
 - :class:`~vlcc_adjoint._examples.burgers.BurgersProblem`: 1-D viscous
   Burgers (gradient of a final-time misfit w.r.t. the initial condition).
+- :class:`~vlcc_adjoint._examples.mpi_seismic.DistributedSeismic`: the
+  seismic problem on slabs of rows, one per MPI rank, built on
+  :mod:`vlcc_adjoint.mpi` alone (import it from its module: it loads the
+  MPI integration, which the serial problems do not need).
 
-The modules import numba only; nothing compiles until the first step runs
-(and compiled kernels are cached on disk).
+The problems' modules import numba (and the MPI one :mod:`vlcc_adjoint.mpi`);
+nothing compiles until the first step runs (and compiled kernels are cached
+on disk).
 """
 
 from .burgers import BurgersProblem as BurgersProblem

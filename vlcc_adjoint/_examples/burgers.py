@@ -54,13 +54,17 @@ method is the transposed stage recursion, as above).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
 from ..errors import VlccValueError
 
-__all__ = ["BurgersProblem"]
+if TYPE_CHECKING:
+    from ..execute import AdjointResult
+
+__all__ = ["BurgersProblem", "rk3_adjoint", "rk3_forward"]
 
 
 @numba.njit(inline="always")
@@ -104,7 +108,7 @@ def _stage_t(out, m, w, cm, cj, dt, idx, nu_idx2):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def _rk3_forward(u, u1, u2, dt, idx, nu_idx2):
+def rk3_forward(u, u1, u2, dt, idx, nu_idx2):
     """One SSP-RK3 step in place: ``u <- u'``; `u1`, `u2` are scratch."""
     _stage(u1, u, u, 1.0, 0.0, dt, idx, nu_idx2)  # u1 = u + dt R(u)
     _stage(u2, u1, u, 0.25, 0.75, dt, idx, nu_idx2)  # u2 = 3/4 u + 1/4 (u1 + dt R(u1))
@@ -112,7 +116,7 @@ def _rk3_forward(u, u1, u2, dt, idx, nu_idx2):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=False)
-def _rk3_adjoint(lam, u, u1, u2, l1, l2, dt, idx, nu_idx2):
+def rk3_adjoint(lam, u, u1, u2, l1, l2, dt, idx, nu_idx2):
     """The transposed SSP-RK3 step in place: ``lam <- J_step(u)^T lam``.
 
     Recomputes the stages ``u1``, ``u2`` from `u`; `l1`, `l2` are scratch.
@@ -235,7 +239,7 @@ class BurgersProblem:
         if self.sensors.size and (self.sensors.min() < 0 or self.sensors.max() >= self.n_cells):
             raise VlccValueError("sensor indices must lie in [0, n_cells)")
         self.sensor_weight = float(sensor_weight)
-        self.last_run = None
+        self.last_run: AdjointResult | None = None
 
         self._idx = 1.0 / self.dx
         self._nu_idx2 = self.nu / self.dx**2
@@ -269,13 +273,13 @@ class BurgersProblem:
 
     def forward(self, state: np.ndarray, step: int) -> np.ndarray:
         """Forward step: ``u_step -> u_{step+1}`` in place (returns `state`)."""
-        _rk3_forward(state, self._u1, self._u2, self.dt, self._idx, self._nu_idx2)
+        rk3_forward(state, self._u1, self._u2, self.dt, self._idx, self._nu_idx2)
         return state
 
     def forward_many(self, state: np.ndarray, start: int, stop: int) -> np.ndarray:
         """Forward steps ``start .. stop-1`` in place."""
         for step in range(start, stop):
-            _rk3_forward(state, self._u1, self._u2, self.dt, self._idx, self._nu_idx2)
+            rk3_forward(state, self._u1, self._u2, self.dt, self._idx, self._nu_idx2)
         return state
 
     def adjoint(self, state: np.ndarray, adj: np.ndarray, step: int) -> np.ndarray:
@@ -283,7 +287,7 @@ class BurgersProblem:
 
         Includes the sensor term of ``u_step``; `state` is only read.
         """
-        _rk3_adjoint(
+        rk3_adjoint(
             adj, state, self._u1, self._u2, self._l1, self._l2, self.dt, self._idx, self._nu_idx2
         )
         if self.sensors.size:
@@ -352,10 +356,9 @@ class BurgersProblem:
         from ..execute import run_adjoint
 
         u = self.initial_state() if u0 is None else self._check_state(u0, "u0")
-        self.last_run = run_adjoint(
-            self, schedule, u, self.final_adjoint, store=store, progress=progress
-        )
-        return self.last_run.adjoint
+        result = run_adjoint(self, schedule, u, self.final_adjoint, store=store, progress=progress)
+        self.last_run = result
+        return result.adjoint
 
     def __repr__(self) -> str:
         return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,8 @@ def _check_gradient(
 
     n = problem.n_steps
     multistage = Multistage(n, [Level(max(2, snapshots // 2)), Level(snapshots, 8.0, 5.0)])
-    result = {"agreement": {}}
+    agreement: dict[str, float] = {}  # max |diff| / max |g| of each gradient and Revolve's
+    result: dict[str, Any] = {"agreement": agreement}
     gradients = {}
     with tempfile.TemporaryDirectory(prefix="vlcc-example-") as disk:
         runs = [
@@ -99,16 +101,16 @@ def _check_gradient(
     grad = gradients["Revolve"]
     for name, other in gradients.items():
         if name != "Revolve":
-            result["agreement"][name] = _agreement(other, grad)
-            out(f"  {name} vs Revolve: max |diff| / max |g| = {result['agreement'][name]:.1e}")
+            agreement[name] = _agreement(other, grad)
+            out(f"  {name} vs Revolve: max |diff| / max |g| = {agreement[name]:.1e}")
     if reference:
         t0 = time.perf_counter()
         ref = problem.reference_gradient()
         result["reference_seconds"] = time.perf_counter() - t0
-        result["agreement"]["reference"] = _agreement(grad, ref)
+        agreement["reference"] = _agreement(grad, ref)
         out(
             f"  reference (store all {n + 1} states in a list): {result['reference_seconds']:.2f}"
-            f" s, max |diff| / max |g| = {result['agreement']['reference']:.1e}"
+            f" s, max |diff| / max |g| = {agreement['reference']:.1e}"
         )
     rates0, rates1 = _taylor(problem.objective, m, dm, grad)
     result["taylor_rates_first"], result["taylor_rates_second"] = rates0, rates1

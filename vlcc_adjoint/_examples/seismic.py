@@ -54,8 +54,8 @@ is :meth:`SeismicProblem.final_adjoint`.
 Kernels
 -------
 In :mod:`vlcc_adjoint._examples.wave_kernels` (shared with the MPI slabs of
-:mod:`vlcc_adjoint._mpi._seismic`).  Serial numba, ``nogil`` (a checkpoint store's background threads run while a
-step computes), no allocation per step: the forward writes ``u^{k+1}`` over
+:mod:`vlcc_adjoint._examples.mpi_seismic`).  Serial numba, ``nogil`` (a
+checkpoint store's background threads run while a step computes), no allocation per step: the forward writes ``u^{k+1}`` over
 ``u^{k-1}`` (pointwise safe) and the two arrays of the state swap roles; the
 adjoint does the same.  Each kernel streams rows through a ring of
 ``2R + 1`` zero-padded rows (``R = 2``), so the stencil has no boundary
@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -86,6 +87,9 @@ from .wave_kernels import record_receivers as _record
 from .wave_kernels import wave_adjoint as _wave_adjoint
 from .wave_kernels import wave_forward as _wave_forward
 from .wave_kernels import wave_forward_many as _wave_forward_many
+
+if TYPE_CHECKING:
+    from ..execute import AdjointResult
 
 __all__ = ["SeismicProblem", "WaveState", "damping_tables", "ricker"]
 
@@ -268,7 +272,7 @@ class SeismicProblem:
         self._bring = np.zeros(shape_ring)
         self._gacc = np.zeros((nz, nx))
         self._d_obs: np.ndarray | None = None
-        self.last_run = None
+        self.last_run: AdjointResult | None = None
         self.set_model(self.v_background)
 
     # ----------------------------------------------------------- models
@@ -282,8 +286,15 @@ class SeismicProblem:
             raise VlccValueError(f"{name} must be finite and positive (m/s)")
         return v
 
-    def _cv(self, v: np.ndarray) -> np.ndarray:
+    def squared_courant(self, v: np.ndarray) -> np.ndarray:
+        """``c = (v dt / dx)^2`` of the model `v`, pointwise: the coefficient
+        of the Laplacian in the step (``cv`` in the kernels)."""
         return (v * (self.dt / self.dx)) ** 2
+
+    @property
+    def cv(self) -> np.ndarray:
+        """``c`` of the current model (:meth:`squared_courant` of :attr:`v`)."""
+        return self._cvcur
 
     def set_model(self, v: np.ndarray) -> None:
         """Make `v` (``(nz, nx)``, m/s) the current model and zero the gradient."""
@@ -294,7 +305,7 @@ class SeismicProblem:
                 "build the problem with a smaller courant number or with this model as v_true"
             )
         self.v = v
-        self._cvcur = self._cv(v)
+        self._cvcur = self.squared_courant(v)
         self.reset_gradient()
 
     @property
@@ -314,7 +325,7 @@ class SeismicProblem:
     def d_obs(self) -> np.ndarray:
         """Observed data, ``(nt + 1, n_receivers)``: the true model's receiver traces."""
         if self._d_obs is None:
-            self._d_obs = self._sweep(self._cv(self.v_true))
+            self._d_obs = self._sweep(self.squared_courant(self.v_true))
         return self._d_obs
 
     # ------------------------------------------------------ the protocol
@@ -433,7 +444,7 @@ class SeismicProblem:
 
     def traces(self, v: np.ndarray | None = None) -> np.ndarray:
         """Synthetic receiver data ``(nt + 1, n_receivers)`` in `v` (default: the current model)."""
-        cv = self._cvcur if v is None else self._cv(self._check_model(v, "v"))
+        cv = self._cvcur if v is None else self.squared_courant(self._check_model(v, "v"))
         return self._sweep(cv)
 
     def objective(self, v: np.ndarray | None = None) -> float:
@@ -441,7 +452,7 @@ class SeismicProblem:
 
         Does not change the current model.
         """
-        cv = self._cvcur if v is None else self._cv(self._check_model(v, "v"))
+        cv = self._cvcur if v is None else self.squared_courant(self._check_model(v, "v"))
         return self._sweep(cv, self.d_obs)
 
     def reference_gradient(self, v: np.ndarray | None = None, return_objective: bool = False):

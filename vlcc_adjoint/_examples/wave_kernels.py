@@ -3,7 +3,7 @@
 ranges of a grid.
 
 :mod:`vlcc_adjoint._examples.seismic` (the serial problem) and
-:mod:`vlcc_adjoint._mpi._seismic` (the same problem on slabs of rows, one
+:mod:`vlcc_adjoint._examples.mpi_seismic` (the same problem on slabs of rows, one
 per MPI rank) both call these kernels, so every row of a distributed run
 sees the serial arithmetic and the MPI gradient is the serial one bit for
 bit.  The physics, the discretisation and the adjoint's formulas are

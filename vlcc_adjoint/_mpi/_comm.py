@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import threading
 import time
@@ -76,7 +75,10 @@ __all__ = [
     "RankFailedError",
     "active_guard",
     "ensure_initialized",
+    "gather_blocks",
+    "mpi_module",
     "poll",
+    "redistribute",
 ]
 
 _ERR, _ACK, _P2P = 11, 12, 13
@@ -89,8 +91,9 @@ _ACTIVE_LOCK = threading.Lock()
 _STARTED = False  # MPI found (or made) initialised once in this process
 
 
-def _mpi():
-    """``mpi4py.MPI``, with MPI initialised (see :func:`ensure_initialized`)."""
+def mpi_module() -> Any:
+    """``mpi4py.MPI``, with MPI initialised (see :func:`ensure_initialized`):
+    the one place this package imports mpi4py."""
     try:
         from mpi4py import MPI
     except ImportError as err:  # pragma: no cover - exercised without mpi4py
@@ -111,16 +114,26 @@ def ensure_initialized(MPI: Any = None) -> None:
     does, and initialises MPI only in its own MPI mode).  Any MPI call then
     ends the process (MPICH: "Attempting to use an MPI routine before
     initializing"), with exit status 1 and no Python traceback.  So every
-    class of this package that takes a communicator calls this first: MPI is
-    initialised as mpi4py would have done (``MPI_Init_thread`` at
-    ``mpi4py.rc.thread_level``) and finalised at exit, since this process
-    started it (whoever initialised MPI finalises it; Devito's exit handler
-    finalises only what Devito initialised).  Raises :class:`RuntimeError`
-    if MPI was finalised already.
+    class of this package that takes a communicator calls this first, and so
+    should a solver that calls its communicator before it hands it to one of
+    them (``comm.Get_rank()`` in a constructor: the distributed seismic
+    example does).  MPI is initialised as mpi4py would have done
+    (``MPI_Init_thread`` at ``mpi4py.rc.thread_level``) and finalised at
+    exit, since this process started it (whoever initialised MPI finalises
+    it; Devito's exit handler finalises only what Devito initialised).
+    Cheap after the first call.
+
+    **Arguments:**
+
+    - `MPI`: the ``mpi4py.MPI`` module, if the caller has it in hand
+      (default: imported here).
+
+    Raises :class:`~vlcc_adjoint.errors.VlccRuntimeError` (a
+    ``RuntimeError``) if MPI was finalised already.
     """
     global _STARTED
     if MPI is None:
-        MPI = _mpi()
+        MPI = mpi_module()
     with _ACTIVE_LOCK:
         if _STARTED:
             return
@@ -207,7 +220,7 @@ def _backoff(waited: float) -> None:
 
 def poll(requests, what: str, timeout: float | None) -> None:
     """Wait for `requests` with a deadline, without a guard (no error channel)."""
-    MPI = _mpi()
+    MPI = mpi_module()
     t0 = time.perf_counter()
     while not MPI.Request.Testall(requests):
         waited = time.perf_counter() - t0
@@ -237,7 +250,7 @@ class Guard:
     """
 
     def __init__(self, comm: Any, timeout: float | None = 600.0, abort_after: float | None = None):
-        MPI = _mpi()
+        MPI = mpi_module()
         if timeout is not None and not timeout > 0:
             raise VlccValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
         self.timeout = timeout
@@ -267,7 +280,7 @@ class Guard:
         ``Iprobe`` then ``Recv``: nothing is pre-posted, so nothing needs
         cancelling when the run ends.
         """
-        MPI = _mpi()
+        MPI = mpi_module()
         if self._closed or not self.comm.Iprobe(
             source=MPI.ANY_SOURCE, tag=tag, status=self._status
         ):
@@ -306,7 +319,7 @@ class Guard:
         :class:`CollectiveTimeoutError` after `timeout` (default: the
         guard's) seconds.
         """
-        MPI = _mpi()
+        MPI = mpi_module()
         requests = list(requests)
         if not requests:
             return
@@ -336,7 +349,7 @@ class Guard:
 
     def allreduce(self, values: ArrayLike, op: str, what: str) -> np.ndarray:
         """Element-wise ``min``, ``max`` or ``sum`` of `values` over ranks."""
-        MPI = _mpi()
+        MPI = mpi_module()
         send = np.ascontiguousarray(values)
         recv = np.empty_like(send)
         mpi_op = {"min": MPI.MIN, "max": MPI.MAX, "sum": MPI.SUM}[op]
@@ -352,7 +365,7 @@ class Guard:
 
     def gatherv(self, values: np.ndarray, root: int, what: str) -> list[np.ndarray] | None:
         """Every rank's 1-d `values` (any lengths) on `root`, as a list; ``None`` elsewhere."""
-        MPI = _mpi()
+        MPI = mpi_module()
         send = np.ascontiguousarray(values).reshape(-1)
         counts = self.allgather(np.array([send.size], np.int64), what).reshape(-1)
         if self.rank == root:
@@ -399,7 +412,7 @@ class Guard:
         `abort_after` seconds for their acknowledgements, then calls
         ``MPI_Abort`` if some rank did not answer.
         """
-        MPI = _mpi()
+        MPI = mpi_module()
         if self.failed or self._closed:
             return
         self.failed = True
@@ -447,7 +460,7 @@ class Guard:
         poll(sends, "reporting the failure", 5.0)
 
     def _ack(self, ranks) -> None:
-        MPI = _mpi()
+        MPI = mpi_module()
         reqs = [
             self.comm.Isend([b"\1", MPI.BYTE], dest=r, tag=_ACK)
             for r in sorted(ranks)
@@ -526,11 +539,13 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
 
     **Returns:** the new local blocks (fresh arrays).
     """
-    MPI = _mpi()
+    MPI = mpi_module()
     rank = guard.rank
     mine_src, mine_dst = src.block(rank), dst.block(rank)
     o_src, o_dst = src.offsets(rank), dst.offsets(rank)
-    outs, reqs, unpack = [], [], []
+    outs, reqs = [], []
+    unpack: list[tuple[np.ndarray, tuple[slice, ...], np.ndarray]] = []  # received parts
+    keep: list[np.ndarray] = []  # send buffers, alive until the wait
     for arr in arrays:
         out = np.empty(dst.local_shape(rank), arr.dtype)
         outs.append(out)
@@ -544,7 +559,7 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
             else:
                 buf = np.ascontiguousarray(part)
                 reqs.append(guard.comm.Isend([buf, MPI.BYTE], dest=q, tag=_P2P))
-                unpack.append((None, None, buf))  # keep the send buffer alive
+                keep.append(buf)
         for q in src.ranks_overlapping(mine_dst):
             if q == rank:
                 continue
@@ -556,15 +571,14 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
             unpack.append((out, _rel(box, o_dst), buf))
     guard.wait(reqs, "moving checkpoint blocks between decompositions")
     for out, where, buf in unpack:
-        if out is not None:
-            out[where] = buf
+        out[where] = buf
     return outs
 
 
 def gather_blocks(comm, darr, root: int = 0):
     """The global array of the :class:`DistributedArray` `darr` on rank
     `root` (``None`` elsewhere).  Collective (blocking MPI calls)."""
-    MPI = _mpi()
+    MPI = mpi_module()
     d = darr.decomposition
     if d.nranks != comm.Get_size():
         raise VlccValueError(
@@ -583,13 +597,3 @@ def gather_blocks(comm, darr, root: int = 0):
         return out
     comm.Gatherv([local, MPI.BYTE], None, root=root)
     return None
-
-
-def environment_summary() -> dict:
-    """MPI library and launch facts for benchmark records."""
-    MPI = _mpi()
-    return {
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-        "mpi4py": __import__("mpi4py").__version__,
-        "cpus": os.cpu_count(),
-    }

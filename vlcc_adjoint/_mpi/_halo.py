@@ -49,7 +49,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..errors import VlccValueError
-from ._comm import _mpi, active_guard, ensure_initialized, poll
+from ._comm import active_guard, ensure_initialized, mpi_module, poll
 from ._decomp import Decomposition
 
 __all__ = ["HaloExchange"]
@@ -197,9 +197,11 @@ class HaloExchange:
 
     def start(self, arr: np.ndarray) -> _Pending:
         """Start filling `arr`'s halos from the neighbours; ``.wait()`` the result."""
-        MPI = _mpi()
+        MPI = mpi_module()
         self._check(arr)
-        reqs, unpack = [], []
+        reqs = []
+        unpack: list[tuple[tuple[slice, ...], np.ndarray]] = []  # received into a copy
+        keep: list[np.ndarray] = []  # send buffers, alive until the wait
         for a, side, q, send, recv in self._faces:
             halo = arr[recv]
             if halo.flags.c_contiguous:
@@ -212,12 +214,12 @@ class HaloExchange:
             part = arr[send]
             buf = part if part.flags.c_contiguous else np.ascontiguousarray(part)
             reqs.append(self.comm.Isend([buf, MPI.BYTE], dest=q, tag=self._tag(a, side, 0)))
-            unpack.append((None, buf))  # keeps the buffer alive until the wait
+            keep.append(buf)
 
         def after():
             for where, buf in unpack:
-                if where is not None:
-                    arr[where] = buf
+                arr[where] = buf
+            keep.clear()
 
         return _Pending(self, reqs, after, "exchanging halos")
 
@@ -232,7 +234,7 @@ class HaloExchange:
         """Start the transpose of :meth:`exchange`: halo layers are added into
         the owners' boundary layers, then every halo of `arr` is zeroed (at
         ``.wait()``)."""
-        MPI = _mpi()
+        MPI = mpi_module()
         self._check(arr)
         reqs, adds = [], []
         for a, side, q, send, recv in self._faces:

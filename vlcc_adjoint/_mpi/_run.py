@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import xxhash
@@ -44,6 +44,7 @@ from ._zarr import SharedZarrTier
 if TYPE_CHECKING:
     from ..schedules import Schedule
     from ..solver import Solver
+    from ..storage import TieredStore
 
 __all__ = [
     "DistributedAdjointResult",
@@ -128,7 +129,7 @@ def schedule_fingerprint(schedule: Schedule) -> int:
     )
     table = getattr(schedule, "table", None)
     if table is not None:
-        h.update(memoryview(np.ascontiguousarray(table)).cast("B"))
+        h.update(np.ascontiguousarray(table).data.cast("B"))
     return h.intdigest()
 
 
@@ -256,7 +257,7 @@ def run_adjoint(
     schedule: Schedule,
     u0: Any,
     adj_final: Any,
-    store: DistributedStore | None = None,
+    store: DistributedStore | TieredStore | None = None,
     progress: bool = False,
     *,
     comm: Any,
@@ -295,21 +296,26 @@ def run_adjoint(
     """
     from ..execute import run_adjoint as serial_run
 
-    distributed = isinstance(store, DistributedStore)
-    if not distributed and any(isinstance(t, SharedZarrTier) for t in getattr(store, "tiers", ())):
-        raise VlccTypeError(
-            "a SharedZarrTier level needs the collective commit of a DistributedStore: "
-            "pass DistributedStore(comm, tiers, plan) instead of a TieredStore"
-        )
-    if distributed:
+    shared: DistributedStore | None = None
+    lent: TieredStore | None
+    if isinstance(store, DistributedStore):
         if store.comm.py2f() != comm.py2f():
             raise VlccValueError(
                 "the DistributedStore was built on another communicator than comm; "
                 "build it on the run's communicator"
             )
-        guard = store.guard
+        shared, guard = store, store.guard
+        # The executor calls a DistributedStore as it calls a TieredStore (its
+        # per-rank store does the work); the SPMD run closes it, not the executor.
+        lent = cast("TieredStore", _Borrowed(store))
     else:
+        if any(isinstance(t, SharedZarrTier) for t in getattr(store, "tiers", ())):
+            raise VlccTypeError(
+                "a SharedZarrTier level needs the collective commit of a DistributedStore: "
+                "pass DistributedStore(comm, tiers, plan) instead of a TieredStore"
+            )
         guard = Guard(comm, timeout, abort_after)
+        lent = store
     with guard.active():
         try:
             _check_schedule(guard, schedule)
@@ -326,7 +332,7 @@ def run_adjoint(
                 schedule,
                 u0,
                 adj,
-                store=_Borrowed(store) if distributed else store,
+                store=lent,
                 progress=progress and guard.rank == 0,
                 stop=None if stop is None else _agreed_stop(stop, guard),
                 max_steps=max_steps,
@@ -334,16 +340,16 @@ def run_adjoint(
                 check_finite=check_finite,
             )
             commit_seconds, committed = 0.0, 0
-            if distributed:
-                store._finish()
-                commit_seconds, committed = store.commit_seconds, len(store.committed)
+            if shared is not None:
+                shared._finish()
+                commit_seconds, committed = shared.commit_seconds, len(shared.committed)
             nlevels = len(getattr(result.store_stats, "tiers", ()) or ())
             reduced = _reduce(guard, result, commit_seconds, committed, nlevels)
         except BaseException as error:
             guard.fail(error)
-            if distributed:
+            if shared is not None:
                 try:
-                    store.close(collective=False)
+                    shared.close(collective=False)
                 except Exception as close_error:
                     error.add_note(f"closing the DistributedStore also failed: {close_error!r}")
             raise

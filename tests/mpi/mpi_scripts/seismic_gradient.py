@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpi_problem import problem_kwargs  # noqa: E402
 
 from vlcc_adjoint import run_adjoint  # noqa: E402
-from vlcc_adjoint._mpi._seismic import DistributedSeismic  # noqa: E402
+from vlcc_adjoint._examples.mpi_seismic import DistributedSeismic  # noqa: E402
 from vlcc_adjoint.mpi import DistributedStore, SharedZarrTier, list_checkpoints  # noqa: E402
 from vlcc_adjoint.schedules import Level, Multistage, Revolve, io_plan  # noqa: E402
 from vlcc_adjoint.storage import MemoryTier  # noqa: E402

@@ -5,7 +5,10 @@
 source, a line of receivers) with the grid's rows (axis ``z``) split over
 the ranks.  The physics, models, time step and source come from a
 ``SeismicProblem`` built with the same arguments on every rank, so the MPI
-gradient can be compared with the serial one number for number.
+gradient can be compared with the serial one number for number.  It is
+example physics, not library code: it reaches the MPI layer only through
+its public face, :mod:`vlcc_adjoint.mpi`, as a user's distributed solver
+would (``examples/mpi_seismic.py`` runs it).
 
 Layout.  A rank holds rows ``[z0, z1)`` of every field, padded with
 ``R = 2`` halo rows above and below (the stencil's radius):
@@ -48,20 +51,25 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .._examples.seismic import SeismicProblem, WaveState
-from .._examples.wave_kernels import RADIUS as _R
-from .._examples.wave_kernels import RING_ROWS as _S
-from .._examples.wave_kernels import (
+from ..errors import VlccValueError
+from ..mpi import (
+    Decomposition,
+    DistributedAdjointResult,
+    DistributedArray,
+    HaloExchange,
+    ensure_initialized,
+    run_adjoint,
+)
+from .seismic import SeismicProblem, WaveState
+from .wave_kernels import RADIUS as _R
+from .wave_kernels import RING_ROWS as _S
+from .wave_kernels import (
     adjoint_rows,
     forward_rows,
     half_misfit,
     inject_residual,
     record_receivers,
 )
-from ..errors import VlccValueError
-from ._comm import ensure_initialized
-from ._decomp import Decomposition, DistributedArray
-from ._halo import HaloExchange
 
 __all__ = ["DistributedSeismic"]
 
@@ -125,6 +133,8 @@ class DistributedSeismic:
         self.halo = HaloExchange(comm, decomposition, (_R, 0))
         # Rows that need no halo (updated while the messages travel), and the
         # R rows at each end (after); a block of at most 2R rows is all edge.
+        self._inner: tuple[int, int]
+        self._edges: tuple[tuple[int, int], ...]
         if self.nl > 2 * _R:
             self._inner, self._edges = (_R, self.nl - _R), ((0, _R), (self.nl - _R, self.nl))
         else:
@@ -145,8 +155,8 @@ class DistributedSeismic:
         self._bring = np.zeros(ring)
         self._w = self.halo.empty()
         self._gacc = np.zeros((self.nl, p.nx))
-        self._d_obs = None
-        self.last_run = None
+        self._d_obs: np.ndarray | None = None
+        self.last_run: DistributedAdjointResult | None = None
         self.set_model(p.v_background)
 
     # ------------------------------------------------------------- models
@@ -154,7 +164,7 @@ class DistributedSeismic:
         """Make the global model `v` (``(nz, nx)``, replicated) current; zero the gradient."""
         self.problem.set_model(v)
         self._v = np.ascontiguousarray(self.problem.v[self.z0 : self.z1])
-        self._cvcur = np.ascontiguousarray(self.problem._cvcur[self.z0 : self.z1])
+        self._cvcur = np.ascontiguousarray(self.problem.cv[self.z0 : self.z1])
         self.reset_gradient()
 
     def reset_gradient(self) -> None:
@@ -164,7 +174,8 @@ class DistributedSeismic:
     def d_obs(self) -> np.ndarray:
         """This rank's receivers' observed traces, ``(nt + 1, n_local_receivers)``."""
         if self._d_obs is None:
-            cv = np.ascontiguousarray(self.problem._cv(self.problem.v_true)[self.z0 : self.z1])
+            cv = self.problem.squared_courant(self.problem.v_true)[self.z0 : self.z1]
+            cv = np.ascontiguousarray(cv)
             self._d_obs = self._sweep(cv)
         return self._d_obs
 
@@ -327,8 +338,6 @@ class DistributedSeismic:
         """``dJ/dv`` (this rank's :class:`DistributedArray` block) through
         ``vlcc_adjoint.mpi.run_adjoint`` under `schedule`; the run's result is
         kept in :attr:`last_run`."""
-        from ._run import run_adjoint
-
         self.reset_gradient()
         self.d_obs  # noqa: B018 - simulate the observed data before the run, on every rank
         self.last_run = run_adjoint(
