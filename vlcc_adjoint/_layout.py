@@ -679,42 +679,63 @@ def _compile_container(
 
         check = check_seq
     else:
-        provider = CONTAINERS.by_name.get(node["type"])
+        name = node["type"]
+        provider = CONTAINERS.by_name.get(name)
         if provider is None:
             if collect:
                 raise _NotModelled
-            raise missing_type(node["type"])
+            raise missing_type(name)
         items = _list(node.get("items"))
         n = len(items)
         cls = provider.cls
         by_type = CONTAINERS.by_type
         aux = node.get("aux")
+        own: Callable[[Any], Any] | None  # x -> its children, with the provider compiled for
         if provider.kind == "dataclass":
             if aux != list(provider.fields):  # written by another version of the class
                 return _never
             if n == 0:
-                get = lambda x: ()  # noqa: E731
+                own = lambda x: ()  # noqa: E731
             else:
                 getter = operator.attrgetter(*provider.fields)
-                get = (lambda x: (getter(x),)) if n == 1 else getter
+                own = (lambda x: (getter(x),)) if n == 1 else getter
         elif provider.kind == "namedtuple":
             if aux is not None:
                 return _never
+            own = None  # its items
         elif collect:
             raise _NotModelled  # a user provider's aux is a value
         else:
             split = provider.split
 
-            def get(x):
+            def own(x):
                 children, got = split(x)
                 return children if got == aux else None
 
-        def check_type(x):
-            # The provider must still be the one registered (register() may
-            # replace it).
-            return type(x) is cls and by_type.get(cls) is provider
+        if collect:
+            get = own
 
-        check = check_type
+            def check_type(x):
+                # The provider must still be the one registered (register()
+                # may replace it): flatten would ask the new one.
+                return type(x) is cls and by_type.get(cls) is provider
+
+            check = check_type
+        else:
+
+            def get(x):
+                current = by_type.get(cls)
+                if current is provider:
+                    return own(x) if own is not None else x
+                if current is None or current.name != name:
+                    return None  # flatten would record another type
+                children, got = current.split(x)  # a provider registered since
+                return children if got == aux else None
+
+            def check_cls(x):
+                return type(x) is cls
+
+            check = check_cls
     if all(_plain_leaf(item) for item in items):
         return _compile_leaves(check, get, items, infos, collect)
     subs = tuple(_compile(item, infos, collect) for item in items)
