@@ -268,7 +268,7 @@ def _dtype_text(dtype_json: Any) -> str:
 
 
 def kind_name(node: Any) -> str:
-    """What a node describes, in words: ``array`` (a numpy leaf), ``jax
+    """What a node describes, in words: ``array`` (a numpy leaf), ``<tag>
     array`` (a leaf provider's, by its tag), ``dict``, ``list``, ``tuple``,
     a registered type's class name, a value's type name (``float``,
     ``NoneType``, ...), ``numpy <f4 scalar``, or an opaque object's class

@@ -57,6 +57,34 @@ leaf ``i``; ``tree`` is a nest of one-key-tagged nodes: ``{"leaf": i}``
 ``{"tuple": [...]}`` and ``{"type": name, "aux": json, "items": [...]}`` for
 registered types.  Dtypes are written by :mod:`._dtype_json`.
 
+The structure of a state
+------------------------
+
+The spec is the one description of a state's structure; everything that
+needs the structure derives it from the spec or from its compiled form:
+
+* :class:`Structure` is a spec with the values of its scalars aside,
+  made from a state without copying its arrays or bringing them to the
+  host (:meth:`Structure.of`: the same walk as :func:`flatten`, recording
+  each leaf's dtype and shape only; a leaf provider answers through its
+  :attr:`~LeafProvider.describe`).  Compiled once, it checks whether
+  another state has the same structure, dtypes and shapes
+  (:attr:`Structure.matches`: the executor checks every step's output
+  with it), names the first difference by its path
+  (:meth:`Structure.mismatch`), and counts the state's bytes
+  (:func:`state_nbytes`).
+* :class:`Layout` is the structure of a state whose spec has no values
+  (arrays in plain containers), with compiled walks that re-flatten and
+  rebuild states of that structure: the store's path for a time loop.
+* :func:`spec_nodes` and :func:`leaf_paths` walk a spec's tree and name
+  each leaf and value by its path in the state, ``state['params'].c``,
+  ``state[0]``, as :func:`flatten`'s error messages do (lineage's diffs and
+  the MPI layer's distributed blocks read them).
+
+The walks of spec trees, their comparison and their compiled forms live in
+:mod:`._layout`, which reads only the provider registries (:mod:`._providers`)
+and the dtype codec, so the two modules never import each other.
+
 Deduplication
 -------------
 
@@ -74,7 +102,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 import xxhash
@@ -267,14 +295,14 @@ class _PathError(Exception):
         self.path = path
 
 
-def _child(obj, sink, segment: str):
-    """Flatten a child, prefixing the path segment to any failure below it."""
-    try:
-        return _flatten(obj, sink)
-    except _PathError as err:
-        raise _PathError(err.error, segment + err.path) from None
-    except TypeError as err:  # UnknownStateTypeError included
-        raise _PathError(err, segment) from None
+def _below(err: Exception, segment: str) -> _PathError:
+    """The failure `err` of a child, with the child's path segment prefixed.
+
+    A container flattens its children in one ``try``: the segment of the
+    child that failed is written only then, never on the way down."""
+    if isinstance(err, _PathError):
+        return _PathError(err.error, segment + err.path)
+    return _PathError(err, segment)
 
 
 def _flatten(obj, sink) -> Any:
@@ -285,17 +313,24 @@ def _flatten(obj, sink) -> Any:
         return sink.array(obj)
     if cls is dict:
         keys = list(obj)
+        items = []
+        try:
+            for k in keys:
+                items.append(_flatten(obj[k], sink))
+        except (_PathError, TypeError) as err:  # UnknownStateTypeError included
+            raise _below(err, key_segment(k)) from None
         if all(type(k) is str for k in keys):
-            return {
-                "dict": keys,
-                "items": [_child(obj[k], sink, key_segment(k)) for k in keys],
-            }
-        return {
-            "mapping": [key_node(k) for k in keys],
-            "items": [_child(obj[k], sink, key_segment(k)) for k in keys],
-        }
+            return {"dict": keys, "items": items}
+        return {"mapping": [key_node(k) for k in keys], "items": items}
     if cls is list or cls is tuple:
-        return {cls.__name__: [_child(x, sink, f"[{i}]") for i, x in enumerate(obj)]}
+        seq = []
+        i = 0
+        try:
+            for i, x in enumerate(obj):
+                seq.append(_flatten(x, sink))
+        except (_PathError, TypeError) as err:
+            raise _below(err, f"[{i}]") from None
+        return {cls.__name__: seq}
     node = inline_node(obj)
     if node is not None:
         return node
@@ -312,8 +347,13 @@ def _flatten(obj, sink) -> Any:
                 return {"opaque": cls}
             raise _unknown(obj, cls)
     children, aux = provider.split(obj)
-    segments = item_segments(aux, len(children))
-    items = [_child(x, sink, segment) for x, segment in zip(children, segments)]
+    items = []
+    i = 0
+    try:
+        for i, x in enumerate(children):
+            items.append(_flatten(x, sink))
+    except (_PathError, TypeError) as err:
+        raise _below(err, item_segments(aux, len(children))[i]) from None
     return {"type": provider.name, "aux": aux, "items": items}
 
 
@@ -532,7 +572,7 @@ class Structure:
         ]
 
     @classmethod
-    def of(cls, state: Any, *, opaque: bool = False) -> Structure:
+    def of(cls, state: Any, *, opaque: bool = False) -> Self:
         """The structure of `state`.
 
         **Arguments:**
@@ -565,7 +605,7 @@ class Structure:
         return cls(tree, leaf_specs, sink.infos)
 
     @classmethod
-    def from_spec(cls, spec: dict) -> Structure:
+    def from_spec(cls, spec: dict) -> Self:
         """The structure a spec describes (a spec from :func:`flatten`, or
         read back from JSON).
 
@@ -754,7 +794,7 @@ _SLICE = 8 << 20
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array as a flat ``uint8`` memoryview (any dtype)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.reshape(-1).view(np.uint8).data
 
 
 def _hash_into(h, arr: np.ndarray):

@@ -419,9 +419,8 @@ def comparison(d: Diff, rtol: float, atol: float) -> Comparison:
         reason = f"{p} is {va!r} in {d.a} and {vb!r} in {d.b}"
     equal = first is None and not bad_values
     bitwise = not d.values and all(ld.bitwise and ld.status == "same" for ld in d.leaves)
-    numeric = [ld for ld in d.leaves if ld.max_abs is not None]
-    max_abs = max((ld.max_abs for ld in numeric), default=0.0)
-    max_rel = max((ld.max_rel for ld in numeric), default=0.0)
+    max_abs = max((x for x in (ld.max_abs for ld in d.leaves) if x is not None), default=0.0)
+    max_rel = max((x for x in (ld.max_rel for ld in d.leaves) if x is not None), default=0.0)
     return Comparison(equal, bitwise, first, reason, max_abs, max_rel, rtol, atol, d)
 
 
