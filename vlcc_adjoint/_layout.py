@@ -61,6 +61,7 @@ from ._providers import (
 from .errors import VlccTypeError, VlccValueError
 
 __all__ = [
+    "INLINE_TYPES",
     "LeafInfo",
     "build",
     "compile_build",
@@ -84,6 +85,10 @@ LeafInfo = tuple[np.dtype, tuple[int, ...], Any]
 
 
 # -- inline values and path segments ---------------------------------------------------
+
+#: The exact Python types a spec keeps inline (numpy scalars are inline too):
+#: :func:`inline_node` encodes them.
+INLINE_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 
 def inline_node(obj: Any) -> dict | None:
@@ -498,10 +503,6 @@ def missing_type(name: str) -> UnknownStateTypeError:
     )
 
 
-def _never(x: Any, out: list | None = None) -> bool:
-    return False
-
-
 def compile_check(
     tree: Any, infos: Sequence[LeafInfo], *, collect: bool = False
 ) -> Callable[..., bool] | None:
@@ -652,99 +653,45 @@ def _compile_mapping(node: dict, infos: Sequence[LeafInfo]) -> Callable[..., boo
 def _compile_container(
     node: dict, kind: str, infos: Sequence[LeafInfo], collect: bool
 ) -> Callable[..., bool]:
-    """A dict with string keys, a list, a tuple or a registered type."""
-    check: Callable[[Any], bool]
-    get: Callable[[Any], Any] | None = None  # x -> its children (None: x itself)
+    """A dict with string keys, a list, a tuple or a registered type.
+
+    The container is compiled into ``children(x)``: `x`'s children when `x`
+    is this container (its type, keys and length), else ``None``, in one
+    call; the walk then checks the children."""
+    children: Callable[[Any], Any]
     if kind == "dict":
         keys = tuple(_list(node["dict"]))
         items = _list(node.get("items"))
         n = len(keys)
+        values = dict.values
 
-        def check_dict(x):
+        def dict_children(x):
             if type(x) is not dict or len(x) != n:
-                return False
+                return None
             for k, key in zip(x, keys):
                 if type(k) is not str or k != key:
-                    return False
-            return True
+                    return None
+            return values(x)
 
-        check, get = check_dict, dict.values
+        children = dict_children
     elif kind in ("list", "tuple"):
         cls: type = list if kind == "list" else tuple
         items = _list(node[kind])
         n = len(items)
 
-        def check_seq(x):
-            return type(x) is cls and len(x) == n
+        def seq_children(x):
+            return x if type(x) is cls and len(x) == n else None
 
-        check = check_seq
+        children = seq_children
     else:
-        name = node["type"]
-        provider = CONTAINERS.by_name.get(name)
-        if provider is None:
-            if collect:
-                raise _NotModelled
-            raise missing_type(name)
-        items = _list(node.get("items"))
-        n = len(items)
-        cls = provider.cls
-        by_type = CONTAINERS.by_type
-        aux = node.get("aux")
-        own: Callable[[Any], Any] | None  # x -> its children, with the provider compiled for
-        if provider.kind == "dataclass":
-            if aux != list(provider.fields):  # written by another version of the class
-                return _never
-            if n == 0:
-                own = lambda x: ()  # noqa: E731
-            else:
-                getter = operator.attrgetter(*provider.fields)
-                own = (lambda x: (getter(x),)) if n == 1 else getter
-        elif provider.kind == "namedtuple":
-            if aux is not None:
-                return _never
-            own = None  # its items
-        elif collect:
-            raise _NotModelled  # a user provider's aux is a value
-        else:
-            split = provider.split
-
-            def own(x):
-                children, got = split(x)
-                return children if got == aux else None
-
-        if collect:
-            get = own
-
-            def check_type(x):
-                # The provider must still be the one registered (register()
-                # may replace it): flatten would ask the new one.
-                return type(x) is cls and by_type.get(cls) is provider
-
-            check = check_type
-        else:
-
-            def get(x):
-                current = by_type.get(cls)
-                if current is provider:
-                    return own(x) if own is not None else x
-                if current is None or current.name != name:
-                    return None  # flatten would record another type
-                children, got = current.split(x)  # a provider registered since
-                return children if got == aux else None
-
-            def check_cls(x):
-                return type(x) is cls
-
-            check = check_cls
+        children, items = _type_children(node, collect)
     if all(_plain_leaf(item) for item in items):
-        return _compile_leaves(check, get, items, infos, collect)
+        return _compile_leaves(children, items, infos, collect)
     subs = tuple(_compile(item, infos, collect) for item in items)
     count = len(subs)
 
     def walk(x, out=None):
-        if not check(x):
-            return False
-        xs = get(x) if get is not None else x
+        xs = children(x)
         if xs is None or len(xs) != count:
             return False
         for v, sub in zip(xs, subs):
@@ -755,16 +702,79 @@ def _compile_container(
     return walk
 
 
-def _compile_leaves(check, get, items, infos, collect) -> Callable[..., bool]:
+def _type_children(node: dict, collect: bool) -> tuple[Callable[[Any], Any], list]:
+    """``children(x)`` of a registered type's node, and the node's items.
+
+    The children are read as the provider compiled for reads them (a
+    dataclass's fields with one ``attrgetter``, a named tuple's items, a
+    user provider's ``flatten_fn`` with its ``aux`` compared) while it is
+    the one registered for the class.  A layout walk (`collect`) then
+    refuses the object, so that ``flatten`` asks the new provider; a
+    structure check asks the new provider itself, which describes the same
+    structure when it records the same name and ``aux``."""
+    name = node["type"]
+    provider = CONTAINERS.by_name.get(name)
+    if provider is None:
+        if collect:
+            raise _NotModelled
+        raise missing_type(name)
+    items = _list(node.get("items"))
+    cls = provider.cls
+    by_type = CONTAINERS.by_type
+    aux = node.get("aux")
+    own: Callable[[Any], Any]  # x -> its children, with the provider compiled for
+    if provider.kind == "dataclass":
+        if aux != list(provider.fields):  # written by another version of the class
+            return (lambda x: None), items
+        if not items:
+            own = lambda x: ()  # noqa: E731
+        else:
+            getter = operator.attrgetter(*provider.fields)
+            own = (lambda x: (getter(x),)) if len(items) == 1 else getter
+    elif provider.kind == "namedtuple":
+        if aux is not None:
+            return (lambda x: None), items
+        own = lambda x: x  # noqa: E731
+    elif collect:
+        raise _NotModelled  # a user provider's aux is a value
+    else:
+        split = provider.split
+
+        def own(x):
+            found, got = split(x)
+            return found if got == aux else None
+
+    if collect:
+
+        def layout_children(x):
+            if type(x) is cls and by_type.get(cls) is provider:
+                return own(x)
+            return None
+
+        return layout_children, items
+
+    def type_children(x):
+        if type(x) is not cls:
+            return None
+        current = by_type.get(cls)
+        if current is provider:
+            return own(x)
+        if current is None or current.name != name:
+            return None  # flatten would record another type
+        found, got = current.split(x)  # a provider registered since
+        return found if got == aux else None
+
+    return type_children, items
+
+
+def _compile_leaves(children, items, infos, collect) -> Callable[..., bool]:
     """A container whose children are all numpy leaves: one loop, no call per leaf."""
     leaf_infos = tuple(infos[item["leaf"]] for item in items)
     count = len(leaf_infos)
     if collect:
 
         def collect_leaves(x, out):
-            if not check(x):
-                return False
-            xs = get(x) if get is not None else x
+            xs = children(x)
             if xs is None or len(xs) != count:
                 return False
             for v, (dtype, shape, dtype_json) in zip(xs, leaf_infos):
@@ -781,9 +791,7 @@ def _compile_leaves(check, get, items, infos, collect) -> Callable[..., bool]:
         return collect_leaves
 
     def match_leaves(x, out=None):
-        if not check(x):
-            return False
-        xs = get(x) if get is not None else x
+        xs = children(x)
         if xs is None or len(xs) != count:
             return False
         for v, (dtype, shape, dtype_json) in zip(xs, leaf_infos):

@@ -110,6 +110,7 @@ import xxhash
 from ._dtype_json import dtype_from_json as dtype_from_json
 from ._dtype_json import dtype_to_json as dtype_to_json
 from ._layout import (
+    INLINE_TYPES,
     LeafInfo,
     build,
     compile_build,
@@ -331,9 +332,8 @@ def _flatten(obj, sink) -> Any:
         except (_PathError, TypeError) as err:
             raise _below(err, f"[{i}]") from None
         return {cls.__name__: seq}
-    node = inline_node(obj)
-    if node is not None:
-        return node
+    if cls in INLINE_TYPES or isinstance(obj, np.generic):
+        return inline_node(obj)
     if cls is np.memmap:  # its data, restored as a plain array
         return sink.array(np.asarray(obj))
     provider = CONTAINERS.by_type.get(cls)
@@ -346,7 +346,9 @@ def _flatten(obj, sink) -> Any:
             if sink.opaque:
                 return {"opaque": cls}
             raise _unknown(obj, cls)
-    children, aux = provider.split(obj)
+    # split() normalises a user provider's aux through JSON; the automatic
+    # providers' flatten returns what the spec records.
+    children, aux = provider.split(obj) if provider.kind == "user" else provider.flatten(obj)
     items = []
     i = 0
     try:
