@@ -552,9 +552,12 @@ class Structure:
     ) -> None:
         self.tree = tree
         self.leaf_specs = leaf_specs
-        self.infos = tuple(infos)
-        self.nbytes = sum(dtype.itemsize * _count(shape) for dtype, shape in self.infos)
-        self.array = self.infos[0] if type(tree) is dict and tree.keys() == {"leaf"} else None
+        self.infos = infos = tuple(infos)
+        nbytes = 0
+        for dtype, shape in infos:
+            nbytes += dtype.itemsize * _count(shape)
+        self.nbytes = nbytes
+        self.array = infos[0] if type(tree) is dict and len(tree) == 1 and "leaf" in tree else None
 
     def __getattr__(self, name: str) -> Any:
         # The check is compiled on first use and kept in its slot; later
