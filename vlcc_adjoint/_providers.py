@@ -15,7 +15,9 @@ hold, and nothing here names any particular library:
   reference instead of copying), and whether its objects are rebuilt on a
   restore rather than written in place (``rebuilt``: immutable arrays).
   It may also say which dataclasses its library flattens as tree nodes
-  whose ``__init__`` cannot rebuild them (``tree_node``).
+  whose ``__init__`` cannot rebuild them (``tree_node``), and describe an
+  array without bringing it to the host (``describe``: dtype, shape and
+  spec fields, which is all that structure checks and byte counts need).
 * **Lazy hooks** (:func:`register_lazy_provider`): a loader that registers a
   library's providers, run the first time it is needed and not before: when
   ``flatten`` or ``unflatten`` runs after the library was imported, when a
@@ -26,12 +28,20 @@ hold, and nothing here names any particular library:
   dependency.  This is the pattern of ``importlib``'s lazy loading and of
   pytest's entry-point plugins: the registry knows a module *name* and a
   loader, never the module.
+
+The interface the rest of the package reads: :data:`CONTAINERS` (a
+:class:`Registry` of :class:`ContainerProvider`, looked up by type or by
+the name a spec records), :func:`automatic_provider` (the dataclass and
+named-tuple providers, registered on first use), :func:`leaf_provider_of`,
+:func:`leaf_provider_of_node`, :func:`describe_leaf`, :func:`tree_node_owner`,
+:func:`activate_imported`, :data:`SPEC_FORMAT` and :data:`RESERVED_KEYS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -42,14 +52,26 @@ import numpy as np
 from .errors import VlccError, VlccTypeError, VlccValueError
 
 __all__ = [
+    "CONTAINERS",
+    "RESERVED_KEYS",
+    "SPEC_FORMAT",
+    "ContainerProvider",
     "LeafProvider",
+    "Registry",
     "UnknownStateTypeError",
+    "activate_imported",
+    "automatic_provider",
+    "describe_leaf",
     "is_registered",
+    "leaf_provider_of",
+    "leaf_provider_of_node",
     "register",
     "register_lazy_provider",
     "register_leaf_provider",
+    "tree_node_owner",
 ]
 
+#: The ``format`` of the specs :func:`vlcc_adjoint.state.flatten` writes.
 SPEC_FORMAT = "vlcc-state/1"
 
 
@@ -61,15 +83,78 @@ class UnknownStateTypeError(VlccError, TypeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Provider:
+class ContainerProvider:
+    """How a container type splits into children and a JSON ``aux``, and back.
+
+    **Attributes:**
+
+    - `name`: the name a spec records (``{"type": name, ...}``).
+    - `cls`: the exact type it flattens.
+    - `flatten(obj) -> (children, aux)` and `unflatten(aux, children) -> obj`:
+      as given to :func:`register`.
+    - `kind`: ``"user"`` (functions given to :func:`register`: `aux` is
+      normalised through JSON, see :meth:`split`), ``"dataclass"`` or
+      ``"namedtuple"`` (the automatic providers: the children depend on the
+      class alone, and `fields` names them for a dataclass).
+    - `fields`: a dataclass provider's field names, in order; ``()``
+      otherwise.
+    """
+
     name: str
-    flatten: Callable[[Any], tuple[Sequence, Any]]  # obj -> (children, JSON aux)
-    unflatten: Callable[[Any, list], Any]  # (aux, children) -> obj
-    user: bool  # aux comes from user code: validate and normalise it through JSON
+    cls: type
+    flatten: Callable[[Any], tuple[Sequence, Any]]
+    unflatten: Callable[[Any, list], Any]
+    kind: str = "user"
+    fields: tuple[str, ...] = ()
+
+    @property
+    def user(self) -> bool:
+        """Whether `aux` comes from user code (and is normalised through JSON)."""
+        return self.kind == "user"
+
+    def split(self, obj: Any) -> tuple[Sequence, Any]:
+        """``(children, aux)`` of `obj` as a spec records them: a user
+        provider's `aux` read back through strict JSON (tuples become lists),
+        so that it equals what a spec read from disk holds.
+
+        Raises ``TypeError`` naming the remedy if that `aux` is not JSON.
+        """
+        children, aux = self.flatten(obj)
+        if self.kind == "user":
+            try:
+                aux = json.loads(json.dumps(aux, allow_nan=False))
+            except (TypeError, ValueError) as err:
+                raise VlccTypeError(
+                    f"the aux data of {self.name} is not JSON-serialisable ({err}); return "
+                    "only dicts, lists, strings, numbers, bools and None as aux from its "
+                    "flatten_fn"
+                ) from None
+        return children, aux
 
 
-_BY_TYPE: dict[type, _Provider] = {}
-_BY_NAME: dict[str, _Provider] = {}
+class Registry:
+    """The container providers, by exact type and by the name specs record.
+
+    **Attributes:** `by_type` (``{type: ContainerProvider}``) and `by_name`
+    (``{name: ContainerProvider}``): read them freely (a lookup is one dict
+    access, which the compiled structure checks rely on), change them only
+    through :meth:`add` (that is, :func:`register`).  Registering a name
+    again replaces the earlier provider, in both tables.
+    """
+
+    def __init__(self) -> None:
+        self.by_type: dict[type, ContainerProvider] = {}
+        self.by_name: dict[str, ContainerProvider] = {}
+
+    def add(self, provider: ContainerProvider) -> ContainerProvider:
+        """Register `provider` for its type and its name; returns it."""
+        self.by_type[provider.cls] = provider
+        self.by_name[provider.name] = provider
+        return provider
+
+
+#: The registry of container providers (see :class:`Registry`).
+CONTAINERS = Registry()
 
 
 def _type_name(cls: type) -> str:
@@ -104,11 +189,7 @@ def register(
     if not isinstance(cls, type):
         raise VlccTypeError(f"register expects a class, got {cls!r}")
     if flatten_fn is None and unflatten_fn is None:
-        if dataclasses.is_dataclass(cls):
-            _register_dataclass(cls, name)
-        elif issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            _register_namedtuple(cls, name)
-        else:
+        if automatic_provider(cls, name) is None:
             raise VlccTypeError(
                 f"{cls.__qualname__} is neither a dataclass nor a named tuple; pass "
                 "flatten_fn(obj) -> (children, aux) and unflatten_fn(aux, children) -> obj"
@@ -119,22 +200,32 @@ def register(
             "register needs both flatten_fn and unflatten_fn (or neither, "
             "for dataclasses and named tuples)"
         )
-    _add(cls, _Provider(name or _type_name(cls), flatten_fn, unflatten_fn, user=True))
+    CONTAINERS.add(ContainerProvider(name or _type_name(cls), cls, flatten_fn, unflatten_fn))
 
 
 def is_registered(cls: type) -> bool:
     """Whether a provider for exactly `cls` is registered (by :func:`register`,
     or by flattening a dataclass or named tuple of that type)."""
-    return cls in _BY_TYPE
+    return cls in CONTAINERS.by_type
 
 
-def _add(cls: type, provider: _Provider) -> _Provider:
-    _BY_TYPE[cls] = provider
-    _BY_NAME[provider.name] = provider
-    return provider
+def automatic_provider(cls: type, name: str | None = None) -> ContainerProvider | None:
+    """Register the automatic provider of the dataclass or named tuple type
+    `cls` (under `name`, default ``"module:qualname"``) and return it;
+    ``None`` (nothing registered) for any other type.
+
+    A dataclass's children are its fields, read by name; a named tuple's
+    its items.  Both depend on the class alone, never on the values.
+    """
+    if dataclasses.is_dataclass(cls):
+        return _register_dataclass(cls, name)
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _register_namedtuple(cls, name)
+    return None
 
 
-def _register_dataclass(cls: type, name: str | None = None) -> _Provider:
+def _register_dataclass(cls: type, name: str | None = None) -> ContainerProvider:
+    unflatten_fn: Callable[[Any, list], Any]
     if tree_node_owner(cls) is not None:
         # A dataclass another library flattens as a tree node (a neural
         # network module): rebuild it the way that library's own unflatten
@@ -161,7 +252,11 @@ def _register_dataclass(cls: type, name: str | None = None) -> _Provider:
     def flatten_fn(obj):
         return [getattr(obj, n) for n in names], list(names)  # the spec gets its own list
 
-    return _add(cls, _Provider(name or _type_name(cls), flatten_fn, unflatten_fn, user=False))
+    return CONTAINERS.add(
+        ContainerProvider(
+            name or _type_name(cls), cls, flatten_fn, unflatten_fn, "dataclass", tuple(names)
+        )
+    )
 
 
 def _check_fields(cls: type, aux, children, names: list[str]) -> None:
@@ -178,15 +273,15 @@ def _check_fields(cls: type, aux, children, names: list[str]) -> None:
         )
 
 
-def _register_namedtuple(cls: type, name: str | None = None) -> _Provider:
-    return _add(
-        cls,
-        _Provider(
+def _register_namedtuple(cls: type, name: str | None = None) -> ContainerProvider:
+    return CONTAINERS.add(
+        ContainerProvider(
             name or _type_name(cls),
+            cls,
             lambda obj: (list(obj), None),
             lambda aux, children: cls(*children),
-            user=False,
-        ),
+            "namedtuple",
+        )
     )
 
 
@@ -219,6 +314,12 @@ class LeafProvider:
     - `tree_node(cls) -> bool`: optional; whether the library flattens the
       dataclass `cls` as a tree node whose ``__init__`` cannot rebuild it
       (it is then rebuilt field by field on a bare instance).
+    - `describe(obj) -> (dtype, shape, fields)`: optional; what `to_numpy`
+      would return, without the data: the numpy dtype and the shape of the
+      array and the same `fields`, read from the object's metadata (no
+      copy, no transfer from an accelerator).  Structure checks and byte
+      counts (:class:`vlcc_adjoint.state.Structure`) ask it; without it
+      they call `to_numpy` and read the array's dtype and shape.
     """
 
     tag: str
@@ -228,13 +329,44 @@ class LeafProvider:
     immutable: bool = False
     rebuilt: bool = True
     tree_node: Callable[[type], bool] | None = None
+    describe: Callable[[Any], tuple[np.dtype, tuple[int, ...], dict]] | None = None
+
+
+def describe_leaf(provider: LeafProvider, obj: Any) -> tuple[np.dtype, tuple[int, ...], dict]:
+    """``(dtype, shape, fields)`` of the leaf `provider` makes of `obj`:
+    its :attr:`~LeafProvider.describe` when it has one, else read from
+    ``to_numpy(obj)`` (which may copy the data to the host).
+
+    Raises ``TypeError`` naming the provider when the answer is malformed.
+    """
+    if provider.describe is not None:
+        dtype, shape, fields = provider.describe(obj)
+        dtype, shape = np.dtype(dtype), tuple(int(n) for n in shape)
+    else:
+        arr, fields = provider.to_numpy(obj)
+        if type(arr) is not np.ndarray:
+            raise VlccTypeError(
+                f"the {provider.tag!r} leaf provider's to_numpy must return a numpy array, "
+                f"got {type(arr).__name__}"
+            )
+        dtype, shape = arr.dtype, arr.shape
+    if not isinstance(fields, dict) or provider.tag not in fields:
+        raise VlccTypeError(
+            f"the {provider.tag!r} leaf provider must describe its leaves with fields holding "
+            f"{provider.tag!r}, got {fields!r}"
+        )
+    return dtype, shape, fields
 
 
 _LEAF_PROVIDERS: dict[str, LeafProvider] = {}  # tag -> provider
 _LEAF_OF_TYPE: dict[type, LeafProvider | None] = {}  # cache of claims(), per type
 _NODE_OWNER: dict[type, LeafProvider | None] = {}  # cache of tree_node(), per type
-_RESERVED = frozenset(
+#: The keys of spec nodes (and ``"opaque"``, the node of an object no
+#: provider knows in a structure made with ``opaque=True``): no leaf
+#: provider may use one as its tag.
+RESERVED_KEYS = frozenset(
     {
+        "opaque",
         "leaf",
         "value",
         "dict",
@@ -263,10 +395,10 @@ def register_leaf_provider(provider: LeafProvider) -> None:
     """
     if not isinstance(provider, LeafProvider):
         raise VlccTypeError(f"register_leaf_provider expects a LeafProvider, got {provider!r}")
-    if not isinstance(provider.tag, str) or not provider.tag or provider.tag in _RESERVED:
+    if not isinstance(provider.tag, str) or not provider.tag or provider.tag in RESERVED_KEYS:
         raise VlccValueError(
             f"invalid leaf provider tag {provider.tag!r}: use a name that is not "
-            f"one of the spec's own keys {sorted(_RESERVED)}"
+            f"one of the spec's own keys {sorted(RESERVED_KEYS)}"
         )
     _LEAF_PROVIDERS[provider.tag] = provider
     _LEAF_OF_TYPE.clear()

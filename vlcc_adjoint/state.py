@@ -57,6 +57,34 @@ leaf ``i``; ``tree`` is a nest of one-key-tagged nodes: ``{"leaf": i}``
 ``{"tuple": [...]}`` and ``{"type": name, "aux": json, "items": [...]}`` for
 registered types.  Dtypes are written by :mod:`._dtype_json`.
 
+The structure of a state
+------------------------
+
+The spec is the one description of a state's structure; everything that
+needs the structure derives it from the spec or from its compiled form:
+
+* :class:`Structure` is a spec with the values of its scalars aside,
+  made from a state without copying its arrays or bringing them to the
+  host (:meth:`Structure.of`: the same walk as :func:`flatten`, recording
+  each leaf's dtype and shape only; a leaf provider answers through its
+  :attr:`~LeafProvider.describe`).  Compiled once, it checks whether
+  another state has the same structure, dtypes and shapes
+  (:attr:`Structure.matches`: the executor checks every step's output
+  with it), names the first difference by its path
+  (:meth:`Structure.mismatch`), and counts the state's bytes
+  (:func:`state_nbytes`).
+* :class:`Layout` is the structure of a state whose spec has no values
+  (arrays in plain containers), with compiled walks that re-flatten and
+  rebuild states of that structure: the store's path for a time loop.
+* :func:`spec_nodes` and :func:`leaf_paths` walk a spec's tree and name
+  each leaf and value by its path in the state, ``state['params'].c``,
+  ``state[0]``, as :func:`flatten`'s error messages do (lineage's diffs and
+  the MPI layer's distributed blocks read them).
+
+The walks of spec trees, their comparison and their compiled forms live in
+:mod:`._layout`, which reads only the provider registries (:mod:`._providers`)
+and the dtype codec, so the two modules never import each other.
+
 Deduplication
 -------------
 
@@ -72,27 +100,37 @@ n^2 / 2^129).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 import xxhash
 
 from ._dtype_json import dtype_from_json as dtype_from_json
 from ._dtype_json import dtype_to_json as dtype_to_json
-from ._layout import Layout as Layout
+from ._layout import (
+    INLINE_TYPES,
+    LeafInfo,
+    build,
+    compile_build,
+    compile_check,
+    difference,
+    inline_node,
+    item_segments,
+    key_node,
+    key_segment,
+)
+from ._layout import inline_value as inline_value
+from ._layout import leaf_paths as leaf_paths
+from ._layout import spec_nodes as spec_nodes
 from ._providers import (
-    _BY_NAME,
-    _BY_TYPE,
+    CONTAINERS,
     SPEC_FORMAT,
-    _Provider,
-    _register_dataclass,
-    _register_namedtuple,
     activate_imported,
+    automatic_provider,
+    describe_leaf,
     leaf_provider_of,
-    leaf_provider_of_node,
     tree_node_owner,
 )
 from ._providers import LeafProvider as LeafProvider
@@ -107,6 +145,7 @@ __all__ = [
     "Layout",
     "LeafProvider",
     "LeafTraits",
+    "Structure",
     "UnknownStateTypeError",
     "byte_view",
     "dtype_from_json",
@@ -116,14 +155,17 @@ __all__ = [
     "immutable_array",
     "is_registered",
     "leaf_digest",
+    "leaf_paths",
     "register",
     "register_lazy_provider",
     "register_leaf_provider",
+    "spec_nodes",
+    "state_nbytes",
     "unflatten",
 ]
 
 
-# -- flatten ----------------------------------------------------------------------
+# -- the walk of a state ----------------------------------------------------------------
 
 
 class LeafTraits(NamedTuple):
@@ -143,18 +185,6 @@ class LeafTraits(NamedTuple):
     fresh: frozenset
     immutable: frozenset
     rebuilt: frozenset
-
-
-class _Sink:
-    """The leaves of a flatten, and what is known about them."""
-
-    __slots__ = ("leaves", "fresh", "immutable", "rebuilt")
-
-    def __init__(self):
-        self.leaves: list[np.ndarray] = []
-        self.fresh: set[int] = set()
-        self.immutable: set[int] = set()
-        self.rebuilt: set[int] = set()
 
 
 def immutable_array(arr: np.ndarray) -> bool:
@@ -185,6 +215,79 @@ def _contiguous(arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr)  # never 0-d here: 0-d arrays are contiguous
 
 
+class _Sink:
+    """Where :func:`_flatten` puts the leaves of a flatten, and what is
+    known about them: the arrays themselves, brought to C order and to the
+    host."""
+
+    __slots__ = ("leaves", "fresh", "immutable", "rebuilt", "opaque")
+
+    def __init__(self, opaque: bool = False) -> None:
+        self.leaves: list[np.ndarray] = []
+        self.fresh: set[int] = set()
+        self.immutable: set[int] = set()
+        self.rebuilt: set[int] = set()
+        self.opaque = opaque  # an object no provider knows: an opaque node, not an error
+
+    def array(self, arr: np.ndarray) -> dict:
+        dtype_to_json(arr.dtype)  # refuses object arrays with a clear message
+        leaf = _contiguous(arr)
+        i = len(self.leaves)
+        self.leaves.append(leaf)
+        if leaf is not arr:
+            self.fresh.add(i)
+        elif not leaf.flags.writeable and immutable_array(leaf):
+            self.immutable.add(i)
+        return {"leaf": i}
+
+    def provided(self, obj: Any, provider: LeafProvider) -> dict:
+        arr, fields = provider.to_numpy(obj)
+        if (
+            type(arr) is not np.ndarray
+            or not isinstance(fields, dict)
+            or provider.tag not in fields
+        ):
+            raise VlccTypeError(
+                f"the {provider.tag!r} leaf provider's to_numpy must return (a numpy "
+                f"array, fields with {provider.tag!r}), got {type(arr).__name__}, "
+                f"{fields!r}"
+            )
+        node = self.array(arr)
+        i = node["leaf"]
+        if provider.immutable and i not in self.fresh:
+            self.immutable.add(i)
+        if provider.rebuilt:
+            self.rebuilt.add(i)
+        node.update(fields)
+        return node
+
+
+class _Describe:
+    """Where :func:`_flatten` puts the leaves of a structure: each leaf's
+    dtype and shape only, read from the array (or from its leaf provider's
+    :attr:`~LeafProvider.describe`) without copying anything or bringing it
+    to the host."""
+
+    __slots__ = ("infos", "opaque")
+
+    def __init__(self, opaque: bool = False) -> None:
+        self.infos: list[tuple[np.dtype, tuple[int, ...]]] = []
+        self.opaque = opaque
+
+    def array(self, arr: np.ndarray) -> dict:
+        dtype_to_json(arr.dtype)  # refuses object arrays, as flatten does
+        self.infos.append((arr.dtype, arr.shape))
+        return {"leaf": len(self.infos) - 1}
+
+    def provided(self, obj: Any, provider: LeafProvider) -> dict:
+        dtype, shape, fields = describe_leaf(provider, obj)
+        dtype_to_json(dtype)
+        self.infos.append((dtype, shape))
+        node = {"leaf": len(self.infos) - 1}
+        node.update(fields)
+        return node
+
+
 class _PathError(Exception):
     """Carries a failure and the path of the failing object up to :func:`flatten`."""
 
@@ -193,139 +296,107 @@ class _PathError(Exception):
         self.path = path
 
 
-def _child(obj, sink: _Sink, segment: str):
-    """Flatten a child, prefixing the path segment to any failure below it."""
-    try:
-        return _flatten(obj, sink)
-    except _PathError as err:
-        raise _PathError(err.error, segment + err.path) from None
-    except TypeError as err:  # UnknownStateTypeError included
-        raise _PathError(err, segment) from None
+def _below(err: Exception, segment: str) -> _PathError:
+    """The failure `err` of a child, with the child's path segment prefixed.
+
+    A container flattens its children in one ``try``: the segment of the
+    child that failed is written only then, never on the way down."""
+    if isinstance(err, _PathError):
+        return _PathError(err.error, segment + err.path)
+    return _PathError(err, segment)
 
 
-def _leaf(arr: np.ndarray, sink: _Sink) -> dict:
-    dtype_to_json(arr.dtype)  # refuses object arrays with a clear message
-    leaf = _contiguous(arr)
-    i = len(sink.leaves)
-    sink.leaves.append(leaf)
-    if leaf is not arr:
-        sink.fresh.add(i)
-    elif not leaf.flags.writeable and immutable_array(leaf):
-        sink.immutable.add(i)
-    return {"leaf": i}
-
-
-def _provided_leaf(obj, provider, sink: _Sink) -> dict:
-    arr, fields = provider.to_numpy(obj)
-    if type(arr) is not np.ndarray or not isinstance(fields, dict) or provider.tag not in fields:
-        raise VlccTypeError(
-            f"the {provider.tag!r} leaf provider's to_numpy must return (a numpy "
-            f"array, fields with {provider.tag!r}), got {type(arr).__name__}, "
-            f"{fields!r}"
-        )
-    node = _leaf(arr, sink)
-    i = node["leaf"]
-    if provider.immutable and i not in sink.fresh:
-        sink.immutable.add(i)
-    if provider.rebuilt:
-        sink.rebuilt.add(i)
-    node.update(fields)
-    return node
-
-
-_SCALAR_KEY_TYPES = (str, int, float, bool, type(None))
-
-
-def _key_ok(key) -> bool:
-    if type(key) in _SCALAR_KEY_TYPES:
-        return True
-    return type(key) is tuple and all(_key_ok(k) for k in key)
-
-
-def _flatten(obj, sink: _Sink) -> Any:
+def _flatten(obj, sink) -> Any:
+    """The spec node of `obj`, its leaves handed to `sink` (:class:`_Sink`
+    or :class:`_Describe`): the one walk of a state's objects."""
     cls = type(obj)
     if cls is np.ndarray:
-        return _leaf(obj, sink)
+        return sink.array(obj)
     if cls is dict:
         keys = list(obj)
+        items = []
+        try:
+            for k in keys:
+                items.append(_flatten(obj[k], sink))
+        except (_PathError, TypeError) as err:  # UnknownStateTypeError included
+            raise _below(err, key_segment(k)) from None
         if all(type(k) is str for k in keys):
-            return {"dict": keys, "items": [_child(obj[k], sink, f"[{k!r}]") for k in keys]}
-        bad = [k for k in keys if not _key_ok(k)]
-        if bad:
-            raise VlccTypeError(
-                f"state dict keys must be str, int, float, bool, None or tuples of them, "
-                f"got {bad[0]!r}; convert the keys (e.g. with str) or use a list"
-            )
-        return {
-            "mapping": [_flatten(k, _Sink()) for k in keys],
-            "items": [_child(obj[k], sink, f"[{k!r}]") for k in keys],
-        }
+            return {"dict": keys, "items": items}
+        return {"mapping": [key_node(k) for k in keys], "items": items}
     if cls is list or cls is tuple:
-        return {cls.__name__: [_child(x, sink, f"[{i}]") for i, x in enumerate(obj)]}
-    if obj is None or cls is bool or cls is str or cls is int:
-        return {"value": obj}
-    if cls is float:
-        if obj != obj or obj in (float("inf"), float("-inf")):
-            return {"float": repr(obj)}  # JSON has no inf / nan
-        return {"value": obj}
-    if cls is complex:
-        return {"complex": [repr(obj.real), repr(obj.imag)]}
-    if cls is bytes:
-        return {"bytes": obj.hex()}
-    if isinstance(obj, np.generic):
-        # Inline and bit-exact: a numpy scalar is a few bytes, not worth a leaf.
-        return {"npscalar": dtype_to_json(obj.dtype), "hex": np.asarray(obj).tobytes().hex()}
+        seq = []
+        i = 0
+        try:
+            for i, x in enumerate(obj):
+                seq.append(_flatten(x, sink))
+        except (_PathError, TypeError) as err:
+            raise _below(err, f"[{i}]") from None
+        return {cls.__name__: seq}
+    if cls in INLINE_TYPES or isinstance(obj, np.generic):
+        return inline_node(obj)
     if cls is np.memmap:  # its data, restored as a plain array
-        return _leaf(np.asarray(obj), sink)
-    provider = _BY_TYPE.get(cls)
+        return sink.array(np.asarray(obj))
+    provider = CONTAINERS.by_type.get(cls)
     if provider is None:
         leaf_provider = leaf_provider_of(cls)
         if leaf_provider is not None:
-            return _provided_leaf(obj, leaf_provider, sink)
-        provider = _auto_provider(obj, cls)
-    children, aux = provider.flatten(obj)
-    if provider.user:
-        try:
-            aux = json.loads(json.dumps(aux, allow_nan=False))
-        except (TypeError, ValueError) as err:
-            raise VlccTypeError(
-                f"the aux data of {provider.name} is not JSON-serialisable ({err}); return "
-                "only dicts, lists, strings, numbers, bools and None as aux from its flatten_fn"
-            ) from None
-    named = isinstance(aux, list) and len(aux) == len(children) and all(type(a) is str for a in aux)
-    items = [_child(x, sink, f".{aux[i]}" if named else f"[{i}]") for i, x in enumerate(children)]
+            return sink.provided(obj, leaf_provider)
+        provider = automatic_provider(cls)
+        if provider is None:
+            if sink.opaque:
+                return {"opaque": cls}
+            raise _unknown(obj, cls)
+    # split() normalises a user provider's aux through JSON; the automatic
+    # providers' flatten returns what the spec records.
+    children, aux = provider.split(obj) if provider.kind == "user" else provider.flatten(obj)
+    items = []
+    i = 0
+    try:
+        for i, x in enumerate(children):
+            items.append(_flatten(x, sink))
+    except (_PathError, TypeError) as err:
+        raise _below(err, item_segments(aux, len(children))[i]) from None
     return {"type": provider.name, "aux": aux, "items": items}
 
 
-def _auto_provider(obj, cls: type) -> _Provider:
-    if dataclasses.is_dataclass(obj):
-        return _register_dataclass(cls)
-    if isinstance(obj, tuple) and hasattr(cls, "_fields"):
-        return _register_namedtuple(cls)
+def _unknown(obj, cls: type) -> TypeError:
+    """The error for an object no provider knows, with the remedy."""
     if isinstance(obj, np.ndarray):
         remedy = "pass np.asarray(x)"
         if isinstance(obj, np.ma.MaskedArray):
             remedy = "store x.data and np.ma.getmaskarray(x) as two arrays"
-        raise UnknownStateTypeError(
+        return UnknownStateTypeError(
             f"array subclass {cls.__module__}.{cls.__qualname__} is not supported ({remedy}, "
             "or teach it with vlcc_adjoint.state.register)"
         )
     hint = ""
+    owner = tree_node_owner(cls)
     if callable(obj):
         hint = (
             " Functions and other callables cannot be checkpointed; keep them out of the "
             "state (e.g. split an equinox module with eqx.partition(model, eqx.is_array))."
         )
-    elif tree_node_owner(cls) is not None:
+    elif owner is not None:
         hint = (
-            f" It is a tree node of the {tree_node_owner(cls).tag!r} provider's library, but "
+            f" It is a tree node of the {owner.tag!r} provider's library, but "
             "only dataclass nodes are flattened automatically."
         )
-    raise UnknownStateTypeError(
+    return UnknownStateTypeError(
         f"no state provider for {cls.__module__}.{cls.__qualname__}; use numpy arrays, "
         "scalars, strings, dicts, lists, tuples, named tuples or dataclasses, or teach it with "
         "vlcc_adjoint.state.register(cls, flatten_fn, unflatten_fn)." + hint
     )
+
+
+def _walk(state: Any, sink) -> Any:
+    """The spec tree of `state` (see :func:`_flatten`), with a failure below
+    the root reported as ``state<path>: <error>``."""
+    activate_imported()
+    try:
+        return _flatten(state, sink)
+    except _PathError as err:
+        kind = UnknownStateTypeError if isinstance(err.error, UnknownStateTypeError) else TypeError
+        raise kind(f"state{err.path}: {err.error}") from None
 
 
 def flatten(state: Any) -> tuple[list[np.ndarray], dict]:
@@ -356,13 +427,8 @@ def flatten_traits(state: Any) -> tuple[list[np.ndarray], dict, LeafTraits]:
     never change (a store may keep them by reference) and which a restore
     rebuilds instead of writing in place.
     """
-    activate_imported()
     sink = _Sink()
-    try:
-        tree = _flatten(state, sink)
-    except _PathError as err:
-        kind = UnknownStateTypeError if isinstance(err.error, UnknownStateTypeError) else TypeError
-        raise kind(f"state{err.path}: {err.error}") from None
+    tree = _walk(state, sink)
     leaves = sink.leaves
     spec = {
         "format": SPEC_FORMAT,
@@ -378,65 +444,21 @@ def flatten_traits(state: Any) -> tuple[list[np.ndarray], dict, LeafTraits]:
     )
 
 
+def flatten_opaque(state: Any) -> tuple[list[np.ndarray], dict]:
+    """:func:`flatten`, except that an object no provider knows becomes an
+    ``{"opaque": its class}`` node instead of an error.
+
+    For checks of states that need not be stored (the executor's nan/inf
+    check of whatever a solver returns): such a spec is not JSON and is
+    never written anywhere.
+    """
+    sink = _Sink(opaque=True)
+    tree = _walk(state, sink)
+    leaf_specs = [{"dtype": dtype_to_json(a.dtype), "shape": list(a.shape)} for a in sink.leaves]
+    return sink.leaves, {"format": SPEC_FORMAT, "tree": tree, "leaves": leaf_specs}
+
+
 # -- unflatten --------------------------------------------------------------------
-
-
-def _unflatten(node, leaves):
-    if type(node) is not dict:
-        raise VlccValueError(f"malformed state spec node {node!r}")
-    if "leaf" in node:
-        leaf = leaves[node["leaf"]]
-        if len(node) > 1:  # a leaf provider's array
-            return leaf_provider_of_node(node).from_numpy(leaf, node)
-        return leaf
-    if "value" in node:
-        return node["value"]
-    if "dict" in node:
-        return {k: _unflatten(v, leaves) for k, v in zip(node["dict"], node["items"], strict=True)}
-    if "list" in node:
-        return [_unflatten(v, leaves) for v in node["list"]]
-    if "tuple" in node:
-        return tuple(_unflatten(v, leaves) for v in node["tuple"])
-    if "type" in node:
-        provider = _BY_NAME.get(node["type"])
-        if provider is None:
-            raise UnknownStateTypeError(
-                f"the checkpoint holds a {node['type']!r}, which this process has not "
-                "registered; call vlcc_adjoint.state.register(cls) (dataclasses, named tuples) "
-                "or register(cls, flatten_fn, unflatten_fn) before loading (types are never "
-                "imported from a checkpoint)"
-            )
-        return provider.unflatten(node["aux"], [_unflatten(v, leaves) for v in node["items"]])
-    if "float" in node:
-        text = node["float"]
-        if text not in ("nan", "inf", "-inf"):
-            raise VlccValueError(f"malformed float {text!r} in state spec")
-        return float(text)
-    if "complex" in node:
-        re_, im = node["complex"]
-        return complex(float(re_), float(im))
-    if "npscalar" in node:
-        dtype = dtype_from_json(node["npscalar"])
-        raw = bytes.fromhex(node["hex"])
-        if len(raw) != dtype.itemsize:
-            raise VlccValueError(
-                f"numpy scalar of dtype {dtype} with {len(raw)} bytes in state spec"
-            )
-        return np.frombuffer(raw, dtype=dtype)[0]
-    if "bytes" in node:
-        return bytes.fromhex(node["bytes"])
-    if "mapping" in node:
-        return {
-            _hashable(_unflatten(k, ())): _unflatten(v, leaves)
-            for k, v in zip(node["mapping"], node["items"], strict=True)
-        }
-    raise VlccValueError(f"malformed state spec node {node!r}")
-
-
-def _hashable(key):
-    if type(key) is list:  # pragma: no cover - tuples are tagged, lists never keys
-        raise VlccValueError("list as dict key in state spec")
-    return key
 
 
 def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -> Any:
@@ -483,7 +505,289 @@ def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -
                 f"{dtype.str}{want['shape']}"
             )
         checked.append(np.array(leaf, copy=True) if copy else leaf)
-    return _unflatten(spec["tree"], checked)
+    return build(spec["tree"], checked)
+
+
+# -- the structure of a state, compiled -----------------------------------------------
+
+
+class Structure:
+    """The structure of a state: what :func:`flatten`'s spec records of it,
+    with the values of its scalars aside; compiled once into a check.
+
+    Two states have the same structure when their specs have the same
+    containers (dict keys in order, lengths), the same registered types
+    (with the same ``aux`` for types registered with functions), arrays of
+    the same dtype (byte order included) and shape (a leaf provider's with
+    the same spec fields), and scalars of the same types (numpy scalars of
+    the same dtype), whatever their values.  This is what a time loop
+    keeps from step to step, and what the executor checks.
+
+    Made by :meth:`of` from a state (without copying its arrays or bringing
+    them to the host: numpy arrays are read for dtype and shape, leaf
+    providers are asked through :attr:`LeafProvider.describe`), or by
+    :meth:`from_spec` from a spec.
+
+    **Attributes:**
+
+    - `tree`, `leaf_specs`: the spec's ``tree`` and ``leaves`` (read-only:
+      never modify them).
+    - `infos`: per leaf ``(dtype, shape)``.
+    - `nbytes`: the bytes of all leaves (what a store holds for the state).
+    - `array`: ``(dtype, shape)`` when the state is one numpy array (the
+      common case, and the fast path of every check), else ``None``.
+    - `matches(x) -> bool`: whether `x` has this structure, compiled when
+      first used (:func:`vlcc_adjoint._layout.compile_check`): a few
+      comparisons per container and per array, and for a one-array state
+      a type, a shape and a dtype identity test.
+    """
+
+    __slots__ = ("tree", "leaf_specs", "infos", "nbytes", "array", "matches")
+
+    def __init__(
+        self,
+        tree: Any,
+        leaf_specs: list[dict[str, Any]],
+        infos: Sequence[tuple[np.dtype, tuple[int, ...]]],
+    ) -> None:
+        self.tree = tree
+        self.leaf_specs = leaf_specs
+        self.infos = infos = tuple(infos)
+        nbytes = 0
+        for dtype, shape in infos:
+            nbytes += dtype.itemsize * _count(shape)
+        self.nbytes = nbytes
+        self.array = infos[0] if type(tree) is dict and len(tree) == 1 and "leaf" in tree else None
+
+    def __getattr__(self, name: str) -> Any:
+        # The check is compiled on first use and kept in its slot; later
+        # reads find it there without calling this.
+        if name == "matches":
+            match = compile_check(self.tree, self.leaf_infos())
+            assert match is not None  # only a layout walk may be absent
+            self.matches = match
+            return match
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def leaf_infos(self) -> list[LeafInfo]:
+        """Per leaf ``(dtype, shape, dtype JSON)``: what the compiled checks compare."""
+        return [
+            (dtype, tuple(shape), entry["dtype"])
+            for (dtype, shape), entry in zip(self.infos, self.leaf_specs)
+        ]
+
+    @classmethod
+    def of(cls, state: Any, *, opaque: bool = False) -> Self:
+        """The structure of `state`.
+
+        **Arguments:**
+
+        - `state`: any state :func:`flatten` accepts.
+        - `opaque`: describe an object no provider knows by its class
+          (``{"opaque": cls}``; it matches objects of that exact class)
+          instead of raising :class:`UnknownStateTypeError`: for checks of
+          states that are never stored (the executor checks whatever a
+          solver returns).
+
+        Nothing is copied and nothing is brought to the host, except the
+        arrays of a leaf provider without :attr:`~LeafProvider.describe`
+        (read with its ``to_numpy``) and of a container provider whose
+        ``flatten_fn`` converts (an accelerator library's arrays registered with
+        :func:`register`).
+        """
+        if type(state) is np.ndarray:  # the common case, without the walk
+            dtype_json = dtype_to_json(state.dtype)
+            return cls(
+                {"leaf": 0},
+                [{"dtype": dtype_json, "shape": list(state.shape)}],
+                ((state.dtype, state.shape),),
+            )
+        sink = _Describe(opaque)
+        tree = _walk(state, sink)
+        leaf_specs = [
+            {"dtype": dtype_to_json(dtype), "shape": list(shape)} for dtype, shape in sink.infos
+        ]
+        return cls(tree, leaf_specs, sink.infos)
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Self:
+        """The structure a spec describes (a spec from :func:`flatten`, or
+        read back from JSON).
+
+        Raises ``ValueError`` for a spec that is not one.
+        """
+        if not isinstance(spec, dict) or "tree" not in spec or "leaves" not in spec:
+            raise VlccValueError(
+                "not a state spec: expected a dict with 'tree' and 'leaves' "
+                "(as returned by vlcc_adjoint.state.flatten)"
+            )
+        infos = []
+        for entry in spec["leaves"]:
+            if not (isinstance(entry, dict) and type(entry.get("shape")) is list):
+                raise VlccValueError(f"malformed leaf entry {entry!r:.200} in state spec")
+            infos.append((dtype_from_json(entry["dtype"]), tuple(entry["shape"])))
+        return cls(spec["tree"], spec["leaves"], infos)
+
+    def spec(self) -> dict:
+        """A spec of this structure (a new top-level dict; its parts are
+        shared).  For a structure made by :meth:`of`, it equals
+        ``flatten(state)[1]``, values included."""
+        return {"format": SPEC_FORMAT, "tree": self.tree, "leaves": self.leaf_specs}
+
+    def difference(self, got: Structure, path: str = "state", *, seed: bool = False) -> str:
+        """How the structure `got` differs from this one (the reference), in
+        one sentence naming the first difference by its path, or ``""``.
+        With `seed`, only what `got` has of this structure's form is
+        compared (see :func:`vlcc_adjoint._layout.difference`)."""
+        return difference(got.tree, got.leaf_specs, self.tree, self.leaf_specs, path, seed=seed)
+
+    def mismatch(self, x: Any, path: str = "state") -> str:
+        """How the state `x` differs from this structure, or ``""`` when it
+        matches (``""`` exactly when ``matches(x)``), e.g. ``"state['u'] is
+        an array of shape (5,) and dtype <f8, expected shape (6,) and dtype
+        <f8"``.  Objects no provider knows are compared by class."""
+        return self.difference(type(self).of(x, opaque=True), path)
+
+    def paths(self) -> list[str]:
+        """The path of each leaf in the state, in leaf order (``state['u']``)."""
+        found = leaf_paths(self.spec())
+        return [found.get(i, f"#{i}") for i in range(len(self.infos))]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Structure):
+            return NotImplemented
+        return other is self or not self.difference(other)
+
+    def __repr__(self) -> str:
+        if self.array is not None:
+            dtype, shape = self.array
+            return f"{type(self).__name__}(array of shape {shape} and dtype {dtype.str})"
+        return f"{type(self).__name__}({len(self.infos)} leaves, {self.nbytes} bytes)"
+
+
+def _count(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def state_nbytes(state: Any) -> int:
+    """The bytes of `state`'s leaves (what a store holds for it), from its
+    structure: nothing is copied or brought to the host (see
+    :meth:`Structure.of`)."""
+    return Structure.of(state).nbytes
+
+
+class Layout:
+    """The :class:`Structure` of a state whose spec depends on its structure
+    alone (numpy arrays in dicts with string keys, lists, tuples,
+    dataclasses and named tuples: no scalars, no leaf or user providers),
+    with the walks that re-flatten and rebuild states of that structure
+    quickly.
+
+    A time loop hands the store states of one structure over and over (the
+    same dataclass of the same two arrays, every step).  Re-deriving the
+    spec of each one costs tens of microseconds of Python, which on a small
+    state is as much as copying it.  :meth:`leaves` checks a new state
+    against the layout in one compiled walk (types, keys, lengths, and per
+    leaf dtype, shape and C-contiguity) and returns exactly the leaves
+    ``flatten`` would return, whose spec is then :meth:`spec`; :meth:`build`
+    rebuilds a state of the layout from its leaves, as :func:`unflatten`
+    would, with the spec's nodes read once.
+
+    Built by :meth:`of` from a state.  **Attributes:** `structure` (the
+    :class:`Structure`), and from it `tree`, `leaf_specs` (the parts of the
+    spec shared by every state of the layout: read-only, never modify
+    them), `infos` (per leaf ``(dtype, shape)``, the dtype objects of the
+    state's own arrays, compared by identity first), `nbytes` and `array`
+    (``(dtype, shape)`` when the state is one numpy array, else ``None``).
+    """
+
+    __slots__ = (
+        "structure",
+        "tree",
+        "leaf_specs",
+        "infos",
+        "nbytes",
+        "array",
+        "_walk",
+        "_n",
+        "_build",
+    )
+
+    def __init__(
+        self,
+        structure: Structure,
+        walk: Callable[[Any, list[np.ndarray]], bool],
+        build_fn: Callable[[Sequence[Any]], Any],
+    ) -> None:
+        self.structure = structure
+        self.tree = structure.tree
+        self.leaf_specs = structure.leaf_specs
+        self.infos = structure.infos
+        self.nbytes = structure.nbytes
+        self.array = structure.array
+        self._walk = walk
+        self._n = len(structure.infos)
+        self._build = build_fn
+
+    @classmethod
+    def of(
+        cls,
+        state: Any,
+        leaves: list[np.ndarray] | None = None,
+        spec: dict[str, Any] | None = None,
+    ) -> Layout | None:
+        """The layout of `state` (optionally with its ``flatten`` result), or
+        ``None`` if its spec depends on more than its structure, or if
+        ``flatten`` copied one of its arrays (a non-contiguous one): no
+        state of its structure would then be re-flattened."""
+        if leaves is None or spec is None:
+            leaves, spec = flatten(state)
+        structure = Structure(
+            spec["tree"], spec["leaves"], [(leaf.dtype, leaf.shape) for leaf in leaves]
+        )
+        walk = compile_check(spec["tree"], structure.leaf_infos(), collect=True)
+        if walk is None:
+            return None
+        layout = cls(structure, walk, compile_build(spec["tree"]))
+        again = layout.leaves(state)
+        if again is None or any(a is not b for a, b in zip(again, leaves)):
+            return None
+        return layout
+
+    def leaves(self, state: Any) -> list[np.ndarray] | None:
+        """The leaves of `state` if it has this layout, else ``None``."""
+        out: list[np.ndarray] = []
+        if self._walk(state, out) and len(out) == self._n:
+            return out
+        return None
+
+    def build(self, leaves: Sequence[Any]) -> Any:
+        """The state of this layout around `leaves` (``unflatten(self.spec(),
+        leaves)``, the leaves going into the state uncopied).
+
+        Each leaf must be a numpy array of the dtype (byte order included)
+        and shape of the layout's leaf; if one is not, :func:`unflatten`
+        rebuilds it, raising its error.
+        """
+        if len(leaves) != self._n:
+            return unflatten(self.spec(), leaves)
+        for leaf, (dtype, shape) in zip(leaves, self.infos):
+            if (
+                type(leaf) is not np.ndarray
+                or leaf.shape != shape
+                or (
+                    leaf.dtype is not dtype and (leaf.dtype != dtype or leaf.dtype.str != dtype.str)
+                )
+            ):
+                return unflatten(self.spec(), leaves)
+        return self._build(leaves)
+
+    def spec(self) -> dict:
+        """A spec of this layout (a new top-level dict; its parts are shared)."""
+        return {"format": SPEC_FORMAT, "tree": self.tree, "leaves": self.leaf_specs}
 
 
 # -- content hashing --------------------------------------------------------------
@@ -495,7 +799,7 @@ _SLICE = 8 << 20
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array as a flat ``uint8`` memoryview (any dtype)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.reshape(-1).view(np.uint8).data
 
 
 def _hash_into(h, arr: np.ndarray):

@@ -35,65 +35,29 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import VlccKeyError
-from ..state import byte_view, dtype_from_json, flatten, unflatten
+from ..state import byte_view, dtype_from_json, flatten, inline_value, spec_nodes
+from ..state import leaf_paths as leaf_paths  # read by _read and _history
 from ._graph import Version
 
 
-def _value(node):
-    """The Python value of an inline spec node (one without leaves)."""
-    return unflatten({"tree": node, "leaves": []}, [])
-
-
 def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
-    """Yield ``("leaf", path, index)`` and ``("value", path, node)`` for a spec tree."""
-    if not isinstance(tree, dict):
-        yield "value", path, tree
-        return
-    if "leaf" in tree:
-        yield "leaf", path, tree["leaf"]
-    elif "dict" in tree:
-        for k, v in zip(tree["dict"], tree["items"]):
-            yield from walk_spec(v, f"{path}[{k!r}]")
-    elif "mapping" in tree:
-        for k, v in zip(tree["mapping"], tree["items"]):
-            try:
-                key = repr(_value(k))
-            except Exception:  # a malformed key node: name it by its JSON
-                key = repr(k)
-            yield from walk_spec(v, f"{path}[{key}]")
-    elif "list" in tree or "tuple" in tree:
-        for i, v in enumerate(tree.get("list", tree.get("tuple"))):
-            yield from walk_spec(v, f"{path}[{i}]")
-    elif "type" in tree:
-        yield "value", path + ".__type__", {"value": tree["type"]}
-        aux, items = tree.get("aux"), tree.get("items", [])
-        named = (
-            isinstance(aux, list)
-            and len(aux) == len(items)
-            and all(isinstance(a, str) for a in aux)
-        )
-        for i, v in enumerate(items):
-            yield from walk_spec(v, f"{path}.{aux[i]}" if named else f"{path}[{i}]")
-    else:
-        yield "value", path, tree
-
-
-def leaf_paths(spec: dict) -> dict[int, str]:
-    """``{leaf index: path}`` of a state spec (``{}`` for a tree too deep to walk)."""
-    try:
-        return {
-            idx: path
-            for kind, path, idx in walk_spec(spec.get("tree"))
-            if kind == "leaf" and type(idx) is int
-        }
-    except (RecursionError, TypeError, AttributeError):
-        return {}
+    """Yield ``("leaf", path, index)`` and ``("value", path, node)`` for a spec
+    tree: the state model's walk (:func:`vlcc_adjoint.state.spec_nodes`),
+    with a registered type's name reported as the value ``path.__type__``
+    (so a diff shows a type that changed)."""
+    for kind, where, node in spec_nodes(tree, path):
+        if kind == "leaf":
+            yield "leaf", where, node["leaf"]
+        elif kind == "type":
+            yield "value", where + ".__type__", {"value": node["type"]}
+        else:
+            yield "value", where, node
 
 
 def value_of(node):
     """The Python value of an inline spec node (for display)."""
     try:
-        return _value(node)
+        return inline_value(node)
     except Exception:
         return node
 
@@ -455,9 +419,8 @@ def comparison(d: Diff, rtol: float, atol: float) -> Comparison:
         reason = f"{p} is {va!r} in {d.a} and {vb!r} in {d.b}"
     equal = first is None and not bad_values
     bitwise = not d.values and all(ld.bitwise and ld.status == "same" for ld in d.leaves)
-    numeric = [ld for ld in d.leaves if ld.max_abs is not None]
-    max_abs = max((ld.max_abs for ld in numeric), default=0.0)
-    max_rel = max((ld.max_rel for ld in numeric), default=0.0)
+    max_abs = max((x for x in (ld.max_abs for ld in d.leaves) if x is not None), default=0.0)
+    max_rel = max((x for x in (ld.max_rel for ld in d.leaves) if x is not None), default=0.0)
     return Comparison(equal, bitwise, first, reason, max_abs, max_rel, rtol, atol, d)
 
 

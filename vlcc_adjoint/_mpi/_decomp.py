@@ -449,17 +449,12 @@ _state.register(
 
 
 def distributed_nodes(tree) -> Iterator[dict]:
-    """The ``DistributedArray`` nodes of a state spec tree (depth first)."""
-    if isinstance(tree, dict):
-        if tree.get("type") == DISTRIBUTED_TYPE:
-            yield tree
-            return
-        for value in tree.values():
-            if isinstance(value, (dict, list)):
-                yield from distributed_nodes(value)
-    elif isinstance(tree, list):
-        for value in tree:
-            yield from distributed_nodes(value)
+    """The ``DistributedArray`` nodes of a state spec tree, depth first (the
+    state model's walk, :func:`vlcc_adjoint.state.spec_nodes`).  A caller
+    may rewrite a node's ``aux`` while it iterates."""
+    for kind, _, node in _state.spec_nodes(tree):
+        if kind == "type" and node.get("type") == DISTRIBUTED_TYPE:
+            yield node
 
 
 def distributed_leaves(spec: dict) -> dict[int, Decomposition]:
