@@ -83,7 +83,7 @@ the array's attributes, as in :class:`~vlcc_adjoint.storage.ZarrTier`.
 codec, when compressed); every read re-hashes what it read and raises
 :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the version,
 the leaf's path in the state and the file.  Every metadata document a read
-depends on is sealed (format 2; :mod:`vlcc_adjoint._lineage._seal`): a
+depends on is sealed (format 2; :func:`vlcc_adjoint.storage.format.seal`): a
 version's manifest carries the digest of its whole description (spec,
 names, scalars, the leaf-to-name mapping, dtypes, shapes, chunk addresses,
 codec configuration, parents, branch, message, meta), the graph records

@@ -14,6 +14,7 @@ import tarfile
 
 from ..errors import VlccValueError
 from ..storage import StorageError
+from ..storage import format as SF
 from . import _format as F
 from ._graph import human_bytes
 
@@ -195,7 +196,8 @@ def import_(args) -> int:
 def inspect(args) -> int:
     path = args.path
     try:
-        F.read_group_attrs(os.path.join(path, "zarr.json"), F.ROOT_KEY)
+        if SF.open_group(os.path.join(path, "zarr.json"), F.ROOT_KEY) is None:
+            raise StorageError(f"{path} has no lineage root")
     except (OSError, StorageError):
         if not os.path.isdir(os.path.join(path, F.GRAPH)):
             return _inspect_other(path)
@@ -225,7 +227,9 @@ def inspect(args) -> int:
 def _inspect_other(path: str) -> int:
     """Summarise a ZarrTier directory, read-only (opening a ZarrTier would clean its scratch)."""
     try:
-        attrs = F.read_group_attrs(os.path.join(path, "zarr.json"), "vlcc_adjoint")
+        attrs = SF.open_group(os.path.join(path, "zarr.json"), "vlcc_adjoint")
+        if attrs is None:
+            raise StorageError(f"{path} has no vlcc_adjoint root")
     except (OSError, StorageError):
         raise StorageError(
             f"{path} is neither a lineage history nor a ZarrTier store (no "
@@ -236,7 +240,7 @@ def _inspect_other(path: str) -> int:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            rec = F.read_group_attrs(os.path.join(entry.path, "zarr.json"), "vlcc_adjoint")
+            rec = SF.open_group(os.path.join(entry.path, "zarr.json"), "vlcc_adjoint")
             spec = rec.get("spec", {})
             nbytes = sum(int(leaf.get("nbytes", 0)) for leaf in rec.get("leaves", []))
             records.append((entry.name, spec.get("step"), len(rec.get("leaves", [])), nbytes))

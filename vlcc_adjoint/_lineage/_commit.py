@@ -64,7 +64,6 @@ from ..storage import format as SF
 from . import _delta
 from . import _format as F
 from ._graph import Version, check_name
-from ._seal import seal
 
 _LINK_UNSUPPORTED = {
     errno.EPERM,
@@ -385,7 +384,12 @@ class CommitPipeline:
                 layout = lj.layout
                 leaf_dir = f"{work}/{i}"
                 os.mkdir(leaf_dir)
-                F.write_file(f"{leaf_dir}/zarr.json", F.array_meta(layout, lj.cfg), self.durable)
+                SF.write_file(
+                    f"{leaf_dir}/zarr.json",
+                    F.array_meta(layout, lj.cfg),
+                    self.durable,
+                    exclusive=True,
+                )
                 if lj.whole is not None:
                     flat = byte_view(lj.whole)
                 n = layout.chunk_nbytes
@@ -414,7 +418,7 @@ class CommitPipeline:
                             data = None
                     self._link(addr, f"{leaf_dir}/{key}")
                 if self.durable:
-                    F.fsync_dir(leaf_dir)
+                    SF.fsync_dir(leaf_dir)
             self._stats["new_bytes"] += new_bytes
             self._publish(job, work, new_bytes)
         except BaseException:
@@ -448,10 +452,10 @@ class CommitPipeline:
             if self._deltas:
                 self._resolver.remember(addr, data, 0, 0)
         if sub not in self._chunk_dirs:
-            self._mkdir(self._p(F.CHUNKS, sub))  # a real directory, never a link
+            SF.make_dir(self._p(F.CHUNKS, sub))  # a real directory, never a link
             self._chunk_dirs.add(sub)
         tmp = self._p(F.SCRATCH, f"c-{F.token()}")
-        F.write_file(tmp, blob, self.durable)
+        SF.write_file(tmp, blob, self.durable, exclusive=True)
         try:
             try:
                 os.link(tmp, final)
@@ -462,7 +466,7 @@ class CommitPipeline:
                     raise
                 os.replace(tmp, final)
             if self.durable:
-                F.fsync_dir(self._p(F.CHUNKS, sub))
+                SF.fsync_dir(self._p(F.CHUNKS, sub))
             return len(blob)
         finally:
             if os.path.exists(tmp):
@@ -526,7 +530,8 @@ class CommitPipeline:
                     raise StorageError(f"merge parent {m} is not in the history (removed by gc?)")
                 if m not in parents:
                     parents.append(m)
-            attrs = seal(
+            manifest, digest = SF.sealed_group(
+                F.ROOT_KEY,
                 {
                     "format": F.FORMAT,
                     "kind": "version",
@@ -539,11 +544,11 @@ class CommitPipeline:
                     "origin": {"host": socket.gethostname(), "pid": os.getpid()},
                     "spec": job.spec,
                     "leaves": [F.leaf_entry(lj.layout, lj.cfg, lj.addrs) for lj in job.leaves],
-                }
+                },
             )
-            F.write_file(f"{work}/zarr.json", F.group_json({F.ROOT_KEY: attrs}), self.durable)
+            SF.write_file(f"{work}/zarr.json", manifest, self.durable, exclusive=True)
             if self.durable:
-                F.fsync_dir(work)
+                SF.fsync_dir(work)
             SF.publish(work, self._p(F.VERSIONS, job.id), self.durable)
             g.add(
                 job.id,
@@ -554,7 +559,7 @@ class CommitPipeline:
                 job.created,
                 job.nbytes,
                 new_bytes,
-                attrs["digest"],
+                digest,
             )
             g.branches[job.branch] = job.id
             self._write_graph(g)

@@ -62,7 +62,6 @@ from ..errors import VlccValueError
 from ..storage import CorruptCheckpointError
 from ..storage import format as SF
 from . import _format as F
-from ._seal import seal
 
 __all__ = ["MAGIC", "MAX_DEPTH", "encode", "parse", "is_delta", "Resolver", "enable", "closure"]
 
@@ -289,18 +288,5 @@ def enable(h, want: bool | None) -> bool:
         )
     if h.mode != "a":
         raise VlccValueError("deltas=True needs mode='a' (it records the setting in the root)")
-    _write_root(h, attrs)
+    h._write_root({**attrs, "deltas": True})
     return True
-
-
-def _write_root(h, attrs: dict) -> None:
-    attrs = {k: v for k, v in attrs.items() if k != "digest"}
-    attrs.update(deltas=True)
-    root = h._p("zarr.json")
-    tmp = f"{root}.{F.token()}.tmp"
-    F.write_file(tmp, F.group_json({F.ROOT_KEY: seal(attrs)}, indent=2), h.durable)
-    try:
-        SF.publish(tmp, root, h.durable)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

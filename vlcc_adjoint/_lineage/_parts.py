@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import VlccIndexError, VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view
+from ..storage import format as SF
 from . import _format as F
 from ._commit import _Job, _json_meta, _LeafJob
 
@@ -225,13 +226,16 @@ class Parts:
                 for i, lj in enumerate(jobs):
                     leaf_dir = f"{work}/{i}"
                     os.mkdir(leaf_dir)
-                    F.write_file(
-                        f"{leaf_dir}/zarr.json", F.array_meta(lj.layout, lj.cfg), self.durable
+                    SF.write_file(
+                        f"{leaf_dir}/zarr.json",
+                        F.array_meta(lj.layout, lj.cfg),
+                        self.durable,
+                        exclusive=True,
                     )
                     for (_, _, key), addr in zip(lj.layout.spans(), lj.addrs):
                         self._link(addr, f"{leaf_dir}/{key}")
                     if self.durable:
-                        F.fsync_dir(leaf_dir)
+                        SF.fsync_dir(leaf_dir)
                 self._publish(job, work, new_bytes)
             except BaseException:
                 shutil.rmtree(work, ignore_errors=True)

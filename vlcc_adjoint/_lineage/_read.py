@@ -6,7 +6,7 @@ in this order, and nothing is interpreted before it is checked:
 1. Its manifest ``versions/<id>/zarr.json`` (a real directory, a regular
    file, at most :data:`~vlcc_adjoint.storage.format.MAX_METADATA_BYTES`),
    whose seal must match, and match the digest the (sealed) graph records
-   for the version (:mod:`._seal`).  Then its structure is validated
+   for the version (:func:`vlcc_adjoint.storage.format.unseal`).  Then its structure is validated
    (:func:`._format.parse_manifest`: dtypes from an allow-list, shapes and
    chunk grids consistent).
 2. The bytes a load will allocate, the sum of its leaves plus a chunk, are
@@ -45,7 +45,6 @@ from ..storage import format as SF
 from . import _delta
 from . import _format as F
 from ._compare import leaf_paths
-from ._seal import check_sealed
 
 __all__ = ["Reader", "memory_limit"]
 
@@ -104,7 +103,9 @@ class Reader:
         path = os.path.join(vdir, "zarr.json")
         try:
             SF.check_dir(vdir)
-            attrs = F.read_group_attrs(path, F.ROOT_KEY)
+            attrs = SF.open_group(path, F.ROOT_KEY)
+            if attrs is None:
+                raise SF.corrupt_file(path, f"has no {F.ROOT_KEY!r} attributes")
             expected = node.get("digest") if node is not None else None
             if (
                 expected is not None
@@ -112,7 +113,7 @@ class Reader:
                 or attrs.get("format") != 1
                 or "digest" in attrs
             ):
-                check_sealed(attrs, path, f"the manifest of version {vid}", expected)
+                attrs = SF.unseal(attrs, path, f"the manifest of version {vid}", expected)
             m = F.parse_manifest(vid, attrs)
         except FileNotFoundError:
             if vid in self._refresh():

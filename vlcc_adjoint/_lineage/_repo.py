@@ -3,7 +3,7 @@
 The part of :class:`~vlcc_adjoint.lineage.History` that knows the
 repository's top level (``zarr.json``, ``chunks/``, ``versions/``,
 ``graph/``, ``locks/``, ``scratch/``), reads and replaces the graph file
-(sealed, see :mod:`._seal`), and sweeps what interrupted writers left in
+(sealed, see :mod:`._graph`), and sweeps what interrupted writers left in
 ``scratch/``.  Every file is opened through
 :mod:`vlcc_adjoint.storage.format`: regular files only, never through a
 link, reads bounded.  The top-level directories are checked to be real
@@ -21,17 +21,11 @@ from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
 from . import _format as F
 from ._gc import remove_entry
-from ._graph import Graph
-from ._seal import check_sealed, graph_file_bytes, parse_graph_file, seal
+from ._graph import Graph, graph_file, parse_graph_file
 
-__all__ = ["Repository", "graph_file_text"]
+__all__ = ["Repository"]
 
 TOP = frozenset({"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH})
-
-
-def graph_file_text(g: Graph) -> bytes:
-    """``graph/zarr.json``: a zarr group whose attributes hold the graph, sealed."""
-    return graph_file_bytes(g.dumps())
 
 
 def _stamp_of(st: os.stat_result) -> tuple:
@@ -104,56 +98,56 @@ class Repository:
             )
             self._ensure_group(F.VERSIONS, {F.ROOT_KEY: "one zarr group per version"})
             graph_dir = self._p(F.GRAPH)
-            self._mkdir(graph_dir)
-            self._create_file(os.path.join(graph_dir, "zarr.json"), graph_file_text(Graph()))
-            self._create_file(
+            SF.make_dir(graph_dir)
+            SF.create_file(os.path.join(graph_dir, "zarr.json"), graph_file(Graph()), self.durable)
+            SF.create_file(
                 self._p("zarr.json"),
-                F.group_json(
+                F.root_document(
                     {
-                        F.ROOT_KEY: seal(
-                            {
-                                "format": F.FORMAT,
-                                "kind": "history",
-                                "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
-                                "per version, an array per leaf (chunk files hard-linked); graph/: "
-                                "the version DAG (networkx node-link JSON) in its attributes",
-                                "created": time.time(),
-                            }
-                        )
-                    },
-                    indent=2,
+                        "format": F.FORMAT,
+                        "kind": "history",
+                        "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
+                        "per version, an array per leaf (chunk files hard-linked); graph/: "
+                        "the version DAG (networkx node-link JSON) in its attributes",
+                        "created": time.time(),
+                    }
                 ),
+                self.durable,
             )
         except OSError as err:
             raise StorageError(f"cannot create a history at {self.path}: {err}") from err
         self._root_attrs()  # what another process may have created meanwhile is one too
 
     def _root_attrs(self) -> dict | None:
-        """The root's attributes, verified; ``None`` when there is no root ``zarr.json``."""
+        """The root's attributes, verified (without their digest); ``None`` when
+        there is no root ``zarr.json``."""
         root = self._p("zarr.json")
         try:
-            attrs = F.read_group_attrs(root, F.ROOT_KEY)
+            attrs = SF.open_group(root, F.ROOT_KEY)
         except FileNotFoundError:
             return None
         except CorruptCheckpointError as err:
-            try:
-                F.read_group_attrs(root, "vlcc_adjoint")
-            except (OSError, StorageError):
-                pass
-            else:
-                raise StorageError(
-                    f"{self.path} is not a lineage history: it is a ZarrTier checkpoint store "
-                    "(open it with vlcc_adjoint.storage.ZarrTier; `vlcc inspect` summarises it)"
-                ) from None
             raise CorruptCheckpointError(
                 f"{self.path} is not a lineage history, or its root metadata is damaged ({err}); "
                 "give History a new or empty directory, or the directory of a history "
                 "(restore a damaged one from a copy)",
                 path=root,
             ) from None
+        if attrs is None:
+            if SF.open_group(root, "vlcc_adjoint") is not None:
+                raise StorageError(
+                    f"{self.path} is not a lineage history: it is a ZarrTier checkpoint store "
+                    "(open it with vlcc_adjoint.storage.ZarrTier; `vlcc inspect` summarises it)"
+                )
+            raise CorruptCheckpointError(
+                f"{self.path} is not a lineage history, or its root metadata is damaged "
+                f"({root} has no {F.ROOT_KEY!r} attributes); give History a new or empty "
+                "directory, or the directory of a history (restore a damaged one from a copy)",
+                path=root,
+            )
         fmt = attrs.get("format") if isinstance(attrs, dict) else None
         if fmt == 2:
-            check_sealed(attrs, root, "the root metadata")
+            attrs = SF.unseal(attrs, root, "the root metadata")
         elif fmt == 1 and "digest" not in attrs:
             pass  # written before seals
         else:
@@ -169,53 +163,20 @@ class Repository:
             )
         return attrs
 
+    def _write_root(self, attrs: dict) -> None:
+        """Replace the root ``zarr.json`` with `attrs`, sealed (atomically: other
+        processes read the old root or the new one)."""
+        SF.write_atomic(self._p("zarr.json"), F.root_document(attrs), self.durable)
+
     def _upgrade_root(self, attrs: dict) -> None:
         """Seal a format 1 root as format 2: this writer adds sealed versions and a sealed
         graph, which an older reader refuses; the root's format number tells it why."""
-        root = self._p("zarr.json")
-        tmp = f"{root}.{F.token()}.tmp"  # beside it: scratch/ is swept by other writers
-        F.write_file(
-            tmp,
-            F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})}, indent=2),
-            self.durable,
-        )
-        try:
-            SF.publish(tmp, root, self.durable)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
-
-    @staticmethod
-    def _mkdir(path: str) -> None:
-        """Make the directory `path` unless it exists; either way it must be a real one."""
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            pass
-        SF.check_dir(path)
+        self._write_root({**attrs, "format": F.FORMAT})
 
     def _ensure_group(self, name: str, attrs: dict) -> None:
         d = self._p(name)
-        self._mkdir(d)
-        self._create_file(os.path.join(d, "zarr.json"), F.group_json(attrs))
-
-    def _create_file(self, path: str, data: bytes) -> None:
-        """Create `path` with `data` unless it exists (atomic: via link of a temporary)."""
-        if os.path.lexists(path):
-            return
-        tmp = f"{path}.{F.token()}.tmp"
-        F.write_file(tmp, data, self.durable)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        except OSError:
-            if not os.path.lexists(path):
-                os.replace(tmp, path)
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+        SF.make_dir(d)
+        SF.create_file(os.path.join(d, "zarr.json"), SF.group_json(attrs), self.durable)
 
     def _sweep_scratch(self) -> None:
         """Remove what interrupted writers left in ``scratch/`` (a writer's open).
@@ -296,14 +257,8 @@ class Repository:
 
     def _write_graph(self, g: Graph) -> None:
         """Replace the graph file with `g` and install `g` (caller holds the graph lock)."""
-        tmp = self._p(F.SCRATCH, f"graph-{F.token()}.json")
-        F.write_file(tmp, graph_file_text(g), self.durable)
-        try:
-            stamp = _stamp_of(os.lstat(tmp))  # rename keeps inode, mtime and size
-            SF.publish(tmp, self._graph_file(), self.durable)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
+        st = SF.write_atomic(
+            self._graph_file(), graph_file(g), self.durable, scratch=self._p(F.SCRATCH)
+        )
         with self._lock:
-            self._graph, self._stamp = g, stamp
+            self._graph, self._stamp = g, _stamp_of(st)  # rename keeps inode, mtime and size

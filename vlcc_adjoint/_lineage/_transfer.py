@@ -21,8 +21,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..storage import StorageError
+from ..storage import format as SF
 from . import _format as F
 from ._delta import closure
+from ._graph import graph_file
 
 if TYPE_CHECKING:
     from ._history import History
@@ -65,12 +67,10 @@ def export_history(history: History, out: str | os.PathLike) -> str:
 
 def _archive(h, g, tar) -> None:
     """Write the repository `h` at graph `g` into the open tar file `tar`."""
-    from ._repo import graph_file_text
-
     for name in ("zarr.json", f"{F.CHUNKS}/zarr.json", f"{F.VERSIONS}/zarr.json"):
         _check_regular(h._p(name), directory=False)
         tar.add(h._p(name), arcname=name)
-    data = graph_file_text(g)
+    data = graph_file(g)
     info = tarfile.TarInfo(f"{F.GRAPH}/zarr.json")
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
     tar.addfile(info, io.BytesIO(data))
@@ -94,10 +94,10 @@ def _check_regular(path: str, directory: bool) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise F.corrupt(path, "is missing: the repository is damaged") from None
+        raise SF.corrupt_file(path, "is missing: the repository is damaged") from None
     ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if not ok:
-        raise F.corrupt(
+        raise SF.corrupt_file(
             path,
             "is not a regular "
             + ("directory" if directory else "file")

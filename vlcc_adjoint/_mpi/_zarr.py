@@ -72,7 +72,7 @@ leaf as the global array.  Neither needs MPI.
 
 from __future__ import annotations
 
-import json
+import copy
 import os
 import secrets
 import threading
@@ -84,17 +84,19 @@ import xxhash
 
 from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view, dtype_to_json
-from ..storage import Record, StorageError, Tier
-from ..storage import format as F
-from ..storage.format import (
+from ..storage import (
+    CorruptCheckpointError,
+    Record,
+    StorageError,
+    Tier,
+    TierFullError,
     check_capacity,
     check_record,
-    corrupt,
     encode_spec,
-    full,
     leaf_checksum,
     step_of,
 )
+from ..storage import format as F
 from ._comm import AgreedError, Guard, ensure_initialized
 from ._decomp import Decomposition, distributed_nodes
 from ._zarr_read import (
@@ -130,7 +132,7 @@ def _leaf_meta(dtype: np.dtype, shape, chunk_shape) -> bytes:
 def _global_spec(spec: dict, dist: dict) -> dict:
     """The spec with every distributed leaf's shape made global and its
     DistributedArray node stripped of the rank."""
-    out = json.loads(json.dumps(spec))
+    out = copy.deepcopy(spec)
     for node in distributed_nodes(out["tree"]):
         aux = node["aux"]
         node["aux"] = {"decomposition": aux["decomposition"]}
@@ -285,26 +287,24 @@ class SharedZarrTier(Tier):
                     f"{self.path} exists, is not empty and is not a zarr v3 group; "
                     "give SharedZarrTier a new or empty directory"
                 )
-            F.write_json(
+            F.write_group(
                 root,
-                F.group_document(
-                    {
-                        ATTRS: {
-                            "format": FORMAT,
-                            "kind": HIERARCHY,
-                            "layout": "one group per committed checkpoint record; leaf i of record K is "
-                            "the global array K/i, each chunk written by the rank owning it; "
-                            "K/xxh3/i holds the chunks' xxh3-64 checksums",
-                        }
+                {
+                    ATTRS: {
+                        "format": FORMAT,
+                        "kind": HIERARCHY,
+                        "layout": "one group per committed checkpoint record; leaf i of record K is "
+                        "the global array K/i, each chunk written by the rank owning it; "
+                        "K/xxh3/i holds the chunks' xxh3-64 checksums",
                     }
-                ),
+                },
                 self.durable,
             )
         F.remove_tree(self._pending, self.path)  # an interrupted run's leftovers (we hold the lock)
         os.mkdir(self._pending)
-        F.write_json(
+        F.write_group(
             os.path.join(self._pending, "zarr.json"),
-            F.group_document({ATTRS: "records being written or deleted; never read these"}),
+            {ATTRS: "records being written or deleted; never read these"},
             self.durable,
         )
         if self.durable:
@@ -361,11 +361,9 @@ class SharedZarrTier(Tier):
                     info.meta = F.array_metadata(leaf.dtype, leaf.shape)
                     need += leaf.nbytes + len(info.meta[0])
             leaves.append(info)
-        global_json = json.dumps(
-            _global_spec(spec, {i: d for i, (d, _) in dist.items()}),
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        global_json = F.canonical_json(
+            _global_spec(spec, {i: d for i, (d, _) in dist.items()})
+        ).decode("ascii")
         name = f"{key}.{self.run}"
         part = _Part(key, name, spec, global_json, leaves, record.checksums, need)
         with self._lock:
@@ -374,7 +372,7 @@ class SharedZarrTier(Tier):
                     f"record {key!r} is already in tier {self.name!r}; delete it first"
                 )
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                raise full(key, self.name, need, self._used, self.capacity_bytes)
+                raise TierFullError.no_room(key, self.name, need, self._used, self.capacity_bytes)
             self._used += need
             self._index[key] = part  # reserved; get() is only called after put returns
             self._writing += 1
@@ -479,14 +477,13 @@ class SharedZarrTier(Tier):
                 path = os.path.join(base, str(i), F.chunk_key(idx))
                 data = read_chunk(path, info.dtype, info.chunk_shape, key, self.name, step, i)
                 if xxh(byte_view(data)) != want:
-                    bad = corrupt(
+                    raise CorruptCheckpointError.in_record(
                         f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum",
                         key,
                         self.name,
                         step,
+                        path,
                     )
-                    bad.path = path
-                    raise bad
                 place(out, origin, data, idx, info.chunk_shape, info.shape)
             leaves.append(out)
         return Record(part.spec, tuple(leaves), part.checksums)
@@ -547,7 +544,7 @@ class SharedZarrTier(Tier):
                 doomed, self._doomed = sorted(self._doomed, key=lambda p: p.name), []
                 self.doomed_bytes = 0
             h = xxhash.xxh3_64()
-            sums = []
+            sums: list[int] = []
             for part in batch:
                 h.update(part.name.encode() + b"\0" + part.global_json.encode() + b"\0")
                 for info in part.leaves:
@@ -613,7 +610,7 @@ class SharedZarrTier(Tier):
         offsets = [0] * self.size
         for part in batch:
             base = os.path.join(self._pending, part.name)
-            spec = json.loads(part.global_json)
+            spec = F.parse_json(part.global_json.encode("ascii"), base)
             leaves_doc = []
             for i, info in enumerate(part.leaves):
                 if info.decomp is None:
@@ -657,9 +654,7 @@ class SharedZarrTier(Tier):
                     }
                 )
             if any(info.decomp is not None for info in part.leaves):
-                F.write_json(
-                    os.path.join(base, "xxh3", "zarr.json"), F.group_document({}), self.durable
-                )
+                F.write_group(os.path.join(base, "xxh3", "zarr.json"), {}, self.durable)
             attrs = {
                 "format": FORMAT,
                 "kind": RECORD,
@@ -670,9 +665,7 @@ class SharedZarrTier(Tier):
                 "leaves": leaves_doc,
             }
             group, _ = F.sealed_group(ATTRS, attrs)
-            tmp = os.path.join(base, "zarr.json.tmp")
-            F.write_file(tmp, group, self.durable, truncate=True)
-            F.publish(tmp, os.path.join(base, "zarr.json"), self.durable)
+            F.write_atomic(os.path.join(base, "zarr.json"), group, self.durable)
             F.publish(base, os.path.join(self.path, part.name), False)
         for part in doomed:
             os.rename(
