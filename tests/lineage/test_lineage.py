@@ -15,7 +15,6 @@ import warnings
 
 import numpy as np
 import pytest
-import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -457,6 +456,7 @@ def test_ten_versions_sharing_a_big_unchanged_leaf_cost_little_more_than_one(tmp
 
 
 def test_plain_zarr_reads_every_version_of_the_repository(tmp_path):
+    zarr = pytest.importorskip("zarr")
     states = [rich_state(k) for k in range(2)]
     with History(tmp_path / "h", chunk_bytes=2048) as h:
         ids = [h.commit(s) for s in states]

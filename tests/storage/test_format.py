@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import vlcc_adjoint
 from vlcc_adjoint.storage import CorruptCheckpointError
 from vlcc_adjoint.storage import format as F
 
@@ -271,3 +272,42 @@ def test_seal_and_unseal_with_an_expected_digest():
         F.unseal(sealed, "p", "the manifest", expected="0" * 32)
     with pytest.raises(CorruptCheckpointError, match="no valid digest"):
         F.unseal({"a": 1, "digest": "xyz"}, "p")
+
+
+_WITHOUT_ZARR = """
+import sys
+sys.modules["zarr"] = None  # `import zarr` raises ImportError, as when it is not installed
+import numpy as np
+import vlcc_adjoint
+from vlcc_adjoint.lineage import History
+from vlcc_adjoint.state import flatten
+from vlcc_adjoint.storage import TieredStore, ZarrTier, make_record
+
+root = sys.argv[1]
+tier = ZarrTier(root + "/z")
+leaves, spec = flatten({"u": np.arange(6.0), "t": 0.5})
+tier.put("a", make_record(spec, leaves))
+assert np.array_equal(tier.get("a").leaves[0], np.arange(6.0))
+tier.close()
+with TieredStore([ZarrTier(root + "/s")]) as store:
+    store.save(3, {"u": np.ones(4)})
+    assert store.load(3)["u"].sum() == 4
+with History(root + "/h") as h:
+    vid = h.commit({"u": np.arange(5)})
+    assert list(h.checkout(vid)["u"]) == [0, 1, 2, 3, 4]
+assert sys.modules["zarr"] is None
+print("ok")
+"""
+
+
+def test_the_package_imports_and_runs_without_zarr(tmp_path):
+    """zarr-python is a test dependency only: every store is written and read by
+    vlcc_adjoint.storage.format."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ZARR, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(vlcc_adjoint.__file__))},
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
