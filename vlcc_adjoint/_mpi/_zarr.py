@@ -73,6 +73,7 @@ leaf as the global array.  Neither needs MPI.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import secrets
 import threading
@@ -95,6 +96,7 @@ from ..storage import (
     encode_spec,
     leaf_checksum,
     step_of,
+    verify_leaves,
 )
 from ..storage import format as F
 from ._comm import AgreedError, Guard, ensure_initialized
@@ -133,7 +135,7 @@ def _global_spec(spec: dict, dist: dict) -> dict:
     """The spec with every distributed leaf's shape made global and its
     DistributedArray node stripped of the rank."""
     out = copy.deepcopy(spec)
-    for node in distributed_nodes(out["tree"]):
+    for node in distributed_nodes(out.get("tree")):
         aux = node["aux"]
         node["aux"] = {"decomposition": aux["decomposition"]}
     for i, d in dist.items():
@@ -142,8 +144,10 @@ def _global_spec(spec: dict, dist: dict) -> dict:
 
 
 def _spec_distribution(spec: dict) -> dict[int, tuple[Decomposition, int]]:
+    """Leaf index -> (decomposition, rank) of the DistributedArray blocks of a
+    state spec (none in a spec that is not ``flatten``'s: every leaf replicated)."""
     out = {}
-    for node in distributed_nodes(spec["tree"]):
+    for node in distributed_nodes(spec.get("tree")):
         i = node["items"][0]["leaf"]
         out[i] = (Decomposition.from_json(node["aux"]["decomposition"]), node["aux"]["rank"])
     return out
@@ -169,7 +173,7 @@ class _Part:
     __slots__ = (
         "key",
         "name",
-        "spec",
+        "spec_json",
         "global_json",
         "leaves",
         "checksums",
@@ -178,10 +182,10 @@ class _Part:
         "fingerprint",
     )
 
-    def __init__(self, key, name, spec, global_json, leaves, checksums, nbytes):
+    def __init__(self, key, name, spec_json, global_json, leaves, checksums, nbytes):
         self.key = key
         self.name = name
-        self.spec = spec
+        self.spec_json = spec_json  # the rank's spec as given to put (strict JSON text)
         self.global_json = global_json
         self.leaves = leaves
         self.checksums = checksums
@@ -329,7 +333,7 @@ class SharedZarrTier(Tier):
         """
         check_record(key, record)
         spec = record.spec
-        encode_spec(key, spec)  # refused now if it cannot be stored as JSON
+        spec_json = encode_spec(key, spec)  # refused now if it cannot be stored as JSON
         dist = _spec_distribution(spec)
         leaves, need = [], 0
         for i, leaf in enumerate(record.leaves):
@@ -365,7 +369,7 @@ class SharedZarrTier(Tier):
             _global_spec(spec, {i: d for i, (d, _) in dist.items()})
         ).decode("ascii")
         name = f"{key}.{self.run}"
-        part = _Part(key, name, spec, global_json, leaves, record.checksums, need)
+        part = _Part(key, name, spec_json, global_json, leaves, record.checksums, need)
         with self._lock:
             if key in self._index:
                 raise VlccKeyError(
@@ -457,18 +461,22 @@ class SharedZarrTier(Tier):
                     pass
 
     def get(self, key: str) -> Record:
-        """This rank's part of `key`, read back and verified chunk by chunk."""
+        """This rank's part of `key`: distributed leaves read back and verified chunk
+        by chunk, replicated leaves from this rank's copy, verified against their
+        checksums (a copy changed since ``put`` raises ``CorruptCheckpointError``)."""
         with self._lock:
             part = self._index.get(key)
             if part is None:
                 raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             base = self._dir(part)
-        step = step_of(part.spec)
+        spec = json.loads(part.spec_json)  # the caller's copy, from this rank's own text
+        step = step_of(spec)
         leaves = []
         for i, info in enumerate(part.leaves):
             if info.decomp is None:
                 view = info.replica.view()
                 view.flags.writeable = False
+                verify_leaves([view], [info.checksum], key, self.name, step)
                 leaves.append(view)
                 continue
             out = np.empty(info.decomp.local_shape(self.rank), info.dtype)
@@ -486,7 +494,7 @@ class SharedZarrTier(Tier):
                     )
                 place(out, origin, data, idx, info.chunk_shape, info.shape)
             leaves.append(out)
-        return Record(part.spec, tuple(leaves), part.checksums)
+        return Record(spec, tuple(leaves), part.checksums)
 
     def delete(self, key: str) -> None:
         """Remove this rank's part of `key` (a committed record: at the next commit)."""
@@ -659,7 +667,7 @@ class SharedZarrTier(Tier):
                 "format": FORMAT,
                 "kind": RECORD,
                 "key": part.key,
-                "step": step_of(part.spec),
+                "step": step_of(json.loads(part.spec_json)),
                 "nranks": self.size,
                 "spec": spec,
                 "leaves": leaves_doc,
