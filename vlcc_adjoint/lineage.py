@@ -146,8 +146,8 @@ from ._lineage._graph import Version as Version
 from ._lineage._history import History as History
 from ._lineage._history import LeafInfo as LeafInfo
 from ._lineage._history import Usage as Usage
-from ._lineage._transfer import export_history as export_history
-from ._lineage._transfer import import_history as import_history
+from ._lineage._history import export_history as export_history
+from ._lineage._history import import_history as import_history
 from .storage import CorruptCheckpointError as CorruptCheckpointError
 from .storage import StorageError as StorageError
 

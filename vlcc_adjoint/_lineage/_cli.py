@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tarfile
+from typing import Any
 
 from ..errors import VlccValueError
 from ..storage import StorageError
@@ -65,7 +66,7 @@ def log(args) -> int:
             from ._graph import render
 
             versions = h.log(args.branch, limit=args.n)
-            refs = {}
+            refs: dict[str, list[str]] = {}
             for name, vid in h.branches.items():
                 refs.setdefault(vid, []).append(name)
             for name, vid in h.tags.items():
@@ -172,7 +173,7 @@ def gc(args) -> int:
 
 @_guard
 def export(args) -> int:
-    from ._transfer import export_history
+    from ._history import export_history
 
     out = export_history(args.path, args.out)
     print(f"exported {args.path} to {out} ({human_bytes(os.path.getsize(out))})")
@@ -181,7 +182,7 @@ def export(args) -> int:
 
 @_guard
 def import_(args) -> int:
-    from ._transfer import import_history
+    from ._history import import_history
 
     path = import_history(args.archive, args.path)
     with _open(path) as h:
@@ -235,7 +236,7 @@ def _inspect_other(path: str) -> int:
             f"{path} is neither a lineage history nor a ZarrTier store (no "
             "vlcc zarr.json); check the path"
         ) from None
-    records = []
+    records: list[tuple[str, Any, int | None, int | None]] = []
     for entry in sorted(os.scandir(path), key=lambda e: e.name):
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
@@ -252,11 +253,11 @@ def _inspect_other(path: str) -> int:
     steps = sorted(r[1] for r in records if isinstance(r[1], int))
     if steps:
         print(f"  steps     {steps[0]} .. {steps[-1]}")
-    for key, step, nleaves, nbytes in records[:20]:
-        if nleaves is None:
+    for key, step, nleaves, size in records[:20]:
+        if nleaves is None or size is None:
             print(f"  {key:<24} (unreadable metadata)")
         else:
-            print(f"  {key:<24} step {step!s:<8} {nleaves} leaves  {human_bytes(nbytes)}")
+            print(f"  {key:<24} step {step!s:<8} {nleaves} leaves  {human_bytes(size)}")
     if len(records) > 20:
         print(f"  ... {len(records) - 20} more")
     return 0

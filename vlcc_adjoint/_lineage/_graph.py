@@ -348,10 +348,11 @@ class Graph:
     def first_parents(self, vid: str) -> list[str]:
         """`vid` and its first-parent ancestors, newest first."""
         out = []
-        while vid is not None:
-            out.append(vid)
-            parents = self.nodes[vid]["parents"]
-            vid = parents[0] if parents else None
+        at: str | None = vid
+        while at is not None:
+            out.append(at)
+            parents = self.nodes[at]["parents"]
+            at = parents[0] if parents else None
         return out
 
     # -- changes (on a clone) ---------------------------------------------------------
