@@ -426,20 +426,14 @@ def parse_graph_file(raw: bytes, path: str) -> dict:
             raise SF.corrupt_file(path, "the sealed graph is not of format 2")
         return doc
     doc = SF.parse_json(raw, path)
-    if not (
-        isinstance(doc, dict)
-        and doc.get("zarr_format") == 3
-        and doc.get("node_type") == "group"
-        and isinstance(doc.get("attributes"), dict)
-        and isinstance(doc["attributes"].get(GRAPH_KEY), dict)
-    ):
+    graph = SF.group_attribute(doc, GRAPH_KEY, path)
+    if not isinstance(graph, dict):
         raise SF.corrupt_file(
             path,
             "is not the graph of a lineage history (a zarr v3 group with "
             f"{GRAPH_KEY!r} attributes)",
         )
-    graph = doc["attributes"][GRAPH_KEY]
-    if graph.get("format") != 1 or len(doc["attributes"]) != 1 or len(doc) != 3:
+    if graph.get("format") != 1 or len(doc["attributes"]) != 1:
         raise SF.corrupt_file(path, "the graph has no valid seal (only format 1 graphs have none)")
     return graph
 

@@ -77,7 +77,7 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,15 +156,21 @@ def _spec_distribution(spec: dict) -> dict[int, tuple[Decomposition, int]]:
 class _Leaf:
     __slots__ = ("dtype", "shape", "decomp", "chunk_shape", "chunks", "replica", "checksum", "meta")
 
-    def __init__(self, dtype, shape, decomp=None, chunk_shape=None):
+    def __init__(
+        self,
+        dtype: np.dtype,
+        shape: Sequence[int],
+        decomp: Decomposition | None = None,
+        chunk_shape: tuple[int, ...] | None = None,
+    ) -> None:
         self.dtype = dtype
         self.shape = tuple(shape)  # the global shape (= local for a replicated leaf)
         self.decomp = decomp  # None: replicated
         self.chunk_shape = chunk_shape
         self.chunks: list[tuple[tuple[int, ...], int]] = []  # (chunk index, xxh3) this rank wrote
-        self.replica = None  # a replicated leaf's array
-        self.checksum = None
-        self.meta = None  # replicated leaf: (zarr.json, chunk name)
+        self.replica: Any = None  # a replicated leaf's array
+        self.checksum: Any = None  # a replicated leaf's checksum
+        self.meta: Any = None  # zarr.json (rank 0); replicated: (zarr.json, chunk name)
 
 
 class _Part:
@@ -351,9 +357,10 @@ class SharedZarrTier(Tier):
                         "which is not a zarr v3 core type; use a numeric or bool dtype for "
                         "distributed leaves"
                     )
-                info = _Leaf(leaf.dtype, d.global_shape, d, d.chunk_shape)
-                n_chunks = sum(1 for _ in d.chunks_of(self.rank, info.chunk_shape))
-                need += n_chunks * int(np.prod(info.chunk_shape)) * leaf.dtype.itemsize
+                chunk_shape = d.chunk_shape
+                info = _Leaf(leaf.dtype, d.global_shape, d, chunk_shape)
+                n_chunks = sum(1 for _ in d.chunks_of(self.rank, chunk_shape))
+                need += n_chunks * int(np.prod(chunk_shape)) * leaf.dtype.itemsize
                 if self.rank == 0:
                     info.meta = _leaf_meta(leaf.dtype, d.global_shape, info.chunk_shape)
                     need += len(info.meta)

@@ -128,6 +128,7 @@ __all__ = [
     "digest",
     "fsync_dir",
     "fsync_paths",
+    "group_attribute",
     "group_json",
     "lock_store",
     "make_dir",
@@ -737,7 +738,11 @@ def open_group(path: str, name: str, *, group: bool = True) -> Any:
     holding `name` that is not a plain group (a store's documents are
     groups, and nothing else in them).  ``FileNotFoundError`` passes through.
     """
-    doc = read_json(path)
+    return group_attribute(read_json(path), name, path, group=group)
+
+
+def group_attribute(doc: Any, name: str, path: str, *, group: bool = True) -> Any:
+    """:func:`open_group` of the document `doc`, already parsed from the file `path`."""
     kinds = ("group",) if group else ("group", "array")
     if not (type(doc) is dict and doc.get("zarr_format") == 3 and doc.get("node_type") in kinds):
         kind = "group" if group else "node"
