@@ -773,7 +773,7 @@ def write_file(
     *,
     truncate: bool = False,
     exclusive: bool = False,
-) -> os.stat_result:
+) -> None:
     """Write `data` at `path`; fsync it when `durable`.
 
     By default the file is created or written over from its start, not
@@ -785,9 +785,6 @@ def write_file(
     survives its writer.  A symbolic link at `path` is never followed
     (``OSError`` with ``ELOOP``): a store never writes outside itself
     through a link planted in it.
-
-    **Returns:** the file's ``fstat`` after the write (``rename`` keeps its
-    inode, size and modification time).
     """
     flags = (
         os.O_WRONLY
@@ -803,7 +800,6 @@ def write_file(
             write_all(fd, data)
             if durable:
                 os.fsync(fd)
-            return os.fstat(fd)
         finally:
             os.close(fd)
     except BaseException:
@@ -838,8 +834,9 @@ def write_atomic(
     tmp = scratch_name(path)
     if scratch is not None:
         tmp = os.path.join(scratch, os.path.basename(tmp))
-    st = write_file(tmp, data, durable, exclusive=True)
+    write_file(tmp, data, durable, exclusive=True)
     try:
+        st = os.lstat(tmp)  # rename keeps its inode, size and modification time
         publish(tmp, path, durable)
     except BaseException:
         try:
