@@ -83,7 +83,7 @@ the array's attributes, as in :class:`~vlcc_adjoint.storage.ZarrTier`.
 codec, when compressed); every read re-hashes what it read and raises
 :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the version,
 the leaf's path in the state and the file.  Every metadata document a read
-depends on is sealed (format 2; :mod:`vlcc_adjoint._lineage._seal`): a
+depends on is sealed (format 2; :func:`vlcc_adjoint.storage.format.seal`): a
 version's manifest carries the digest of its whole description (spec,
 names, scalars, the leaf-to-name mapping, dtypes, shapes, chunk addresses,
 codec configuration, parents, branch, message, meta), the graph records
@@ -146,8 +146,8 @@ from ._lineage._graph import Version as Version
 from ._lineage._history import History as History
 from ._lineage._history import LeafInfo as LeafInfo
 from ._lineage._history import Usage as Usage
-from ._lineage._transfer import export_history as export_history
-from ._lineage._transfer import import_history as import_history
+from ._lineage._history import export_history as export_history
+from ._lineage._history import import_history as import_history
 from .storage import CorruptCheckpointError as CorruptCheckpointError
 from .storage import StorageError as StorageError
 

@@ -116,7 +116,7 @@ def outside(tmp_path):
 def _chunk_of(repo, vid=None):
     with History(repo, mode="r") as h:
         vid = vid or h.log(all=True)[-1].id
-        return vid, h._manifest(vid).leaves[0][2][0]
+        return vid, h._reader.manifest(vid).leaves[0][2][0]
 
 
 # -- links --------------------------------------------------------------------------------

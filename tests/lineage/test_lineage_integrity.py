@@ -14,14 +14,9 @@ import os
 import numpy as np
 import pytest
 
+from vlcc_adjoint._lineage._graph import Graph, graph_file, parse_graph_file
 from vlcc_adjoint.lineage import CorruptCheckpointError, History, StorageError
-
-try:  # the helpers that re-seal a crafted document (absent before format 2)
-    from vlcc_adjoint._lineage._graph import Graph
-    from vlcc_adjoint._lineage._repo import graph_file_text
-    from vlcc_adjoint._lineage._seal import parse_graph_file, seal
-except ImportError:  # pragma: no cover - an older tree
-    seal = None
+from vlcc_adjoint.storage import format as SF
 
 
 def two_branch_history(path):
@@ -67,13 +62,13 @@ def edit_manifest(repo, vid, edit, reseal: bool = False):
     doc = json.loads(path.read_text())
     attrs = doc["attributes"]["vlcc_lineage"]
     edit(attrs)
-    if reseal and seal is not None and "digest" in attrs:
-        attrs = seal(attrs)
+    if reseal and "digest" in attrs:
+        attrs = SF.seal(attrs)
         doc["attributes"]["vlcc_lineage"] = attrs
         gpath = repo / "graph" / "zarr.json"
         g = Graph.from_json(parse_graph_file(gpath.read_bytes(), str(gpath)))
         g.nodes[vid] = {**g.nodes[vid], "digest": attrs["digest"]}
-        gpath.write_bytes(graph_file_text(g))
+        gpath.write_bytes(graph_file(g))
     path.write_text(json.dumps(doc))
 
 
@@ -201,13 +196,11 @@ def test_every_flipped_byte_of_every_metadata_file_is_detected_or_harmless(tmp_p
 
 
 def test_enospc_midway_through_a_chunk_leaves_no_partial_file(tmp_path, monkeypatch):
-    import vlcc_adjoint.storage._files as files
-
     path = tmp_path / "h"
     with History(path) as h:
         h.commit({"x": np.zeros(10)})
         h.wait()
-        real = files.write_all
+        real = SF.write_all
 
         def full_disk(fd, data):
             view = memoryview(data).cast("B")
@@ -216,7 +209,7 @@ def test_enospc_midway_through_a_chunk_leaves_no_partial_file(tmp_path, monkeypa
                 raise OSError(errno.ENOSPC, "No space left on device")
             real(fd, data)
 
-        monkeypatch.setattr(files, "write_all", full_disk)
+        monkeypatch.setattr(SF, "write_all", full_disk)
         bad = h.commit({"x": np.arange(5000.0)})
         with pytest.raises(StorageError, match=f"version {bad}.*No space left"):
             h.wait()

@@ -88,3 +88,19 @@ def test_read_leaf_rows_reads_only_the_chunks_holding_them(tmp_path):
         assert np.array_equal(h.read_leaf(vid, 0, rows=(0, 10)), a[:10])
         with pytest.raises(CorruptCheckpointError):
             h.read_leaf(vid, 0, rows=(290, 300))
+
+
+def test_plain_zarr_reads_a_version_made_of_staged_parts(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((300, 700))  # several chunks, an edge chunk
+    b = np.arange(7, dtype=">i4")
+    c = np.array(["2020-01-02", "2021-03-04"], "M8[D]")  # no zarr type: raw bytes
+    with History(tmp_path / "h") as w1, History(tmp_path / "h") as w2:
+        vid = w1.commit_staged(_spec([a, b, c]), w1.stage([a]) + w2.stage([b, c]))
+    group = zarr.open_group(str(tmp_path / "h"), mode="r")[f"versions/{vid}"]
+    np.testing.assert_array_equal(group["0"][...], a)
+    np.testing.assert_array_equal(group["1"][...], b)
+    raw = np.ascontiguousarray(group["2"][...])  # uint8, with a trailing axis of itemsize
+    assert raw.dtype == np.uint8 and raw.shape == (2, 8)
+    np.testing.assert_array_equal(raw.view(c.dtype).reshape(c.shape), c)

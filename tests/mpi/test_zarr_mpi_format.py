@@ -163,3 +163,41 @@ def test_a_second_writer_of_a_hierarchy_is_refused_naming_the_holder(tmp_path):
     first.close()
     SharedZarrTier(tmp_path / "h", COMM).close()
     assert not pending.exists()
+
+
+def _zarr_reads_every_committed_record(path):
+    """Every committed record of the hierarchy at `path`, through plain zarr, equals
+    what read_checkpoint returns (global arrays; raw bytes for other dtypes)."""
+    zarr = pytest.importorskip("zarr")
+    from vlcc_adjoint.state import flatten
+
+    root = zarr.open_group(str(path), mode="r")
+    records = list_checkpoints(path)
+    assert records and all(r["damaged"] is None for r in records)
+    for rec in records:
+        group = root[rec["name"]]
+        leaves, _ = flatten(read_checkpoint(path, rec["name"]))
+        for i, leaf in enumerate(leaves):
+            got = np.ascontiguousarray(group[str(i)][...])
+            if got.dtype == np.uint8 and leaf.dtype != np.uint8:  # raw bytes of other dtypes
+                got = got.view(leaf.dtype).reshape(leaf.shape)
+            assert got.shape == leaf.shape and got.tobytes() == leaf.astype(got.dtype).tobytes()
+    return records
+
+
+def test_plain_zarr_reads_a_hierarchy_written_serially(tmp_path):
+    """write_checkpoint and a DistributedStore's commits in one process (COMM_SELF)
+    write a hierarchy that plain zarr opens, with the same arrays."""
+    from vlcc_adjoint.mpi import DistributedStore
+    from vlcc_adjoint.storage import MemoryTier
+
+    path = tmp_path / "h"
+    write_checkpoint(path, dict(_state(), when=np.array(["2024-05-06"], "M8[D]")), COMM, step=7)
+    d = Decomposition.split((9, 4), (1, 1))
+    with DistributedStore(COMM, [MemoryTier(), SharedZarrTier(path, COMM)], commit_every=2) as s:
+        for step in range(5):
+            u = np.arange(36.0).reshape(9, 4) * step
+            s.save(step, {"u": DistributedArray(u, d, 0), "t": float(step)}, level=1)
+        s.delete(1, 1)
+    records = _zarr_reads_every_committed_record(path)
+    assert sorted(r["step"] for r in records) == [0, 2, 3, 4, 7]

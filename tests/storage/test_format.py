@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import vlcc_adjoint
 from vlcc_adjoint.storage import CorruptCheckpointError
 from vlcc_adjoint.storage import format as F
 
@@ -193,13 +194,120 @@ def test_remove_tree_stays_inside_the_root_and_never_follows_links(tmp_path):
     assert (outside / "keep").exists()
 
 
-def test_writes_never_follow_a_planted_link(tmp_path):
+def test_writes_never_follow_a_planted_link(tmp_path, monkeypatch):
     (tmp_path / "outside").write_text("precious")
-    (tmp_path / "zarr.json.tmp").symlink_to(tmp_path / "outside")
-    F.write_json(str(tmp_path / "zarr.json"), {"a": 1}, durable=False)
+    F.write_group(str(tmp_path / "zarr.json"), {"a": 1}, durable=False)
+    assert json.loads((tmp_path / "zarr.json").read_text())["attributes"] == {"a": 1}
+    # A link planted at the scratch name is refused (created exclusively, never followed) ...
+    planted = tmp_path / ".zarr.json.planted.tmp"
+    planted.symlink_to(tmp_path / "outside")
+    monkeypatch.setattr(F, "scratch_name", lambda path: str(planted))
+    with pytest.raises(FileExistsError):
+        F.write_atomic(str(tmp_path / "zarr.json"), b"overwritten", durable=False)
     assert (tmp_path / "outside").read_text() == "precious"
-    assert json.loads((tmp_path / "zarr.json").read_text()) == {"a": 1}
+    assert json.loads((tmp_path / "zarr.json").read_text())["attributes"] == {"a": 1}
+    # ... and so is one at the file itself.
     (tmp_path / "c.0").symlink_to(tmp_path / "outside")
     with pytest.raises(OSError):
         F.write_file(str(tmp_path / "c.0"), b"overwritten", False)
     assert (tmp_path / "outside").read_text() == "precious"
+
+
+def test_write_atomic_replaces_whole_and_leaves_no_scratch_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "zarr.json"
+    F.write_atomic(str(path), b"old", durable=True)
+    st = F.write_atomic(str(path), b"new!", durable=False)
+    assert path.read_bytes() == b"new!" and st.st_ino == os.stat(path).st_ino
+    assert os.listdir(tmp_path) == ["zarr.json"]
+
+    def no_rename(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", no_rename)
+    with pytest.raises(OSError):
+        F.write_atomic(str(path), b"lost", durable=False)
+    assert path.read_bytes() == b"new!" and os.listdir(tmp_path) == ["zarr.json"]
+
+
+def test_create_file_keeps_the_first_content(tmp_path):
+    path = str(tmp_path / "zarr.json")
+    F.create_file(path, b"first", durable=False)
+    F.create_file(path, b"second", durable=True)
+    assert open(path, "rb").read() == b"first" and os.listdir(tmp_path) == ["zarr.json"]
+
+
+def test_strict_json_and_groups_of_the_one_format_layer(tmp_path):
+    assert F.parse_json(b'{"a": [1, 2.5, "x"]}', "p") == {"a": [1, 2.5, "x"]}
+    for bad in (b'{"a": Infinity}', b'{"a": 1, "a": 1}', b"[" * 100_000, b"\xff"):
+        with pytest.raises(CorruptCheckpointError, match="the/file"):
+            F.parse_json(bad, "the/file")
+    path = str(tmp_path / "zarr.json")
+    F.write_group(path, {"vlcc_adjoint": {"format": 2}, "other": 1}, durable=False)
+    assert F.open_group(path, "vlcc_adjoint") == {"format": 2}
+    assert F.open_group(path, "missing") is None  # a foreign node: not ours, not damaged
+    meta, _ = F.array_metadata(np.dtype("<f8"), (3,))
+    open(path, "wb").write(meta)
+    assert F.open_group(path, "x", group=False) is None
+    with pytest.raises(CorruptCheckpointError, match="zarr v3 group"):
+        F.open_group(path, "x")
+
+
+def test_sealed_text_group_checks_the_bytes_it_was_written_with():
+    text = b'{"format":2,"nodes":[1,2,3]}'
+    raw = F.sealed_text_group("g", text)
+    assert json.loads(raw)["attributes"]["g"] == {"format": 2, "nodes": [1, 2, 3]}
+    assert F.open_sealed_text_group(raw, "g", "p") == {"format": 2, "nodes": [1, 2, 3]}
+    assert F.open_sealed_text_group(b'{"zarr_format":3}', "g", "p") is None  # no seal
+    damaged = raw.replace(b"[1,2,3]", b"[1,2,4]")
+    with pytest.raises(CorruptCheckpointError, match="seal") as info:
+        F.open_sealed_text_group(damaged, "g", "the/graph")
+    assert info.value.path == "the/graph"
+
+
+def test_seal_and_unseal_with_an_expected_digest():
+    sealed = F.seal({"a": 1, "digest": "stale"})
+    assert F.unseal(sealed, "p") == {"a": 1}
+    assert F.unseal(sealed, "p", expected=sealed["digest"]) == {"a": 1}
+    with pytest.raises(CorruptCheckpointError, match="recorded for it elsewhere"):
+        F.unseal(sealed, "p", "the manifest", expected="0" * 32)
+    with pytest.raises(CorruptCheckpointError, match="no valid digest"):
+        F.unseal({"a": 1, "digest": "xyz"}, "p")
+
+
+_WITHOUT_ZARR = """
+import sys
+sys.modules["zarr"] = None  # `import zarr` raises ImportError, as when it is not installed
+import numpy as np
+import vlcc_adjoint
+from vlcc_adjoint.lineage import History
+from vlcc_adjoint.state import flatten
+from vlcc_adjoint.storage import TieredStore, ZarrTier, make_record
+
+root = sys.argv[1]
+tier = ZarrTier(root + "/z")
+leaves, spec = flatten({"u": np.arange(6.0), "t": 0.5})
+tier.put("a", make_record(spec, leaves))
+assert np.array_equal(tier.get("a").leaves[0], np.arange(6.0))
+tier.close()
+with TieredStore([ZarrTier(root + "/s")]) as store:
+    store.save(3, {"u": np.ones(4)})
+    assert store.load(3)["u"].sum() == 4
+with History(root + "/h") as h:
+    vid = h.commit({"u": np.arange(5)})
+    assert list(h.checkout(vid)["u"]) == [0, 1, 2, 3, 4]
+assert sys.modules["zarr"] is None
+print("ok")
+"""
+
+
+def test_the_package_imports_and_runs_without_zarr(tmp_path):
+    """zarr-python is a test dependency only: every store is written and read by
+    vlcc_adjoint.storage.format."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ZARR, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(vlcc_adjoint.__file__))},
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -11,9 +11,11 @@ import json
 import os
 import sys
 import tarfile
+from typing import Any
 
 from ..errors import VlccValueError
 from ..storage import StorageError
+from ..storage import format as SF
 from . import _format as F
 from ._graph import human_bytes
 
@@ -64,7 +66,7 @@ def log(args) -> int:
             from ._graph import render
 
             versions = h.log(args.branch, limit=args.n)
-            refs = {}
+            refs: dict[str, list[str]] = {}
             for name, vid in h.branches.items():
                 refs.setdefault(vid, []).append(name)
             for name, vid in h.tags.items():
@@ -171,7 +173,7 @@ def gc(args) -> int:
 
 @_guard
 def export(args) -> int:
-    from ._transfer import export_history
+    from ._history import export_history
 
     out = export_history(args.path, args.out)
     print(f"exported {args.path} to {out} ({human_bytes(os.path.getsize(out))})")
@@ -180,7 +182,7 @@ def export(args) -> int:
 
 @_guard
 def import_(args) -> int:
-    from ._transfer import import_history
+    from ._history import import_history
 
     path = import_history(args.archive, args.path)
     with _open(path) as h:
@@ -195,7 +197,8 @@ def import_(args) -> int:
 def inspect(args) -> int:
     path = args.path
     try:
-        F.read_group_attrs(os.path.join(path, "zarr.json"), F.ROOT_KEY)
+        if SF.open_group(os.path.join(path, "zarr.json"), F.ROOT_KEY) is None:
+            raise StorageError(f"{path} has no lineage root")
     except (OSError, StorageError):
         if not os.path.isdir(os.path.join(path, F.GRAPH)):
             return _inspect_other(path)
@@ -225,18 +228,20 @@ def inspect(args) -> int:
 def _inspect_other(path: str) -> int:
     """Summarise a ZarrTier directory, read-only (opening a ZarrTier would clean its scratch)."""
     try:
-        attrs = F.read_group_attrs(os.path.join(path, "zarr.json"), "vlcc_adjoint")
+        attrs = SF.open_group(os.path.join(path, "zarr.json"), "vlcc_adjoint")
+        if attrs is None:
+            raise StorageError(f"{path} has no vlcc_adjoint root")
     except (OSError, StorageError):
         raise StorageError(
             f"{path} is neither a lineage history nor a ZarrTier store (no "
             "vlcc zarr.json); check the path"
         ) from None
-    records = []
+    records: list[tuple[str, Any, int | None, int | None]] = []
     for entry in sorted(os.scandir(path), key=lambda e: e.name):
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            rec = F.read_group_attrs(os.path.join(entry.path, "zarr.json"), "vlcc_adjoint")
+            rec = SF.open_group(os.path.join(entry.path, "zarr.json"), "vlcc_adjoint")
             spec = rec.get("spec", {})
             nbytes = sum(int(leaf.get("nbytes", 0)) for leaf in rec.get("leaves", []))
             records.append((entry.name, spec.get("step"), len(rec.get("leaves", [])), nbytes))
@@ -248,11 +253,11 @@ def _inspect_other(path: str) -> int:
     steps = sorted(r[1] for r in records if isinstance(r[1], int))
     if steps:
         print(f"  steps     {steps[0]} .. {steps[-1]}")
-    for key, step, nleaves, nbytes in records[:20]:
-        if nleaves is None:
+    for key, step, nleaves, size in records[:20]:
+        if nleaves is None or size is None:
             print(f"  {key:<24} (unreadable metadata)")
         else:
-            print(f"  {key:<24} step {step!s:<8} {nleaves} leaves  {human_bytes(nbytes)}")
+            print(f"  {key:<24} step {step!s:<8} {nleaves} leaves  {human_bytes(size)}")
     if len(records) > 20:
         print(f"  ... {len(records) - 20} more")
     return 0

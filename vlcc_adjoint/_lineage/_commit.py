@@ -1,5 +1,9 @@
 """How ``History.commit`` turns a state into a durable, visible version.
 
+:class:`CommitPipeline` is this part of :class:`~vlcc_adjoint.lineage.History`:
+the capture in the caller's thread, the writer thread, the publication
+(also of versions assembled from staged parts, :mod:`._parts`).
+
 1. **Capture** (``commit``, in the caller's thread).  The state is
    flattened (:func:`vlcc_adjoint.state.flatten`) and each leaf cut into
    chunks (:mod:`._format`).  With ``capture="hash"`` (the default) each
@@ -44,46 +48,45 @@ while more than ``max_pending_bytes`` of copies are in flight.
 
 from __future__ import annotations
 
-import errno
+import collections
+import dataclasses
 import math
 import os
+import queue
 import secrets
 import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from ..errors import VlccTypeError, VlccValueError
+from ..errors import VlccTypeError
 from ..state import byte_view, flatten
-from ..storage import CorruptCheckpointError, StorageError
+from ..storage import BufferPool, CorruptCheckpointError, StorageError
 from ..storage import format as SF
-from . import _delta
 from . import _format as F
-from ._graph import Version, check_name
-from ._seal import seal
+from ._chunks import ChunkStore
+from ._format import Layout
+from ._read import Reader
+from ._refs import Ref, Refs
+from ._repo import Repository
 
-_LINK_UNSUPPORTED = {
-    errno.EPERM,
-    errno.ENOTSUP,
-    errno.EOPNOTSUPP,
-    errno.EMLINK,
-    errno.EXDEV,
-    errno.EACCES,
-}
+__all__ = ["CommitPipeline", "Job", "LeafJob", "json_meta"]
+
+#: A version's leaves as its manifest lists them: (layout, codec, chunk addresses).
+ManifestLeaves = tuple[tuple[Layout, dict | None, tuple[str, ...]], ...]
 
 
-def _json_meta(meta) -> dict:
+def json_meta(meta: dict | None) -> dict:
     """`meta` as strict JSON (non-finite floats become the strings "nan", "inf", "-inf")."""
     if meta is None:
         return {}
     if not isinstance(meta, dict):
         raise VlccTypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
 
-    def clean(x, path):
+    def clean(x: Any, path: str) -> Any:
         if isinstance(x, float) and not math.isfinite(x):
             return repr(x)
         if isinstance(x, dict):
@@ -107,7 +110,7 @@ def _json_meta(meta) -> dict:
     return clean(meta, "")
 
 
-def _delta_bases(parent, i: int, lj) -> list[str] | None:
+def _delta_bases(parent: ManifestLeaves | None, i: int, lj: LeafJob) -> list[str] | None:
     """The addresses of the parent's chunks at leaf `i`'s places, when its layout and
     codec are the same as the new leaf's (else ``None``: no delta bases)."""
     if parent is None or i >= len(parent):
@@ -128,154 +131,177 @@ def _delta_bases(parent, i: int, lj) -> list[str] | None:
 # -- jobs: a commit in flight ------------------------------------------------------------
 
 
-class _LeafJob:
+class LeafJob:
+    """One leaf of a commit in flight: its layout, codec, chunk addresses (as
+    they are known) and the bytes the commit owns until they are written."""
+
     __slots__ = ("layout", "cfg", "tag", "addrs", "owned", "whole")
 
-    def __init__(self, layout, cfg, tag):
+    def __init__(self, layout: Layout, cfg: dict | None) -> None:
         self.layout = layout
         self.cfg = cfg
-        self.tag = tag
-        self.addrs: list[str | None] = []
+        self.tag = F.codec_tag(cfg)
+        self.addrs: list[str] = []
         self.owned: dict[int, Any] = {}  # chunk index -> owned raw bytes (capture="hash")
-        self.whole = None  # an owned copy of the leaf (capture="copy")
+        self.whole: np.ndarray | None = None  # an owned copy of the leaf (capture="copy")
 
 
-class _Job:
-    __slots__ = (
-        "id",
-        "branch",
-        "base",
-        "merge",
-        "message",
-        "meta",
-        "created",
-        "spec",
-        "leaves",
-        "nbytes",
-        "owned_bytes",
-        "inflight",
-        "spent",
-    )
+@dataclasses.dataclass(eq=False)
+class Job:
+    """A version on its way to publication."""
 
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
+    id: str
+    spec: dict
+    leaves: list[LeafJob]
+    nbytes: int  # the state's bytes
+    owned_bytes: int = 0  # bytes of copies the job holds (back-pressure)
+    inflight: list[str] = dataclasses.field(default_factory=list)  # new chunk addresses
+    branch: str = ""
+    base: str | None = None  # the version it was based on (HEAD when committed)
+    merge: list[str] = dataclasses.field(default_factory=list)
+    message: str = ""
+    meta: dict = dataclasses.field(default_factory=dict)
+    created: float = 0.0
+    spent: list = dataclasses.field(default_factory=list)  # buffers to give back to the pool
 
 
 class CommitPipeline:
-    """The commit half of :class:`~vlcc_adjoint.lineage.History` (a mixin: it uses the
-    repository's paths, locks, graph and pool; see the module docstring)."""
+    """Commits of one ``History``: capture, background writes, publication.
+
+    **Arguments:** the repository's parts (`repo`, `chunks`, `reader`,
+    `refs`); `chunk_bytes`, `codec`, `capture`, `max_pending_bytes`: the
+    ``History`` arguments of those names.
+
+    **Attributes:** `stats` (``commits``, ``caller_seconds``,
+    ``writer_seconds``, ``new_bytes``), `pending_bytes` (bytes of copies held
+    by commits in flight); both guarded by the repository's instance lock.
+    """
+
+    def __init__(
+        self,
+        repo: Repository,
+        chunks: ChunkStore,
+        reader: Reader,
+        refs: Refs,
+        *,
+        chunk_bytes: int,
+        codec: Any,
+        capture: str,
+        max_pending_bytes: int,
+    ) -> None:
+        self.repo = repo
+        self.chunks = chunks
+        self.reader = reader
+        self.refs = refs
+        self.chunk_bytes = chunk_bytes
+        self.codec = codec
+        self.capture = capture
+        self.max_pending_bytes = max_pending_bytes
+        self.cond = threading.Condition(repo.lock)
+        self.stats: collections.defaultdict[str, float] = collections.defaultdict(int)
+        self.pending_bytes = 0
+        self._pending: dict[str, Job] = {}
+        self._inflight: collections.Counter[str] = collections.Counter()
+        self._errors: list[tuple[str, BaseException]] = []
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._pool = BufferPool(max_pending_bytes)
+
+    # -- the state of the pipeline ---------------------------------------------------
+
+    def drain(self) -> None:
+        """Block until every commit in flight is published or failed."""
+        with self.cond:
+            while self._pending:
+                self.cond.wait()
+
+    def take_errors(self) -> list[tuple[str, BaseException]]:
+        """The failures of background commits since the last call: (version, error)."""
+        with self.repo.lock:
+            errors, self._errors = self._errors, []
+        return errors
+
+    def new_id(self, g: Any) -> str:
+        """A version id not in graph `g` nor in flight (lock held)."""
+        vid = secrets.token_hex(6)
+        while vid in g or vid in self._pending:
+            vid = secrets.token_hex(6)
+        return vid
+
+    def close(self) -> None:
+        """Stop the writer thread (after :meth:`drain`) and free the pooled buffers."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+        self._pool.clear()
 
     # -- commit (the caller's half) --------------------------------------------------
 
     def commit(
         self,
         state: Any,
-        message: str = "",
-        meta: dict | None = None,
-        *,
-        branch: str | None = None,
-        merge: Iterable = (),
+        message: str,
+        meta: dict | None,
+        branch: str | None,
+        merges: list[Ref],
     ) -> str:
-        """Store `state` as a new version on the current branch; return its id.
-
-        Returns once the state is owned (the caller may modify it at once);
-        the version is written in the background and becomes visible (in
-        ``log``, to ``checkout``, to other processes) when it is complete on
-        disk.  Later calls of this object that read the history wait for it.
-
-        **Arguments:**
-
-        - `state`: anything :func:`vlcc_adjoint.state.flatten` accepts.
-        - `message`: a one-line description.
-        - `meta`: free-form JSON metadata (step, loss, hyper-parameters,
-          code version); non-finite floats are stored as ``"nan"``/``"inf"``.
-        - `branch`: commit to this branch instead (created at HEAD if new) and
-          make it the current branch.  Needed after checking out a version or
-          tag (detached HEAD).
-        - `merge`: refs of versions merged into this one (extra parents).
-
-        **Returns:** the new version's id (12 hexadecimal characters).
-
-        The version's first parent is the branch's tip when the version is
-        published, so several processes appending to one branch interleave.
-        """
-        self._check(write=True)
+        """``History.commit`` once the caller may write (see there): capture the
+        state, queue it for the writer thread, return the new version's id."""
         if not isinstance(message, str):
             raise VlccTypeError(f"message must be a str, got {type(message).__name__}")
-        meta = _json_meta(meta)
+        meta = json_meta(meta)
         created = time.time()
-        merge = [merge] if isinstance(merge, (str, Version)) else list(merge)
-        if merge:  # they may name this object's own pending commits
-            self.wait()
-        g = self._refresh()
-        with self._lock:
-            target = self._target_branch(
+        repo, refs = self.repo, self.refs
+        g = repo.refresh()
+        with repo.lock:
+            target = refs.target_branch(
                 branch,
                 " (a version or tag was checked out); commit onto a branch: "
                 "commit(state, branch='name') creates it there, or checkout a branch first",
             )
-            base = (
-                self._tip.get(self._head_branch) or self._head_id(g)
-                if self._head_branch is not None
-                else self._head_version
-            )
-            merges = []
-            for ref in merge:
-                merges.append(self._resolve(g, ref))
-            vid = secrets.token_hex(6)
-            while vid in g or vid in self._pending:
-                vid = secrets.token_hex(6)
+            base = refs.base(g)
+            merged = [refs.resolve(g, ref) for ref in merges]
+            vid = self.new_id(g)
         leaves, spec = flatten(state)
         t0 = time.perf_counter()
-        self._gc_lock.acquire_shared()  # released when the version is published (or fails)
+        repo.gc_lock.acquire_shared()  # released when the version is published (or fails)
         try:
             job = self._capture(vid, leaves, spec)
         except BaseException:
-            self._gc_lock.release_shared()
+            repo.gc_lock.release_shared()
             raise
-        job.branch, job.base, job.merge = target, base, merges
+        job.branch, job.base, job.merge = target, base, merged
         job.message, job.meta, job.created = message, meta, created
-        with self._cond:
+        with self.cond:
             # Back-pressure: wait while the writer holds too many owned bytes.
-            while self._pending and self._pending_bytes + job.owned_bytes > self.max_pending_bytes:
-                self._cond.wait()
+            while self._pending and self.pending_bytes + job.owned_bytes > self.max_pending_bytes:
+                self.cond.wait()
             self._pending[vid] = job
-            self._pending_bytes += job.owned_bytes
-            self._tip[target] = vid
+            self.pending_bytes += job.owned_bytes
+            refs.tips[target] = vid
             if branch is not None:
-                self._head_branch, self._head_version = branch, None
+                refs.switch(branch)
             if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._work, name="vlcc-lineage-writer", daemon=True
                 )
                 self._worker.start()
-            self._stats["commits"] += 1
-            self._stats["caller_seconds"] += time.perf_counter() - t0
+            self.stats["commits"] += 1
+            self.stats["caller_seconds"] += time.perf_counter() - t0
         self._queue.put(job)
         return vid
 
-    def _target_branch(self, branch: str | None, remedy: str) -> str:
-        """Lock held: the branch a new version goes onto, `branch` (a valid name)
-        or HEAD's; a detached HEAD raises ``ValueError`` ending with `remedy`."""
-        if branch is not None:
-            check_name(branch, "branch")
-            return branch
-        if self._head_branch is None:
-            raise VlccValueError(f"HEAD is detached at version {self._head_version}{remedy}")
-        return self._head_branch
-
-    def _capture(self, vid: str, leaves: list, spec: dict) -> _Job:
+    def _capture(self, vid: str, leaves: list[np.ndarray], spec: dict) -> Job:
         """Take ownership of the state's bytes (see the module docstring, step 1)."""
         jobs = []
         owned = 0
         inflight = []
         seen: set[str] = set()
-        chunks_dir = self._p(F.CHUNKS)
+        chunks = self.chunks
         for leaf in leaves:
             layout = F.plan_layout(leaf.dtype, leaf.shape, self.chunk_bytes)
-            cfg = F.codec_config(self.codec, layout.dtype.itemsize)
-            lj = _LeafJob(layout, cfg, F.codec_tag(cfg))
+            lj = LeafJob(layout, F.codec_config(self.codec, layout.dtype.itemsize))
             jobs.append(lj)
             if layout.nchunks == 0:
                 continue
@@ -287,6 +313,7 @@ class CommitPipeline:
                 continue
             flat = byte_view(leaf)
             n = layout.chunk_nbytes
+            data: Any
             for j, (off, valid, _key) in enumerate(layout.spans()):
                 if valid == n:
                     data = flat[off : off + n]  # hashed in place, copied only if new
@@ -296,16 +323,11 @@ class CommitPipeline:
                     data[valid:] = 0
                 addr = F.address_of(data, lj.tag)
                 lj.addrs.append(addr)
-                if addr[:2] not in self._chunk_dirs:
-                    try:  # a real directory (never a link), or none yet
-                        self._chunk_dir(addr[:2])
-                    except FileNotFoundError:
-                        pass
-                if (
-                    addr in seen
-                    or self._inflight[addr]
-                    or os.path.lexists(f"{chunks_dir}/{addr[:2]}/{addr[2:]}")
-                ):
+                try:  # in a real directory (never a link), or none yet
+                    stored = os.path.lexists(chunks.chunk_path(addr))
+                except FileNotFoundError:
+                    stored = False
+                if addr in seen or self._inflight[addr] or stored:
                     continue
                 seen.add(addr)
                 if isinstance(data, memoryview):
@@ -317,25 +339,11 @@ class CommitPipeline:
                 lj.owned[j] = data
                 owned += n
                 inflight.append(addr)
-        with self._lock:
+        with self.repo.lock:
             for addr in inflight:
                 self._inflight[addr] += 1
         nbytes = sum(leaf.nbytes for leaf in leaves)
-        return _Job(
-            id=vid,
-            spec=spec,
-            leaves=jobs,
-            nbytes=nbytes,
-            owned_bytes=owned,
-            inflight=inflight,
-            branch=None,
-            base=None,
-            merge=None,
-            message="",
-            meta=None,
-            created=0.0,
-            spent=[],
-        )
+        return Job(vid, spec, jobs, nbytes, owned_bytes=owned, inflight=inflight)
 
     # -- the writer thread -------------------------------------------------------------
 
@@ -348,12 +356,13 @@ class CommitPipeline:
             try:
                 self._write(job)
             except BaseException as err:  # kept and raised by the next call
-                with self._lock:
+                with self.repo.lock:
                     self._errors.append((job.id, err))
-                    for name in [b for b, v in self._tip.items() if v == job.id]:
-                        del self._tip[name]
+                    tips = self.refs.tips
+                    for name in [b for b, v in tips.items() if v == job.id]:
+                        del tips[name]
             finally:
-                self._gc_lock.release_shared()
+                self.repo.gc_lock.release_shared()
                 spent = job.spent
                 for lj in job.leaves:
                     spent.extend(lj.owned.values())
@@ -363,32 +372,33 @@ class CommitPipeline:
                         lj.whole = None
                 job.spent = []
                 self._pool.recycle(spent)  # back to the pool if nobody else holds them
-                with self._cond:
+                with self.cond:
                     for addr in job.inflight:
                         self._inflight[addr] -= 1
                         if not self._inflight[addr]:
                             del self._inflight[addr]
                     del self._pending[job.id]
-                    self._pending_bytes -= job.owned_bytes
-                    self._stats["writer_seconds"] += time.perf_counter() - t0
-                    self._cond.notify_all()
+                    self.pending_bytes -= job.owned_bytes
+                    self.stats["writer_seconds"] += time.perf_counter() - t0
+                    self.cond.notify_all()
 
-    def _write(self, job: _Job) -> None:
-        work = self._p(F.SCRATCH, f"v-{job.id}-{F.token()}")
+    def _write(self, job: Job) -> None:
+        """Write the new chunks of `job` and assemble its version group in the
+        scratch (see the module docstring, step 2), then publish it."""
+        work = self.repo.p(F.SCRATCH, f"v-{job.id}-{F.token()}")
         os.mkdir(work)
         try:
             new_bytes = 0
             seen: set[str] = set()
-            parent = self._delta_parent(job) if self._deltas else None
+            parent = self._delta_parent(job) if self.chunks.deltas else None
             for i, lj in enumerate(job.leaves):
                 bases = _delta_bases(parent, i, lj)
                 layout = lj.layout
-                leaf_dir = f"{work}/{i}"
-                os.mkdir(leaf_dir)
-                F.write_file(f"{leaf_dir}/zarr.json", F.array_meta(layout, lj.cfg), self.durable)
+                leaf_dir = self.leaf_dir(work, i, lj)
                 if lj.whole is not None:
                     flat = byte_view(lj.whole)
                 n = layout.chunk_nbytes
+                data: Any
                 for j, (off, valid, key) in enumerate(layout.spans()):
                     if lj.whole is not None:  # capture="copy": hash and dedup here
                         if valid == n:
@@ -400,115 +410,57 @@ class CommitPipeline:
                         lj.addrs.append(addr)
                         if addr not in seen:
                             seen.add(addr)
-                            new_bytes += self._store_chunk(
-                                addr, data, lj.cfg, bases and bases[j], layout
+                            new_bytes += self.chunks.store(
+                                addr, data, lj.cfg, bases[j] if bases else None, layout
                             )
                     else:
                         addr = lj.addrs[j]
                         data = lj.owned.pop(j, None)
                         if data is not None:
-                            new_bytes += self._store_chunk(
-                                addr, data, lj.cfg, bases and bases[j], layout
+                            new_bytes += self.chunks.store(
+                                addr, data, lj.cfg, bases[j] if bases else None, layout
                             )
                             job.spent.append(data)
                             data = None
-                    self._link(addr, f"{leaf_dir}/{key}")
-                if self.durable:
-                    F.fsync_dir(leaf_dir)
-            self._stats["new_bytes"] += new_bytes
-            self._publish(job, work, new_bytes)
+                    self.chunks.link(addr, f"{leaf_dir}/{key}")
+                if self.repo.durable:
+                    SF.fsync_dir(leaf_dir)
+            with self.repo.lock:
+                self.stats["new_bytes"] += new_bytes
+            self.publish(job, work, new_bytes)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
 
-    def _delta_parent(self, job: _Job):
+    def _delta_parent(self, job: Job) -> ManifestLeaves | None:
         """The leaves of the version `job` is based on (delta bases), or ``None``."""
         if job.base is None:
             return None
         try:
-            return self._manifest(job.base).leaves
+            return self.reader.manifest(job.base).leaves
         except (KeyError, CorruptCheckpointError, StorageError):
             return None  # no base to delta against: full chunks
 
-    def _store_chunk(self, addr: str, data, cfg, base: str | None = None, layout=None) -> int:
-        """Write a chunk under its address unless it is there; return bytes written.
+    def leaf_dir(self, work: str, i: int, lj: LeafJob) -> str:
+        """Make the directory of leaf `i` of the version group `work`, with its
+        array ``zarr.json``; return it."""
+        leaf_dir = f"{work}/{i}"
+        os.mkdir(leaf_dir)
+        SF.write_file(
+            f"{leaf_dir}/zarr.json",
+            F.array_meta(lj.layout, lj.cfg),
+            self.repo.durable,
+            exclusive=True,
+        )
+        return leaf_dir
 
-        With `base` (a delta repository), the chunk is stored as a delta
-        object against the chunk `base` when that pays (:mod:`._delta`).
-        """
-        sub = addr[:2]
-        final = self._p(F.CHUNKS, sub, addr[2:])
-        if os.path.lexists(final):
-            return 0
-        blob = None
-        if base and base != addr:
-            blob = self._delta_blob(addr, data, cfg, base, layout)
-        if blob is None:
-            blob = F.encode_chunk(data, cfg)
-            if self._deltas:
-                self._resolver.remember(addr, data, 0, 0)
-        if sub not in self._chunk_dirs:
-            self._mkdir(self._p(F.CHUNKS, sub))  # a real directory, never a link
-            self._chunk_dirs.add(sub)
-        tmp = self._p(F.SCRATCH, f"c-{F.token()}")
-        F.write_file(tmp, blob, self.durable)
-        try:
-            try:
-                os.link(tmp, final)
-            except FileExistsError:
-                return 0  # another process stored it meanwhile
-            except OSError as err:
-                if err.errno not in _LINK_UNSUPPORTED:
-                    raise
-                os.replace(tmp, final)
-            if self.durable:
-                F.fsync_dir(self._p(F.CHUNKS, sub))
-            return len(blob)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-    def _delta_blob(self, addr: str, data, cfg, base: str, layout) -> bytes | None:
-        """The delta object for chunk `addr` against `base`, or ``None`` when a full
-        chunk is better (the delta is above :data:`._delta.MAX_FRACTION` of a chunk, or its
-        chain too long)."""
-        n = layout.chunk_nbytes
-        if not os.path.lexists(self._p(F.chunk_relpath(base))):
-            return None  # removed by gc (the resolver may still cache it): store in full
-        try:
-            braw, depth, chain = self._resolver.get(base, n, cfg, _delta.MAX_DEPTH)
-        except (FileNotFoundError, CorruptCheckpointError):
-            return None  # the base is gone or damaged: store this chunk in full
-        if depth + 1 > _delta.MAX_DEPTH:
-            return None
-        blob = _delta.encode(data, braw, base, depth, chain, layout.dtype.itemsize)
-        if len(blob) > _delta.MAX_FRACTION * n or chain + len(blob) > 2 * n:
-            return None
-        self._resolver.remember(addr, data, depth + 1, chain + len(blob))
-        return blob
-
-    def _link(self, addr: str, dst: str) -> None:
-        """Put the chunk file at `dst` in a version group: a hard link (no space), else a copy."""
-        src = self._p(F.CHUNKS, addr[:2], addr[2:])
-        if self._links:
-            try:
-                os.link(src, dst)
-                return
-            except FileNotFoundError:
-                raise StorageError(
-                    f"chunk {addr} is missing from {self.path}/chunks (it was to "
-                    "be written by an earlier commit of this process that failed)"
-                ) from None
-            except OSError as err:
-                if err.errno not in _LINK_UNSUPPORTED:
-                    raise
-                if err.errno != errno.EMLINK:  # too many links to this one file: copy just it
-                    self._links = False
-        shutil.copyfile(src, dst, follow_symlinks=False)
-
-    def _publish(self, job: _Job, work: str, new_bytes: int) -> None:
-        with self._graph_lock.held():
-            g = self._fresh()
+    def publish(self, job: Job, work: str, new_bytes: int) -> None:
+        """Publish the version group `work` of `job` (see the module docstring,
+        step 3): parents fixed, manifest sealed and written, group renamed into
+        ``versions/``, graph replaced, all under the graph lock."""
+        repo = self.repo
+        with repo.graph_lock.held():
+            g = repo.fresh()
             tip = g.branches.get(job.branch)
             if tip is not None:
                 parents = [tip]
@@ -526,7 +478,8 @@ class CommitPipeline:
                     raise StorageError(f"merge parent {m} is not in the history (removed by gc?)")
                 if m not in parents:
                     parents.append(m)
-            attrs = seal(
+            manifest, digest = SF.sealed_group(
+                F.ROOT_KEY,
                 {
                     "format": F.FORMAT,
                     "kind": "version",
@@ -539,12 +492,12 @@ class CommitPipeline:
                     "origin": {"host": socket.gethostname(), "pid": os.getpid()},
                     "spec": job.spec,
                     "leaves": [F.leaf_entry(lj.layout, lj.cfg, lj.addrs) for lj in job.leaves],
-                }
+                },
             )
-            F.write_file(f"{work}/zarr.json", F.group_json({F.ROOT_KEY: attrs}), self.durable)
-            if self.durable:
-                F.fsync_dir(work)
-            SF.publish(work, self._p(F.VERSIONS, job.id), self.durable)
+            SF.write_file(f"{work}/zarr.json", manifest, repo.durable, exclusive=True)
+            if repo.durable:
+                SF.fsync_dir(work)
+            SF.publish(work, repo.p(F.VERSIONS, job.id), repo.durable)
             g.add(
                 job.id,
                 parents,
@@ -554,7 +507,7 @@ class CommitPipeline:
                 job.created,
                 job.nbytes,
                 new_bytes,
-                attrs["digest"],
+                digest,
             )
             g.branches[job.branch] = job.id
-            self._write_graph(g)
+            repo.write_graph(g)

@@ -30,14 +30,46 @@ differ.  Integers and booleans are compared as float64; other dtypes
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import VlccKeyError
 from ..state import byte_view, dtype_from_json, flatten, inline_value, spec_nodes
 from ..state import leaf_paths as leaf_paths  # read by _read and _history
+from ._format import Layout, Manifest
 from ._graph import Version
+
+
+class VersionSource(Protocol):
+    """What a diff reads versions through (:class:`._read.Reader`)."""
+
+    def reading(self) -> AbstractContextManager[object]:
+        """Hold the repository's versions against removal (gc) while reading."""
+        ...
+
+    def read_chunk(
+        self,
+        m: Manifest,
+        where: str,
+        j: int,
+        addr: str,
+        layout: Layout,
+        cfg: dict | None,
+        out: memoryview | None,
+    ) -> Any:
+        """Chunk `j` of a leaf of version `m`, verified."""
+        ...
+
+    def read_leaf(self, m: Manifest, i: int, path: str) -> np.ndarray:
+        """Leaf `i` of version `m`, verified."""
+        ...
+
+
+#: ``open(ref) -> (version id, manifest, source)``: how a diff finds a version.
+OpenVersion = Callable[[Any], tuple[str, Manifest, VersionSource]]
 
 
 def walk_spec(tree, path: str = "state") -> Iterator[tuple[str, str, object]]:
@@ -264,21 +296,24 @@ class Accumulator:
 # -- diffing versions and states ------------------------------------------------------
 
 
-def _operand(x, history):
+def _operand(x: Any, open_version: OpenVersion) -> tuple[str, dict, tuple]:
     """(label, spec, per-leaf reader info) of a ref or a live state."""
     if isinstance(x, (str, Version)):
-        g = history._sync()
-        vid = history._resolve(g, x)
-        m = history._manifest(vid)
-        return vid, m.spec, ("version", history, m)
+        vid, m, source = open_version(x)
+        return vid, m.spec, ("version", source, m)
     leaves, spec = flatten(x)
     return "<state>", spec, ("state", leaves)
 
 
-def diff_states(history, a, b, rtol: float, atol: float, other) -> Diff:
-    """``History.diff`` and ``History.compare``: see there and the module docstring."""
-    la, spec_a, src_a = _operand(a, history)
-    lb, spec_b, src_b = _operand(b, other if other is not None else history)
+def diff_states(
+    open_a: OpenVersion, open_b: OpenVersion, a: Any, b: Any, rtol: float, atol: float
+) -> Diff:
+    """``History.diff`` and ``History.compare``: see there and the module docstring.
+
+    `a` and `b` are refs (found with `open_a`, `open_b`: the repositories of
+    the two sides) or live states."""
+    la, spec_a, src_a = _operand(a, open_a)
+    lb, spec_b, src_b = _operand(b, open_b)
     items_a = list(walk_spec(spec_a["tree"]))
     items_b = list(walk_spec(spec_b["tree"]))
     leaves_a = {p: i for k, p, i in items_a if k == "leaf"}
@@ -287,10 +322,10 @@ def diff_states(history, a, b, rtol: float, atol: float, other) -> Diff:
     values_b = {p: n for k, p, n in items_b if k == "value"}
     order = list(leaves_a) + [p for p in leaves_b if p not in leaves_a]
     out = []
-    locks = [src[1]._gc_lock for src in (src_a, src_b) if src[0] == "version"]
-    for lock in locks:
-        lock.acquire_shared()
-    try:
+    with ExitStack() as held:
+        for src in (src_a, src_b):
+            if src[0] == "version":
+                held.enter_context(src[1].reading())
         for path in order:
             out.append(
                 _leaf_diff(
@@ -305,9 +340,6 @@ def diff_states(history, a, b, rtol: float, atol: float, other) -> Diff:
                     atol,
                 )
             )
-    finally:
-        for lock in locks:
-            lock.release_shared()
     values = []
     for path in list(values_a) + [p for p in values_b if p not in values_a]:
         na, nb = values_a.get(path), values_b.get(path)
@@ -356,8 +388,8 @@ def _leaf_diff(path, ia, ib, spec_a, spec_b, src_a, src_b, rtol, atol) -> LeafDi
             for j, ((off, valid, _), xa, xb) in enumerate(zip(lay_a.spans(), addr_a, addr_b)):
                 if xa == xb:
                     continue
-                ca = ha._read_chunk(ma, f"leaf {path}", j, xa, lay_a, cfg_a, None)
-                cb = hb._read_chunk(mb, f"leaf {path}", j, xb, lay_b, cfg_b, None)
+                ca = ha.read_chunk(ma, f"leaf {path}", j, xa, lay_a, cfg_a, None)
+                cb = hb.read_chunk(mb, f"leaf {path}", j, xb, lay_b, cfg_b, None)
                 ca, cb = memoryview(ca)[:valid], memoryview(cb)[:valid]
                 same = ca == cb
                 acc.add(_as_items(ca, dta), _as_items(cb, dta), same)
@@ -390,8 +422,8 @@ def _leaf_diff(path, ia, ib, spec_a, spec_b, src_a, src_b, rtol, atol) -> LeafDi
 def _whole(src, i, path) -> np.ndarray:
     if src[0] == "state":
         return src[1][i]
-    history, m = src[1], src[2]
-    return history._read_leaf(m, i, path)
+    source, m = src[1], src[2]
+    return source.read_leaf(m, i, path)
 
 
 def comparison(d: Diff, rtol: float, atol: float) -> Comparison:
@@ -419,8 +451,8 @@ def comparison(d: Diff, rtol: float, atol: float) -> Comparison:
         reason = f"{p} is {va!r} in {d.a} and {vb!r} in {d.b}"
     equal = first is None and not bad_values
     bitwise = not d.values and all(ld.bitwise and ld.status == "same" for ld in d.leaves)
-    max_abs = max((x for x in (ld.max_abs for ld in d.leaves) if x is not None), default=0.0)
-    max_rel = max((x for x in (ld.max_rel for ld in d.leaves) if x is not None), default=0.0)
+    max_abs = max((ld.max_abs for ld in d.leaves if ld.max_abs is not None), default=0.0)
+    max_rel = max((ld.max_rel for ld in d.leaves if ld.max_rel is not None), default=0.0)
     return Comparison(equal, bitwise, first, reason, max_abs, max_rel, rtol, atol, d)
 
 

@@ -54,6 +54,7 @@ import collections
 import os
 import struct
 import threading
+from typing import Protocol
 
 import numpy as np
 import xxhash
@@ -62,9 +63,18 @@ from ..errors import VlccValueError
 from ..storage import CorruptCheckpointError
 from ..storage import format as SF
 from . import _format as F
-from ._seal import seal
 
-__all__ = ["MAGIC", "MAX_DEPTH", "encode", "parse", "is_delta", "Resolver", "enable", "closure"]
+__all__ = [
+    "MAGIC",
+    "MAX_DEPTH",
+    "ChunkFiles",
+    "Resolver",
+    "base_of",
+    "closure",
+    "encode",
+    "is_delta",
+    "parse",
+]
 
 MAGIC = b"VLCDELTA"
 #: Longest chain of delta objects a writer builds (a reader accepts up to READ_DEPTH).
@@ -133,13 +143,21 @@ def parse(blob, n: int) -> tuple[str, int, int, bytes]:
     return base, depth, chain, bytes(body[_HEAD.size :])
 
 
+class ChunkFiles(Protocol):
+    """Where a repository's chunk files are (:class:`._chunks.ChunkStore`)."""
+
+    def chunk_path(self, addr: str) -> str:
+        """The file of chunk `addr`, in a checked (real) ``chunks/<2 hex>/`` directory."""
+        ...
+
+
 class Resolver:
     """Reads chunks of a delta repository: full chunks and delta chains, verified,
     with a small cache of resolved chunks (`cache_bytes`) that commits and checkouts share.
     """
 
-    def __init__(self, h, cache_bytes: int = 64 << 20):
-        self.h = h
+    def __init__(self, files: ChunkFiles, cache_bytes: int = 64 << 20) -> None:
+        self.files = files
         self.cache: collections.OrderedDict[str, tuple[bytes, int, int]] = collections.OrderedDict()
         self.cache_bytes = cache_bytes
         self.held = 0
@@ -159,7 +177,9 @@ class Resolver:
                 _, (old, _, _) = self.cache.popitem(last=False)
                 self.held -= len(old)
 
-    def get(self, addr: str, n: int, cfg, depth_left: int = READ_DEPTH) -> tuple[bytes, int, int]:
+    def get(
+        self, addr: str, n: int, cfg: dict | None, depth_left: int = READ_DEPTH
+    ) -> tuple[bytes | np.ndarray, int, int]:
         """(raw bytes, depth, chain bytes) of chunk `addr`, verified.
 
         The chain is walked down to a full (or cached) chunk, then the XORs
@@ -168,7 +188,6 @@ class Resolver:
         ``FileNotFoundError`` naming the missing one.
         """
         tag = F.codec_tag(cfg)
-        h = self.h
         chain: list[tuple[str, str, bytes, int, int]] = []  # (addr, path, payload, depth, bytes)
         cur, limit = addr, depth_left
         while True:
@@ -179,8 +198,7 @@ class Resolver:
             if hit is not None:
                 raw, depth, total = hit
                 break
-            path = h._p(F.chunk_relpath(cur))
-            h._chunk_dir(cur[:2])
+            path = self.files.chunk_path(cur)
             blob = SF.read_limited(path, n + n // 8 + 4096)
             try:
                 if is_delta(blob, n, cfg):
@@ -238,10 +256,9 @@ def _check(raw, addr: str, tag: bytes, path: str) -> None:
         )
 
 
-def base_of(h, addr: str) -> str | None:
+def base_of(files: ChunkFiles, addr: str) -> str | None:
     """The base address a stored delta object names (``None`` for a full chunk)."""
-    path = h._p(F.chunk_relpath(addr))
-    h._chunk_dir(addr[:2])  # a real directory, never a link
+    path = files.chunk_path(addr)  # in a real directory, never through a link
     fd = SF.open_regular(path)
     try:
         head = os.read(fd, _HEAD.size)
@@ -255,52 +272,16 @@ def base_of(h, addr: str) -> str | None:
     return base
 
 
-def closure(h, addrs: set[str]) -> set[str]:
+def closure(files: ChunkFiles, addrs: set[str]) -> set[str]:
     """`addrs` and every base their delta objects need (transitively)."""
-    if not (h._deltas or enable(h, None)):  # re-read: another process may have turned them on
-        return addrs
     out = set(addrs)
     todo = list(addrs)
     while todo:
         try:
-            base = base_of(h, todo.pop())
+            base = base_of(files, todo.pop())
         except FileNotFoundError:
             continue
         if base is not None and base not in out:
             out.add(base)
             todo.append(base)
     return out
-
-
-def enable(h, want: bool | None) -> bool:
-    """Whether the repository of `h` stores deltas; with `want`, record it in the root.
-
-    Once a repository has deltas, it keeps them (its versions need them):
-    ``deltas=False`` on such a repository raises ``ValueError``.
-    """
-    attrs = h._root_attrs() or {}
-    has = attrs.get("deltas") is True
-    if want is None or bool(want) == has:
-        return has
-    if not want:
-        raise VlccValueError(
-            f"the history at {h.path} stores delta chunks (it was created with "
-            "deltas=True); open it with deltas=None or deltas=True"
-        )
-    if h.mode != "a":
-        raise VlccValueError("deltas=True needs mode='a' (it records the setting in the root)")
-    _write_root(h, attrs)
-    return True
-
-
-def _write_root(h, attrs: dict) -> None:
-    attrs = {k: v for k, v in attrs.items() if k != "digest"}
-    attrs.update(deltas=True)
-    root = h._p("zarr.json")
-    tmp = f"{root}.{F.token()}.tmp"
-    F.write_file(tmp, F.group_json({F.ROOT_KEY: seal(attrs)}, indent=2), h.durable)
-    try:
-        SF.publish(tmp, root, h.durable)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

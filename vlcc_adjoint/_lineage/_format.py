@@ -66,10 +66,10 @@ import xxhash
 from ..errors import VlccValueError
 from ..state import dtype_from_json, dtype_to_json
 from ..storage import format as SF
-from ..storage.format import fsync_dir  # noqa: F401 (used as F.fsync_dir)
 
 #: The format this code writes: 2 seals every manifest, the graph and the root
-#: with digests (see :mod:`._seal`).  Format 1 (no digests) is still read.
+#: with digests (:func:`vlcc_adjoint.storage.format.seal`; the graph:
+#: :func:`._graph.graph_file_bytes`).  Format 1 (no digests) is still read.
 FORMAT = 2
 FORMATS = (1, 2)
 ROOT_KEY = "vlcc_lineage"
@@ -346,83 +346,24 @@ def leaf_entry(layout: Layout, cfg: dict | None, addresses: list[str]) -> dict:
 
 
 def array_meta(layout: Layout, cfg: dict | None) -> bytes:
-    """The ``zarr.json`` of a leaf's zarr v3 array inside a version group."""
-    dtype = layout.dtype
-    order = dtype.byteorder if SF.zarr_data_type(dtype) is not None else "|"
-    if order == "=":
-        order = "<" if np.little_endian else ">"
-    if order == "|" or dtype.itemsize == 1:
-        codecs = [{"name": "bytes"}]
-    else:
-        endian = "little" if order == "<" else "big"
-        codecs = [{"name": "bytes", "configuration": {"endian": endian}}]
-    if cfg is not None:
-        codecs.append(cfg)
-    zt = layout.ztype
-    fill = (
-        False
-        if zt == "bool"
-        else [0.0, 0.0]
-        if zt.startswith("complex")
-        else 0.0
-        if zt.startswith("float")
-        else 0
+    """The ``zarr.json`` of a leaf's zarr v3 array inside a version group
+    (:func:`vlcc_adjoint.storage.format.array_metadata` with the leaf's chunk
+    grid, its ``blosc`` codec, and its real dtype and shape in the attributes,
+    for the raw-bytes arrays of dtypes zarr lacks)."""
+    meta, _ = SF.array_metadata(
+        layout.dtype,
+        layout.shape,
+        layout.chunk_shape,
+        codecs=() if cfg is None else (cfg,),
+        attributes={ROOT_KEY: {"dtype": dtype_to_json(layout.dtype), "shape": list(layout.shape)}},
     )
-    meta = {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": list(layout.zshape),
-        "data_type": zt,
-        "chunk_grid": {
-            "name": "regular",
-            "configuration": {"chunk_shape": list(layout.chunk_shape)},
-        },
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
-        "fill_value": fill,
-        "codecs": codecs,
-        "attributes": {ROOT_KEY: {"dtype": dtype_to_json(dtype), "shape": list(layout.shape)}},
-        "storage_transformers": [],
-    }
-    return json.dumps(meta, separators=(",", ":")).encode()
+    return meta
 
 
-def group_json(attributes: dict, indent: int | None = None) -> bytes:
-    """A zarr v3 group's ``zarr.json`` carrying `attributes`."""
-    return json.dumps(
-        {"zarr_format": 3, "node_type": "group", "attributes": attributes},
-        indent=indent,
-        allow_nan=False,
-        separators=None if indent else (",", ":"),
-    ).encode()
-
-
-def read_group_attrs(path: str, key: str):
-    """The ``key`` attributes of the zarr group whose ``zarr.json`` is `path`.
-
-    Read through :func:`vlcc_adjoint.storage.format.read_json` (a regular
-    file, not a link, bounded, strict JSON).  ``CorruptCheckpointError``
-    naming `path` when it is not such a group, or lacks `key`;
-    ``FileNotFoundError`` passes through.
-    """
-    doc = SF.read_json(path)
-    if not (
-        isinstance(doc, dict)
-        and doc.get("zarr_format") == 3
-        and doc.get("node_type") == "group"
-        and isinstance(doc.get("attributes"), dict)
-    ):
-        raise corrupt(path, "is not the zarr.json of a zarr v3 group")
-    attrs = doc["attributes"]
-    if key not in attrs:
-        raise corrupt(path, f"has no {key!r} attributes")
-    return attrs[key]
-
-
-def corrupt(path: str, problem: str):
-    """A :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file `path`."""
-    from ..storage import CorruptCheckpointError
-
-    return CorruptCheckpointError(f"{path}: {problem}", path=path)
+def root_document(attrs: dict) -> bytes:
+    """The repository's root ``zarr.json``: a group whose ``vlcc_lineage``
+    attributes are `attrs`, sealed (a stale digest in `attrs` is replaced)."""
+    return SF.group_json({ROOT_KEY: SF.seal(attrs)})
 
 
 # -- manifests ----------------------------------------------------------------------
@@ -500,26 +441,3 @@ def parse_manifest(vid: str, attrs) -> Manifest:
         spec,
         tuple(out),
     )
-
-
-# -- files --------------------------------------------------------------------------
-
-
-def write_file(path: str, data, durable: bool) -> None:
-    """Create `path` (exclusively) with `data`; fsync when `durable`.
-
-    A failed write (``ENOSPC``...) removes what it had written: a partial
-    file never survives its writer.
-    """
-    try:
-        SF.write_file(path, data, durable, exclusive=True)
-    except FileExistsError:  # not ours: leave it
-        raise
-    except BaseException:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError:  # pragma: no cover - reported by the original error
-            pass
-        raise

@@ -26,16 +26,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
-import stat
 from collections.abc import Callable
 
 from ..errors import VlccTypeError, VlccValueError
 from . import _format as F
-from ._delta import closure
+from ._chunks import ChunkStore
 from ._graph import Graph, human_bytes
+from ._read import Reader
+from ._refs import Refs
 
-__all__ = ["GCReport", "KeepPolicy", "collect", "remove_entry"]
+__all__ = ["GCReport", "KeepPolicy", "collect", "tree_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,44 +137,46 @@ class GCReport:
         )
 
 
-def collect(h, keep, dry_run: bool) -> GCReport:
-    """``History.gc``; see there and the module docstring."""
+def collect(
+    reader: Reader, refs: Refs, chunks: ChunkStore, keep: KeepPolicy | int | None, dry_run: bool
+) -> GCReport:
+    """``History.gc`` on the repository of `reader` (see there and the module
+    docstring); the caller has checked that it may write."""
     if isinstance(keep, int) and not isinstance(keep, bool):
         keep = KeepPolicy(last=keep)
     if keep is not None and not isinstance(keep, KeepPolicy):
         raise VlccTypeError(f"keep must be a KeepPolicy, an int or None, got {keep!r}")
-    h._sync()
-    h._check(write=True)
-    with h._gc_lock.exclusive(), h._graph_lock.held():
-        g = h._fresh()
-        kept = set(g.nodes) if keep is None else keep.select(g, lambda r: h._resolve(g, r))
+    repo = reader.repo
+    with repo.gc_lock.exclusive(), repo.graph_lock.held():
+        g = repo.fresh()
+        kept = set(g.nodes) if keep is None else keep.select(g, lambda r: refs.resolve(g, r))
         doomed = set(g.nodes) - kept
         referenced: set[str] = set()
         for vid in kept:
-            referenced |= h._manifest(vid).addresses()
-        referenced = closure(h, referenced)  # with the bases of kept delta chunks
-        chunks, freed = [], 0
-        chunk_root = h._p(F.CHUNKS)
+            referenced |= reader.manifest(vid).addresses()
+        referenced = chunks.closure(referenced)  # with the bases of kept delta chunks
+        removable, freed = [], 0
+        chunk_root = repo.p(F.CHUNKS)
         for sub in os.scandir(chunk_root):
             if not sub.is_dir(follow_symlinks=False) or len(sub.name) != 2:
                 continue
             for entry in os.scandir(sub.path):
                 addr = sub.name + entry.name
                 if F.is_address(addr) and addr not in referenced:
-                    chunks.append(entry.path)
+                    removable.append(entry.path)
                     freed += entry.stat(follow_symlinks=False).st_size
-        debris = [e.path for e in os.scandir(h._p(F.SCRATCH)) if e.name != "zarr.json"]
+        debris = [e.path for e in os.scandir(repo.p(F.SCRATCH)) if e.name != "zarr.json"]
         debris += [
             e.path
-            for e in os.scandir(h._p(F.VERSIONS))
+            for e in os.scandir(repo.p(F.VERSIONS))
             if e.is_dir(follow_symlinks=False) and e.name not in g
         ]
         for vid in doomed:
-            freed += tree_bytes(h._p(F.VERSIONS, vid), chunks_too=False)
+            freed += tree_bytes(repo.p(F.VERSIONS, vid), chunks_too=False)
         report = GCReport(
             tuple(sorted(doomed, key=lambda v: g.nodes[v]["seq"])),
             len(kept),
-            len(chunks),
+            len(removable),
             freed,
             len(debris),
             dry_run,
@@ -183,38 +185,20 @@ def collect(h, keep, dry_run: bool) -> GCReport:
             return report
         if doomed:
             g.remove(doomed)
-            h._write_graph(g)
-            with h._lock:
-                for vid in doomed:
-                    h._manifests.pop(vid, None)
-                if h._head_version in doomed:
-                    h._head_version = None
+            repo.write_graph(g)
+            reader.forget(doomed)
+            for vid in doomed:
+                refs.forget_version(vid)
         for vid in doomed:
-            away = h._p(F.SCRATCH, f"rm-{vid}-{F.token()}")
+            away = repo.p(F.SCRATCH, f"rm-{vid}-{F.token()}")
             try:
-                os.rename(h._p(F.VERSIONS, vid), away)
+                os.rename(repo.p(F.VERSIONS, vid), away)
             except FileNotFoundError:
                 continue
-            remove_entry(away)
-        for path in debris + chunks:
-            remove_entry(path)
+            repo.remove(away)
+        for path in debris + removable:
+            repo.remove(path)
     return report
-
-
-def remove_entry(path: str) -> None:
-    """Remove the directory entry `path`: a real directory with its contents, anything
-    else (a file, a link: never what it points to) by unlinking it."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path, ignore_errors=True)  # does not follow links inside
-    else:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 def tree_bytes(path: str, chunks_too: bool) -> int:

@@ -1,7 +1,7 @@
 """The version graph: a networkx DiGraph, its JSON file, refs, and the ASCII drawing.
 
 The graph lives in ``graph/zarr.json``, the attributes of a zarr group (so
-plain zarr shows it as ``root["graph"].attrs``)::
+plain zarr shows it as ``root["graph"].attrs["vlcc_lineage_graph"]``)::
 
     {"format": 2, "next_seq": 12, "head": "main",
      "branches": {"main": "9f0c1d2e3a4b", ...}, "tags": {"good": "...", ...},
@@ -13,11 +13,20 @@ order), ``parents`` (ordered: the first parent is the branch's previous tip,
 the others are merged versions), ``branch``, ``message``, ``meta``,
 ``created``, ``nbytes`` (the state's bytes), ``new_bytes`` (bytes of the
 chunk files this version added when it was committed), ``digest`` (the
-seal of its manifest, see :mod:`._seal`; ``null`` for versions written in
-format 1); edges run parent -> child.  The file is rebuilt into a
-``networkx.DiGraph`` on open and after every change by another process; it
-is validated (ids, parents, refs,
-acyclicity) and never executed.
+seal of its manifest; ``null`` for versions written in format 1); edges run
+parent -> child.  The file is rebuilt into a ``networkx.DiGraph`` on open
+and after every change by another process; it is validated (ids, parents,
+refs, acyclicity) and never executed.
+
+The graph file is sealed (:func:`graph_file`) by the digest of the
+bytes of its JSON text as written
+(:func:`vlcc_adjoint.storage.format.sealed_text_group`), not of a canonical
+re-encoding: a commit to a long history assembles the text from cached
+fragments (:meth:`Graph.dumps`), and re-encoding thousands of versions on
+every publication is what the fragments avoid.  The graph's format number
+sits inside the hashed text and each node repeats its manifest's digest, so
+a sealed graph cannot pass for a format 1 one (which has no seal), nor a
+manifest be swapped for another well-sealed one, by a changed byte.
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ from collections.abc import Callable, Iterable
 import networkx as nx
 
 from ..errors import VlccValueError
-from ._format import VERSION_ID
+from ..storage import format as SF
+from ._format import GRAPH_KEY, VERSION_ID
 
-GRAPH_FORMAT = 2  # 2: sealed (see ._seal), nodes carry their manifest's digest
+GRAPH_FORMAT = 2  # 2: sealed (graph_file), nodes carry their manifest's digest
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,99}")
 _NODE_KEYS = (
     "seq",
@@ -338,10 +348,11 @@ class Graph:
     def first_parents(self, vid: str) -> list[str]:
         """`vid` and its first-parent ancestors, newest first."""
         out = []
-        while vid is not None:
-            out.append(vid)
-            parents = self.nodes[vid]["parents"]
-            vid = parents[0] if parents else None
+        at: str | None = vid
+        while at is not None:
+            out.append(at)
+            parents = self.nodes[at]["parents"]
+            at = parents[0] if parents else None
         return out
 
     # -- changes (on a clone) ---------------------------------------------------------
@@ -392,6 +403,39 @@ class Graph:
         self.tags = {t: v for t, v in self.tags.items() if v not in doomed}
         self._nx = None
         self._text = (0, "", "")
+
+
+# -- the graph file -----------------------------------------------------------------------
+
+
+def graph_file(g: Graph) -> bytes:
+    """``graph/zarr.json`` holding the graph `g` (the JSON text of :meth:`Graph.dumps`), sealed."""
+    return SF.sealed_text_group(GRAPH_KEY, g.dumps().encode("ascii"))
+
+
+def parse_graph_file(raw: bytes, path: str) -> dict:
+    """The graph document (``{"format": ..., "graph": ...}``) in the bytes of `path`.
+
+    A sealed file (format 2) must carry the right digest; a file without a
+    seal is accepted only as format 1.  ``CorruptCheckpointError`` naming
+    `path` otherwise.
+    """
+    doc = SF.open_sealed_text_group(raw, GRAPH_KEY, path)
+    if doc is not None:
+        if not (isinstance(doc, dict) and doc.get("format") == GRAPH_FORMAT):
+            raise SF.corrupt_file(path, "the sealed graph is not of format 2")
+        return doc
+    doc = SF.parse_json(raw, path)
+    graph = SF.group_attribute(doc, GRAPH_KEY, path)
+    if not isinstance(graph, dict):
+        raise SF.corrupt_file(
+            path,
+            "is not the graph of a lineage history (a zarr v3 group with "
+            f"{GRAPH_KEY!r} attributes)",
+        )
+    if graph.get("format") != 1 or len(doc["attributes"]) != 1:
+        raise SF.corrupt_file(path, "the graph has no valid seal (only format 1 graphs have none)")
+    return graph
 
 
 # -- the ASCII graph -------------------------------------------------------------------

@@ -1,19 +1,29 @@
 """History: a persistent, branching repository of checkpoint versions.
 
 See :mod:`vlcc_adjoint.lineage` for the user-facing description and the
-on-disk format.  This file is the repository object's facade: its
-construction, its life cycle (``wait``, ``close``, threads, forks), the
-public reads (``checkout``, ``load``, ``log``, ``draw``...) and the entry
-points of diff/compare (:mod:`._compare`), gc (:mod:`._gc`) and export
-(:mod:`._transfer`).  The rest is in mixins, one job each: the directory
-and the graph file (:mod:`._repo`), reading and verifying versions
-(:mod:`._read`), refs (:mod:`._refs`), and ``commit`` (:mod:`._commit`).
+on-disk format.  :class:`History` is composed of parts with one job each,
+which it builds and wires together:
 
-A ``History`` object is safe to share between threads: its state is
-guarded by one lock, and installed graphs are immutable (writers change a
-clone).  Its own reads first wait for its own pending commits, so a process
-always sees what it committed; other processes see a version once it is
-published.
+* :class:`~._repo.Repository` (``_repo``): the directory, its root, the
+  graph file and the inter-process locks;
+* :class:`~._chunks.ChunkStore` (``_chunks``): the content-addressed chunk
+  files, delta chains included;
+* :class:`~._read.Reader` (``_reader``): manifests and chunks, read and
+  verified;
+* :class:`~._refs.Refs` (``_refs``): HEAD, branches, tags;
+* :class:`~._commit.CommitPipeline` (``_commits``): capture, the writer
+  thread, publication (staged parts too, :mod:`._parts`).
+
+This module adds the life cycle (``wait``, ``close``, forks), the public
+reads (``checkout``, ``load``, ``log``, ``draw``...) and the entry points of
+diff/compare (:mod:`._compare`), gc (:mod:`._gc`) and export/import
+(:mod:`._transfer`).
+
+A ``History`` object is safe to share between threads: the state of all its
+parts is guarded by one lock (the repository's), and installed graphs are
+immutable (writers change a clone).  Its own reads first wait for its own
+pending commits, so a process always sees what it committed; other
+processes see a version once it is published.
 """
 
 from __future__ import annotations
@@ -21,33 +31,35 @@ from __future__ import annotations
 import atexit
 import collections
 import os
-import queue
 import sys
 import threading
 import weakref
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
+import numpy as np
 
 from ..errors import VlccValueError
-from ..storage import BufferPool, StorageError
-from . import _delta
+from ..storage import StorageError
 from . import _format as F
-from ._commit import CommitPipeline, _Job
+from ._chunks import ChunkStore
+from ._commit import CommitPipeline
 from ._compare import Comparison, Diff, comparison, diff_states, leaf_paths
+from ._format import Manifest
 from ._gc import GCReport, KeepPolicy, collect, tree_bytes
-from ._graph import Graph, Version
+from ._graph import Graph, Version, render
 from ._info import LeafInfo, Usage, short
-from ._locks import FileLock, SharedExclusiveLock
-from ._parts import Parts
+from ._parts import commit_staged, stage
 from ._read import Reader
-from ._refs import Refs
+from ._refs import Ref, Refs
 from ._repo import Repository
+from ._transfer import unpack_archive, write_archive
 
 if TYPE_CHECKING:
     from ..storage.codecs import Codec
 
-__all__ = ["History", "LeafInfo", "Usage"]
+__all__ = ["History", "LeafInfo", "Usage", "export_history", "import_history"]
 
 _OPEN: weakref.WeakSet[History] = weakref.WeakSet()
 
@@ -66,7 +78,7 @@ def _finish_open_histories() -> None:
 # -- History -----------------------------------------------------------------------------
 
 
-class History(Repository, Reader, Refs, CommitPipeline, Parts):
+class History:
     """A persistent, branching repository of checkpoint versions (git-like).
 
     **Arguments:**
@@ -110,7 +122,7 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         durable: bool = False,
         max_pending_bytes: int = 1 << 30,
         deltas: bool | None = None,
-    ):
+    ) -> None:
         if mode not in ("a", "r"):
             raise VlccValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
         if capture not in ("hash", "copy"):
@@ -127,42 +139,24 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         self.max_pending_bytes = int(max_pending_bytes)
         self._pid = os.getpid()
         self._closed = False
-        self._lock = threading.RLock()  # instance state
-        self._cond = threading.Condition(self._lock)
-        self._frags: dict = {}  # JSON text of versions, reused by every graph write
-        self._graph = Graph(self._frags)
-        self._stamp = None
-        self._manifests: collections.OrderedDict[str, F.Manifest] = collections.OrderedDict()
-        self._pending: dict[str, _Job] = {}
-        self._pending_bytes = 0
-        self._inflight: collections.Counter[str] = collections.Counter()
-        self._errors: list[tuple[str, BaseException]] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._worker: threading.Thread | None = None
-        self._pool = BufferPool(self.max_pending_bytes)
-        self._chunk_dirs: set[str] = set()
-        self._links = True
-        self._stats = collections.Counter()
-        self._open()
-        self._deltas = _delta.enable(self, deltas)
-        self._resolver = _delta.Resolver(self)
-        self._graph_lock = FileLock(self._p(F.LOCKS, "graph.lock"), readonly=mode == "r")
+        self._repo = Repository(self.path, mode, self.durable, threading.RLock())
         try:
-            self._gc_lock = SharedExclusiveLock(self._p(F.LOCKS, "gc.lock"), readonly=mode == "r")
+            self._chunks = ChunkStore(self._repo, deltas)
         except BaseException:
-            self._graph_lock.close()
+            self._repo.close()
             raise
-        try:
-            self._refresh()
-            if mode == "a":
-                self._sweep_scratch()
-        except BaseException:
-            self._graph_lock.close()
-            self._gc_lock.close()
-            raise
-        self._head_branch: str | None = self._graph.head
-        self._head_version: str | None = None  # when detached
-        self._tip: dict[str, str] = {}  # branch -> this object's last pending commit on it
+        self._reader = Reader(self._repo, self._chunks)
+        self._refs = Refs(self._repo)
+        self._commits = CommitPipeline(
+            self._repo,
+            self._chunks,
+            self._reader,
+            self._refs,
+            chunk_bytes=chunk_bytes,
+            codec=codec,
+            capture=capture,
+            max_pending_bytes=self.max_pending_bytes,
+        )
         _OPEN.add(self)
 
     # -- housekeeping ------------------------------------------------------------------
@@ -180,8 +174,7 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
                 f"the History at {self.path} is open read-only (mode='r'); "
                 "open it with mode='a' to change it"
             )
-        with self._lock:
-            errors, self._errors = self._errors, []
+        errors = self._commits.take_errors()
         if errors:
             vid, err = errors[0]
             more = f" ({len(errors) - 1} later commits failed too)" if len(errors) > 1 else ""
@@ -193,20 +186,18 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
 
     def _sync(self) -> Graph:
         """Before a read: own commits finished, failures raised, graph current."""
-        self._check()
-        self._drain()
-        self._check()
-        return self._refresh()
+        self.wait()
+        return self._repo.refresh()
 
-    def _drain(self) -> None:
-        with self._cond:
-            while self._pending:
-                self._cond.wait()
+    def _open_version(self, ref: Ref) -> tuple[str, Manifest, Reader]:
+        """(id, manifest, reader) of the version `ref` names, for a diff."""
+        vid = self._refs.resolve(self._sync(), ref)
+        return vid, self._reader.manifest(vid), self._reader
 
     def wait(self) -> None:
         """Block until every commit of this object is visible (or raise its failure)."""
         self._check()
-        self._drain()
+        self._commits.drain()
         self._check()
 
     def close(self) -> None:
@@ -216,19 +207,16 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         """
         if self._closed:
             return
+        same_process = os.getpid() == self._pid
         try:
-            if os.getpid() == self._pid:
-                self._drain()
+            if same_process:
+                self._commits.drain()
         finally:
             self._closed = True
-            if self._worker is not None and os.getpid() == self._pid:
-                self._queue.put(None)
-                self._worker.join()
-            self._graph_lock.close()
-            self._gc_lock.close()
-            self._pool.clear()
-        with self._lock:
-            errors, self._errors = self._errors, []
+            if same_process:
+                self._commits.close()
+            self._repo.close()
+        errors = self._commits.take_errors()
         if errors:
             vid, err = errors[0]
             raise StorageError(
@@ -239,10 +227,115 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
     def __enter__(self) -> History:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def checkout(self, ref: str = "HEAD") -> Any:
+    # -- commits -----------------------------------------------------------------------
+
+    def commit(
+        self,
+        state: Any,
+        message: str = "",
+        meta: dict | None = None,
+        *,
+        branch: str | None = None,
+        merge: Iterable[Ref] | Ref = (),
+    ) -> str:
+        """Store `state` as a new version on the current branch; return its id.
+
+        Returns once the state is owned (the caller may modify it at once);
+        the version is written in the background and becomes visible (in
+        ``log``, to ``checkout``, to other processes) when it is complete on
+        disk.  Later calls of this object that read the history wait for it.
+
+        **Arguments:**
+
+        - `state`: anything :func:`vlcc_adjoint.state.flatten` accepts.
+        - `message`: a one-line description.
+        - `meta`: free-form JSON metadata (step, loss, hyper-parameters,
+          code version); non-finite floats are stored as ``"nan"``/``"inf"``.
+        - `branch`: commit to this branch instead (created at HEAD if new) and
+          make it the current branch.  Needed after checking out a version or
+          tag (detached HEAD).
+        - `merge`: refs of versions merged into this one (extra parents).
+
+        **Returns:** the new version's id (12 hexadecimal characters).
+
+        The version's first parent is the branch's tip when the version is
+        published, so several processes appending to one branch interleave.
+        See :mod:`vlcc_adjoint._lineage._commit` for how.
+        """
+        self._check(write=True)
+        merges = [merge] if isinstance(merge, (str, Version)) else list(merge)
+        if merges:
+            self.wait()  # merged refs may name this object's own pending commits
+        return self._commits.commit(state, message, meta, branch, merges)
+
+    @property
+    def deltas(self) -> bool:
+        """Whether this repository stores changed chunks as deltas (see ``History``'s `deltas`)."""
+        return self._chunks.deltas
+
+    def stage(
+        self,
+        arrays: Sequence[np.ndarray],
+        *,
+        base: str | None = None,
+        base_leaves: Sequence[int | None] | None = None,
+    ) -> list[dict]:
+        """Write the chunks of `arrays` into the repository, for a later :meth:`commit_staged`.
+
+        Any process may stage; one process then commits every process's entries
+        as one version.  Staged chunks alone are no version: if the commit never
+        happens, ``gc`` removes them.
+
+        **Arguments:**
+
+        - `arrays`: numpy arrays (any shape, 0-d included; dtypes as in ``commit``).
+        - `base`: a ref whose leaves are delta bases (a repository opened with
+          ``deltas=True``): with it, `base_leaves` gives, per array, the index of
+          the leaf of `base` at the same place, or ``None``.
+        - `base_leaves`: see `base`.
+
+        **Returns:** one JSON-serialisable leaf entry per array (its dtype, shape,
+        chunk grid, codec and chunk addresses; ``"written"``: the chunk bytes this
+        call wrote), to pass to :meth:`commit_staged`.
+        """
+        self._check(write=True)
+        return stage(self._commits, arrays, base, base_leaves)
+
+    def commit_staged(
+        self,
+        spec: dict,
+        leaves: Sequence[dict],
+        message: str = "",
+        meta: dict | None = None,
+        *,
+        branch: str | None = None,
+        at: str | None = None,
+    ) -> str:
+        """Publish one version made of staged leaves (from any processes); return its id.
+
+        Unlike ``commit``, this returns once the version is visible (or raises:
+        then no version was added).
+
+        **Arguments:**
+
+        - `spec`: the state spec of the version (``vlcc_adjoint.state.flatten``'s
+          second result), with one leaf per entry of `leaves`, in their order.
+        - `leaves`: leaf entries from :meth:`stage`.
+        - `message`, `meta`, `branch`: as in ``commit``.
+        - `at`: where `branch` starts when it does not exist yet (a ref; default:
+          HEAD).  Ignored when the branch exists (the version goes on its tip).
+
+        **Returns:** the new version's id.
+        """
+        self._check(write=True)
+        return commit_staged(self._commits, self.wait, spec, leaves, message, meta, branch, at)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def checkout(self, ref: Ref = "HEAD") -> Any:
         """Restore a version; a branch also becomes the current branch (HEAD).
 
         **Arguments:**
@@ -256,39 +349,49 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         names the version and leaf of a damaged one).
         """
         g = self._sync()
-        vid = self._resolve(g, ref)
-        state = self._load(vid)
-        name = ref.id if isinstance(ref, Version) else ref
-        if name == "HEAD" and self._head_branch is not None:
-            name = self._head_branch  # stay on the current branch
-        with self._lock:
-            if name in g.branches:
-                self._head_branch, self._head_version = name, None
-            else:
-                self._head_branch, self._head_version = None, vid
-            self._tip.clear()
-        if name in g.branches and self.mode == "a" and g.head != name:
-            with self._graph_lock.held():
-                g = self._fresh()
-                if g.head != name:
-                    g.head = name
-                    self._write_graph(g)
+        vid = self._refs.resolve(g, ref)
+        state = self._reader.load(vid)
+        self._refs.check_out(g, ref, vid)
         return state
 
-    def load(self, ref: str = "HEAD") -> Any:
+    def load(self, ref: Ref = "HEAD") -> Any:
         """The state of a version, without moving HEAD (see :meth:`checkout`)."""
-        return self._load(self._resolve(self._sync(), ref))
+        return self._reader.load(self._refs.resolve(self._sync(), ref))
 
-    def version(self, ref: str = "HEAD") -> Version:
+    def read_leaf(self, ref: Ref, index: int, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """One leaf of a version (or a range of its rows), verified, without the others.
+
+        **Arguments:**
+
+        - `ref`: a ref (branch, tag, id, ``"main~2"``...).
+        - `index`: the leaf's index in the version (its order in the state spec).
+        - `rows`: ``(start, stop)``: only the rows ``start:stop`` along the first
+          axis; only the chunks holding them are read (a leaf's chunks are
+          contiguous runs of its C-order bytes).  ``None``: the whole leaf.
+
+        **Returns:** a new numpy array.  Damage raises
+        :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file;
+        the allocation is checked against the leaf's declared size and the
+        memory this process may use first.
+        """
+        vid = self._refs.resolve(self._sync(), ref)
+        return self._reader.read_rows(self._reader.manifest(vid), index, rows)
+
+    def leaf_count(self, ref: Ref) -> int:
+        """The number of leaves of a version (its manifest is read and verified)."""
+        vid = self._refs.resolve(self._sync(), ref)
+        return len(self._reader.manifest(vid).leaves)
+
+    def version(self, ref: Ref = "HEAD") -> Version:
         """The :class:`Version` a ref names."""
         g = self._sync()
-        return g.version(self._resolve(g, ref))
+        return g.version(self._refs.resolve(g, ref))
 
-    def leaves(self, ref: str = "HEAD") -> list[LeafInfo]:
+    def leaves(self, ref: Ref = "HEAD") -> list[LeafInfo]:
         """How a version's leaves are stored (path, dtype, shape, chunks, codec, zarr array)."""
         g = self._sync()
-        vid = self._resolve(g, ref)
-        m = self._manifest(vid)
+        vid = self._refs.resolve(g, ref)
+        m = self._reader.manifest(vid)
         paths = leaf_paths(m.spec)
         return [
             LeafInfo(
@@ -303,6 +406,95 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
             )
             for i, (layout, cfg, _) in enumerate(m.leaves)
         ]
+
+    # -- refs --------------------------------------------------------------------------
+
+    @property
+    def head(self) -> str | None:
+        """The branch this object commits to, or ``None`` when detached (after
+        ``checkout`` of a version or tag)."""
+        return self._refs.head_branch
+
+    @property
+    def head_version(self) -> str | None:
+        """The id of the version HEAD points at (``None`` in an empty branch)."""
+        return self._refs.head_id(self._sync())
+
+    @property
+    def branches(self) -> dict[str, str]:
+        """``{branch name: tip version id}``."""
+        return dict(self._sync().branches)
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """``{tag name: version id}``."""
+        return dict(self._sync().tags)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """A copy of the version DAG (edges parent -> child; node attributes as in the file)."""
+        return self._sync().g.copy()
+
+    def __len__(self) -> int:
+        return len(self._sync())
+
+    def __contains__(self, ref: Ref) -> bool:
+        try:
+            self.resolve(ref)
+        except KeyError:
+            return False
+        return True
+
+    def resolve(self, ref: Ref = "HEAD") -> str:
+        """The version id a ref names.
+
+        **Arguments:**
+
+        - `ref`: a branch (its tip), a tag, a version id or a unique prefix of
+          one (4+ characters), ``"HEAD"``, or any of these followed by ``~n``
+          (``n`` first-parent steps back: ``"main~2"``), or a :class:`Version`.
+
+        **Returns:** the version id; ``KeyError`` naming the known refs if none matches.
+        """
+        return self._refs.resolve(self._sync(), ref)
+
+    def branch(self, name: str, at: Ref = "HEAD", *, force: bool = False) -> str:
+        """Create branch `name` at a version (``checkout(name)`` then switches to it).
+
+        **Arguments:**
+
+        - `name`: the new branch.
+        - `at`: where it starts (a ref; default HEAD).
+        - `force`: move an existing branch there (its later versions stay in
+          the history until ``gc``).
+
+        **Returns:** the id of the version the branch points at.
+        """
+        self._sync()
+        self._check(write=True)
+        return self._refs.branch(name, at, force=force)
+
+    def delete_branch(self, name: str) -> None:
+        """Remove branch `name` (its versions stay until a ``gc`` no longer keeps them)."""
+        self._sync()
+        self._check(write=True)
+        self._refs.delete_branch(name)
+
+    def tag(self, name: str, version: Ref = "HEAD", *, force: bool = False) -> str:
+        """Name a version (tags are kept by ``gc`` with ``KeepPolicy(tagged=True)``).
+
+        **Returns:** the id of the tagged version.  An existing tag is moved
+        only with ``force=True``.
+        """
+        self._sync()
+        self._check(write=True)
+        return self._refs.tag(name, version, force=force)
+
+    def delete_tag(self, name: str) -> None:
+        """Remove tag `name` (the version stays)."""
+        self._sync()
+        self._check(write=True)
+        self._refs.delete_tag(name)
 
     # -- history queries ---------------------------------------------------------------
 
@@ -326,7 +518,7 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
             ids = set(g.nodes)
         else:
             try:
-                vid = self._resolve(g, "HEAD" if branch is None else branch)
+                vid = self._refs.resolve(g, "HEAD" if branch is None else branch)
             except KeyError:
                 if branch is None:
                     return []
@@ -338,28 +530,27 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
     def ancestors(self, ref: str = "HEAD") -> list[Version]:
         """Every version `ref` descends from (not itself), newest first."""
         g = self._sync()
-        return g.newest_first(g.ancestors(self._resolve(g, ref)))
+        return g.newest_first(g.ancestors(self._refs.resolve(g, ref)))
 
     def descendants(self, ref: str = "HEAD") -> list[Version]:
         """Every version descending from `ref` (not itself), newest first."""
         g = self._sync()
-        return g.newest_first(nx.descendants(g.g, self._resolve(g, ref)))
+        return g.newest_first(nx.descendants(g.g, self._refs.resolve(g, ref)))
 
     def draw(self, *, all: bool = True, limit: int | None = None) -> str:
         """An ASCII drawing of the history, like ``git log --graph --oneline --all``."""
-        from ._graph import render
-
         g = self._sync()
         versions = self.log(all=True) if all else self.log()
         if limit is not None:
             versions = versions[:limit]
         refs: dict[str, list[str]] = collections.defaultdict(list)
+        head_branch, head_version = self._refs.head_branch, self._refs.head_version
         for name, vid in sorted(g.branches.items()):
-            refs[vid].append(f"HEAD -> {name}" if name == self._head_branch else name)
+            refs[vid].append(f"HEAD -> {name}" if name == head_branch else name)
         for name, vid in sorted(g.tags.items()):
             refs[vid].append(f"tag: {name}")
-        if self._head_branch is None and self._head_version in g:
-            refs[self._head_version].insert(0, "HEAD")
+        if head_branch is None and head_version is not None and head_version in g:
+            refs[head_version].insert(0, "HEAD")
 
         def describe(v: Version) -> str:
             deco = f" ({', '.join(refs[v.id])})" if refs.get(v.id) else ""
@@ -386,7 +577,7 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         the non-array values that differ.  Only chunks whose addresses differ
         are read.
         """
-        return diff_states(self, a, b, 0.0, 0.0, None)
+        return diff_states(self._open_version, self._open_version, a, b, 0.0, 0.0)
 
     def compare(
         self, a: str, b: str, rtol: float = 0.0, atol: float = 0.0, *, other: History | None = None
@@ -407,8 +598,11 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         """
         if not (rtol >= 0 and atol >= 0):
             raise VlccValueError(f"rtol and atol must be >= 0, got {rtol}, {atol}")
+        open_b = other._open_version if other is not None else self._open_version
         return comparison(
-            diff_states(self, a, b, float(rtol), float(atol), other), float(rtol), float(atol)
+            diff_states(self._open_version, open_b, a, b, float(rtol), float(atol)),
+            float(rtol),
+            float(atol),
         )
 
     # -- gc ----------------------------------------------------------------------------
@@ -432,7 +626,9 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         process (they hold ``locks/gc.lock`` shared) and holds them off while
         it runs.
         """
-        return collect(self, keep, dry_run)
+        self._sync()
+        self._check(write=True)
+        return collect(self._reader, self._refs, self._chunks, keep, dry_run)
 
     # -- usage, export -----------------------------------------------------------------
 
@@ -440,7 +636,7 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         """Storage used: versions, distinct chunks and their bytes, bytes on disk."""
         g = self._sync()
         chunks = chunk_bytes = 0
-        for sub in os.scandir(self._p(F.CHUNKS)):
+        for sub in os.scandir(self._repo.p(F.CHUNKS)):
             if sub.is_dir(follow_symlinks=False):
                 for entry in os.scandir(sub.path):
                     chunks += 1
@@ -460,8 +656,8 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
     def stats(self) -> dict:
         """Counters of this object: ``commits``, ``caller_seconds`` (time spent in
         ``commit``), ``writer_seconds`` (background), ``new_bytes`` (chunk bytes written)."""
-        with self._lock:
-            return dict(self._stats)
+        with self._repo.lock:
+            return dict(self._commits.stats)
 
     def export(self, out: str | os.PathLike) -> str:
         """Write the repository (every version, refs, deduplicated chunks) to a tar file.
@@ -474,16 +670,40 @@ class History(Repository, Reader, Refs, CommitPipeline, Parts):
         repository elsewhere (another machine, after a suspension).  Hard
         links are kept as tar hard links, so the archive holds each chunk once.
         """
-        from ._transfer import export_history
-
-        return export_history(self, out)
+        out = os.fspath(out)
+        write_archive(self._reader, self._sync(), out)
+        return out
 
     def __repr__(self) -> str:
-        try:
-            n = len(self._graph)
-        except Exception:  # pragma: no cover
-            n = "?"
-        head = self._head_branch
+        n = len(self._repo.graph)
+        head = self._refs.head_branch
         if head is None:
-            head = f"detached {self._head_version}"
+            head = f"detached {self._refs.head_version}"
         return f"History({self.path!r}, versions={n}, head={head})"
+
+
+def export_history(history: History | str | os.PathLike, out: str | os.PathLike) -> str:
+    """Archive a repository (a :class:`History` or its path) into a tar file.
+
+    A consistent snapshot: the graph is read once, and only the versions it
+    lists and the chunks they use are archived (commits published meanwhile
+    are not).  See :meth:`History.export`.
+    """
+    if isinstance(history, History):
+        return history.export(out)
+    with History(history, mode="r") as h:
+        return h.export(out)
+
+
+def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
+    """Unpack an archive made by :func:`export_history` into a new repository at `path`.
+
+    The archive is checked first: only the repository's own top-level names,
+    regular files, directories and hard links inside it (tarfile's ``data``
+    filter: no absolute paths, ``..``, devices or links leaving the
+    directory).  **Returns:** `path`, a repository ``History(path)`` opens.
+    """
+    path = os.path.abspath(os.fspath(path))
+    unpack_archive(archive, path)
+    History(path, mode="a").close()  # validates, and adds the locks/ and scratch/ groups
+    return path

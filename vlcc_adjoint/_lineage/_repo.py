@@ -1,50 +1,95 @@
-"""A repository's directory: opening and creating it, and its graph file.
+"""A repository's directory: opening and creating it, its root, its graph file, its locks.
 
-The part of :class:`~vlcc_adjoint.lineage.History` that knows the
-repository's top level (``zarr.json``, ``chunks/``, ``versions/``,
-``graph/``, ``locks/``, ``scratch/``), reads and replaces the graph file
-(sealed, see :mod:`._seal`), and sweeps what interrupted writers left in
-``scratch/``.  Every file is opened through
+:class:`Repository` is the part of :class:`~vlcc_adjoint.lineage.History`
+that knows the repository's top level (``zarr.json``, ``chunks/``,
+``versions/``, ``graph/``, ``locks/``, ``scratch/``), reads and replaces
+the root and the graph file (sealed, see :mod:`._graph`), holds the two
+inter-process locks (:mod:`._locks`) and sweeps what interrupted writers
+left in ``scratch/``.  Every file is opened through
 :mod:`vlcc_adjoint.storage.format`: regular files only, never through a
 link, reads bounded.  The top-level directories are checked to be real
 directories (not links) when the repository is opened, so nothing a
 ``History`` writes or deletes can lie outside its root.
+
+Installed :class:`~._graph.Graph` objects are never mutated (readers in
+other threads may be iterating them): a writer takes a private copy
+(:meth:`Repository.fresh`) under the graph lock, changes it, and
+:meth:`Repository.write_graph` writes and installs it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
 from . import _format as F
-from ._gc import remove_entry
-from ._graph import Graph
-from ._seal import check_sealed, graph_file_bytes, parse_graph_file, seal
+from ._graph import Graph, graph_file, parse_graph_file
+from ._locks import FileLock, SharedExclusiveLock
 
-__all__ = ["Repository", "graph_file_text"]
+__all__ = ["Repository"]
 
 TOP = frozenset({"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH})
 
-
-def graph_file_text(g: Graph) -> bytes:
-    """``graph/zarr.json``: a zarr group whose attributes hold the graph, sealed."""
-    return graph_file_bytes(g.dumps())
+#: What identifies one version of the graph file: inode, modification time, size.
+Stamp = tuple[int, int, int]
 
 
-def _stamp_of(st: os.stat_result) -> tuple:
+def _stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class Repository:
-    """The directory half of :class:`~vlcc_adjoint.lineage.History` (a mixin; see the
-    module docstring).  Uses ``path``, ``mode``, ``durable``, the graph lock and the
-    instance lock of the object."""
+    """The directory of a lineage repository (see the module docstring).
 
-    def _p(self, *parts: str) -> str:
+    **Arguments:**
+
+    - `path`: the repository directory (created with its layout when missing
+      or empty and `mode` is ``"a"``).
+    - `mode`: ``"a"`` (read and write) or ``"r"`` (read only).
+    - `durable`: fsync what is written before it becomes visible.
+    - `lock`: the instance lock of the ``History`` that owns this object,
+      which guards the graph installed here (and the state of its other parts).
+
+    **Attributes:** `path`, `mode`, `durable`, `lock`; `graph_lock` (the
+    exclusive lock of graph rewrites) and `gc_lock` (the readers-writer lock
+    of gc against commits and reads), both :mod:`._locks`.
+    """
+
+    def __init__(self, path: str, mode: str, durable: bool, lock: threading.RLock) -> None:
+        self.path = path
+        self.mode = mode
+        self.durable = durable
+        self.lock = lock
+        self._frags: dict[tuple, str] = {}  # JSON text of versions, reused by every graph write
+        self._graph = Graph(self._frags)
+        self._stamp: Stamp | None = None
+        self._open()
+        self.graph_lock = FileLock(self.p(F.LOCKS, "graph.lock"), readonly=mode == "r")
+        try:
+            self.gc_lock = SharedExclusiveLock(self.p(F.LOCKS, "gc.lock"), readonly=mode == "r")
+        except BaseException:
+            self.graph_lock.close()
+            raise
+        try:
+            self.refresh()
+            if mode == "a":
+                self.sweep_scratch()
+        except BaseException:
+            self.close()
+            raise
+
+    def p(self, *parts: str) -> str:
+        """A path inside the repository."""
         return os.path.join(self.path, *parts)
+
+    def close(self) -> None:
+        """Release the lock files (idempotent)."""
+        self.graph_lock.close()
+        self.gc_lock.close()
 
     # -- opening ----------------------------------------------------------------------
 
@@ -59,11 +104,11 @@ class Repository:
                 "History a new path (it is created there) or the directory of a "
                 "history"
             )
-        attrs = self._root_attrs() if st is not None else None
+        attrs = self.root_attrs() if st is not None else None
         if attrs is not None:
             for d in (F.CHUNKS, F.VERSIONS, F.GRAPH):
                 try:
-                    SF.check_dir(self._p(d))
+                    SF.check_dir(self.p(d))
                 except FileNotFoundError:
                     raise StorageError(
                         f"the history at {self.path} lacks its {d}/ directory "
@@ -73,9 +118,9 @@ class Repository:
                 for d in (F.LOCKS, F.SCRATCH):  # absent after an export of a read-only copy
                     self._ensure_group(d, {F.ROOT_KEY: d})
                 if attrs.get("format") != F.FORMAT:
-                    self._upgrade_root(attrs)
-            elif os.path.lexists(self._p(F.LOCKS)):
-                SF.check_dir(self._p(F.LOCKS))
+                    self.write_root({**attrs, "format": F.FORMAT})  # seal a format 1 root
+            elif os.path.lexists(self.p(F.LOCKS)):
+                SF.check_dir(self.p(F.LOCKS))
             return
         if self.mode == "r":
             raise StorageError(
@@ -103,57 +148,57 @@ class Repository:
                 },
             )
             self._ensure_group(F.VERSIONS, {F.ROOT_KEY: "one zarr group per version"})
-            graph_dir = self._p(F.GRAPH)
-            self._mkdir(graph_dir)
-            self._create_file(os.path.join(graph_dir, "zarr.json"), graph_file_text(Graph()))
-            self._create_file(
-                self._p("zarr.json"),
-                F.group_json(
+            graph_dir = self.p(F.GRAPH)
+            SF.make_dir(graph_dir)
+            SF.create_file(os.path.join(graph_dir, "zarr.json"), graph_file(Graph()), self.durable)
+            SF.create_file(
+                self.p("zarr.json"),
+                F.root_document(
                     {
-                        F.ROOT_KEY: seal(
-                            {
-                                "format": F.FORMAT,
-                                "kind": "history",
-                                "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
-                                "per version, an array per leaf (chunk files hard-linked); graph/: "
-                                "the version DAG (networkx node-link JSON) in its attributes",
-                                "created": time.time(),
-                            }
-                        )
-                    },
-                    indent=2,
+                        "format": F.FORMAT,
+                        "kind": "history",
+                        "layout": "chunks/: content-addressed chunk files; versions/<id>/: a zarr group "
+                        "per version, an array per leaf (chunk files hard-linked); graph/: "
+                        "the version DAG (networkx node-link JSON) in its attributes",
+                        "created": time.time(),
+                    }
                 ),
+                self.durable,
             )
         except OSError as err:
             raise StorageError(f"cannot create a history at {self.path}: {err}") from err
-        self._root_attrs()  # what another process may have created meanwhile is one too
+        self.root_attrs()  # what another process may have created meanwhile is one too
 
-    def _root_attrs(self) -> dict | None:
-        """The root's attributes, verified; ``None`` when there is no root ``zarr.json``."""
-        root = self._p("zarr.json")
+    def root_attrs(self) -> dict | None:
+        """The root's attributes, verified (without their digest); ``None`` when
+        there is no root ``zarr.json``."""
+        root = self.p("zarr.json")
         try:
-            attrs = F.read_group_attrs(root, F.ROOT_KEY)
+            attrs = SF.open_group(root, F.ROOT_KEY)
         except FileNotFoundError:
             return None
         except CorruptCheckpointError as err:
-            try:
-                F.read_group_attrs(root, "vlcc_adjoint")
-            except (OSError, StorageError):
-                pass
-            else:
-                raise StorageError(
-                    f"{self.path} is not a lineage history: it is a ZarrTier checkpoint store "
-                    "(open it with vlcc_adjoint.storage.ZarrTier; `vlcc inspect` summarises it)"
-                ) from None
             raise CorruptCheckpointError(
                 f"{self.path} is not a lineage history, or its root metadata is damaged ({err}); "
                 "give History a new or empty directory, or the directory of a history "
                 "(restore a damaged one from a copy)",
                 path=root,
             ) from None
+        if attrs is None:
+            if SF.open_group(root, "vlcc_adjoint") is not None:
+                raise StorageError(
+                    f"{self.path} is not a lineage history: it is a ZarrTier checkpoint store "
+                    "(open it with vlcc_adjoint.storage.ZarrTier; `vlcc inspect` summarises it)"
+                )
+            raise CorruptCheckpointError(
+                f"{self.path} is not a lineage history, or its root metadata is damaged "
+                f"({root} has no {F.ROOT_KEY!r} attributes); give History a new or empty "
+                "directory, or the directory of a history (restore a damaged one from a copy)",
+                path=root,
+            )
         fmt = attrs.get("format") if isinstance(attrs, dict) else None
         if fmt == 2:
-            check_sealed(attrs, root, "the root metadata")
+            attrs = SF.unseal(attrs, root, "the root metadata")
         elif fmt == 1 and "digest" not in attrs:
             pass  # written before seals
         else:
@@ -169,85 +214,60 @@ class Repository:
             )
         return attrs
 
-    def _upgrade_root(self, attrs: dict) -> None:
-        """Seal a format 1 root as format 2: this writer adds sealed versions and a sealed
-        graph, which an older reader refuses; the root's format number tells it why."""
-        root = self._p("zarr.json")
-        tmp = f"{root}.{F.token()}.tmp"  # beside it: scratch/ is swept by other writers
-        F.write_file(
-            tmp,
-            F.group_json({F.ROOT_KEY: seal({**attrs, "format": F.FORMAT})}, indent=2),
-            self.durable,
-        )
-        try:
-            SF.publish(tmp, root, self.durable)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
-
-    @staticmethod
-    def _mkdir(path: str) -> None:
-        """Make the directory `path` unless it exists; either way it must be a real one."""
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            pass
-        SF.check_dir(path)
+    def write_root(self, attrs: dict) -> None:
+        """Replace the root ``zarr.json`` with `attrs`, sealed (atomically: other
+        processes read the old root or the new one).  A writer that opens a
+        format 1 root seals it as format 2 this way: it adds sealed versions and
+        a sealed graph, which an older reader refuses, and the root's format
+        number tells that reader why."""
+        SF.write_atomic(self.p("zarr.json"), F.root_document(attrs), self.durable)
 
     def _ensure_group(self, name: str, attrs: dict) -> None:
-        d = self._p(name)
-        self._mkdir(d)
-        self._create_file(os.path.join(d, "zarr.json"), F.group_json(attrs))
+        d = self.p(name)
+        SF.make_dir(d)
+        SF.create_file(os.path.join(d, "zarr.json"), SF.group_json(attrs), self.durable)
 
-    def _create_file(self, path: str, data: bytes) -> None:
-        """Create `path` with `data` unless it exists (atomic: via link of a temporary)."""
-        if os.path.lexists(path):
-            return
-        tmp = f"{path}.{F.token()}.tmp"
-        F.write_file(tmp, data, self.durable)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        except OSError:
-            if not os.path.lexists(path):
-                os.replace(tmp, path)
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-
-    def _sweep_scratch(self) -> None:
+    def sweep_scratch(self) -> None:
         """Remove what interrupted writers left in ``scratch/`` (a writer's open).
 
         Only when no commit or read is in flight in any process (``gc.lock``
         free, taken exclusive without waiting) and no graph is being replaced
         (``graph.lock``): then every scratch entry is a dead writer's.
         """
-        with self._gc_lock.exclusive_nowait() as got:
+        with self.gc_lock.exclusive_nowait() as got:
             if not got:
                 return
-            with self._graph_lock.held():
-                for entry in os.scandir(self._p(F.SCRATCH)):
+            with self.graph_lock.held():
+                for entry in os.scandir(self.p(F.SCRATCH)):
                     if entry.name != "zarr.json":
-                        remove_entry(entry.path)
+                        self.remove(entry.path)
+
+    def remove(self, path: str) -> None:
+        """Remove the entry `path` inside the repository (a directory with its
+        contents; a file or link by unlinking it, never what a link points to);
+        failures leave it for a later sweep."""
+        try:
+            SF.remove_tree(path, self.path)
+        except OSError:
+            pass
 
     # -- the graph file --------------------------------------------------------------
 
+    @property
+    def graph(self) -> Graph:
+        """The graph installed last (as read by :meth:`refresh`; never mutated)."""
+        return self._graph
+
     def _graph_file(self) -> str:
-        return self._p(F.GRAPH, "zarr.json")
+        return self.p(F.GRAPH, "zarr.json")
 
-    # Installed Graph objects are never mutated (readers in other threads may be
-    # iterating them): writers parse a private copy (_fresh), change it, write
-    # it, and install it.
-
-    def _graph_stamp(self) -> tuple | None:
+    def _graph_stamp(self) -> Stamp | None:
         try:
             return _stamp_of(os.lstat(self._graph_file()))
         except FileNotFoundError:
             return None
 
-    def _parse_graph(self) -> tuple[Graph, tuple]:
+    def _parse_graph(self) -> tuple[Graph, Stamp | None]:
         path = self._graph_file()
         # The stamp is taken before the read: a replacement in between makes the
         # next refresh read again (a stamp taken after could hide it).
@@ -275,35 +295,29 @@ class Repository:
                 path=path,
             ) from None
 
-    def _refresh(self) -> Graph:
+    def refresh(self) -> Graph:
         """The current graph, re-read if another process (or object) replaced it."""
         stamp = self._graph_stamp()
         if stamp is None or stamp != self._stamp:
             graph, stamp = self._parse_graph()
-            with self._lock:
+            with self.lock:
                 self._graph, self._stamp = graph, stamp
         return self._graph
 
-    def _fresh(self) -> Graph:
+    def fresh(self) -> Graph:
         """A private, current copy of the graph to change (caller holds the graph lock)."""
         stamp = self._graph_stamp()
         if stamp is not None and stamp == self._stamp:  # nobody wrote since we read it
             return self._graph.clone()
         graph, stamp = self._parse_graph()
-        with self._lock:
+        with self.lock:
             self._graph, self._stamp = graph, stamp
         return graph.clone()
 
-    def _write_graph(self, g: Graph) -> None:
+    def write_graph(self, g: Graph) -> None:
         """Replace the graph file with `g` and install `g` (caller holds the graph lock)."""
-        tmp = self._p(F.SCRATCH, f"graph-{F.token()}.json")
-        F.write_file(tmp, graph_file_text(g), self.durable)
-        try:
-            stamp = _stamp_of(os.lstat(tmp))  # rename keeps inode, mtime and size
-            SF.publish(tmp, self._graph_file(), self.durable)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
-        with self._lock:
-            self._graph, self._stamp = g, stamp
+        st = SF.write_atomic(
+            self._graph_file(), graph_file(g), self.durable, scratch=self.p(F.SCRATCH)
+        )
+        with self.lock:
+            self._graph, self._stamp = g, _stamp_of(st)  # rename keeps inode, mtime and size

@@ -1,4 +1,9 @@
-"""Moving a repository: ``export_history`` / ``import_history`` (``vlcc export``/``import``).
+"""Moving a repository: the archives of ``export_history`` / ``import_history``.
+
+:func:`write_archive` archives an open repository and :func:`unpack_archive`
+checks and extracts one; ``History.export``, ``export_history`` and
+``import_history`` (``vlcc export``/``import``, :mod:`._history`) open the
+repositories around them.
 
 An export is a tar file (``.tar.gz``/``.tgz``: compressed) of a consistent
 snapshot: the graph is read once, and only the versions it lists and the
@@ -18,74 +23,61 @@ import os
 import stat
 import tarfile
 import time
-from typing import TYPE_CHECKING
 
 from ..storage import StorageError
+from ..storage import format as SF
 from . import _format as F
-from ._delta import closure
+from ._graph import Graph, graph_file
+from ._read import Reader
 
-if TYPE_CHECKING:
-    from ._history import History
-
-__all__ = ["export_history", "import_history"]
+__all__ = ["unpack_archive", "write_archive"]
 
 _TOP = {"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH}
 
 
-def export_history(history: History, out: str | os.PathLike) -> str:
-    """Archive a repository (a :class:`History` or its path) into a tar file.
-
-    A consistent snapshot: the graph is read once, and only the versions it
-    lists and the chunks they use are archived (commits published meanwhile
-    are not).  See :meth:`History.export`.
-    """
-    from ._history import History
-
-    own = not isinstance(history, History)
-    h = History(history, mode="r") if own else history
-    out = os.fspath(out)
+def write_archive(reader: Reader, g: Graph, out: str) -> None:
+    """Archive the repository of `reader` as of graph `g` into the tar file `out`
+    (``.tar.gz``/``.tgz``: compressed): only the versions `g` lists and the
+    chunks they use (delta bases included), chunks first.  A partial archive
+    is never left behind."""
     created = False
     try:
-        g = h._sync()
-        mode = "w:gz" if out.endswith((".tar.gz", ".tgz")) else "w"
-        with h._gc_lock.shared():
-            tar = tarfile.open(out, mode)
+        with reader.reading():
+            if out.endswith((".tar.gz", ".tgz")):
+                tar = tarfile.open(out, "w:gz")
+            else:
+                tar = tarfile.open(out, "w")
             created = True
             with tar:
-                _archive(h, g, tar)
+                _archive(reader, g, tar)
     except BaseException:
         if created and os.path.lexists(out):  # no partial archive is left behind
             os.unlink(out)
         raise
-    finally:
-        if own:
-            h.close()
-    return out
 
 
-def _archive(h, g, tar) -> None:
-    """Write the repository `h` at graph `g` into the open tar file `tar`."""
-    from ._repo import graph_file_text
-
+def _archive(reader: Reader, g: Graph, tar: tarfile.TarFile) -> None:
+    """Write the repository of `reader` at graph `g` into the open tar file `tar`."""
+    repo = reader.repo
     for name in ("zarr.json", f"{F.CHUNKS}/zarr.json", f"{F.VERSIONS}/zarr.json"):
-        _check_regular(h._p(name), directory=False)
-        tar.add(h._p(name), arcname=name)
-    data = graph_file_text(g)
+        _check_regular(repo.p(name), directory=False)
+        tar.add(repo.p(name), arcname=name)
+    data = graph_file(g)
     info = tarfile.TarInfo(f"{F.GRAPH}/zarr.json")
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
     tar.addfile(info, io.BytesIO(data))
     ids = sorted(g.nodes, key=lambda v: g.nodes[v]["seq"])
     addrs: set[str] = set()
     for vid in ids:
-        addrs |= h._manifest(vid).addresses()
-    addrs = closure(h, addrs)  # with the bases of delta chunks
+        addrs |= reader.manifest(vid).addresses()
+    addrs = reader.chunks.closure(addrs)  # with the bases of delta chunks
     for addr in sorted(addrs):  # chunks first: version files then become tar hard links
         rel = F.chunk_relpath(addr)
-        _check_regular(h._p(rel), directory=False)
-        tar.add(h._p(rel), arcname=rel)
+        _check_regular(repo.p(rel), directory=False)
+        tar.add(repo.p(rel), arcname=rel)
     for vid in ids:
-        _check_regular(h._p(F.VERSIONS, vid), directory=True)
-        tar.add(h._p(F.VERSIONS, vid), arcname=f"{F.VERSIONS}/{vid}")
+        _check_regular(repo.p(F.VERSIONS, vid), directory=True)
+        tar.add(repo.p(F.VERSIONS, vid), arcname=f"{F.VERSIONS}/{vid}")
 
 
 def _check_regular(path: str, directory: bool) -> None:
@@ -94,10 +86,10 @@ def _check_regular(path: str, directory: bool) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise F.corrupt(path, "is missing: the repository is damaged") from None
+        raise SF.corrupt_file(path, "is missing: the repository is damaged") from None
     ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if not ok:
-        raise F.corrupt(
+        raise SF.corrupt_file(
             path,
             "is not a regular "
             + ("directory" if directory else "file")
@@ -108,15 +100,14 @@ def _check_regular(path: str, directory: bool) -> None:
             _check_regular(entry.path, entry.is_dir(follow_symlinks=False))
 
 
-def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
-    """Unpack an archive made by :func:`export_history` into a new repository at `path`.
+def unpack_archive(archive: str | os.PathLike, path: str) -> None:
+    """Extract an archive made by :func:`write_archive` into the new directory `path`.
 
     The archive is checked first: only the repository's own top-level names,
     regular files, directories and hard links inside it (tarfile's ``data``
     filter: no absolute paths, ``..``, devices or links leaving the
-    directory).  **Returns:** `path`, a repository ``History(path)`` opens.
+    directory).  The caller opens the result to validate it.
     """
-    path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise StorageError(f"{path} exists and is not an empty directory; import into a new path")
     archive = os.fspath(archive)
@@ -154,7 +145,3 @@ def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
             raise StorageError(f"{archive} has no zarr.json: not a history archive")
         os.makedirs(path, exist_ok=True)
         tar.extractall(path, members=members, filter="data")
-    from ._history import History
-
-    History(path, mode="a").close()  # validates, and adds the locks/ and scratch/ groups
-    return path

@@ -163,14 +163,13 @@ class DistributedStore:
         self.guard = Guard(comm, timeout, abort_after)
         self.local = TieredStore(tiers, plan, **options)
         self.tiers = self.local.tiers
-        self.shared_levels = tuple(
-            k for k, t in enumerate(self.tiers) if isinstance(t, SharedZarrTier)
-        )
-        for k in self.shared_levels:
-            if self.tiers[k].size != comm.Get_size():
+        self._shared = {k: t for k, t in enumerate(self.tiers) if isinstance(t, SharedZarrTier)}
+        self.shared_levels = tuple(self._shared)
+        for k, tier in self._shared.items():
+            if tier.size != comm.Get_size():
                 raise VlccValueError(
                     f"tiers[{k}] was opened on a communicator of "
-                    f"{self.tiers[k].size} ranks, this store's has {comm.Get_size()}"
+                    f"{tier.size} ranks, this store's has {comm.Get_size()}"
                 )
         self.commit_every = commit_every
         self._layouts = _Layouts(max_chunks_per_block)
@@ -257,8 +256,8 @@ class DistributedStore:
             error = exc
         self.guard.agree(error, "flushing checkpoint writes before a commit")
         names = []
-        for k in self.shared_levels:
-            names += self.tiers[k].commit(self.guard, final=final)
+        for tier in self._shared.values():
+            names += tier.commit(self.guard, final=final)
         self._since = 0
         self.committed += names
         self.commit_seconds += time.perf_counter() - t0
@@ -294,16 +293,15 @@ class DistributedStore:
     def __enter__(self) -> DistributedStore:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc is None:
             self.close()
-            return False
+            return
         self.guard.fail(exc)
         try:
             self.close(collective=False)
         except Exception as close_error:
             exc.add_note(f"closing the DistributedStore afterwards also failed: {close_error!r}")
-        return False
 
     def __repr__(self) -> str:
         return (

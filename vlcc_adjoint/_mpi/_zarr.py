@@ -72,11 +72,12 @@ leaf as the global array.  Neither needs MPI.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,17 +85,20 @@ import xxhash
 
 from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view, dtype_to_json
-from ..storage import Record, StorageError, Tier
-from ..storage import format as F
-from ..storage.format import (
+from ..storage import (
+    CorruptCheckpointError,
+    Record,
+    StorageError,
+    Tier,
+    TierFullError,
     check_capacity,
     check_record,
-    corrupt,
     encode_spec,
-    full,
     leaf_checksum,
     step_of,
+    verify_leaves,
 )
+from ..storage import format as F
 from ._comm import AgreedError, Guard, ensure_initialized
 from ._decomp import Decomposition, distributed_nodes
 from ._zarr_read import (
@@ -130,8 +134,8 @@ def _leaf_meta(dtype: np.dtype, shape, chunk_shape) -> bytes:
 def _global_spec(spec: dict, dist: dict) -> dict:
     """The spec with every distributed leaf's shape made global and its
     DistributedArray node stripped of the rank."""
-    out = json.loads(json.dumps(spec))
-    for node in distributed_nodes(out["tree"]):
+    out = copy.deepcopy(spec)
+    for node in distributed_nodes(out.get("tree")):
         aux = node["aux"]
         node["aux"] = {"decomposition": aux["decomposition"]}
     for i, d in dist.items():
@@ -140,8 +144,10 @@ def _global_spec(spec: dict, dist: dict) -> dict:
 
 
 def _spec_distribution(spec: dict) -> dict[int, tuple[Decomposition, int]]:
+    """Leaf index -> (decomposition, rank) of the DistributedArray blocks of a
+    state spec (none in a spec that is not ``flatten``'s: every leaf replicated)."""
     out = {}
-    for node in distributed_nodes(spec["tree"]):
+    for node in distributed_nodes(spec.get("tree")):
         i = node["items"][0]["leaf"]
         out[i] = (Decomposition.from_json(node["aux"]["decomposition"]), node["aux"]["rank"])
     return out
@@ -150,15 +156,21 @@ def _spec_distribution(spec: dict) -> dict[int, tuple[Decomposition, int]]:
 class _Leaf:
     __slots__ = ("dtype", "shape", "decomp", "chunk_shape", "chunks", "replica", "checksum", "meta")
 
-    def __init__(self, dtype, shape, decomp=None, chunk_shape=None):
+    def __init__(
+        self,
+        dtype: np.dtype,
+        shape: Sequence[int],
+        decomp: Decomposition | None = None,
+        chunk_shape: tuple[int, ...] | None = None,
+    ) -> None:
         self.dtype = dtype
         self.shape = tuple(shape)  # the global shape (= local for a replicated leaf)
         self.decomp = decomp  # None: replicated
         self.chunk_shape = chunk_shape
         self.chunks: list[tuple[tuple[int, ...], int]] = []  # (chunk index, xxh3) this rank wrote
-        self.replica = None  # a replicated leaf's array
-        self.checksum = None
-        self.meta = None  # replicated leaf: (zarr.json, chunk name)
+        self.replica: Any = None  # a replicated leaf's array
+        self.checksum: Any = None  # a replicated leaf's checksum
+        self.meta: Any = None  # zarr.json (rank 0); replicated: (zarr.json, chunk name)
 
 
 class _Part:
@@ -167,7 +179,7 @@ class _Part:
     __slots__ = (
         "key",
         "name",
-        "spec",
+        "spec_json",
         "global_json",
         "leaves",
         "checksums",
@@ -176,10 +188,10 @@ class _Part:
         "fingerprint",
     )
 
-    def __init__(self, key, name, spec, global_json, leaves, checksums, nbytes):
+    def __init__(self, key, name, spec_json, global_json, leaves, checksums, nbytes):
         self.key = key
         self.name = name
-        self.spec = spec
+        self.spec_json = spec_json  # the rank's spec as given to put (strict JSON text)
         self.global_json = global_json
         self.leaves = leaves
         self.checksums = checksums
@@ -285,26 +297,24 @@ class SharedZarrTier(Tier):
                     f"{self.path} exists, is not empty and is not a zarr v3 group; "
                     "give SharedZarrTier a new or empty directory"
                 )
-            F.write_json(
+            F.write_group(
                 root,
-                F.group_document(
-                    {
-                        ATTRS: {
-                            "format": FORMAT,
-                            "kind": HIERARCHY,
-                            "layout": "one group per committed checkpoint record; leaf i of record K is "
-                            "the global array K/i, each chunk written by the rank owning it; "
-                            "K/xxh3/i holds the chunks' xxh3-64 checksums",
-                        }
+                {
+                    ATTRS: {
+                        "format": FORMAT,
+                        "kind": HIERARCHY,
+                        "layout": "one group per committed checkpoint record; leaf i of record K is "
+                        "the global array K/i, each chunk written by the rank owning it; "
+                        "K/xxh3/i holds the chunks' xxh3-64 checksums",
                     }
-                ),
+                },
                 self.durable,
             )
         F.remove_tree(self._pending, self.path)  # an interrupted run's leftovers (we hold the lock)
         os.mkdir(self._pending)
-        F.write_json(
+        F.write_group(
             os.path.join(self._pending, "zarr.json"),
-            F.group_document({ATTRS: "records being written or deleted; never read these"}),
+            {ATTRS: "records being written or deleted; never read these"},
             self.durable,
         )
         if self.durable:
@@ -329,7 +339,7 @@ class SharedZarrTier(Tier):
         """
         check_record(key, record)
         spec = record.spec
-        encode_spec(key, spec)  # refused now if it cannot be stored as JSON
+        spec_json = encode_spec(key, spec)  # refused now if it cannot be stored as JSON
         dist = _spec_distribution(spec)
         leaves, need = [], 0
         for i, leaf in enumerate(record.leaves):
@@ -347,9 +357,10 @@ class SharedZarrTier(Tier):
                         "which is not a zarr v3 core type; use a numeric or bool dtype for "
                         "distributed leaves"
                     )
-                info = _Leaf(leaf.dtype, d.global_shape, d, d.chunk_shape)
-                n_chunks = sum(1 for _ in d.chunks_of(self.rank, info.chunk_shape))
-                need += n_chunks * int(np.prod(info.chunk_shape)) * leaf.dtype.itemsize
+                chunk_shape = d.chunk_shape
+                info = _Leaf(leaf.dtype, d.global_shape, d, chunk_shape)
+                n_chunks = sum(1 for _ in d.chunks_of(self.rank, chunk_shape))
+                need += n_chunks * int(np.prod(chunk_shape)) * leaf.dtype.itemsize
                 if self.rank == 0:
                     info.meta = _leaf_meta(leaf.dtype, d.global_shape, info.chunk_shape)
                     need += len(info.meta)
@@ -361,20 +372,18 @@ class SharedZarrTier(Tier):
                     info.meta = F.array_metadata(leaf.dtype, leaf.shape)
                     need += leaf.nbytes + len(info.meta[0])
             leaves.append(info)
-        global_json = json.dumps(
-            _global_spec(spec, {i: d for i, (d, _) in dist.items()}),
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        global_json = F.canonical_json(
+            _global_spec(spec, {i: d for i, (d, _) in dist.items()})
+        ).decode("ascii")
         name = f"{key}.{self.run}"
-        part = _Part(key, name, spec, global_json, leaves, record.checksums, need)
+        part = _Part(key, name, spec_json, global_json, leaves, record.checksums, need)
         with self._lock:
             if key in self._index:
                 raise VlccKeyError(
                     f"record {key!r} is already in tier {self.name!r}; delete it first"
                 )
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                raise full(key, self.name, need, self._used, self.capacity_bytes)
+                raise TierFullError.no_room(key, self.name, need, self._used, self.capacity_bytes)
             self._used += need
             self._index[key] = part  # reserved; get() is only called after put returns
             self._writing += 1
@@ -459,18 +468,22 @@ class SharedZarrTier(Tier):
                     pass
 
     def get(self, key: str) -> Record:
-        """This rank's part of `key`, read back and verified chunk by chunk."""
+        """This rank's part of `key`: distributed leaves read back and verified chunk
+        by chunk, replicated leaves from this rank's copy, verified against their
+        checksums (a copy changed since ``put`` raises ``CorruptCheckpointError``)."""
         with self._lock:
             part = self._index.get(key)
             if part is None:
                 raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
             base = self._dir(part)
-        step = step_of(part.spec)
+        spec = json.loads(part.spec_json)  # the caller's copy, from this rank's own text
+        step = step_of(spec)
         leaves = []
         for i, info in enumerate(part.leaves):
             if info.decomp is None:
                 view = info.replica.view()
                 view.flags.writeable = False
+                verify_leaves([view], [info.checksum], key, self.name, step)
                 leaves.append(view)
                 continue
             out = np.empty(info.decomp.local_shape(self.rank), info.dtype)
@@ -479,17 +492,16 @@ class SharedZarrTier(Tier):
                 path = os.path.join(base, str(i), F.chunk_key(idx))
                 data = read_chunk(path, info.dtype, info.chunk_shape, key, self.name, step, i)
                 if xxh(byte_view(data)) != want:
-                    bad = corrupt(
+                    raise CorruptCheckpointError.in_record(
                         f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum",
                         key,
                         self.name,
                         step,
+                        path,
                     )
-                    bad.path = path
-                    raise bad
                 place(out, origin, data, idx, info.chunk_shape, info.shape)
             leaves.append(out)
-        return Record(part.spec, tuple(leaves), part.checksums)
+        return Record(spec, tuple(leaves), part.checksums)
 
     def delete(self, key: str) -> None:
         """Remove this rank's part of `key` (a committed record: at the next commit)."""
@@ -547,7 +559,7 @@ class SharedZarrTier(Tier):
                 doomed, self._doomed = sorted(self._doomed, key=lambda p: p.name), []
                 self.doomed_bytes = 0
             h = xxhash.xxh3_64()
-            sums = []
+            sums: list[int] = []
             for part in batch:
                 h.update(part.name.encode() + b"\0" + part.global_json.encode() + b"\0")
                 for info in part.leaves:
@@ -613,7 +625,7 @@ class SharedZarrTier(Tier):
         offsets = [0] * self.size
         for part in batch:
             base = os.path.join(self._pending, part.name)
-            spec = json.loads(part.global_json)
+            spec = F.parse_json(part.global_json.encode("ascii"), base)
             leaves_doc = []
             for i, info in enumerate(part.leaves):
                 if info.decomp is None:
@@ -657,22 +669,18 @@ class SharedZarrTier(Tier):
                     }
                 )
             if any(info.decomp is not None for info in part.leaves):
-                F.write_json(
-                    os.path.join(base, "xxh3", "zarr.json"), F.group_document({}), self.durable
-                )
+                F.write_group(os.path.join(base, "xxh3", "zarr.json"), {}, self.durable)
             attrs = {
                 "format": FORMAT,
                 "kind": RECORD,
                 "key": part.key,
-                "step": step_of(part.spec),
+                "step": step_of(json.loads(part.spec_json)),
                 "nranks": self.size,
                 "spec": spec,
                 "leaves": leaves_doc,
             }
             group, _ = F.sealed_group(ATTRS, attrs)
-            tmp = os.path.join(base, "zarr.json.tmp")
-            F.write_file(tmp, group, self.durable, truncate=True)
-            F.publish(tmp, os.path.join(base, "zarr.json"), self.durable)
+            F.write_atomic(os.path.join(base, "zarr.json"), group, self.durable)
             F.publish(base, os.path.join(self.path, part.name), False)
         for part in doomed:
             os.rename(

@@ -16,6 +16,7 @@ the digest) are still read, their chunk checksums as their protection.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +26,8 @@ import xxhash
 
 from ..errors import VlccKeyError, VlccTypeError, VlccValueError
 from ..state import byte_view, unflatten
-from ..storage import CorruptCheckpointError
+from ..storage import CorruptCheckpointError, StorageError, leaf_checksum
 from ..storage import format as F
-from ..storage.format import corrupt, leaf_checksum
 from ._decomp import Decomposition, distributed_nodes
 
 __all__ = ["FORMATS", "RECORD", "check_record", "list_checkpoints", "read_checkpoint"]
@@ -45,10 +45,6 @@ def xxh(data) -> int:
     return xxhash.xxh3_64_intdigest(memoryview(data).cast("B"))
 
 
-def _bad(path: str, problem: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"{path}: {problem}", path=path)
-
-
 def check_record(record_dir: str) -> dict:
     """The description of the committed record in `record_dir`, checked
     against its digest (format 2) and validated before anything is
@@ -60,12 +56,12 @@ def check_record(record_dir: str) -> dict:
     """
     F.check_dir(record_dir)
     path = os.path.join(record_dir, "zarr.json")
-    doc = F.open_group(path, ATTRS)
+    doc = F.open_group(path, ATTRS, group=False)
     if type(doc) is not dict or doc.get("kind") != RECORD:
-        raise _bad(path, "is not a distributed vlcc_adjoint record")
+        raise F.corrupt_file(path, "is not a distributed vlcc_adjoint record")
     fmt = doc.get("format")
     if type(fmt) is not int or fmt not in FORMATS:
-        raise _bad(
+        raise F.corrupt_file(
             path,
             f"is a record of format {fmt!r}; this version reads formats "
             f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)",
@@ -73,7 +69,7 @@ def check_record(record_dir: str) -> dict:
     if fmt >= 2:
         doc = F.unseal(doc, path)
     if set(doc) != _RECORD_KEYS:
-        raise _bad(
+        raise F.corrupt_file(
             path, f"has attributes {sorted(doc)}, a format-{fmt} record has {sorted(_RECORD_KEYS)}"
         )
     if (
@@ -82,14 +78,14 @@ def check_record(record_dir: str) -> dict:
         or type(doc["nranks"]) is not int
         or not (doc["step"] is None or type(doc["step"]) is int)
     ):
-        raise _bad(path, "has no spec object, leaves list, rank count or step")
+        raise F.corrupt_file(path, "has no spec object, leaves list, rank count or step")
     for i, leaf in enumerate(doc["leaves"]):
         if type(leaf) is not dict:
-            raise _bad(path, f"describes leaf {i} with something that is not an object")
+            raise F.corrupt_file(path, f"describes leaf {i} with something that is not an object")
         try:
             _check_leaf(leaf, fmt, path)
         except (KeyError, TypeError, ValueError) as err:
-            raise _bad(path, f"describes leaf {i} inconsistently ({err!r})") from None
+            raise F.corrupt_file(path, f"describes leaf {i} inconsistently ({err!r})") from None
     return doc
 
 
@@ -132,16 +128,14 @@ def read_chunk(path: str, dtype, chunk_shape, key, tier, step, leaf) -> np.ndarr
     try:
         F.read_into(path, byte_view(out))
     except FileNotFoundError:
-        bad = corrupt(f"the chunk file {path} of leaf {leaf} is missing", key, tier, step)
-        bad.path = path
-        raise bad from None
+        raise CorruptCheckpointError.in_record(
+            f"the chunk file {path} of leaf {leaf} is missing", key, tier, step, path
+        ) from None
     except CorruptCheckpointError as err:
-        bad = corrupt(f"leaf {leaf}: {err}", key, tier, step)
-        bad.path = path
-        raise bad from None
+        raise CorruptCheckpointError.in_record(
+            f"leaf {leaf}: {err}", key, tier, step, path
+        ) from None
     except OSError as err:
-        from ..storage import StorageError
-
         raise StorageError(f"could not read record {key!r} from {tier!r}: {err}") from err
     return out
 
@@ -170,18 +164,19 @@ def list_checkpoints(path: str | os.PathLike) -> list[dict]:
     """
     path = os.path.abspath(os.fspath(path))
     F.check_dir(path)
-    out = []
+    out: list[dict[str, Any]] = []
     for entry in os.scandir(path):
         if entry.name.startswith(".") or entry.name == "zarr.json":
             continue
+        damaged = None
         try:
             doc = check_record(entry.path)
         except FileNotFoundError:
-            doc = "it has no zarr.json"
+            damaged = "it has no zarr.json"
         except CorruptCheckpointError as err:
-            doc = str(err)
+            damaged = str(err)
         mtime = entry.stat(follow_symlinks=False).st_mtime
-        if isinstance(doc, str):
+        if damaged is not None:
             out.append(
                 {
                     "name": entry.name,
@@ -190,7 +185,7 @@ def list_checkpoints(path: str | os.PathLike) -> list[dict]:
                     "nranks": None,
                     "mtime": mtime,
                     "leaves": None,
-                    "damaged": doc,
+                    "damaged": damaged,
                 }
             )
             continue
@@ -295,7 +290,9 @@ def read_checkpoint(
             )
             arr = data.reshape(-1).view(dtype).reshape(shape)
             if leaf_checksum(arr) != info["checksum"]:
-                raise corrupt(f"replicated leaf {i} failed its checksum", name, path, step_no)
+                raise CorruptCheckpointError.in_record(
+                    f"replicated leaf {i} failed its checksum", name, path, step_no
+                )
             leaves.append(arr)
             continue
         target = _target(decomposition, shape, size)
@@ -326,11 +323,13 @@ def read_checkpoint(
                 i,
             )
             if xxh(byte_view(data)) != int(grid[idx]):
-                bad = corrupt(
-                    f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum", name, path, step_no
+                raise CorruptCheckpointError.in_record(
+                    f"chunk {F.chunk_key(idx)} of leaf {i} failed its checksum",
+                    name,
+                    path,
+                    step_no,
+                    os.path.join(record_dir, str(i), F.chunk_key(idx)),
                 )
-                bad.path = os.path.join(record_dir, str(i), F.chunk_key(idx))
-                raise bad
             place(out, origin, data, idx, chunk_shape, shape)
         leaves.append(out)
     return unflatten(local_spec(spec, targets, rank), leaves)
@@ -338,9 +337,7 @@ def read_checkpoint(
 
 def local_spec(global_spec: dict, targets: dict, rank: int) -> dict:
     """A reader's spec: distributed leaves get its decomposition and block."""
-    import json
-
-    out = json.loads(json.dumps(global_spec))
+    out = copy.deepcopy(global_spec)
     for node in distributed_nodes(out["tree"]):
         i = node["items"][0]["leaf"]
         d = targets[i]
@@ -382,7 +379,7 @@ def _read_sums(record_dir, info, shape, chunk_shape, key, tier, step, leaf) -> n
     grid = read_chunk(sums_path, np.dtype("<u8"), grid_shape, key, tier, step, leaf)
     want = info.get("checksums_xxh3")
     if want is not None and leaf_checksum(grid) != want:
-        bad = corrupt(f"the chunk checksums of leaf {leaf} failed their checksum", key, tier, step)
-        bad.path = sums_path
-        raise bad
+        raise CorruptCheckpointError.in_record(
+            f"the chunk checksums of leaf {leaf} failed their checksum", key, tier, step, sums_path
+        )
     return grid

@@ -27,6 +27,15 @@ digits, is unchanged and records written before still verify):
   stores.  A kernel that fails to compile, or disagrees with ``xxhash`` on
   its self-test, raises: it is never replaced silently.
 
+Records are made here (:func:`make_record`: the checksums are computed
+once, at capture), and so are the checks every tier implementation applies
+to them: :func:`check_record` on ``put`` (cheap: no hashing),
+:func:`encode_spec` (the spec is strict JSON), :func:`verify_leaves` on
+``get``, :func:`check_capacity`; the errors they raise are built by
+:meth:`~vlcc_adjoint.storage.CorruptCheckpointError.in_record` and
+:meth:`~vlcc_adjoint.storage.TierFullError.no_room`.  The package exports
+them for tiers written elsewhere (the MPI tier, third parties).
+
 ``benchmarks/bench_store_calls.py`` measures every path (and whole ``save``
 and ``load`` calls) against ``np.copyto`` of the same bytes; its results
 live in ``benchmarks/results/``.
@@ -42,7 +51,7 @@ import re
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,7 +61,18 @@ from ..errors import VlccTypeError, VlccValueError
 from ..state import byte_view
 from ._tier import CorruptCheckpointError, Record, TierFullError, check_key
 
-__all__ = ["bytes_checksum", "copy_checksum", "direct_hash", "leaf_checksum"]
+__all__ = [
+    "bytes_checksum",
+    "check_capacity",
+    "check_record",
+    "copy_checksum",
+    "direct_hash",
+    "encode_spec",
+    "leaf_checksum",
+    "make_record",
+    "step_of",
+    "verify_leaves",
+]
 
 # xxhash holds the GIL while it hashes: hashing in slices of this many bytes
 # bounds the time other threads (the engine's workers, the solver) wait.
@@ -61,6 +81,10 @@ _SLICE = 8 << 20
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 # One encoder, built once: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+#: ``xxhash.xxh3_64_hexdigest``, typed for what it is given here: numpy arrays,
+#: whose buffer it reads directly (their stubs do not declare the buffer protocol).
+_xxh3_64_hex: Callable[[Any], str] = xxhash.xxh3_64_hexdigest
 
 #: Leaves at least this large are hashed (and copied) by the kernel; below
 #: it the call's fixed cost (a microsecond or two) outweighs the pass it saves.
@@ -102,7 +126,7 @@ def leaf_checksum(arr: np.ndarray) -> str:
             return f"{kernels[1](arr, arr, n):016x}"
     if n <= _SLICE:
         try:  # numpy hands xxhash its contiguous buffer directly
-            return xxhash.xxh3_64_hexdigest(arr)
+            return _xxh3_64_hex(arr)
         except (BufferError, TypeError, ValueError):
             pass
     return bytes_checksum(byte_view(arr))
@@ -117,10 +141,10 @@ def direct_hash(dtype: np.dtype, shape: tuple) -> Callable[[np.ndarray], str] | 
     if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize >= KERNEL_MIN_BYTES:
         return None
     try:
-        xxhash.xxh3_64_hexdigest(np.empty(shape, dtype))
+        _xxh3_64_hex(np.empty(shape, dtype))
     except (BufferError, TypeError, ValueError):
         return None
-    return xxhash.xxh3_64_hexdigest
+    return _xxh3_64_hex
 
 
 def copy_checksum(src: np.ndarray, dst: np.ndarray, *, stream: bool = False) -> str:
@@ -215,7 +239,37 @@ def _build():
         return _KERNELS
 
 
-# -- helpers shared by the tier implementations ----------------------------------
+# -- records and the checks every tier implementation shares --------------------------
+
+
+def make_record(spec: dict, leaves: Sequence[np.ndarray]) -> Record:
+    """A :class:`Record` of `leaves` with their checksums computed now.
+
+    **Arguments:**
+
+    - `spec`: the state's JSON spec (:func:`vlcc_adjoint.state.flatten`),
+      optionally with metadata; an integer ``spec["step"]`` is named in
+      corruption reports.
+    - `leaves`: numpy arrays.  C-contiguous ones are kept by reference (the
+      caller hands them over); others are copied to C order once.
+
+    **Returns:** the record, whose ``checksums`` are xxh3-64 of each leaf's
+    bytes (:func:`leaf_checksum`), verified by every tier on ``get``.
+    """
+    out = []
+    for i, leaf in enumerate(leaves):
+        if type(leaf) is not np.ndarray:
+            raise VlccTypeError(
+                f"leaf {i} is a {type(leaf).__name__}; records hold numpy arrays "
+                "(flatten the state with vlcc_adjoint.state.flatten first)"
+            )
+        if leaf.dtype.hasobject:
+            raise VlccTypeError(
+                f"leaf {i} is an object array, which cannot be stored without pickle; "
+                "convert it to a numeric dtype"
+            )
+        out.append(leaf if leaf.flags.c_contiguous else np.ascontiguousarray(leaf))
+    return Record(spec, tuple(out), tuple(leaf_checksum(leaf) for leaf in out))
 
 
 def step_of(spec: object) -> int | None:
@@ -224,22 +278,8 @@ def step_of(spec: object) -> int | None:
     return step if type(step) is int else None
 
 
-def where(key: str, tier: str, step: int | None) -> str:
-    """``"record 'k' (step 7) in tier 'memory'"``, for messages."""
-    at = f" (step {step})" if step is not None else ""
-    return f"record {key!r}{at} in tier {tier!r}"
-
-
-def corrupt(message: str, key: str, tier: str, step: int | None) -> CorruptCheckpointError:
-    """A :class:`CorruptCheckpointError` whose message names the record and says what to do."""
-    return CorruptCheckpointError(
-        f"{where(key, tier, step)} is corrupt: {message}. The stored data was damaged or "
-        "modified after it was saved; delete the record and recompute the state from an "
-        "earlier checkpoint",
-        key=key,
-        tier=tier,
-        step=step,
-    )
+#: :meth:`CorruptCheckpointError.in_record`, under the name the tiers use.
+corrupt = CorruptCheckpointError.in_record
 
 
 def check_record(key: str, record: Record) -> None:
@@ -280,8 +320,12 @@ def encode_spec(key: str, spec: Any) -> str:
         ) from None
 
 
-def verify_leaves(leaves, checksums, key: str, tier: str, step: int | None) -> None:
-    """Recompute every leaf's checksum; :class:`CorruptCheckpointError` on a mismatch."""
+def verify_leaves(
+    leaves: Sequence[np.ndarray], checksums: Sequence[str], key: str, tier: str, step: int | None
+) -> None:
+    """Recompute every leaf's checksum (:func:`leaf_checksum`) and compare it with
+    `checksums`, the record's; a mismatch raises :class:`CorruptCheckpointError`
+    naming record `key` (of `step`) in tier `tier` and the leaf."""
     for i, (leaf, want) in enumerate(zip(leaves, checksums)):
         got = leaf_checksum(leaf)
         if got != want:
@@ -309,10 +353,5 @@ def check_capacity(capacity_bytes: int | np.integer | None) -> int | None:
     return int(capacity_bytes)
 
 
-def full(key: str, tier: str, need: int, used: int, capacity: int) -> TierFullError:
-    """A :class:`TierFullError` with the numbers and the remedy."""
-    return TierFullError(
-        f"record {key!r} needs {need} bytes but tier {tier!r} has {capacity - used} of "
-        f"{capacity} free; delete records first (the engine evicts), or give the tier a larger "
-        "capacity_bytes"
-    )
+#: :meth:`TierFullError.no_room`, under the name the tiers use.
+full = TierFullError.no_room

@@ -1,9 +1,10 @@
 """Whole-buffer reads and writes on raw file descriptors.
 
-The system-call loops under :mod:`vlcc_adjoint.storage.format`, through
-which the zarr tier, the MPI store and the lineage repository write chunks
-and metadata with ``os.write`` and read them with ``os.readv`` straight
-into their numpy buffers, without Python file objects.
+The system-call loops under :mod:`vlcc_adjoint.storage.format` (which
+opens, checks and publishes the files), through which the zarr tier, the
+MPI store and the lineage repository write chunks and metadata with
+``os.write`` and read them with ``os.readv`` straight into their numpy
+buffers, without Python file objects.
 
 Direct reads (:func:`read_direct`): a file whose pages are not in the page
 cache (the durable zarr tier drops its chunks from it once they are
@@ -19,12 +20,8 @@ page cache (dirty pages of the range are written back first).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no direct I/O either
-    fcntl = None
 
 import numpy as np
 
@@ -32,12 +29,9 @@ __all__ = [
     "DIRECT_MIN",
     "O_CLOEXEC",
     "O_NOFOLLOW",
-    "fsync_dir",
-    "fsync_paths",
     "read_direct",
     "read_exactly",
     "write_all",
-    "write_file",
 ]
 
 #: ``os.O_CLOEXEC`` where the platform has it: descriptors are not inherited
@@ -60,50 +54,15 @@ _DIRECT_ALIGN = 4096
 #: Bytes per direct read request (large enough to keep the device busy).
 _DIRECT_SLICE = 8 << 20
 
-_O_DIRECT = getattr(os, "O_DIRECT", 0) if fcntl is not None else 0
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
     """Write every byte of the bytes-like `data` to `fd`."""
-    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    view = data.data.cast("B") if isinstance(data, np.ndarray) else memoryview(data).cast("B")
     while view:
         n = os.write(fd, view[:_WRITE_SLICE])
         view = view[n:]
-
-
-def write_file(
-    path: str,
-    data: bytes | bytearray | memoryview | np.ndarray,
-    durable: bool,
-    *,
-    truncate: bool = False,
-    exclusive: bool = False,
-) -> None:
-    """Write `data` at `path`; fsync it when `durable`.
-
-    By default the file is created or written over from its start, not
-    truncated: the caller knows it is new or not longer than `data` (the
-    zarr tier pads its metadata), which saves the truncation's block
-    freeing.  `truncate` cuts what is left beyond `data`; `exclusive`
-    refuses an existing file (``FileExistsError``).  A symbolic link at
-    `path` is never followed (``OSError`` with ``ELOOP``): a store never
-    writes outside itself through a link planted in it.
-    """
-    flags = (
-        os.O_WRONLY
-        | os.O_CREAT
-        | O_CLOEXEC
-        | O_NOFOLLOW
-        | (os.O_TRUNC if truncate else 0)
-        | (os.O_EXCL if exclusive else 0)
-    )
-    fd = os.open(path, flags, 0o644)
-    try:
-        write_all(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_exactly(fd: int, view: memoryview) -> bool:
@@ -152,32 +111,3 @@ def read_direct(fd: int, view: memoryview, address: int) -> int:
     finally:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     return done
-
-
-def fsync_dir(path: str) -> None:
-    """fsync the directory `path`, so that the entries just made in it are durable."""
-    fd = os.open(path, os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_paths(paths: list[str], uncache: int = 0) -> None:
-    """fsync each file or directory in `paths` (never through a symbolic link).
-
-    Writing a set of files first and syncing them after lets one device
-    flush (and, on journalling file systems, one journal commit) cover them
-    all: the first ``fsync`` waits for the data and metadata, the others
-    find them already on the device.  The first `uncache` paths (files)
-    then leave the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)`` of
-    their pages, clean once synced; nothing where the platform lacks it).
-    """
-    for k, path in enumerate(paths):
-        fd = os.open(path, os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        try:
-            os.fsync(fd)
-            if k < uncache and hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)

@@ -22,8 +22,11 @@ Contract, checked by ``tests/storage/test_tiers.py`` for every implementation:
 * Tiers are safe to call from the engine's worker threads: an implementation
   serialises its own bookkeeping.
 
-Records are made with :func:`make_record`, which computes the per-leaf
-xxh3-64 checksums once, at capture; tiers verify them on every ``get``.
+Records are made with :func:`~vlcc_adjoint.storage.make_record`, which
+computes the per-leaf xxh3-64 checksums once, at capture; tiers verify them
+on every ``get``.  This module depends on nothing else of the storage
+package: the checksums (and ``make_record``) are in :mod:`._checksum`, which
+builds on the types defined here.
 """
 
 from __future__ import annotations
@@ -31,11 +34,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import VlccError, VlccTypeError, VlccValueError
+from ..errors import VlccError, VlccValueError
 
 __all__ = [
     "CorruptCheckpointError",
@@ -44,7 +47,6 @@ __all__ = [
     "Tier",
     "TierFullError",
     "check_key",
-    "make_record",
 ]
 
 _KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
@@ -56,6 +58,17 @@ class StorageError(VlccError, RuntimeError):
 
 class TierFullError(StorageError):
     """A record does not fit in a tier's remaining capacity."""
+
+    @classmethod
+    def no_room(cls, key: str, tier: str, need: int, used: int, capacity: int) -> TierFullError:
+        """The error of a ``put`` of record `key` that needs `need` bytes in
+        tier `tier`, which holds `used` of its `capacity`: the numbers and the
+        remedy."""
+        return cls(
+            f"record {key!r} needs {need} bytes but tier {tier!r} has {capacity - used} of "
+            f"{capacity} free; delete records first (the engine evicts), or give the tier a "
+            "larger capacity_bytes"
+        )
 
 
 class CorruptCheckpointError(StorageError):
@@ -80,6 +93,25 @@ class CorruptCheckpointError(StorageError):
         self.tier = tier
         self.step = step
         self.path = path
+
+    @classmethod
+    def in_record(
+        cls, problem: str, key: str, tier: str, step: int | None, path: str | None = None
+    ) -> CorruptCheckpointError:
+        """The error of record `key` (of checkpointed `step`, when known) in tier
+        `tier`, whose data failed a check: `problem` says which (and `path`
+        names the damaged file, when the damage is in one); the message says
+        what to do."""
+        at = f" (step {step})" if step is not None else ""
+        return cls(
+            f"record {key!r}{at} in tier {tier!r} is corrupt: {problem}. The stored data was "
+            "damaged or modified after it was saved; delete the record and recompute the "
+            "state from an earlier checkpoint",
+            key=key,
+            tier=tier,
+            step=step,
+            path=path,
+        )
 
 
 def check_key(key: str) -> str:
@@ -115,38 +147,6 @@ class Record:
     def nbytes(self) -> int:
         """Bytes of leaf data (uncompressed)."""
         return sum(leaf.nbytes for leaf in self.leaves)
-
-
-def make_record(spec: dict, leaves: Sequence[np.ndarray]) -> Record:
-    """A :class:`Record` of `leaves` with their checksums computed now.
-
-    **Arguments:**
-
-    - `spec`: the state's JSON spec (:func:`vlcc_adjoint.state.flatten`),
-      optionally with metadata; an integer ``spec["step"]`` is named in
-      corruption reports.
-    - `leaves`: numpy arrays.  C-contiguous ones are kept by reference (the
-      caller hands them over); others are copied to C order once.
-
-    **Returns:** the record, whose ``checksums`` are xxh3-64 of each leaf's
-    bytes, verified by every tier on ``get``.
-    """
-    from ._checksum import leaf_checksum  # here: _checksum imports this module
-
-    out = []
-    for i, leaf in enumerate(leaves):
-        if type(leaf) is not np.ndarray:
-            raise VlccTypeError(
-                f"leaf {i} is a {type(leaf).__name__}; records hold numpy arrays "
-                "(flatten the state with vlcc_adjoint.state.flatten first)"
-            )
-        if leaf.dtype.hasobject:
-            raise VlccTypeError(
-                f"leaf {i} is an object array, which cannot be stored without pickle; "
-                "convert it to a numeric dtype"
-            )
-        out.append(leaf if leaf.flags.c_contiguous else np.ascontiguousarray(leaf))
-    return Record(spec, tuple(out), tuple(leaf_checksum(leaf) for leaf in out))
 
 
 class Tier(abc.ABC):

@@ -115,8 +115,8 @@ import numpy as np
 from ..errors import VlccKeyError, VlccValueError
 from ..state import byte_view
 from . import format as F
-from ._checksum import check_capacity, check_record, corrupt, full, step_of, verify_leaves
-from ._tier import CorruptCheckpointError, Record, StorageError, Tier, check_key
+from ._checksum import check_capacity, check_record, step_of, verify_leaves
+from ._tier import CorruptCheckpointError, Record, StorageError, Tier, TierFullError, check_key
 from ._zarr_record import ATTRS, FORMAT, Kind, Layout, Stored, encode, load, read_root
 
 __all__ = ["ZarrTier"]
@@ -232,17 +232,15 @@ class ZarrTier(Tier):
                 )
             if not exists:
                 self.format = FORMAT
-                F.write_json(
+                F.write_group(
                     root_meta,
-                    F.group_document(
-                        {
-                            ATTRS: {
-                                "format": FORMAT,
-                                "layout": "one group per checkpoint record; leaf i of record K is the array "
-                                "K/i; records are written by vlcc_adjoint.storage.ZarrTier",
-                            }
+                    {
+                        ATTRS: {
+                            "format": FORMAT,
+                            "layout": "one group per checkpoint record; leaf i of record K is the array "
+                            "K/i; records are written by vlcc_adjoint.storage.ZarrTier",
                         }
-                    ),
+                    },
                     self.durable,
                 )
             if mode != "r":
@@ -250,14 +248,12 @@ class ZarrTier(Tier):
                 # directory of an earlier writer (dead: we hold the lock).
                 F.remove_tree(self._scratch, path)
                 os.mkdir(self._scratch)
-                F.write_json(
+                F.write_group(
                     os.path.join(self._scratch, "zarr.json"),
-                    F.group_document(
-                        {
-                            ATTRS: "scratch space of ZarrTier: interrupted writes and recycled "
-                            "directories, never records"
-                        }
-                    ),
+                    {
+                        ATTRS: "scratch space of ZarrTier: interrupted writes and recycled "
+                        "directories, never records"
+                    },
                     self.durable,
                 )
             for entry in os.scandir(path):
@@ -301,9 +297,8 @@ class ZarrTier(Tier):
                 )
             except OSError:
                 nbytes = 0
-            bad = corrupt(str(err), key, self.name, None)
-            bad.path = err.path
-            return Stored(nbytes, None, None, None, None, inherited=True, error=bad)
+            bad = CorruptCheckpointError.in_record(str(err), key, self.name, None, err.path)
+            return Stored(nbytes, "", [], None, None, inherited=True, error=bad)
 
     def _kind(self, leaf: np.ndarray) -> Kind:
         """The cached metadata of leaves of `leaf`'s dtype and shape."""
@@ -396,7 +391,7 @@ class ZarrTier(Tier):
             freed = old.nbytes if old is not None else 0
             cap = self.capacity_bytes
             if cap is not None and self._used - freed + need > cap:
-                raise full(key, self.name, need, self._used - freed, cap)
+                raise TierFullError.no_room(key, self.name, need, self._used - freed, cap)
             reuse = None
             for j, (_, layout, _) in enumerate(self._pool):  # same number of leaves first
                 if len(layout.leaves) == len(leaves):
@@ -419,7 +414,7 @@ class ZarrTier(Tier):
 
         work = reuse[0] if reuse is not None else f"{self._scratch}/w{next(self._names)}"
         final = f"{self.path}/{key}"
-        away = None
+        away: str | None = None
         renamed = False
         try:
             layout = self._write_record(work, reuse[1] if reuse else None, leaves, metas, group)
@@ -555,13 +550,13 @@ class ZarrTier(Tier):
             except FileNotFoundError:
                 if key not in self._index:
                     raise VlccKeyError(f"record {key!r} was deleted while being read") from None
-                bad = corrupt(f"the chunk file {path} of leaf {i} is missing", key, self.name, step)
-                bad.path = path
-                raise bad from None
+                raise CorruptCheckpointError.in_record(
+                    f"the chunk file {path} of leaf {i} is missing", key, self.name, step, path
+                ) from None
             except CorruptCheckpointError as err:
-                bad = corrupt(f"leaf {i}: {err}", key, self.name, step)
-                bad.path = path
-                raise bad from None
+                raise CorruptCheckpointError.in_record(
+                    f"leaf {i}: {err}", key, self.name, step, path
+                ) from None
             except OSError as err:
                 raise StorageError(
                     f"could not read record {key!r} from tier {self.name!r}: {err}"
@@ -588,9 +583,10 @@ class ZarrTier(Tier):
             self._busy.add(key)
             self._used -= stored.nbytes
             reading = key in self._readers
-        away = os.path.join(self._scratch, f"d{next(self._names)}")
+        target = os.path.join(self._scratch, f"d{next(self._names)}")
+        away: str | None = target
         try:
-            os.rename(os.path.join(self.path, key), away)
+            os.rename(os.path.join(self.path, key), target)
         except FileNotFoundError:
             away = None  # already gone from disk: nothing left to free
         except OSError as err:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class Kind:
 
     __slots__ = ("dtype", "shape", "nbytes", "meta", "chunk", "tail")
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.dtype = dtype
         self.shape = shape
         self.nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
@@ -93,7 +94,7 @@ class Layout:
 class Stored:
     """A record of the store: its bytes on disk, its description, its directory layout.
 
-    A damaged record has ``error`` set (and no description): it stays
+    A damaged record has ``error`` set (and an empty description): it stays
     listed, and reading it raises that error.  ``inherited`` marks a record
     found when the store was opened (a ``put`` of its key replaces it).
     """
@@ -103,8 +104,8 @@ class Stored:
     def __init__(
         self,
         nbytes: int,
-        spec_json: str | None,
-        leaves: list | None,
+        spec_json: str,
+        leaves: list,
         layout: Layout | None,
         digest: str | None,
         *,
@@ -120,11 +121,15 @@ class Stored:
         self.error = error
 
     def spec(self) -> dict:
-        """A fresh copy of the record's spec."""
-        return json.loads(self.spec_json)
+        """A fresh copy of the record's spec (parsed from its canonical JSON, which
+        was validated when the record was written or opened)."""
+        out: dict = json.loads(self.spec_json)
+        return out
 
 
-def encode(key: str, spec, kinds: list[Kind], checksums) -> tuple[bytes, bytes, str]:
+def encode(
+    key: str, spec: dict, kinds: list[Kind], checksums: Sequence[str]
+) -> tuple[bytes, str, str]:
     """A record's group ``zarr.json`` (format 2, sealed with its digest).
 
     The document is ``sealed_group(ATTRS, {"format", "key", "leaves",
@@ -169,22 +174,22 @@ def load(key: str, record_dir: str) -> Stored:
     F.check_dir(record_dir)
     path = os.path.join(record_dir, "zarr.json")
     try:
-        attrs = F.open_group(path, ATTRS)
+        attrs = F.open_group(path, ATTRS, group=False)
     except FileNotFoundError:
-        raise _bad(
+        raise F.corrupt_file(
             path,
             "is missing: the directory is not a record (a damaged record or a "
             "foreign zarr node; delete it or move it out of the store)",
         ) from None
     if attrs is None:
-        raise _bad(
+        raise F.corrupt_file(
             path,
             f"has no {ATTRS!r} attributes: not a record of this store (a damaged "
             "record or a foreign zarr node; delete it or move it out of the store)",
         )
     fmt = attrs.get("format") if type(attrs) is dict else None
     if fmt not in FORMATS or type(fmt) is not int:
-        raise _bad(
+        raise F.corrupt_file(
             path,
             f"is a record of format {fmt!r}; this version reads formats "
             f"{', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer ones)",
@@ -194,22 +199,26 @@ def load(key: str, record_dir: str) -> Stored:
         digest = attrs.get("digest")
         attrs = F.unseal(attrs, path)
     if set(attrs) != _RECORD_KEYS[fmt]:
-        raise _bad(
+        raise F.corrupt_file(
             path,
             f"has attributes {sorted(attrs)}, a format-{fmt} record has "
             f"{sorted(_RECORD_KEYS[fmt])}",
         )
     if attrs["key"] != key:
-        raise _bad(path, f"says it is record {attrs['key']!r}, but it is stored as {key!r}")
+        raise F.corrupt_file(
+            path, f"says it is record {attrs['key']!r}, but it is stored as {key!r}"
+        )
     if type(attrs["spec"]) is not dict or type(attrs["leaves"]) is not list:
-        raise _bad(path, "has no spec object or no leaves list")
+        raise F.corrupt_file(path, "has no spec object or no leaves list")
     leaves = []
     for i, leaf in enumerate(attrs["leaves"]):
         if type(leaf) is not dict or set(leaf) != _LEAF_KEYS:
-            raise _bad(path, f"describes leaf {i} with fields other than {sorted(_LEAF_KEYS)}")
+            raise F.corrupt_file(
+                path, f"describes leaf {i} with fields other than {sorted(_LEAF_KEYS)}"
+            )
         dtype, shape, nbytes = F.check_leaf(leaf["dtype"], leaf["shape"], path)
         if leaf["nbytes"] != nbytes:
-            raise _bad(
+            raise F.corrupt_file(
                 path, f"gives leaf {i} {leaf['nbytes']!r} bytes, its dtype and shape {nbytes}"
             )
         expected = (
@@ -218,9 +227,11 @@ def load(key: str, record_dir: str) -> Stored:
             else F.chunk_key([0] * (len(shape) + (0 if F.zarr_data_type(dtype) else 1)))
         )
         if leaf["chunk"] != expected:
-            raise _bad(path, f"names chunk {leaf['chunk']!r} for leaf {i}, expected {expected!r}")
+            raise F.corrupt_file(
+                path, f"names chunk {leaf['chunk']!r} for leaf {i}, expected {expected!r}"
+            )
         if not (type(leaf["checksum"]) is str and _HEX16.fullmatch(leaf["checksum"])):
-            raise _bad(path, f"has an invalid checksum for leaf {i}")
+            raise F.corrupt_file(path, f"has an invalid checksum for leaf {i}")
         if expected is not None:
             F.check_dir(os.path.join(record_dir, str(i)))
         leaves.append((shape, dtype, nbytes, expected, leaf["checksum"]))
@@ -232,27 +243,22 @@ def load(key: str, record_dir: str) -> Stored:
 def read_root(store: str, root_meta: str) -> int | None:
     """The format the root group ``root_meta`` of the store `store` declares
     (``None``: a plain zarr group, adopted as a store)."""
-    doc = F.read_json(root_meta)
-    if not (type(doc) is dict and doc.get("zarr_format") == 3 and doc.get("node_type") == "group"):
-        raise _bad(
+    try:
+        attrs = F.open_group(root_meta, ATTRS)
+    except CorruptCheckpointError as err:
+        raise F.corrupt_file(
             root_meta,
-            f"{store} is not a zarr v3 group (its zarr.json says otherwise); "
+            f"{store} is not a zarr v3 group of checkpoint records ({err}); "
             "give ZarrTier a new or empty directory",
-        )
-    attrs = doc.get("attributes")
-    attrs = attrs.get(ATTRS) if type(attrs) is dict else None
+        ) from None
     if attrs is None:
         return None
     fmt = attrs.get("format") if type(attrs) is dict else None
     if type(fmt) is not int or fmt not in FORMATS:
-        raise _bad(
+        raise F.corrupt_file(
             root_meta,
             f"the store says it is of format {fmt!r}; this version reads "
             f"formats {', '.join(map(str, FORMATS))} (upgrade vlcc_adjoint to read newer "
             "ones)",
         )
     return fmt
-
-
-def _bad(path: str, problem: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"{path}: {problem}", path=path)
