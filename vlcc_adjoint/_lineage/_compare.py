@@ -38,7 +38,6 @@ import numpy as np
 
 from ..errors import VlccKeyError
 from ..state import byte_view, dtype_from_json, flatten, inline_value, spec_nodes
-from ..state import leaf_paths as leaf_paths  # read by _read and _history
 from ._format import Layout, Manifest
 from ._graph import Version
 

@@ -41,11 +41,12 @@ import networkx as nx
 import numpy as np
 
 from ..errors import VlccValueError
+from ..state import leaf_paths
 from ..storage import StorageError
 from . import _format as F
 from ._chunks import ChunkStore
 from ._commit import CommitPipeline
-from ._compare import Comparison, Diff, comparison, diff_states, leaf_paths
+from ._compare import Comparison, Diff, comparison, diff_states
 from ._format import Manifest
 from ._gc import GCReport, KeepPolicy, collect, tree_bytes
 from ._graph import Graph, Version, render

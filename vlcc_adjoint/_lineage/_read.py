@@ -41,12 +41,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import VlccIndexError, VlccKeyError, VlccValueError
-from ..state import UnknownStateTypeError, byte_view, unflatten
+from ..state import UnknownStateTypeError, byte_view, leaf_paths, unflatten
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
 from . import _format as F
 from ._chunks import ChunkStore
-from ._compare import leaf_paths
 from ._format import Layout, Manifest
 from ._repo import Repository
 
