@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import VlccRuntimeError
 from ._jit import njit
 from ._multistage_split import _DEPTH, _bisect
-from ._revolve import NO_LIMIT, _put, restart_rows
+from ._revolve import NO_LIMIT, put_row, restart_rows
+from .actions import ADVANCE, DELETE, LOAD, REVERSE, SAVE
 
 __all__ = ["Decisions"]
 
@@ -117,7 +118,7 @@ def _emit(
     fwork = np.empty((_DEPTH, 2))
     pos = 0
     if n == 1:
-        return _put(out, pos, write_rows, 5, 0, -1, -1)
+        return put_row(out, pos, write_rows, REVERSE, 0, -1, -1)
     full = 0
     for k in range(L):
         full += slots[k] * strides[k]
@@ -129,7 +130,7 @@ def _emit(
             if v < best:
                 best = v
                 k0 = j
-    pos = _put(out, pos, write_rows, 1, 0, -1, k0)  # Save u_0
+    pos = put_row(out, pos, write_rows, SAVE, 0, -1, k0)  # Save u_0
     total = 0
     for k in range(L):
         total += slots[k]
@@ -141,10 +142,10 @@ def _emit(
         top -= 1
         s, l, k, a, h = st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4]
         if h == 0:
-            pos = _put(out, pos, write_rows, 2, s, -1, k)  # Load
+            pos = put_row(out, pos, write_rows, LOAD, s, -1, k)
         if l == 1:
-            pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
-            pos = _put(out, pos, write_rows, 5, s, -1, -1)  # Reverse
+            pos = put_row(out, pos, write_rows, DELETE, s, -1, k)
+            pos = put_row(out, pos, write_rows, REVERSE, s, -1, -1)
             continue
         b, bj, bm = _base(
             F,
@@ -202,8 +203,8 @@ def _emit(
                             b = write[j] + b2
                             target, tj, tm = j, bj2, bm2
             if target >= 0:
-                pos = _put(out, pos, write_rows, 1, s, -1, target)  # Save
-                pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
+                pos = put_row(out, pos, write_rows, SAVE, s, -1, target)
+                pos = put_row(out, pos, write_rows, DELETE, s, -1, k)
                 a = a - strides[target] + strides[k]
                 k = target
                 bj = tj
@@ -211,8 +212,8 @@ def _emit(
         if bj < 0:  # no further save
             pos, _ = restart_rows(out, pos, write_rows, s, s + l - 1, s + l - 1, k, NO_LIMIT)
             continue
-        pos = _put(out, pos, write_rows, 0, s, s + bm, -1)  # Advance
-        pos = _put(out, pos, write_rows, 1, s + bm, -1, bj)  # Save
+        pos = put_row(out, pos, write_rows, ADVANCE, s, s + bm, -1)
+        pos = put_row(out, pos, write_rows, SAVE, s + bm, -1, bj)
         st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4] = s, bm, k, a, 0
         st[top + 1, 0], st[top + 1, 1], st[top + 1, 2] = s + bm, l - bm, bj
         st[top + 1, 3], st[top + 1, 4] = a - strides[bj], 1
@@ -381,9 +382,9 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         n = state[6]
         if n == 1:
             state[5] = 2
-            return _put(out, pos, write, 5, 0, -1, -1)  # Reverse(0)
+            return put_row(out, pos, write, REVERSE, 0, -1, -1)  # Reverse(0)
         k0 = state[7]
-        pos = _put(out, pos, write, 1, 0, -1, k0)  # Save u_0
+        pos = put_row(out, pos, write, SAVE, 0, -1, k0)  # Save u_0
         b = _REGS
         state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4] = (
             0,
@@ -412,15 +413,15 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         b = _REGS + 5 * top
         s, l, k, a, h = state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4]
         if h == 0:
-            pos = _put(out, pos, write, 2, s, -1, k)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, k)
         if l == 1:
             state[1], state[2], state[3], state[4], state[9] = 1, s, s, s, k
             continue
         d = np.searchsorted(keys, l * S + k * P + a)
         target = dt[d]
         if target >= 0:
-            pos = _put(out, pos, write, 1, s, -1, target)  # Save
-            pos = _put(out, pos, write, 3, s, -1, k)  # Delete
+            pos = put_row(out, pos, write, SAVE, s, -1, target)
+            pos = put_row(out, pos, write, DELETE, s, -1, k)
             a = a - strides[target] + strides[k]
             k = target
         bj = dj[d]
@@ -430,8 +431,8 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         bm = dm[d]
         if b + 10 > state.shape[0]:  # pragma: no cover - depth bound of _emit
             return -1
-        pos = _put(out, pos, write, 0, s, s + bm, -1)  # Advance
-        pos = _put(out, pos, write, 1, s + bm, -1, bj)  # Save
+        pos = put_row(out, pos, write, ADVANCE, s, s + bm, -1)
+        pos = put_row(out, pos, write, SAVE, s + bm, -1, bj)
         state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4] = s, bm, k, a, 0
         state[b + 5], state[b + 6], state[b + 7] = s + bm, l - bm, bj
         state[b + 8], state[b + 9] = a - strides[bj], 1

@@ -55,7 +55,7 @@ import numpy as np
 from ._chunks import ChunkedTable
 from ._jit import PythonBudget, njit
 from ._schedule import Level, Schedule, check_positive_int
-from .actions import ACTION_DTYPE
+from .actions import ACTION_DTYPE, ADVANCE, DELETE, LOAD, REVERSE, SAVE
 
 __all__ = ["Revolve", "binomial_forward_count", "default_snapshots"]
 
@@ -94,13 +94,16 @@ def _split(l, c):
 
 
 @njit(cache=True, nogil=True)
-def _put(out, pos, write, kind, a, b, level):
+def put_row(out, pos, write, kind, a, b, level):
+    """Write the row ``(kind, a, b, level, -1)`` at `pos` of `out` when
+    `write` is true (a counting run only advances); return ``pos + 1``."""
     if write:
-        out[pos].kind = kind
-        out[pos].a = a
-        out[pos].b = b
-        out[pos].level = level
-        out[pos].dst = -1
+        row = out[pos]  # a view of the row, compiled or not
+        row["kind"] = kind
+        row["a"] = a
+        row["b"] = b
+        row["level"] = level
+        row["dst"] = -1
     return pos + 1
 
 
@@ -122,12 +125,12 @@ def restart_rows(out, pos, write, s, hi, j, level, limit):
         if pos + 3 > limit:
             return pos, j
         if j < hi:
-            pos = _put(out, pos, write, 2, s, -1, level)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, level)
         if j == s:
-            pos = _put(out, pos, write, 3, s, -1, level)  # Delete
+            pos = put_row(out, pos, write, DELETE, s, -1, level)
         else:
-            pos = _put(out, pos, write, 0, s, j, -1)  # Advance
-        pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
+            pos = put_row(out, pos, write, ADVANCE, s, j, -1)
+        pos = put_row(out, pos, write, REVERSE, j, -1, -1)
         j -= 1
     return pos, j
 
@@ -153,13 +156,13 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
         top -= 1
         s, l, c, h = st_s[top], st_l[top], st_c[top], st_h[top]
         if not h:
-            pos = _put(out, pos, write, 2, s, -1, level)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, level)
         if l == 1 or c == 1:
             pos, _ = restart_rows(out, pos, write, s, s + l - 1, s + l - 1, level, NO_LIMIT)
             continue
         m = _split(l, c)
-        pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
-        pos = _put(out, pos, write, 1, s + m, -1, level)  # Save
+        pos = put_row(out, pos, write, ADVANCE, s, s + m, -1)
+        pos = put_row(out, pos, write, SAVE, s + m, -1, level)
         # Left part (the rest of this segment) waits below the right part.
         st_s[top], st_l[top], st_c[top], st_h[top] = s, m, c, False
         st_s[top + 1], st_l[top + 1], st_c[top + 1], st_h[top + 1] = s + m, l - m, c - 1, True
@@ -171,8 +174,8 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
 def _emit_revolve(out, write, n, c):
     pos = 0
     if n == 1:
-        return _put(out, pos, write, 5, 0, -1, -1)
-    pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
+        return put_row(out, pos, write, REVERSE, 0, -1, -1)
+    pos = put_row(out, pos, write, SAVE, 0, -1, 0)  # Save u_0
     return emit_segment(out, pos, write, 0, n, c, True, 0)
 
 
@@ -210,8 +213,8 @@ def _revolve_fill(out, write, state, limit):
         n = state[6]
         if n == 1:
             state[5] = 2
-            return _put(out, pos, write, 5, 0, -1, -1)  # Reverse(0)
-        pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
+            return put_row(out, pos, write, REVERSE, 0, -1, -1)  # Reverse(0)
+        pos = put_row(out, pos, write, SAVE, 0, -1, 0)  # Save u_0
         state[0] = 1
         state[8], state[9], state[10], state[11] = 0, n, state[7], 1
         state[5] = 1
@@ -233,15 +236,15 @@ def _revolve_fill(out, write, state, limit):
         b = 8 + 4 * top
         s, l, c, h = state[b], state[b + 1], state[b + 2], state[b + 3]
         if h == 0:
-            pos = _put(out, pos, write, 2, s, -1, 0)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, 0)
         if l == 1 or c == 1:
             state[1], state[2], state[3], state[4] = 1, s, s + l - 1, s + l - 1
             continue
         if b + 8 > state.shape[0]:  # pragma: no cover - the depth bound above
             return -1
         m = _split(l, c)
-        pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
-        pos = _put(out, pos, write, 1, s + m, -1, 0)  # Save
+        pos = put_row(out, pos, write, ADVANCE, s, s + m, -1)
+        pos = put_row(out, pos, write, SAVE, s + m, -1, 0)
         # Left part (the rest of this segment) waits below the right part.
         state[b], state[b + 1], state[b + 2], state[b + 3] = s, m, c, 0
         state[b + 4], state[b + 5], state[b + 6], state[b + 7] = s + m, l - m, c - 1, 1
@@ -259,82 +262,16 @@ def _revolve_fill(out, write, state, limit):
 _python_steps = PythonBudget(40_000)
 
 
-def _split_python(l: int, c: int) -> int:
-    """:func:`_split` in plain Python (same integers, same result)."""
-    r = 0
-    value = 1
-    while value < l:
-        r += 1
-        value = value * (c + r) // r
-    cap = l + 1
-    # beta(c - 1, r), saturated at cap.
-    right = 1
-    for i in range(1, r + 1):
-        right = right * (c - 1 + i) // i
-        if right >= cap:
-            right = cap
-            break
-    # beta(c, r - 2), saturated at cap (0 for r < 2).
-    left = 0
-    if r >= 2:
-        left = 1
-        for i in range(1, r - 1):
-            left = left * (c + i) // i
-            if left >= cap:
-                left = cap
-                break
-    return min(l - 1, max(1, l - right, left))
-
-
-def segment_rows(rows: list, s: int, l: int, c: int, in_hand: bool, level: int) -> None:
-    """:func:`emit_segment` in plain Python: append its rows to `rows`.
-
-    The same explicit stack in the same order, so the rows are identical.
-    """
-    put = rows.append
-    stack = [(s, l, c, in_hand)]
-    while stack:
-        s, l, c, h = stack.pop()
-        if not h:
-            put((2, s, -1, level, -1))  # Load
-        if l == 1 or c == 1:
-            # Restart from the base for every step, top down.
-            top = s + l - 1
-            for j in range(top, s - 1, -1):
-                if j < top:
-                    put((2, s, -1, level, -1))  # Load
-                if j == s:
-                    put((3, s, -1, level, -1))  # Delete
-                else:
-                    put((0, s, j, -1, -1))  # Advance
-                put((5, j, -1, -1, -1))  # Reverse
-            continue
-        m = _split_python(l, c)
-        put((0, s, s + m, -1, -1))  # Advance
-        put((1, s + m, -1, level, -1))  # Save
-        stack.append((s, m, c, False))
-        stack.append((s + m, l - m, c - 1, True))
-
-
 def revolve_table(n: int, c: int, python: bool | None = None) -> np.ndarray:
     """The Revolve table for ``n`` steps and ``c <= max(n - 1, 1)`` slots.
 
-    `python` picks the implementation: ``True`` plain Python, ``False`` the
-    numba kernel, ``None`` as :data:`_python_steps` decides.
+    `python` picks the run of the one emitter (:func:`_emit_revolve`):
+    ``True`` its Python function, ``False`` the compiled kernel, ``None`` as
+    :data:`_python_steps` decides.
     """
     if python is None:
         python = _python_steps.take(n, _revolve_fill)
-    if not python:
-        return build_table(_emit_revolve, n, c)
-    return _python_table(n, c)
-
-
-def _python_table(n: int, c: int) -> np.ndarray:
-    if n == 1:
-        return np.array([(5, 0, -1, -1, -1)], ACTION_DTYPE)
-    rows = [(1, 0, -1, 0, -1)]  # Save u_0
-    segment_rows(rows, 0, n, c, True, 0)
-    return np.array(rows, ACTION_DTYPE)
+    return build_table(_emit_revolve.python if python else _emit_revolve, n, c)
 
 
 def revolve_chunks(n: int, c: int) -> ChunkedTable:
@@ -442,7 +379,7 @@ class Revolve(Schedule):
         self.snapshots = c
         slots = min(c, max(n - 1, 1))
         if _python_steps.take(n, _revolve_fill):
-            rows = _python_table(n, slots)
+            rows = revolve_table(n, slots, python=True)
         else:
             rows = revolve_chunks(n, slots)
         super().__init__(rows, n, (Level(c),))

@@ -56,6 +56,12 @@ from ..errors import VlccTypeError, VlccValueError
 
 __all__ = [
     "ACTION_DTYPE",
+    "ADVANCE",
+    "DELETE",
+    "LOAD",
+    "MOVE",
+    "REVERSE",
+    "SAVE",
     "Action",
     "ActionKind",
     "Advance",
@@ -70,15 +76,37 @@ __all__ = [
 ]
 
 
-class ActionKind(enum.IntEnum):
-    """The ``kind`` code of an action row."""
+# The action kinds, named once.  Module-level ints, so that numba kernels
+# read them as globals (numba freezes a global int into the compiled code as a
+# constant: ``k == SAVE`` compiles to ``k == 1``), and plain Python compares
+# them at the speed of a literal; :class:`ActionKind` is built from them.
 
-    ADVANCE = 0
-    SAVE = 1
-    LOAD = 2
-    DELETE = 3
-    MOVE = 4
-    REVERSE = 5
+#: ``kind`` of an ``Advance(a, b)`` row.
+ADVANCE = 0
+#: ``kind`` of a ``Save(i, k)`` row.
+SAVE = 1
+#: ``kind`` of a ``Load(i, k)`` row.
+LOAD = 2
+#: ``kind`` of a ``Delete(i, k)`` row.
+DELETE = 3
+#: ``kind`` of a ``Move(i, k, d)`` row.
+MOVE = 4
+#: ``kind`` of a ``Reverse(i)`` row.
+REVERSE = 5
+
+
+class ActionKind(enum.IntEnum):
+    """The ``kind`` code of an action row: the module constants
+    :data:`ADVANCE`, :data:`SAVE`, :data:`LOAD`, :data:`DELETE`,
+    :data:`MOVE` and :data:`REVERSE` as an enumeration (``ActionKind.SAVE ==
+    SAVE``)."""
+
+    ADVANCE = ADVANCE
+    SAVE = SAVE
+    LOAD = LOAD
+    DELETE = DELETE
+    MOVE = MOVE
+    REVERSE = REVERSE
 
 
 #: Row layout of ``Schedule.table``: packed, 19 bytes an action.
@@ -93,7 +121,7 @@ class Advance:
     stop: int
 
     def row(self) -> tuple:
-        return (ActionKind.ADVANCE, self.start, self.stop, -1, -1)
+        return (ADVANCE, self.start, self.stop, -1, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,7 +132,7 @@ class Save:
     level: int = 0
 
     def row(self) -> tuple:
-        return (ActionKind.SAVE, self.step, -1, self.level, -1)
+        return (SAVE, self.step, -1, self.level, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +143,7 @@ class Load:
     level: int = 0
 
     def row(self) -> tuple:
-        return (ActionKind.LOAD, self.step, -1, self.level, -1)
+        return (LOAD, self.step, -1, self.level, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,7 +154,7 @@ class Delete:
     level: int = 0
 
     def row(self) -> tuple:
-        return (ActionKind.DELETE, self.step, -1, self.level, -1)
+        return (DELETE, self.step, -1, self.level, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,7 +166,7 @@ class Move:
     dst: int
 
     def row(self) -> tuple:
-        return (ActionKind.MOVE, self.step, -1, self.src, self.dst)
+        return (MOVE, self.step, -1, self.src, self.dst)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,7 +176,7 @@ class Reverse:
     step: int
 
     def row(self) -> tuple:
-        return (ActionKind.REVERSE, self.step, -1, -1, -1)
+        return (REVERSE, self.step, -1, -1, -1)
 
 
 #: Any one of the six actions (the type of an element of a schedule).
@@ -158,17 +186,17 @@ Action = Advance | Save | Load | Delete | Move | Reverse
 def action_from_row(row: np.void) -> Action:
     """The action object of one table row."""
     kind, a, b, level, dst = (int(row[f]) for f in ACTION_DTYPE.names)
-    if kind == ActionKind.ADVANCE:
+    if kind == ADVANCE:
         return Advance(a, b)
-    if kind == ActionKind.SAVE:
+    if kind == SAVE:
         return Save(a, level)
-    if kind == ActionKind.LOAD:
+    if kind == LOAD:
         return Load(a, level)
-    if kind == ActionKind.DELETE:
+    if kind == DELETE:
         return Delete(a, level)
-    if kind == ActionKind.MOVE:
+    if kind == MOVE:
         return Move(a, level, dst)
-    if kind == ActionKind.REVERSE:
+    if kind == REVERSE:
         return Reverse(a)
     raise VlccValueError(f"unknown action kind {kind}; expected one of {list(ActionKind)}")
 
