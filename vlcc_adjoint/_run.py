@@ -337,7 +337,10 @@ def run_online(
     run.n = n
     run.final_state = run.copy(run.u)
     full = online.stop(n)
-    run.machine = Machine(full, run, start=full.reverse_start, progress=progress)
+    start = full.reverse_start
+    if start is None:  # pragma: no cover - a schedule with steps knows where it turns
+        raise VlccRuntimeError(f"{full!r} does not say where its backward pass starts")
+    run.machine = Machine(full, run, start=start, progress=progress)
     run.machine.run()
     return full, simulate(full)
 

@@ -1,9 +1,9 @@
-"""Run a checkpoint schedule against a solver: the Python interpreter of the
-action table.
+"""Run a checkpoint schedule against a solver.
 
-:func:`run_adjoint` walks a schedule's table (:mod:`vlcc_adjoint.schedules.actions`
-gives the one semantics every interpreter follows) and maps each action to
-one call:
+:func:`run_adjoint` runs a schedule's table through the action machine
+(:class:`vlcc_adjoint.schedules.Machine`, the one dispatch loop;
+:mod:`vlcc_adjoint.schedules.actions` gives the one semantics) with a client
+(:class:`vlcc_adjoint._run.AdjointRun`) that maps each action to one call:
 
 =====================  ====================================================
 action                 call
@@ -479,14 +479,15 @@ def _run_once(
     """One run of the schedule (checks already done); closes the store."""
     online = isinstance(schedule, Online) and schedule.n_steps is None
     t_start = time.perf_counter()
-    stats = None if online else simulate(schedule)
-    own_store = store is None
-    if own_store:
-        if online:
+    stats: ScheduleStats | None = None
+    if online:
+        if store is None:
             from .storage import MemoryTier, TieredStore
 
             store = TieredStore([MemoryTier(capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
-        else:
+    else:
+        stats = simulate(schedule)
+        if store is None:
             store = _default_store(schedule, stats, u0, solver)
     total = None if online else len(schedule)
     bar = _progress(total, progress)
@@ -524,7 +525,7 @@ def _run_once(
         if bar is not None:
             bar.close()
     store.close()
-    if run.final_state is None:  # pragma: no cover - every schedule ends with Reverse(0)
+    if run.final_state is None or stats is None:  # pragma: no cover - it ends with Reverse(0)
         raise VlccRuntimeError("the schedule never reached the last adjoint step")
     return AdjointResult(
         adjoint=run.adj,

@@ -302,8 +302,9 @@ def test_lazy_kernels_call_each_other_and_compile_once_called():
     assert outer.loaded and inner.loaded  # the caller's compilation typed the callee
 
 
-def _run(code: str) -> str:
+def _run(code: str, **extra_env: str) -> str:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(extra_env)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -353,3 +354,29 @@ def test_load_kernels_makes_every_size_run_the_kernels():
         print(all(k.loaded for k in _jit._KERNELS), len(_jit._KERNELS) > 3, spent)
     """)
     assert out.split() == ["True", "True", "False"]  # no plain-Python work charged
+
+
+def test_kernels_that_read_the_kind_constants_compile_and_load_from_the_cache(tmp_path):
+    """The action kinds are module-level ints that numba freezes into the
+    compiled code; the kernels that read them still cache: a second process
+    loads them from numba's cache instead of compiling again."""
+    code = """
+        import numpy as np
+        from vlcc_adjoint.schedules import Revolve, _io_plan, _simulate, io_plan, simulate
+        from vlcc_adjoint.schedules._jit import PythonBudget
+        _simulate._python_rows = PythonBudget(0)
+        _io_plan._python_rows = PythonBudget(0)
+        s = Revolve(60, 4)
+        stats = simulate(s)
+        io_plan(s).records
+        for kernel in (_simulate.replay_rows, _io_plan.scan_rows):
+            d = kernel.dispatcher.stats
+            print(sum(d.cache_hits.values()), sum(d.cache_misses.values()))
+        print(stats.forward_count)
+    """
+    cache = str(tmp_path / "numba-cache")
+    first = _run(code, NUMBA_CACHE_DIR=cache).split()
+    second = _run(code, NUMBA_CACHE_DIR=cache).split()
+    assert first[-1] == second[-1] == str(Revolve(60, 4).stats().forward_count)
+    assert first[:4] == ["0", "1", "0", "1"]  # compiled (a miss each)
+    assert second[:4] == ["1", "0", "1", "0"]  # loaded from the cache

@@ -28,12 +28,7 @@ __all__ = ["Periodic", "StoreAll"]
 #: Steps of baseline tables emitted by the kernels' Python functions per
 #: process before the compiled kernels take over (ski rental, :mod:`._jit`;
 #: priced as Revolve's ``_python_steps``).
-_python_steps = PythonBudget(20_000)
-
-
-def _emit(n: int):
-    """The run of :func:`_emit_periodic` for a table of `n` steps."""
-    return _emit_periodic.python if _python_steps.take(n, _emit_periodic) else _emit_periodic
+_python_steps = PythonBudget(40_000)
 
 
 @njit(cache=True, nogil=True)
@@ -93,7 +88,8 @@ class StoreAll(Schedule):
         self.level = _check_level(level, "level")
         levels = [Level(None) for _ in range(self.level + 1)]
         # One segment holding everything: Periodic with every = n.
-        table = build_table(_emit(n), n, n, self.level, self.level)
+        python = _python_steps.take(n, _emit_periodic)
+        table = build_table(_emit_periodic, n, n, self.level, self.level, python=python)
         super().__init__(table, n, levels)
 
     def _params(self) -> str:
@@ -121,7 +117,10 @@ class Periodic(Schedule):
         self.level = _check_level(level, "level")
         self.buffer_level = _check_level(buffer_level, "buffer_level")
         levels = [Level(None) for _ in range(max(self.level, self.buffer_level) + 1)]
-        table = build_table(_emit(n), n, min(k, n), self.level, self.buffer_level)
+        python = _python_steps.take(n, _emit_periodic)
+        table = build_table(
+            _emit_periodic, n, min(k, n), self.level, self.buffer_level, python=python
+        )
         super().__init__(table, n, levels)
 
     def _params(self) -> str:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import VlccValueError
 from ._interrupt import call_kernel
 from ._jit import PythonBudget, njit
 from ._schedule import Schedule
@@ -118,7 +119,13 @@ class IOPlan:
     ) -> None:
         self.schedule = schedule
         self._stats = stats  # the schedule's, when known: spares _build a replay
+        self._arrays: tuple[tuple[LevelIO, ...], np.ndarray, np.ndarray] | None
         if schedule is None:
+            if levels is None or records is None or record_of_action is None:
+                raise VlccValueError(
+                    "IOPlan takes its arrays (levels, records, record_of_action) or a "
+                    "schedule=...; build a schedule's plan with io_plan(schedule)"
+                )
             self._arrays = (tuple(levels), records, record_of_action)
             self.n_levels = len(self._arrays[0])
         else:
@@ -328,7 +335,7 @@ def scan_pieces(pieces, m, n, nlv, nsaves, nloads, python: bool):
 #: Ski rental between the two runs of :func:`scan_rows` (as for
 #: :func:`.simulate`'s replay): rows scanned by its Python function per
 #: process before the compiled kernel takes over.
-_python_rows = PythonBudget(100_000)
+_python_rows = PythonBudget(200_000)
 
 
 def io_plan(schedule: Schedule) -> IOPlan:

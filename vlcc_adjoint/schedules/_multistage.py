@@ -427,6 +427,7 @@ class Multistage(Schedule):
             raise VlccValueError(
                 "Multistage needs at least one Level(slots, write_cost, read_cost)"
             )
+        finite: list[int] = []  # each level's slots
         for i, level in enumerate(levels):
             if not isinstance(level, Level):
                 raise VlccValueError(
@@ -437,10 +438,11 @@ class Multistage(Schedule):
                     f"levels[{i}] has unbounded slots; Multistage plans for finite "
                     "slots (use StoreAll for unbounded storage)"
                 )
+            finite.append(level.slots)
         fwd = check_cost(forward_cost, "forward_cost")
         check_cost(adjoint_cost, "adjoint_cost")
         # No level needs more slots than there are states to store.
-        slots = np.array([min(lv.slots, max(n - 1, 1)) for lv in levels], np.int64)
+        slots = np.array([min(k, max(n - 1, 1)) for k in finite], np.int64)
         states = int(np.prod(slots + 1))
         # the cost table and the block extremes of its slopes
         table_bytes = (8 * (n + 1) + 16 * ((n >> _BLOCK) + 1)) * len(levels) * states

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import VlccTypeError, VlccValueError
 from ._jit import PythonBudget, njit
-from ._revolve import build_table, emit_segment, put_row
+from ._revolve import build_table, copy_row, emit_segment, put_row
 from ._schedule import Level, Schedule, check_positive_int
 from .actions import ACTION_DTYPE, ADVANCE, DELETE, SAVE, action_from_row
 
@@ -52,7 +52,7 @@ __all__ = ["Online"]
 #: Steps of Online schedules decided by the kernels' Python functions per
 #: process before the compiled kernels take over (ski rental, :mod:`._jit`;
 #: priced as Revolve's ``_python_steps``).
-_python_steps = PythonBudget(20_000)
+_python_steps = PythonBudget(40_000)
 
 
 @njit(cache=True, nogil=True)
@@ -99,7 +99,7 @@ def _emit_online(out, write, n, c, p):
             # Rows were due at u_i: the Advance up to it goes first.
             if write:
                 for r in range(pos - 1, before - 1, -1):
-                    out[r + 1] = out[r]
+                    copy_row(out, r, r + 1)
             pos = put_row(out, before, write, ADVANCE, run, i, -1) + (pos - before)
             run = i
     pos = put_row(out, pos, write, ADVANCE, run, n, -1)  # the sweep ends holding u_n
@@ -185,15 +185,14 @@ class Online(Schedule):
         self._next = 0
         self.reverse_start: int | None = None
         if steps is None:
-            self.n_steps = None
+            # No step count until the sweep stops (.stop(n) is the schedule).
+            vars(self)["n_steps"] = None
             self.levels = (Level(self.snapshots),)
             self.forward_cost = self.adjoint_cost = 1.0
             return
         n = check_positive_int(steps, "steps")
         python = _python_steps.take(n, _emit_online)
-        rows = build_table(
-            _emit_online.python if python else _emit_online, n, self.snapshots, self._p
-        )
+        rows = build_table(_emit_online, n, self.snapshots, self._p, python=python)
         self.reverse_start = int(rows[-1]["a"])
         super().__init__(rows[:-1], n, (Level(self.snapshots),))
 
@@ -210,6 +209,7 @@ class Online(Schedule):
     @table.setter
     def table(self, value: np.ndarray) -> None:
         self.__dict__["table"] = value
+        self.__dict__.pop("_simulated", None)  # simulate's statistics were of the old rows
 
     def capture(self, step: int) -> list:
         """The ``Delete`` / ``Save`` actions due with ``u_step`` in hand.

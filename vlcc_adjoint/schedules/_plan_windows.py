@@ -242,18 +242,20 @@ class _Snapshots:
         none = np.empty(0, np.int64)
         starts = schedule.chunk_starts()
         chunks = len(starts) - 1
-        self.fwd, self.counts = [], []
+        self.fwd: list[tuple[np.ndarray, np.ndarray]] = []
+        self.counts: list[int] = []
         for k in range(chunks):
             self.fwd.append(_snapshot(keys, vals))
             self.counts.append(int(count[0]))
             c = schedule.chunk(k)
             _forward(c["kind"], c["a"], c["level"], c["dst"], keys, vals, count, none, none)
         keys[:] = -1
-        self.bwd = [None] * chunks
+        backwards = []
         for k in range(chunks - 1, -1, -1):
-            self.bwd[k] = _snapshot(keys, vals)  # the map at the end of chunk k
+            backwards.append(_snapshot(keys, vals))  # the map at the end of chunk k
             c = schedule.chunk(k)
             _backward(c["kind"], c["a"], c["level"], c["dst"], int(starts[k]), keys, vals, none)
+        self.bwd = backwards[::-1]
 
     @property
     def nbytes(self) -> int:

@@ -28,34 +28,36 @@ so the split is optimal exactly when the left part ``m`` lies where
 ``n <= 2000``, ``c <= 40``.  With one slot left a segment is reversed by
 restarting from its base for every step (``t(l, 1) = l (l - 1) / 2``).
 
-The recursion runs on an explicit stack (depth at most ``2 (c + r)``), in
-one of two implementations of the same rows.  For small ``n`` plain Python
-appends tuples to a list: no numba, so the first schedule of a process costs
-microseconds to milliseconds, not the few hundred milliseconds of loading
-numba and its cached kernels (or seconds of compiling them on a fresh
-install).  For large ``n`` (and once a process has built enough steps in
-Python, or has the kernel loaded already: :data:`_python_steps`) a numba
-kernel, loaded on first use (:mod:`._jit`), runs the recursion as a
-resumable emitter (:func:`_revolve_fill`): the schedule keeps the emitter's
-state (the stack, ``O(c + r)`` words) at the start of every chunk of 65,536
-rows, found by one counting run at construction, and regenerates any chunk
-from it on demand (:mod:`._chunks`), so ten million steps cost neither
-Python objects nor a table: ``Revolve(10**7, 100)`` holds about 5 MB of
-states instead of 840 MiB of rows.  The tests check that the Python rows,
-the whole-table kernel (:func:`_emit_revolve`) and the concatenated chunks
-agree byte for byte, on both sides of the threshold.
+The recursion runs on an explicit stack (depth at most ``2 (c + r)``) in
+numba kernels, each one description run two ways (:mod:`._jit`).  For small
+``n`` the whole-table emitter :func:`_emit_revolve` runs as its own Python
+function: no numba, so the first schedule of a process costs a millisecond
+or two, not the few hundred milliseconds of loading numba and its cached
+kernels (or seconds of compiling them on a fresh install).  For large ``n``
+(and once a process has built enough steps in Python, or has the kernel
+loaded already: :data:`_python_steps`) the compiled kernel runs the
+recursion as a resumable emitter (:func:`_revolve_fill`): the schedule
+keeps the emitter's state (the stack, ``O(c + r)`` words) at the start of
+every chunk of 65,536 rows, found by one counting run at construction, and
+regenerates any chunk from it on demand (:mod:`._chunks`), so ten million
+steps cost neither Python objects nor a table: ``Revolve(10**7, 100)``
+holds about 5 MB of states instead of 840 MiB of rows.  The tests check
+that the Python run, the compiled whole-table kernel and the concatenated
+chunks agree byte for byte, on both sides of the threshold.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from collections import defaultdict
 
 import numpy as np
 
 from ._chunks import ChunkedTable
-from ._jit import PythonBudget, njit
+from ._jit import LazyKernel, PythonBudget, njit
 from ._schedule import Level, Schedule, check_positive_int
-from .actions import ACTION_DTYPE, ADVANCE, DELETE, LOAD, REVERSE, SAVE
+from .actions import ACTION_DTYPE, ADVANCE, DELETE, FIELDS, LOAD, REVERSE, SAVE
 
 __all__ = ["Revolve", "binomial_forward_count", "default_snapshots"]
 
@@ -94,11 +96,28 @@ def _split(l, c):
 
 
 @njit(cache=True, nogil=True)
+def copy_row(out, src, dst):
+    """Row `src` of `out` into row `dst` (a table or a ``defaultdict(dict)``,
+    as for :func:`put_row`), field by field."""
+    a = out[src]
+    b = out[dst]
+    b["kind"] = a["kind"]
+    b["a"] = a["a"]
+    b["b"] = a["b"]
+    b["level"] = a["level"]
+    b["dst"] = a["dst"]
+
+
+@njit(cache=True, nogil=True)
 def put_row(out, pos, write, kind, a, b, level):
     """Write the row ``(kind, a, b, level, -1)`` at `pos` of `out` when
-    `write` is true (a counting run only advances); return ``pos + 1``."""
+    `write` is true (a counting run only advances); return ``pos + 1``.
+
+    `out` is a table (compiled) or a ``defaultdict(dict)`` (the Python run,
+    :func:`build_table`); either way ``out[pos]`` is the row, written in
+    place, field by field, in the order of :data:`ACTION_DTYPE`."""
     if write:
-        row = out[pos]  # a view of the row, compiled or not
+        row = out[pos]
         row["kind"] = kind
         row["a"] = a
         row["b"] = b
@@ -154,7 +173,8 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
     top = 1
     while top > 0:
         top -= 1
-        s, l, c, h = st_s[top], st_l[top], st_c[top], st_h[top]
+        # int(): a no-op compiled; Python ints, not numpy scalars, in the Python run.
+        s, l, c, h = int(st_s[top]), int(st_l[top]), int(st_c[top]), st_h[top]
         if not h:
             pos = put_row(out, pos, write, LOAD, s, -1, level)
         if l == 1 or c == 1:
@@ -253,12 +273,13 @@ def _revolve_fill(out, write, state, limit):
     return pos
 
 
-#: Steps of Revolve tables built in plain Python per process (ski rental,
-#: :class:`._jit.PythonBudget`).  A step costs about 4 rows; a schedule's
-#: first build, replay and I/O plan in Python cost about as long as loading
-#: numba and the three kernels at this many steps (``benchmarks/
-#: bench_schedules.py --only cold`` measures both sides), so this budget and
-#: the 200,000 rows of ``simulate``'s and ``io_plan``'s agree.
+#: Steps of Revolve tables built by :func:`_emit_revolve`'s Python function
+#: per process (ski rental, :class:`._jit.PythonBudget`).  A step costs about
+#: 4.4 rows; a schedule's first build, replay and I/O plan in Python (about
+#: 10 us a step) cost about as long as importing numba and loading the three
+#: compiled kernels from its cache (about 0.4 s) at this many steps
+#: (``benchmarks/bench_schedules.py --only cold`` measures both sides), so
+#: this budget and the 200,000 rows of ``simulate``'s and ``io_plan``'s agree.
 _python_steps = PythonBudget(40_000)
 
 
@@ -271,7 +292,7 @@ def revolve_table(n: int, c: int, python: bool | None = None) -> np.ndarray:
     """
     if python is None:
         python = _python_steps.take(n, _revolve_fill)
-    return build_table(_emit_revolve.python if python else _emit_revolve, n, c)
+    return build_table(_emit_revolve, n, c, python=python)
 
 
 def revolve_chunks(n: int, c: int) -> ChunkedTable:
@@ -280,8 +301,21 @@ def revolve_chunks(n: int, c: int) -> ChunkedTable:
     return ChunkedTable(_revolve_fill, revolve_state(n, c))
 
 
-def build_table(emit, *args) -> np.ndarray:
-    """Run a numba emitter twice: count the rows, then write them."""
+def build_table(emit: LazyKernel, *args, python: bool = False) -> np.ndarray:
+    """The table an emitter ``emit(out, write, *args) -> rows`` writes.
+
+    Compiled (`python` false): run twice, counting the rows, then writing
+    them into a table of that length.  As its Python function (`python`):
+    run once, writing into a ``defaultdict(dict)``, a dict per row that
+    :func:`put_row` fills (numpy's record fields cost about a microsecond
+    each from the interpreter, a dict's some tens of nanoseconds), then
+    packed into a table.
+    """
+    if python:
+        rows: defaultdict[int, dict[str, int]] = defaultdict(dict)
+        count = emit.python(rows, True, *args)
+        fields = operator.itemgetter(*FIELDS)
+        return np.array([fields(rows[i]) for i in range(count)], ACTION_DTYPE)
     dummy = np.empty(1, ACTION_DTYPE)
     count = emit(dummy, False, *args)
     table = np.empty(count, ACTION_DTYPE)
@@ -378,6 +412,7 @@ class Revolve(Schedule):
         c = check_positive_int(snapshots, "snapshots")
         self.snapshots = c
         slots = min(c, max(n - 1, 1))
+        rows: np.ndarray | ChunkedTable
         if _python_steps.take(n, _revolve_fill):
             rows = revolve_table(n, slots, python=True)
         else:

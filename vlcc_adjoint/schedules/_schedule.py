@@ -135,6 +135,7 @@ class Schedule:
     @table.setter
     def table(self, value: np.ndarray) -> None:
         self.__dict__["table"] = value
+        self.__dict__.pop("_simulated", None)  # simulate's statistics were of the old rows
 
     @property
     def materialised(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,10 +46,17 @@ class Replayable(Protocol):
     Named here, not imported: the schedule class asks :func:`simulate` for
     its statistics, so this module must not import it back."""
 
-    n_steps: int
-    levels: Sequence
-    forward_cost: float
-    adjoint_cost: float
+    @property
+    def n_steps(self) -> int | None: ...
+
+    @property
+    def levels(self) -> Sequence[Any]: ...
+
+    @property
+    def forward_cost(self) -> float: ...
+
+    @property
+    def adjoint_cost(self) -> float: ...
 
     def __len__(self) -> int: ...
 
@@ -244,11 +251,12 @@ def replay_rows(kind, a, b, level, dst, n, slots, mask, regs):
 
 #: Ski rental between the two runs of :func:`replay_rows` (:mod:`._jit`):
 #: tables are replayed by its Python function until the rows replayed so in
-#: this process would exceed this many, which costs about as much as loading
-#: numba and the kernel from numba's cache; from then on, and for any longer
-#: table, by the compiled kernel.  (The Python run indexes lists, about
-#: 1 us a row; loading numba and the kernel takes 0.2 to 0.5 s.)
-_python_rows = PythonBudget(100_000)
+#: this process would exceed this many, and from then on, and for any longer
+#: table, by the compiled kernel.  The Python run indexes lists, a few
+#: tenths of a microsecond a row; priced with Revolve's ``_python_steps``
+#: (about 4.4 rows a step), so that a schedule built in Python is replayed
+#: in Python too.
+_python_rows = PythonBudget(200_000)
 
 
 def replay_pieces(pieces, n: int, slots: np.ndarray, python: bool):
@@ -371,7 +379,7 @@ def simulate(schedule: Replayable) -> ScheduleStats:
         writes=tuple(int(w) for w in writes),
         predicted_time=float(predicted),
     )
-    if "_source" in memo:
-        # Its rows are a function of its parameters: replay them once.
-        memo["_simulated"] = stats
+    # A schedule's rows do not change (its table is read-only, or produced
+    # from its parameters): replay them once, however many readers ask.
+    memo["_simulated"] = stats
     return stats

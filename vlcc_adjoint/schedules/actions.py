@@ -2,9 +2,12 @@
 
 A schedule is a flat sequence of actions over states ``u_0 .. u_n``.  Forward
 step ``i`` maps ``u_i -> u_{i+1}``; adjoint step ``i`` maps
-``lambda_{i+1} -> lambda_i`` and needs ``u_i``.  Every interpreter of a
-schedule (:func:`vlcc_adjoint.schedules.simulate`, the Python executor, the
-JAX backward pass) follows the rules written here and nowhere else.
+``lambda_{i+1} -> lambda_i`` and needs ``u_i``.  Every reader of a
+schedule (:func:`vlcc_adjoint.schedules.simulate`, which checks a table
+against these rules; the action machine,
+:class:`vlcc_adjoint.schedules.Machine`, which runs it against a client: the
+Python executor, torch, the JAX host session; the compiled JAX backward
+pass) follows the rules written here and nowhere else.
 
 The machine that runs a schedule holds
 
@@ -69,9 +72,11 @@ __all__ = [
     "Load",
     "Move",
     "Reverse",
+    "FIELDS",
     "Save",
     "action_from_row",
     "actions_to_table",
+    "make_action",
     "table_to_actions",
 ]
 
@@ -183,9 +188,18 @@ class Reverse:
 Action = Advance | Save | Load | Delete | Move | Reverse
 
 
+#: The fields of a row, in order (the names of :data:`ACTION_DTYPE`).
+FIELDS = ("kind", "a", "b", "level", "dst")
+
+
 def action_from_row(row: np.void) -> Action:
     """The action object of one table row."""
-    kind, a, b, level, dst = (int(row[f]) for f in ACTION_DTYPE.names)
+    kind, a, b, level, dst = (int(row[f]) for f in FIELDS)
+    return make_action(kind, a, b, level, dst)
+
+
+def make_action(kind: int, a: int, b: int, level: int, dst: int) -> Action:
+    """The action object of a row given by its five fields."""
     if kind == ADVANCE:
         return Advance(a, b)
     if kind == SAVE:

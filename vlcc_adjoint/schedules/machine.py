@@ -64,7 +64,6 @@ from typing import Protocol
 from ..errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from ._schedule import Schedule, check_positive_int
 from .actions import (
-    ACTION_DTYPE,
     ADVANCE,
     DELETE,
     LOAD,
@@ -73,7 +72,7 @@ from .actions import (
     SAVE,
     Action,
     ActionKind,
-    action_from_row,
+    make_action,
 )
 
 __all__ = ["BLOCK_ROWS", "ActionClient", "Machine", "Row", "perform"]
@@ -189,7 +188,7 @@ class Machine:
         """Push mode: run every row through the client; return when done."""
         for row in self:
             raise VlccRuntimeError(
-                f"Machine.run was handed {_action(row)!r} to return to the caller "
+                f"Machine.run was handed {make_action(*row)!r} to return to the caller "
                 f"(returns={sorted(self.returns)}): iterate the machine instead"
             )
 
@@ -340,7 +339,3 @@ def _handler(client: object, kind: int) -> Callable:
         )
 
     return missing
-
-
-def _action(row: Row) -> Action:
-    return action_from_row(dict(zip(ACTION_DTYPE.names or (), row)))
