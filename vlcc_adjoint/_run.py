@@ -88,6 +88,7 @@ class AdjointRun:
         self.where, self.at = "", ()  # what the run is doing, for error notes
         self.machine: Machine | None = None  # set by whoever runs the schedule
         self.forward = solver.forward
+        self.adjoint = solver.adjoint
         self.copy = getattr(solver, "copy", None) or copy_state
         self.on_save = getattr(solver, "on_save", None)
         self.on_load = getattr(solver, "on_load", None)
@@ -292,7 +293,7 @@ class AdjointRun:
             self._seed(i)
         try:
             t0 = time.perf_counter()
-            adj = self.solver.adjoint(self.u, self.adj, i)
+            adj = self.adjoint(self.u, self.adj, i)
             self.t_adjoint += time.perf_counter() - t0
             if self.check and not self.adj_matches(adj):
                 self._adjoint_mismatch(adj, i)

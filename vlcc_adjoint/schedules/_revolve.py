@@ -315,7 +315,7 @@ def build_table(emit: LazyKernel, *args, python: bool = False) -> np.ndarray:
         rows: defaultdict[int, dict[str, int]] = defaultdict(dict)
         count = emit.python(rows, True, *args)
         fields = operator.itemgetter(*FIELDS)
-        return np.array([fields(rows[i]) for i in range(count)], ACTION_DTYPE)
+        return np.fromiter((fields(rows[i]) for i in range(count)), ACTION_DTYPE, count)
     dummy = np.empty(1, ACTION_DTYPE)
     count = emit(dummy, False, *args)
     table = np.empty(count, ACTION_DTYPE)
