@@ -8,7 +8,7 @@ search along the optimal path (:func:`_base`, as in the dynamic program).
 bytes) nor the table (about 90 bytes a step): the decision of a segment
 ``(l, k, A)`` (where its base moves, where it saves, where it splits)
 depends on ``(l, k, A)`` alone, not on the step it starts at, so
-:func:`_decide` walks the recursion once and keeps one decision per distinct
+:func:`decide` walks the recursion once and keeps one decision per distinct
 segment, and :func:`_fill` replays the recursion from those decisions as a
 resumable emitter, chunk by chunk (:mod:`._chunks`).  The tests check that
 its rows equal :func:`_emit`'s byte for byte.
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import VlccRuntimeError
 from ._jit import njit
-from ._multistage_split import _DEPTH, _bisect
+from ._multistage_split import DEPTH, bisect
 from ._revolve import NO_LIMIT, put_row, restart_rows
 from .actions import ADVANCE, DELETE, LOAD, REVERSE, SAVE
 
@@ -28,7 +28,7 @@ __all__ = ["Decisions"]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _digit(a, k, strides, slots):
+def digit(a, k, strides, slots):
     return (a // strides[k]) % (slots[k] + 1)
 
 
@@ -60,10 +60,10 @@ def _base(
     best_j = -1
     best_m = 0
     for j in range(slots.shape[0]):
-        if _digit(a, j, strides, slots) == 0:
+        if digit(a, j, strides, slots) == 0:
             continue
         c = write[j] + read[k]
-        v, m = _bisect(
+        v, m = bisect(
             F,
             rec,
             recv,
@@ -114,8 +114,8 @@ def _emit(
 ):
     L = slots.shape[0]
     P = F.shape[0] // L
-    work = np.empty((_DEPTH, 2), np.int64)
-    fwork = np.empty((_DEPTH, 2))
+    work = np.empty((DEPTH, 2), np.int64)
+    fwork = np.empty((DEPTH, 2))
     pos = 0
     if n == 1:
         return put_row(out, pos, write_rows, REVERSE, 0, -1, -1)
@@ -168,13 +168,13 @@ def _emit(
             work,
             fwork,
         )
-        if _digit(a, k, strides, slots) < slots[k]:
+        if digit(a, k, strides, slots) < slots[k]:
             # Moving the base may pay off: to the level whose segment is cheapest.
             target = -1
             tj = -1
             tm = 0
             for j in range(L):
-                if j != k and _digit(a, j, strides, slots) > 0:
+                if j != k and digit(a, j, strides, slots) > 0:
                     a2 = a - strides[j] + strides[k]
                     v = write[j] + F[j * P + a2, l]
                     if v < b:
@@ -222,7 +222,7 @@ def _emit(
 
 
 @njit(cache=True, nogil=True)
-def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop, bmin, bmax):
+def decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop, bmin, bmax):
     """Walk :func:`_emit`'s recursion without writing rows; return the first
     level ``k0`` and, for every segment of length ``l >= 2`` on the way, its
     key ``l S + k P + a`` and decision: the level its base moves to (-1:
@@ -231,8 +231,8 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
     L = slots.shape[0]
     P = F.shape[0] // L
     S = F.shape[0]
-    work = np.empty((_DEPTH, 2), np.int64)
-    fwork = np.empty((_DEPTH, 2))
+    work = np.empty((DEPTH, 2), np.int64)
+    fwork = np.empty((DEPTH, 2))
     size = 1024
     keys = np.empty(size, np.int64)
     dt = np.empty(size, np.int8)
@@ -287,11 +287,11 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
             fwork,
         )
         target = -1
-        if _digit(a, k, strides, slots) < slots[k]:
+        if digit(a, k, strides, slots) < slots[k]:
             tj = -1
             tm = 0
             for j in range(L):
-                if j != k and _digit(a, j, strides, slots) > 0:
+                if j != k and digit(a, j, strides, slots) > 0:
                     a2 = a - strides[j] + strides[k]
                     v = write[j] + F[j * P + a2, l]
                     if v < b:
@@ -370,7 +370,7 @@ def _fill_state(n: int, slots: np.ndarray, strides: np.ndarray, k0: int) -> np.n
 @njit(cache=True, nogil=True)
 def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
     """Continue :func:`_emit`'s recursion from `state` with the decisions of
-    :func:`_decide` (looked up by key, a binary search), paused after any
+    :func:`decide` (looked up by key, a binary search), paused after any
     unit once fewer than 5 rows of room are left below `limit` (a unit: a
     Load, a move's Save and Delete, an Advance and a Save).  Registers: top,
     restart (flag, s, last step, next step, level), phase, n, k0, full."""
