@@ -251,3 +251,10 @@ def test_the_trace_records_the_state_in_hand_not_the_table():
     for make in SCHEDULES:
         trace = table_trace(make())
         assert np.array_equal(trace.reverse_states, trace.reverse_steps)
+
+
+def test_returns_takes_action_kinds_only():
+    with pytest.raises(VlccError, match="not an action kind"):
+        Machine(Revolve(4, 2), Log(), returns=(7,))
+    machine = Machine(Revolve(4, 2), Log(), returns=(ActionKind.REVERSE,))
+    assert machine.returns == {REVERSE}

@@ -83,6 +83,7 @@ BLOCK_ROWS = 1 << 16
 #: A row handed to the caller in pull mode: ``(kind, a, b, level, dst)``.
 Row = tuple[int, int, int, int, int]
 
+#: The client's method for each kind, in the order the loop holds them.
 _METHODS = {
     ADVANCE: "advance",
     SAVE: "save",
@@ -172,9 +173,9 @@ class Machine:
                 f"Machine rows start={self.start}, stop={self.stop} must satisfy "
                 f"0 <= start <= stop <= {m}, the schedule's length"
             )
-        self.returns = frozenset(int(ActionKind(kind)) for kind in returns)
+        self.returns = frozenset(_kind(kind) for kind in returns)
         self.handlers = tuple(
-            None if kind in self.returns else _handler(client, kind) for kind in range(6)
+            None if kind in self.returns else _handler(client, kind) for kind in _METHODS
         )
         self.client = client
         self.progress = progress
@@ -245,7 +246,8 @@ def _dispatch(blocks, handlers, progress, owner) -> Iterator[Row]:
     handler of each row's kind, and yields the rows whose kind has none.
 
     `blocks` yields ``(rows, iterator of (index, kind, a, b, level, dst))``;
-    `handlers` holds a callable or ``None`` per kind; `progress` is called
+    `handlers` holds a callable or ``None`` per kind, in the order of
+    ``_METHODS`` (ADVANCE, SAVE, LOAD, DELETE, MOVE, REVERSE); `progress` is called
     with each block's row count; ``owner.index`` receives the index of a row
     handed back, of the row that failed, and at the end of the last row."""
     advance, save, load, delete, move, reverse = handlers
@@ -310,7 +312,7 @@ def perform(client: object, actions: Iterable[Action]) -> None:
     mode; their index is ``-1``."""
     rows = [(-1, *action.row()) for action in actions]
     if rows:
-        handlers = tuple(_handler(client, kind) for kind in range(6))
+        handlers = tuple(_handler(client, kind) for kind in _METHODS)
         for _ in _dispatch([(len(rows), iter(rows))], handlers, None, _Index()):
             pass  # pragma: no cover - nothing is handed back in push mode
 
@@ -319,6 +321,17 @@ class _Index:
     """Where :func:`perform`'s loop leaves the index of its rows."""
 
     index = -1
+
+
+def _kind(kind: int) -> int:
+    """`kind` as an action kind's int, or a ``ValueError`` naming the kinds."""
+    try:
+        return int(ActionKind(kind))
+    except (TypeError, ValueError):
+        raise VlccValueError(
+            f"{kind!r} is not an action kind; use {', '.join(k.name for k in ActionKind)} "
+            "(vlcc_adjoint.schedules.ADVANCE, ...)"
+        ) from None
 
 
 def _handler(client: object, kind: int) -> Callable:
