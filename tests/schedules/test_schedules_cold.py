@@ -86,6 +86,34 @@ def test_revolve_tables_agree_below_at_and_above_the_threshold():
     assert not PythonBudget(limit).take(limit + 1, kernel)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 37, 300, 1001])
+def test_online_and_baseline_tables_are_the_same_from_both_runs(n):
+    from vlcc_adjoint.schedules import _baselines, _online
+
+    for c in (1, 2, 3, 8):
+        p = (c + 1) // 2
+        py = _revolve.build_table(_online._emit_online, n, c, p, python=True)
+        nb = _revolve.build_table(_online._emit_online, n, c, p, python=False)
+        assert py.tobytes() == nb.tobytes(), (n, c)
+    for k, level, buffer in ((1, 0, 0), (4, 0, 0), (7, 1, 1), (5, 0, 2), (n, 0, 0)):
+        args = (n, min(k, n), level, buffer)
+        py = _revolve.build_table(_baselines._emit_periodic, *args, python=True)
+        nb = _revolve.build_table(_baselines._emit_periodic, *args, python=False)
+        assert py.tobytes() == nb.tobytes(), args
+
+
+def test_online_capture_decides_the_same_step_by_step_in_both_runs(monkeypatch):
+    from vlcc_adjoint.schedules import _online
+
+    runs = []
+    for budget in (PythonBudget(10**9), PythonBudget(0)):
+        monkeypatch.setattr(_online, "_python_steps", budget)
+        online = Online(snapshots=5)
+        runs.append([online.capture(i) for i in range(200)])
+    assert runs[0] == runs[1]
+    assert sum(len(actions) for actions in runs[0]) > 10  # saves and deletes were decided
+
+
 def test_python_budget_is_spent_then_the_kernel_takes_over():
     kernel = LazyKernel(lambda: None, {})
     budget = PythonBudget(100)
