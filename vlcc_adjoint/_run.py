@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +46,12 @@ def copy_state(state):
 
 # The name budget.py imports (until it imports copy_state).
 _copy_state = copy_state
+
+
+def _unset(value: Any) -> bool:
+    """The adjoint matcher before the seed is known (never called: the seed
+    comes with the first Reverse, before any adjoint step returns)."""
+    raise VlccRuntimeError("the adjoint seed is not known yet")
 
 
 class AdjointRun:
@@ -69,7 +77,9 @@ class AdjointRun:
     machine that ran the schedule, which knows the failing action).
     """
 
-    def __init__(self, solver, store, n, adj, u0, signature, check=True, check_finite=False):
+    def __init__(
+        self, solver, store, n, adj, u0, signature, check=True, check_finite=False
+    ) -> None:
         self.solver = solver
         self.store = store
         self.n = n
@@ -82,20 +92,25 @@ class AdjointRun:
         self.signature = signature
         self.matches = matcher(signature)
         self.adj_signature = None
-        self.adj_matches = None  # matcher of adj_signature, once the seed is known
+        # matcher of adj_signature, set with the seed (before the first Reverse)
+        self.adj_matches: Callable[[Any], bool] = _unset
         self.forward_steps = 0
         self.t_forward = self.t_adjoint = self.t_store = 0.0
-        self.where, self.at = "", ()  # what the run is doing, for error notes
+        # What the run is doing, for error notes: a template and its arguments.
+        self.where: str = ""
+        self.at: tuple[int, ...] | int = ()
         self.machine: Machine | None = None  # set by whoever runs the schedule
         self.forward = solver.forward
         self.adjoint = solver.adjoint
         self.copy = getattr(solver, "copy", None) or copy_state
-        self.on_save = getattr(solver, "on_save", None)
-        self.on_load = getattr(solver, "on_load", None)
+        # The solver's optional methods (Any: each is called only by the
+        # variant chosen below because it exists).
+        self.on_save: Any = getattr(solver, "on_save", None)
+        self.on_load: Any = getattr(solver, "on_load", None)
         self.store_save, self.store_load = store.save, store.load
         # The variant of each action for this solver and these options.
         # Step by step under check_finite: forward_many would hide which step blew up.
-        self.forward_many = None if check_finite else getattr(solver, "forward_many", None)
+        self.forward_many: Any = None if check_finite else getattr(solver, "forward_many", None)
         self.advance = self._advance_many if self.forward_many is not None else self._advance_steps
         self.save = self._save_hooked if self.on_save is not None else self._save
         if self.on_load is not None:
