@@ -28,19 +28,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import VlccValueError
 from ._interrupt import call_kernel
 from ._jit import PythonBudget, njit
+from ._plan_windows import PlanWindow, plan_windows
 from ._schedule import Schedule
 from ._simulate import THREADED_ROWS, ScheduleStats, simulate
 from .actions import DELETE, LOAD, MOVE, SAVE
-
-if TYPE_CHECKING:
-    from ._plan_windows import PlanWindow
 
 __all__ = ["IOPlan", "LevelIO", "io_plan"]
 
@@ -174,8 +171,6 @@ class IOPlan:
         """The plan as consecutive :class:`PlanWindow` s, one per chunk of
         the schedule (about 65,536 actions), from the one holding action
         `start` on: see :mod:`._plan_windows`."""
-        from ._plan_windows import plan_windows
-
         return plan_windows(self, start)
 
     def __repr__(self) -> str:
