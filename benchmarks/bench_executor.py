@@ -29,7 +29,10 @@ same schedule, each timed as a whole:
 Reported: seconds (median over ``--rounds`` rounds) and ``run_adjoint``'s
 time (with the default store, and with the dict store) as a multiple of
 each floor, plus the per-action overhead
-``(run_adjoint - bare loop) / actions``.  Every measurement runs in a fresh
+``(run_adjoint - bare loop) / actions``, in wall time or, with ``--clock
+cpu``, in the child's CPU time (``time.process_time``: every thread of the
+process, the store's background work included), which a machine shared with
+other work disturbs far less.  Every measurement runs in a fresh
 interpreter; with ``--baseline DIR`` (a directory holding another
 ``vlcc_adjoint`` package) the rounds alternate between that version
 ("before") and this tree ("after"), in alternating order, and the ratios are
@@ -103,16 +106,16 @@ def child(steps: int, slots: int) -> dict:
     lam_n = np.ones(8)
     run_adjoint(solver, Revolve(200, slots), u0, lam_n)  # warm-up: imports, first calls
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = run_adjoint(solver, schedule, u0, lam_n)
-    t_run = time.perf_counter() - t0
+    t_run, c_run = time.perf_counter() - t0, time.process_time() - c0
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     run_adjoint(solver, schedule, u0, lam_n, store=DictStore())
-    t_dict = time.perf_counter() - t0
+    t_dict, c_dict = time.perf_counter() - t0, time.process_time() - c0
 
     # The floor: the same solver calls from a plain loop over the table.
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = zip(table["kind"].tolist(), table["a"].tolist(), table["b"].tolist())
     held, u, lam = {}, u0, lam_n
     forward, adjoint = solver.forward, solver.adjoint
@@ -128,26 +131,30 @@ def child(steps: int, slots: int) -> dict:
             del held[a]
         elif kind == ActionKind.REVERSE:
             lam = adjoint(u, lam, a)
-    t_bare = time.perf_counter() - t0
+    t_bare, c_bare = time.perf_counter() - t0, time.process_time() - c0
     if not np.array_equal(lam, result.adjoint):
         raise AssertionError("the bare loop and run_adjoint disagree")
 
     # The solver calls alone.
     n_forward = int(schedule.stats().forward_count)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     u = u0
     for i in range(n_forward):
         u = forward(u, i % steps)
     lam = lam_n
     for i in range(steps - 1, -1, -1):
         lam = adjoint(u0, lam, i)
-    t_calls = time.perf_counter() - t0
+    t_calls, c_calls = time.perf_counter() - t0, time.process_time() - c0
     return {
         "package": vlcc_adjoint.__file__,
         "run_adjoint": t_run,
         "dict_store": t_dict,
         "bare_loop": t_bare,
         "calls_only": t_calls,
+        "run_adjoint_cpu": c_run,
+        "dict_store_cpu": c_dict,
+        "bare_loop_cpu": c_bare,
+        "calls_only_cpu": c_calls,
         "actions": int(len(table)),
         "forward_count": n_forward,
     }
@@ -185,6 +192,13 @@ def main(argv=None):
     parser.add_argument("--slots", type=int, default=10, help="Revolve snapshots c (10)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
     parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="the clock of the summary: wall time (default), or the child's CPU time "
+        "(time.process_time, all its threads): steadier on a machine shared with other work",
+    )
+    parser.add_argument(
         "--baseline",
         help="a directory holding another vlcc_adjoint package "
         "(the 'before' version), run side by side with this tree",
@@ -215,7 +229,9 @@ def main(argv=None):
             runs[v].append(r)
             print(
                 f"round {rnd + 1}/{args.rounds} {v:6s} run_adjoint {r['run_adjoint']:.2f} s, "
-                f"dict store {r['dict_store']:.2f} s, bare loop {r['bare_loop']:.2f} s, load {r['loadavg_before'][0]:.2f}",
+                f"dict store {r['dict_store']:.2f} s, bare loop {r['bare_loop']:.2f} s "
+                f"(CPU {r['run_adjoint_cpu']:.2f}, {r['dict_store_cpu']:.2f}, "
+                f"{r['bare_loop_cpu']:.2f} s), load {r['loadavg_before'][0]:.2f}",
                 flush=True,
             )
 
@@ -223,7 +239,7 @@ def main(argv=None):
     print(
         f"\nRevolve({args.steps}, {args.slots}): {actions} actions, "
         f"{runs[versions[0]][0]['forward_count']} forward steps; 8-float state; "
-        f"median of {args.rounds} rounds (seconds)"
+        f"median of {args.rounds} rounds ({args.clock} seconds)"
     )
     head = (
         f"{'version':8s} {'run_adjoint':>12s} {'dict store':>11s} {'bare loop':>10s} "
@@ -233,11 +249,13 @@ def main(argv=None):
     print(head)
     print("-" * len(head))
     summary = {}
+    clock = "" if args.clock == "wall" else "_cpu"
     for v in versions:
         med = {
-            k: float(np.median([r[k] for r in runs[v]]))
+            k: float(np.median([r[k + clock] for r in runs[v]]))
             for k in ("run_adjoint", "dict_store", "bare_loop", "calls_only")
         }
+        med["clock"] = args.clock
         med["x_bare"] = med["run_adjoint"] / med["bare_loop"]
         med["dict_x_bare"] = med["dict_store"] / med["bare_loop"]
         med["x_calls"] = med["run_adjoint"] / med["calls_only"]

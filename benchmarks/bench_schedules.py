@@ -79,7 +79,7 @@ and records the partial run under ``meta.partial_updates``.
 Protocol. Every (size, tool) runs in a fresh Python subprocess: imports, then
 a warm-up call on a tiny size (for ours after
 :func:`vlcc_adjoint.schedules.load_kernels`, so that numba's kernels run at
-every size instead of their plain-Python twins for small work: the warm-up
+every size instead of their Python functions (``py_func``) for small work: the warm-up
 compiles them or loads them from numba's on-disk cache; its time is
 ``first_s``), then timed
 repeats at the real size with ``time.perf_counter`` (up to 7, fewer when they
@@ -242,7 +242,7 @@ def _worker_revolve(spec):
     if tool == "ours":
         from vlcc_adjoint.schedules import Revolve, load_kernels
 
-        # The kernels, not their plain-Python twins for small work
+        # The compiled kernels, not their Python functions for small work
         # (schedules/_jit.py): the timed calls measure what a process that
         # keeps building schedules runs.  A new process's first call is the
         # cold part's.

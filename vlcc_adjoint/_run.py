@@ -1,32 +1,42 @@
-"""The per-action interpreter of a schedule's table: the machine of
-:mod:`vlcc_adjoint.schedules.actions` driving a solver and a store.
+"""The executor's client of the action machine: what each action of a
+schedule does to a solver and a store.
 
-:func:`vlcc_adjoint.execute.run_adjoint` builds one :class:`_Run` per call
-and hands it the table (or, for an :class:`~vlcc_adjoint.schedules.Online`
-schedule, the forward sweep first, see :func:`_run_online`).  What each
-action calls is listed in :mod:`vlcc_adjoint.execute`.
+:func:`vlcc_adjoint.execute.run_adjoint` builds one :class:`AdjointRun` per
+call and hands it to a :class:`~vlcc_adjoint.schedules.Machine`, the one
+loop that runs a schedule's rows (or, for an
+:class:`~vlcc_adjoint.schedules.Online` schedule, drives the forward sweep
+first and then the machine, see :func:`run_online`).  What each action
+calls is listed in :mod:`vlcc_adjoint.execute`.
+
+Lean by construction.  The machine calls one bound method per action; which
+variant of a method that is (a solver with ``forward_many``, with
+``on_save`` / ``on_load`` hooks, restoring in place, checks on or off,
+``check_finite``) is decided once, when the run is built, so no method tests
+an option per action.  What the run was doing when something failed is
+recorded only then (an ``except`` clause, free when nothing is raised), as a
+template (:attr:`AdjointRun.where`) and its arguments (:attr:`AdjointRun.at`),
+formatted only for the error's note: formatting text every step would cost
+more than the step of a small state.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from ._checks import StateMismatchError as StateMismatchError
-from ._checks import check_finite as _check_finite
-from ._checks import check_seed as _check_seed
-from ._checks import describe_mismatch as _describe_mismatch
-from ._checks import matcher as _matcher
-from ._checks import signature as _signature
-from .errors import VlccRuntimeError, VlccValueError
-from .schedules import ActionKind, Online, simulate
+from ._checks import StateMismatchError, check_seed, describe_mismatch, matcher, signature
+from ._checks import check_finite as check_finite_values
+from .errors import VlccRuntimeError
+from .schedules import Machine, Online, Schedule, ScheduleStats, perform, simulate
 
-_CHUNK = 1 << 16  # table rows converted to Python ints at a time
+__all__ = ["AdjointRun", "copy_state", "run_online", "run_schedule"]
 
 
-def _copy_state(state):
+def copy_state(state):
     """An independent copy of a state of arrays, containers and scalars."""
     from .state import flatten, unflatten
 
@@ -34,74 +44,137 @@ def _copy_state(state):
     return unflatten(spec, [np.array(leaf, copy=True) for leaf in leaves])
 
 
-# ---------------------------------------------------------------------------
-# the interpreter
-# ---------------------------------------------------------------------------
+# The name budget.py imports (until it imports copy_state).
+_copy_state = copy_state
 
 
-class _Run:
-    """The machine of :mod:`~vlcc_adjoint.schedules.actions`, driving a solver
-    and a store.  One instance per :func:`run_adjoint` call.
+def _unset(value: Any) -> bool:
+    """The adjoint matcher before the seed is known (never called: the seed
+    comes with the first Reverse, before any adjoint step returns)."""
+    raise VlccRuntimeError("the adjoint seed is not known yet")
 
-    What the run is doing is kept as a template (:attr:`where`) and its
-    arguments (:attr:`at`), formatted only when an error needs the text:
-    formatting a message every step costs more than the step of a small
-    state."""
 
-    def __init__(self, solver, store, n, adj, check, progress_bar, check_finite=False):
+class AdjointRun:
+    """The machine's client for one :func:`~vlcc_adjoint.execute.run_adjoint`
+    call: the rules of :mod:`~vlcc_adjoint.schedules.actions` applied to a
+    solver and a store.
+
+    **Arguments:**
+
+    - `solver`: the solver (``forward``, ``adjoint``; optionally
+      ``forward_many``, ``copy``, ``on_save``, ``on_load``,
+      ``restore_in_place``).
+    - `store`: the store (``save``, ``load``, ``delete``, ``move``).
+    - `n`: the number of steps (``math.inf`` while an online sweep runs).
+    - `adj`: ``lambda_n``, or a callable ``adj_final(u_n) -> lambda_n``.
+    - `u0`: the initial state, in hand when the run starts.
+    - `signature`: ``u0``'s structure (:func:`vlcc_adjoint._checks.signature`).
+    - `check`, `check_finite`: as for ``run_adjoint``.
+
+    **Attributes** read after the run: ``adj`` (``lambda_0``),
+    ``final_state``, ``forward_steps``, ``t_forward``, ``t_adjoint``,
+    ``t_store``; on a failure ``where_text()`` and ``machine`` (the
+    machine that ran the schedule, which knows the failing action).
+    """
+
+    def __init__(
+        self, solver, store, n, adj, u0, signature, check=True, check_finite=False
+    ) -> None:
         self.solver = solver
         self.store = store
         self.n = n
         self.adj = adj  # lambda_n, or a callable of u_n
         self.check = check
         self.check_finite = check_finite
-        self.bar = progress_bar
-        self.u = None  # the state in hand
+        self.u = u0  # the state in hand
         self.spare = None  # a consumed state whose buffers a Load may reuse
         self.final_state = None
-        self.signature = None
+        self.signature = signature
+        self.matches = matcher(signature)
         self.adj_signature = None
-        self.matches = self.adj_matches = None  # _matcher of each signature
+        # matcher of adj_signature, set with the seed (before the first Reverse)
+        self.adj_matches: Callable[[Any], bool] = _unset
         self.forward_steps = 0
         self.t_forward = self.t_adjoint = self.t_store = 0.0
+        # What the run is doing, for error notes: a template and its arguments.
+        self.where: str = ""
+        self.at: tuple[int, ...] | int = ()
+        self.machine: Machine | None = None  # set by whoever runs the schedule
+        self.forward = solver.forward
+        self.adjoint = solver.adjoint
+        self.copy = getattr(solver, "copy", None) or copy_state
+        # The solver's optional methods (Any: each is called only by the
+        # variant chosen below because it exists).
+        self.on_save: Any = getattr(solver, "on_save", None)
+        self.on_load: Any = getattr(solver, "on_load", None)
+        self.store_save, self.store_load = store.save, store.load
+        # The variant of each action for this solver and these options.
         # Step by step under check_finite: forward_many would hide which step blew up.
-        self.forward_many = None if check_finite else getattr(solver, "forward_many", None)
-        self.on_save = getattr(solver, "on_save", None)
-        self.on_load = getattr(solver, "on_load", None)
-        self.in_place = bool(getattr(solver, "restore_in_place", False))
-        self.copy = getattr(solver, "copy", None) or _copy_state
-        self.where, self.at = "", ()  # what the run is doing, for error notes
-        self.index = -1  # the schedule action being run (recorded when one fails)
-        # (shape, dtype) when the state is one numpy array: its check inlined
-        self.array = None
+        self.forward_many: Any = None if check_finite else getattr(solver, "forward_many", None)
+        self.advance = self._advance_many if self.forward_many is not None else self._advance_steps
+        self.save = self._save_hooked if self.on_save is not None else self._save
+        if self.on_load is not None:
+            self.load = self._load_hooked
+        elif getattr(solver, "restore_in_place", False):
+            self.load = self._load_in_place
+        else:
+            self.load = self._load
 
     def where_text(self) -> str:
+        """What the run was doing when it failed, in words."""
         at = self.at if isinstance(self.at, tuple) else (self.at,)
         return self.where.format(*at)
 
-    # -- forward ---------------------------------------------------------
+    # -- checks ------------------------------------------------------------------
+
     def _mismatch(self, state, what: str) -> None:
-        sig = _signature(state)
+        sig = signature(state)
         if sig != self.signature:
             raise StateMismatchError(
-                f"{what} returned a state whose {_describe_mismatch(sig, self.signature)} "
+                f"{what} returned a state whose {describe_mismatch(sig, self.signature)} "
                 "(as in u_0). A solver must return states of one structure, shape and "
                 "dtype; check the step function's output, or convert it (e.g. "
                 "np.asarray(..., dtype=...))"
             )
 
-    def advance(self, a, b):
+    def _adjoint_mismatch(self, adj, i) -> None:
+        sig = signature(adj)
+        if sig != self.adj_signature:
+            raise StateMismatchError(
+                f"adjoint step {i} returned an adjoint whose "
+                f"{describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
+                "adj_final). An adjoint step must return lambda_i with the structure, "
+                "shapes and dtypes of lambda_{i+1}"
+            )
+
+    # -- Advance -----------------------------------------------------------------
+
+    def _advance_steps(self, a: int, b: int) -> None:
+        """Forward steps ``a .. b-1`` one at a time, each output checked."""
+        forward = self.forward
         u = self.u
-        check = self.check
+        i = a
         t0 = time.perf_counter()
-        if self.forward_many is not None:
-            self.where, self.at = "the solver's forward_many({0}, {1})", (a, b)
-            u = self.forward_many(u, a, b)
-            if check and not self.matches(u):
-                self._mismatch(u, f"forward_many({a}, {b})")
-        else:
-            self.where, self.at = "the solver's forward step {0}", a
-            u = self._steps(u, a, b)
+        try:
+            if self.check_finite:
+                matches = self.matches if self.check else None
+                for i in range(a, b):
+                    u = forward(u, i)
+                    if matches is not None and not matches(u):
+                        self._mismatch(u, f"forward step {i}")
+                    check_finite_values(u, "forward", i)
+            elif self.check:
+                matches = self.matches
+                for i in range(a, b):
+                    u = forward(u, i)
+                    if not matches(u):
+                        self._mismatch(u, f"forward step {i}")
+            else:
+                for i in range(a, b):
+                    u = forward(u, i)
+        except BaseException:
+            self.where, self.at = "the solver's forward step {0}", i
+            raise
         self.t_forward += time.perf_counter() - t0
         self.forward_steps += b - a
         self.u = u
@@ -110,295 +183,154 @@ class _Run:
             # restores into these buffers.
             self.final_state = self.copy(u)
 
-    def _steps(self, u, a, b):
-        """Forward steps ``a .. b-1`` one at a time, each output checked.
-
-        The step being run is recorded (``self.at``) only if one fails: a
-        store per step would cost more than a small state's step.  For a
-        state that is one numpy array the check is inlined: type, shape
-        and dtype identity, with the full matcher asked only when the
-        dtype object differs (an equal dtype built anew)."""
-        forward = self.solver.forward
-        i = a
-        try:
-            if self.check_finite:
-                matches = self.matches if self.check else None
-                for i in range(a, b):
-                    u = forward(u, i)
-                    if matches is not None and not matches(u):
-                        self._mismatch(u, f"forward step {i}")
-                    _check_finite(u, "forward", i)
-            elif not self.check:
-                for i in range(a, b):
-                    u = forward(u, i)
-            elif self.array is not None:
-                ndarray, (shape, dtype) = np.ndarray, self.array
-                matches = self.matches
-                for i in range(a, b):
-                    u = forward(u, i)
-                    if type(u) is not ndarray or u.shape != shape or u.dtype is not dtype:
-                        if not matches(u):
-                            self._mismatch(u, f"forward step {i}")
-            else:
-                matches = self.matches
-                for i in range(a, b):
-                    u = forward(u, i)
-                    if not matches(u):
-                        self._mismatch(u, f"forward step {i}")
-        except BaseException:
-            self.at = i
-            raise
-        return u
-
-    # -- storage ---------------------------------------------------------
-    def save(self, i, level):
-        self.where, self.at = "saving u_{0} on level {1}", (i, level)
-        state = self.on_save(self.u, i) if self.on_save is not None else self.u
+    def _advance_many(self, a: int, b: int) -> None:
+        """Forward steps ``a .. b-1`` in one call of ``forward_many``."""
         t0 = time.perf_counter()
-        self.store.save(i, state, level=level)
+        try:
+            u = self.forward_many(self.u, a, b)
+            if self.check and not self.matches(u):
+                self._mismatch(u, f"forward_many({a}, {b})")
+        except BaseException:
+            self.where, self.at = "the solver's forward_many({0}, {1})", (a, b)
+            raise
+        self.t_forward += time.perf_counter() - t0
+        self.forward_steps += b - a
+        self.u = u
+        if b == self.n and self.final_state is None:
+            self.final_state = self.copy(u)
+
+    # -- Save, Load, Delete, Move ------------------------------------------------
+
+    def _save(self, i: int, level: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.store_save(i, self.u, level=level)
+        except BaseException:
+            self.where, self.at = "saving u_{0} on level {1}", (i, level)
+            raise
         self.t_store += time.perf_counter() - t0
 
-    def load(self, i, level):
-        self.where, self.at = "loading u_{0} from level {1}", (i, level)
-        out = self.u if self.u is not None else self.spare
+    def _save_hooked(self, i: int, level: int) -> None:
+        """Save what the solver's ``on_save(u, i)`` hands over."""
+        try:
+            state = self.on_save(self.u, i)
+            t0 = time.perf_counter()
+            self.store_save(i, state, level=level)
+        except BaseException:
+            self.where, self.at = "saving u_{0} on level {1}", (i, level)
+            raise
+        self.t_store += time.perf_counter() - t0
+
+    def _load(self, i: int, level: int) -> None:
         t0 = time.perf_counter()
-        if self.on_load is not None:
-            # on_load copies what was stored into the solver's own buffers
-            # (the Devito adapter): read-only views of the record spare a copy.
-            # They stay valid until the record's Delete, a later action.
-            stored = self.store.load(i, level=level, copy=False)
-            self.t_store += time.perf_counter() - t0
-            self.u = self.on_load(stored, i, out)
-        else:
-            target = out if (self.in_place and out is not None) else None
-            self.u = self.store.load(i, level=level, out=target)
-            self.t_store += time.perf_counter() - t0
+        try:
+            self.u = self.store_load(i, level=level)
+        except BaseException:
+            self.where, self.at = "loading u_{0} from level {1}", (i, level)
+            raise
+        self.t_store += time.perf_counter() - t0
         self.spare = None
 
-    def delete(self, i, level):
-        self.where, self.at = "deleting u_{0} from level {1}", (i, level)
+    def _load_in_place(self, i: int, level: int) -> None:
+        """Restore into the buffers of the state in hand (or of the spare)."""
+        out = self.u if self.u is not None else self.spare
         t0 = time.perf_counter()
-        self.store.delete(i, level=level)
+        try:
+            self.u = self.store_load(i, level=level, out=out)
+        except BaseException:
+            self.where, self.at = "loading u_{0} from level {1}", (i, level)
+            raise
+        self.t_store += time.perf_counter() - t0
+        self.spare = None
+
+    def _load_hooked(self, i: int, level: int) -> None:
+        """``on_load`` copies what was stored into the solver's own buffers
+        (the Devito adapter): read-only views of the record spare a copy.
+        They stay valid until the record's Delete, a later action."""
+        out = self.u if self.u is not None else self.spare
+        try:
+            t0 = time.perf_counter()
+            stored = self.store_load(i, level=level, copy=False)
+            self.t_store += time.perf_counter() - t0
+            self.u = self.on_load(stored, i, out)
+        except BaseException:
+            self.where, self.at = "loading u_{0} from level {1}", (i, level)
+            raise
+        self.spare = None
+
+    def delete(self, i: int, level: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.store.delete(i, level=level)
+        except BaseException:
+            self.where, self.at = "deleting u_{0} from level {1}", (i, level)
+            raise
         self.t_store += time.perf_counter() - t0
 
-    def move(self, i, src, dst):
-        self.where, self.at = "moving u_{0} from level {1} to level {2}", (i, src, dst)
+    def move(self, i: int, src: int, dst: int) -> None:
         t0 = time.perf_counter()
-        self.store.move(i, src, dst)
+        try:
+            self.store.move(i, src, dst)
+        except BaseException:
+            self.where, self.at = "moving u_{0} from level {1} to level {2}", (i, src, dst)
+            raise
         self.t_store += time.perf_counter() - t0
 
-    # -- adjoint ---------------------------------------------------------
-    def _seed(self, i):
+    # -- Reverse -----------------------------------------------------------------
+
+    def _seed(self, i: int) -> None:
         """Before adjoint step n-1: u_n (computed if the sweep did not reach
         it) and the seed lambda_n, checked."""
         if self.final_state is None:
             self.where, self.at = "the solver's forward step {0} (computing u_n)", i
             t0 = time.perf_counter()
-            u_n = self.solver.forward(self.copy(self.u), i)
+            u_n = self.forward(self.copy(self.u), i)
             self.t_forward += time.perf_counter() - t0
             self.forward_steps += 1
             if self.check and not self.matches(u_n):
                 self._mismatch(u_n, f"forward step {i}")
             if self.check_finite:
-                _check_finite(u_n, "forward", i)
+                check_finite_values(u_n, "forward", i)
             self.final_state = u_n
         if callable(self.adj):
             self.where, self.at = "adj_final(u_n)", ()
             self.adj = self.adj(self.copy(self.final_state))
             if self.check:
-                _check_seed(self.adj, self.signature, "adj_final(u_n)")
+                check_seed(self.adj, self.signature, "adj_final(u_n)")
             if self.check_finite:
-                _check_finite(self.adj, "seed", None)
-        self.adj_signature = _signature(self.adj)
-        self.adj_matches = _matcher(self.adj_signature)
+                check_finite_values(self.adj, "seed", None)
+        self.adj_signature = signature(self.adj)
+        self.adj_matches = matcher(self.adj_signature)
+        self.where, self.at = "", ()
 
-    def _adjoint_mismatch(self, adj, i) -> None:
-        sig = _signature(adj)
-        if sig != self.adj_signature:
-            raise StateMismatchError(
-                f"adjoint step {i} returned an adjoint whose "
-                f"{_describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
-                "adj_final). An adjoint step must return lambda_i with the structure, "
-                "shapes and dtypes of lambda_{i+1}"
-            )
-
-    def reverse(self, i):
+    def reverse(self, i: int) -> None:
         if i == self.n - 1:
             self._seed(i)
-        self.where, self.at = "the solver's adjoint step {0}", i
-        t0 = time.perf_counter()
-        adj = self.solver.adjoint(self.u, self.adj, i)
-        self.t_adjoint += time.perf_counter() - t0
-        if self.check and not self.adj_matches(adj):
-            self._adjoint_mismatch(adj, i)
-        if self.check_finite:
-            _check_finite(adj, "adjoint", i)
+        try:
+            t0 = time.perf_counter()
+            adj = self.adjoint(self.u, self.adj, i)
+            self.t_adjoint += time.perf_counter() - t0
+            if self.check and not self.adj_matches(adj):
+                self._adjoint_mismatch(adj, i)
+            if self.check_finite:
+                check_finite_values(adj, "adjoint", i)
+        except BaseException:
+            self.where, self.at = "the solver's adjoint step {0}", i
+            raise
         self.adj = adj
         self.spare, self.u = self.u, None
 
-    # -- the table ---------------------------------------------------------
-    def run_table(self, table: np.ndarray, offset: int = 0):
-        """Execute the rows of ``table`` (``offset``: index of its first row in
-        the whole schedule, for messages).
 
-        One loop with the action kinds tested in the order of their
-        frequency in a schedule.  The common actions run in the loop itself
-        (the same calls and checks as their methods, with the run's
-        attributes read once per block): a forward step of a checked
-        one-array state, a store call without the solver's ``on_save`` /
-        ``on_load`` hooks, an adjoint step after the first.  What the run
-        was doing (:attr:`where`, :attr:`at`) and the index of the action
-        (:attr:`index`) are recorded only when one fails."""
-        if (
-            self.array is None
-            and self.check
-            and self.signature is not None
-            and self.signature[0] == "array"
-            and self.u is not None
-            and type(self.u) is np.ndarray
-            and self.matches(self.u)
-        ):
-            self.array = (self.u.shape, self.u.dtype)
-        advance, reverse, load, save, move = (
-            self.advance,
-            self.reverse,
-            self.load,
-            self.save,
-            self.move,
-        )
-        ADVANCE, REVERSE, LOAD, SAVE, DELETE, MOVE = _KINDS
-        store = self.store
-        # Which actions run in the loop (else: through their methods).
-        steps_here = (
-            self.forward_many is None
-            and self.check
-            and not self.check_finite
-            and self.array is not None
-        )
-        save_here = self.on_save is None
-        load_here = self.on_load is None and not self.in_place
-        adjoint_here = not self.check_finite
-        forward, adjoint = self.solver.forward, self.solver.adjoint
-        store_save, store_load, store_delete = store.save, store.load, store.delete
-        ndarray = np.ndarray
-        shape, dtype = self.array if self.array is not None else (None, None)
-        matches = self.matches
-        check = self.check
-        perf = time.perf_counter
-        last = self.n - 1
-        n = self.n
-        t_store = t_forward = t_adjoint = 0.0
-        forward_steps = 0
-        index = offset - 1
-        kind = a = b = level = i = None
-        try:
-            for start in range(0, len(table), _CHUNK):
-                chunk = table[start : start + _CHUNK]
-                rows = zip(
-                    chunk["kind"].tolist(),
-                    chunk["a"].tolist(),
-                    chunk["b"].tolist(),
-                    chunk["level"].tolist(),
-                    chunk["dst"].tolist(),
-                )
-                for kind, a, b, level, dst in rows:
-                    index += 1
-                    if kind == ADVANCE:
-                        if steps_here:
-                            u = self.u
-                            t0 = perf()
-                            for i in range(a, b):
-                                u = forward(u, i)
-                                if (
-                                    type(u) is not ndarray
-                                    or u.shape != shape
-                                    or u.dtype is not dtype
-                                ):
-                                    if not matches(u):
-                                        self._mismatch(u, f"forward step {i}")
-                            t_forward += perf() - t0
-                            forward_steps += b - a
-                            self.u = u
-                            if b == n and self.final_state is None:
-                                self.final_state = self.copy(u)
-                        else:
-                            advance(a, b)
-                    elif kind == REVERSE:
-                        if a == last or not adjoint_here:
-                            reverse(a)
-                        else:
-                            t0 = perf()
-                            adj = adjoint(self.u, self.adj, a)
-                            t_adjoint += perf() - t0
-                            if check and not self.adj_matches(adj):
-                                self._adjoint_mismatch(adj, a)
-                            self.adj = adj
-                            self.spare, self.u = self.u, None
-                    elif kind == LOAD:
-                        if load_here:
-                            t0 = perf()
-                            self.u = store_load(a, level=level)
-                            t_store += perf() - t0
-                            self.spare = None
-                        else:
-                            load(a, level)
-                    elif kind == SAVE:
-                        if save_here:
-                            t0 = perf()
-                            store_save(a, self.u, level=level)
-                            t_store += perf() - t0
-                        else:
-                            save(a, level)
-                    elif kind == DELETE:
-                        t0 = perf()
-                        store_delete(a, level=level)
-                        t_store += perf() - t0
-                    elif kind == MOVE:
-                        move(a, level, dst)
-                    else:
-                        raise VlccValueError(f"unknown action kind {kind} in the schedule table")
-                if self.bar is not None:
-                    self.bar.update(len(chunk))
-        except BaseException:
-            self.index = index
-            # An action run in the loop: what it was doing, as its method says.
-            if kind == ADVANCE and steps_here:
-                self.where, self.at = "the solver's forward step {0}", i
-            elif kind == REVERSE and a != last and adjoint_here:
-                self.where, self.at = "the solver's adjoint step {0}", a
-            elif kind == LOAD and load_here:
-                self.where, self.at = "loading u_{0} from level {1}", (a, level)
-            elif kind == SAVE and save_here:
-                self.where, self.at = "saving u_{0} on level {1}", (a, level)
-            elif kind == DELETE:
-                self.where, self.at = "deleting u_{0} from level {1}", (a, level)
-            raise
-        finally:
-            self.t_store += t_store
-            self.t_forward += t_forward
-            self.t_adjoint += t_adjoint
-            self.forward_steps += forward_steps
-        self.index = index
-
-
-_KINDS = tuple(
-    int(k)
-    for k in (
-        ActionKind.ADVANCE,
-        ActionKind.REVERSE,
-        ActionKind.LOAD,
-        ActionKind.SAVE,
-        ActionKind.DELETE,
-        ActionKind.MOVE,
-    )
-)
-
-
-def _run_online(run: _Run, online: Online, stop, max_steps):
+def run_online(
+    run: AdjointRun, online: Online, stop, max_steps, progress=None
+) -> tuple[Online, ScheduleStats]:
     """The forward sweep of an :class:`Online` schedule, stopped by ``stop``,
-    then the backward part of the schedule it turned out to be."""
-    from .schedules import Delete, Save
+    then the backward part of the schedule it turned out to be, through the
+    machine.  Returns the complete schedule and its statistics.
 
+    The sweep's saves and deletes, decided step by step by
+    ``online.capture(i)``, run through the machine's loop too
+    (:func:`~vlcc_adjoint.schedules.machine.perform`)."""
     i = 0
     limit = math.inf if max_steps is None else max_steps
     while True:
@@ -411,22 +343,25 @@ def _run_online(run: _Run, online: Online, stop, max_steps):
                     f"the stop criterion did not hold within max_steps={max_steps} steps; "
                     "raise max_steps or check the criterion"
                 )
-        for action in online.capture(i):
-            if isinstance(action, Save):
-                run.save(action.step, action.level)
-            elif isinstance(action, Delete):
-                run.delete(action.step, action.level)
-            else:  # pragma: no cover - capture only saves and deletes
-                raise AssertionError(action)
+        perform(run, online.capture(i))
         run.n = math.inf  # u_n is not known yet: don't snapshot a final state
         run.advance(i, i + 1)
         i += 1
-        if run.bar is not None:
-            run.bar.update(1)
+        if progress is not None:
+            progress(1)
     n = i
     run.n = n
     run.final_state = run.copy(run.u)
     full = online.stop(n)
-    run.schedule = full
-    run.run_table(full.table[full.reverse_start :], offset=full.reverse_start)
+    start = full.reverse_start
+    if start is None:  # pragma: no cover - a schedule with steps knows where it turns
+        raise VlccRuntimeError(f"{full!r} does not say where its backward pass starts")
+    run.machine = Machine(full, run, start=start, progress=progress)
+    run.machine.run()
     return full, simulate(full)
+
+
+def run_schedule(run: AdjointRun, schedule: Schedule, progress=None) -> None:
+    """Every action of `schedule` through the machine, against `run`."""
+    run.machine = Machine(schedule, run, progress=progress)
+    run.machine.run()

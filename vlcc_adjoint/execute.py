@@ -1,9 +1,9 @@
-"""Run a checkpoint schedule against a solver: the Python interpreter of the
-action table.
+"""Run a checkpoint schedule against a solver.
 
-:func:`run_adjoint` walks a schedule's table (:mod:`vlcc_adjoint.schedules.actions`
-gives the one semantics every interpreter follows) and maps each action to
-one call:
+:func:`run_adjoint` runs a schedule's table through the action machine
+(:class:`vlcc_adjoint.schedules.Machine`, the one dispatch loop;
+:mod:`vlcc_adjoint.schedules.actions` gives the one semantics) with a client
+(:class:`vlcc_adjoint._run.AdjointRun`) that maps each action to one call:
 
 =====================  ====================================================
 action                 call
@@ -63,13 +63,12 @@ from ._checks import NonFiniteError as NonFiniteError
 from ._checks import StateMismatchError as StateMismatchError
 from ._checks import check_finite as _check_finite
 from ._checks import check_seed as _check_seed
-from ._checks import matcher as _matcher
 from ._checks import signature as _signature
 from ._error_budget import ErrorBudgetReport as ErrorBudgetReport
 from ._error_budget import check_rtol as _check_rtol
 from ._error_budget import controlled_run as _controlled_run
 from ._result import AdjointResult as AdjointResult
-from ._run import _copy_state, _Run, _run_online
+from ._run import AdjointRun, copy_state, run_online, run_schedule
 from .errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from .schedules import Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
@@ -157,7 +156,7 @@ def _restarter(solver, u0):
     refilled, when they are plain numpy arrays."""
     from .state import flatten
 
-    copy = getattr(solver, "copy", None) or _copy_state
+    copy = getattr(solver, "copy", None) or copy_state
     pristine = copy(u0)
     own = flatten(pristine)[0]
     in_place = bool(getattr(solver, "restore_in_place", False))
@@ -422,7 +421,7 @@ def _run_under_budget(
         kept = [set(t.keys()) for t in tiers]
 
         start = _restarter(solver, u0)
-        copy = getattr(solver, "copy", None) or _copy_state
+        copy = getattr(solver, "copy", None) or copy_state
         seed = adj_final if callable(adj_final) else copy(adj_final)
 
         def run_once():
@@ -480,43 +479,45 @@ def _run_once(
     """One run of the schedule (checks already done); closes the store."""
     online = isinstance(schedule, Online) and schedule.n_steps is None
     t_start = time.perf_counter()
-    stats = None if online else simulate(schedule)
-    own_store = store is None
-    if own_store:
-        if online:
+    stats: ScheduleStats | None = None
+    if online:
+        if store is None:
             from .storage import MemoryTier, TieredStore
 
             store = TieredStore([MemoryTier(capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
-        else:
+    else:
+        stats = simulate(schedule)
+        if store is None:
             store = _default_store(schedule, stats, u0, solver)
     total = None if online else len(schedule)
     bar = _progress(total, progress)
-    run = _Run(
-        solver, store, None if online else schedule.n_steps, adj_final, check, bar, check_finite
+    run = AdjointRun(
+        solver,
+        store,
+        None if online else schedule.n_steps,
+        adj_final,
+        u0,
+        signature,
+        check=check,
+        check_finite=check_finite,
     )
-    run.u = u0
-    run.schedule = schedule
-    run.signature = signature
-    run.matches = _matcher(run.signature)
-    run.index = -1
+    update = None if bar is None else bar.update
     try:
         if online:
-            schedule, stats = _run_online(run, schedule, stop, max_steps)
+            schedule, stats = run_online(run, schedule, stop, max_steps, update)
         else:
-            offset = 0
-            for block in schedule.blocks():
-                run.run_table(block, offset)
-                offset += len(block)
+            run_schedule(run, schedule, update)
         run.where, run.at = "flushing the store", ()
+        run.machine = None  # the schedule is done: no action to name
         t0 = time.perf_counter()
         store.wait()
         run.t_store += time.perf_counter() - t0
         store_stats = store.stats()
     except BaseException as error:
         where = f"vlcc_adjoint.run_adjoint: while {run.where_text()}"
-        if run.index >= 0:
-            action = run.schedule[run.index]
-            where += f" (action {run.index} of the schedule: {action!r})"
+        action = "" if run.machine is None else run.machine.describe()
+        if action:
+            where += f" ({action})"
         error.add_note(where)
         _close_after_error(store, error)
         raise
@@ -524,7 +525,7 @@ def _run_once(
         if bar is not None:
             bar.close()
     store.close()
-    if run.final_state is None:  # pragma: no cover - every schedule ends with Reverse(0)
+    if run.final_state is None or stats is None:  # pragma: no cover - it ends with Reverse(0)
         raise VlccRuntimeError("the schedule never reached the last adjoint step")
     return AdjointResult(
         adjoint=run.adj,

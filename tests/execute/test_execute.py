@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from vlcc_adjoint import timestep
+from vlcc_adjoint._checks import matcher, signature
 from vlcc_adjoint.budget import plan
-from vlcc_adjoint.execute import StateMismatchError, _matcher, _signature, run_adjoint
+from vlcc_adjoint.execute import StateMismatchError, run_adjoint
 from vlcc_adjoint.schedules import Level, Multistage, Online, Periodic, Revolve, StoreAll
 from vlcc_adjoint.storage import MemoryTier, StorageError, TieredStore, ZarrTier
 
@@ -261,9 +262,9 @@ def test_the_signature_matcher_answers_what_comparing_signatures_answers():
         {1.0: z(3)},
     ]
     for a in states:
-        match = _matcher(_signature(a))
+        match = matcher(signature(a))
         for b in states:
-            assert match(b) == (_signature(a) == _signature(b)), (a, b)
+            assert match(b) == (signature(a) == signature(b)), (a, b)
         assert match(a) and match(a)  # the dtype seen is remembered, and still checked
 
 

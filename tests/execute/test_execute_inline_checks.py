@@ -1,6 +1,7 @@
-"""The interpreter's table loop checks a one-array state inline and records
-the failing action and step only when one fails: the checks and the notes
-must be those of the general matcher."""
+"""The executor, a client of the action machine, checks every step's output
+(a one-array state too) and records what failed, and the machine which
+action, only when something fails: the checks and the notes must be those
+of the general matcher, and a failing store call is named with its action."""
 
 import numpy as np
 import pytest
@@ -62,3 +63,69 @@ def test_a_failing_step_deep_in_a_long_advance_is_named_with_its_action():
         run_adjoint(step, Revolve(1000, 3), np.ones(4), np.ones(4))
     notes = "\n".join(info.value.__notes__)
     assert "the solver's forward step 977" in notes and "Advance(" in notes
+
+
+class _FailingStore:
+    """A dict store whose `method` fails for step `step`."""
+
+    def __init__(self, method, step):
+        self.held, self.method, self.step = {}, method, step
+
+    def _maybe_fail(self, method, step):
+        if method == self.method and step == self.step:
+            raise OSError(f"{method} failed")
+
+    def save(self, step, state, level=0):
+        self._maybe_fail("save", step)
+        self.held[step, level] = state.copy()
+
+    def load(self, step, level=0, out=None, copy=True):
+        self._maybe_fail("load", step)
+        return self.held[step, level].copy()
+
+    def delete(self, step, level=0):
+        self._maybe_fail("delete", step)
+        del self.held[step, level]
+
+    def move(self, step, src, dst):
+        self.held[step, dst] = self.held.pop((step, src))
+
+    def wait(self):
+        self._maybe_fail("wait", None)
+
+    def stats(self):
+        return None
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "method, kind, words",
+    [
+        ("save", "Save", "saving u_{} on level 0"),
+        ("load", "Load", "loading u_{} from level 0"),
+        ("delete", "Delete", "deleting u_{} from level 0"),
+    ],
+)
+def test_a_failing_store_call_is_named_with_the_action_the_machine_ran(method, kind, words):
+    schedule = Revolve(30, 3)
+    index, action = next(
+        (i, a) for i, a in enumerate(schedule) if type(a).__name__ == kind and a.step > 0
+    )
+    with pytest.raises(OSError, match=f"{method} failed") as info:
+        run_adjoint(
+            _solver(), schedule, np.ones(6), lambda u: u, store=_FailingStore(method, action.step)
+        )
+    notes = "\n".join(info.value.__notes__)
+    assert words.format(action.step) in notes
+    assert f"(action {index} of the schedule: {action!r})" in notes
+
+
+def test_a_failure_after_the_last_action_names_no_action():
+    with pytest.raises(OSError, match="wait failed") as info:
+        run_adjoint(
+            _solver(), Revolve(12, 3), np.ones(6), lambda u: u, store=_FailingStore("wait", None)
+        )
+    notes = "\n".join(info.value.__notes__)
+    assert "while flushing the store" in notes and "of the schedule" not in notes

@@ -16,6 +16,10 @@ import pytest
 
 from vlcc_adjoint.schedules import (
     ACTION_DTYPE,
+    ADVANCE,
+    DELETE,
+    LOAD,
+    REVERSE,
     InvalidScheduleError,
     Level,
     Multistage,
@@ -340,8 +344,9 @@ def test_a_restart_paused_for_room_resumes_with_the_same_rows(room):
         pieces.append(out[:end])
     assert np.array_equal(np.concatenate(pieces), whole)
     kinds = whole["kind"].tolist()
-    assert [int(a) for a, k in zip(whole["a"], kinds) if k == 5] == list(range(hi, s - 1, -1))
-    advances = whole[whole["kind"] == 0]
+    reversed_steps = [int(a) for a, k in zip(whole["a"], kinds) if k == REVERSE]
+    assert reversed_steps == list(range(hi, s - 1, -1))
+    advances = whole[whole["kind"] == ADVANCE]
     assert int((advances["b"] - advances["a"]).sum()) == (hi - s + 1) * (hi - s) // 2
-    assert kinds.count(2) == hi - s and kinds.count(3) == 1 and kinds[-2] == 3
-    assert set(whole["level"][whole["kind"] == 2].tolist()) == {level}
+    assert kinds.count(LOAD) == hi - s and kinds.count(DELETE) == 1 and kinds[-2] == DELETE
+    assert set(whole["level"][whole["kind"] == LOAD].tolist()) == {level}

@@ -1,9 +1,12 @@
-"""The plain-Python paths of the schedules agree with their numba kernels.
+"""The two runs of each schedule kernel agree: its Python function and the
+compiled kernel.
 
-Small schedules are built, replayed and planned in plain Python so that the
-first schedule of a process never waits for numba; large ones by the numba
-kernels.  Both paths are forced here, one against the other: tables byte for
-byte, replay results (errors included) and I/O plans exactly.
+Small schedules are built, replayed and planned by the kernels' own Python
+functions (``py_func``, :meth:`LazyKernel.python`) so that the first
+schedule of a process never waits for numba; large ones by the compiled
+kernels.  Both runs are forced here, one against the other: tables byte for
+byte, replay results (errors included) and I/O plans exactly.  There is no
+hand-written twin to drift: the Python run executes the kernel's own code.
 """
 
 import os
@@ -15,6 +18,9 @@ import numpy as np
 import pytest
 
 from vlcc_adjoint.schedules import (
+    LOAD,
+    MOVE,
+    SAVE,
     Advance,
     Delete,
     InvalidScheduleError,
@@ -36,7 +42,7 @@ from vlcc_adjoint.schedules import (
     io_plan,
     simulate,
 )
-from vlcc_adjoint.schedules._jit import LazyKernel, PythonBudget, njit
+from vlcc_adjoint.schedules._jit import LazyKernel, PythonBudget, njit, python_function
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -78,6 +84,34 @@ def test_revolve_tables_agree_below_at_and_above_the_threshold():
     kernel = LazyKernel(lambda: None, {})
     assert PythonBudget(limit).take(limit, kernel)
     assert not PythonBudget(limit).take(limit + 1, kernel)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 37, 300, 1001])
+def test_online_and_baseline_tables_are_the_same_from_both_runs(n):
+    from vlcc_adjoint.schedules import _baselines, _online
+
+    for c in (1, 2, 3, 8):
+        p = (c + 1) // 2
+        py = _revolve.build_table(_online._emit_online, n, c, p, python=True)
+        nb = _revolve.build_table(_online._emit_online, n, c, p, python=False)
+        assert py.tobytes() == nb.tobytes(), (n, c)
+    for k, level, buffer in ((1, 0, 0), (4, 0, 0), (7, 1, 1), (5, 0, 2), (n, 0, 0)):
+        args = (n, min(k, n), level, buffer)
+        py = _revolve.build_table(_baselines._emit_periodic, *args, python=True)
+        nb = _revolve.build_table(_baselines._emit_periodic, *args, python=False)
+        assert py.tobytes() == nb.tobytes(), args
+
+
+def test_online_capture_decides_the_same_step_by_step_in_both_runs(monkeypatch):
+    from vlcc_adjoint.schedules import _online
+
+    runs = []
+    for budget in (PythonBudget(10**9), PythonBudget(0)):
+        monkeypatch.setattr(_online, "_python_steps", budget)
+        online = Online(snapshots=5)
+        runs.append([online.capture(i) for i in range(200)])
+    assert runs[0] == runs[1]
+    assert sum(len(actions) for actions in runs[0]) > 10  # saves and deletes were decided
 
 
 def test_python_budget_is_spent_then_the_kernel_takes_over():
@@ -136,19 +170,54 @@ def _schedules():
     return out
 
 
-def _replay_args(schedule):
-    t = schedule.table
+def _slots(schedule):
     big = np.iinfo(np.int64).max
-    slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
-    return (t["kind"], t["a"], t["b"], t["level"], t["dst"], schedule.n_steps, slots)
+    return np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
 
 
-def test_replay_python_equals_kernel_on_every_schedule_class():
+def _replay(schedule, python):
+    """``(error, index, registers)`` of the replay of the whole table."""
+    err, index, _, regs = _simulate.replay_pieces(
+        [schedule.table], schedule.n_steps, _slots(schedule), python
+    )
+    return err, index, regs
+
+
+def _replay_both(schedule):
+    py, nb = _replay(schedule, True), _replay(schedule, False)
+    assert _same(py, nb), schedule
+    return py
+
+
+def test_replay_python_function_equals_compiled_kernel_on_every_schedule_class():
     for schedule in _schedules():
-        args = _replay_args(schedule)
-        py = _simulate._replay_python(*args)
-        assert py[0] == 0, schedule
-        assert _same(py, _simulate._replay_kernel(*args)), schedule
+        assert _replay_both(schedule)[0] == 0, schedule
+
+
+def test_the_python_run_is_the_kernels_own_code():
+    for kernel in (_simulate.replay_rows, _io_plan.scan_rows, _revolve._emit_revolve):
+        function = python_function(kernel)
+        assert function.__code__ is kernel.py_func.__code__
+        # The kernels it calls run as their own Python functions too.
+        for name in kernel.py_func.__code__.co_names:
+            callee = kernel.py_func.__globals__.get(name)
+            if isinstance(callee, LazyKernel):
+                assert function.__globals__[name].__code__ is callee.py_func.__code__
+
+
+def test_no_schedule_module_keeps_a_python_twin_of_a_kernel():
+    import ast
+    import pathlib
+
+    folder = pathlib.Path(_simulate.__file__).parent
+    twins = [
+        f"{path.name}: {node.name}"
+        for path in sorted(folder.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and (node.name.endswith("_python") or node.name.startswith("_python"))
+    ]
+    assert twins == []
 
 
 def _mutants(schedule, rng, count):
@@ -176,7 +245,7 @@ def _mutants(schedule, rng, count):
         yield m
 
 
-def test_replay_python_equals_kernel_on_broken_tables_with_every_error():
+def test_replay_python_function_equals_kernel_on_broken_tables_with_every_error():
     rng = np.random.default_rng(7)
     errors = set()
     for schedule in _schedules():
@@ -184,16 +253,11 @@ def test_replay_python_equals_kernel_on_broken_tables_with_every_error():
             continue
         for table in _mutants(schedule, rng, 60):
             broken = Schedule(table, schedule.n_steps, schedule.levels)
-            args = _replay_args(broken)
-            py = _simulate._replay_python(*args)
-            assert _same(py, _simulate._replay_kernel(*args)), (schedule, table)
-            errors.add(int(py[0]))
+            errors.add(int(_replay_both(broken)[0]))
     # Moves are rare in the schedules: two tables that break them.
     for actions in ([Move(0, 0, 1)], [Save(0, 0), Save(0, 1), Move(0, 0, 1)]):
-        args = _replay_args(Schedule(actions_to_table(actions), 3, (Level(2), Level(2))))
-        py = _simulate._replay_python(*args)
-        assert _same(py, _simulate._replay_kernel(*args)), actions
-        errors.add(int(py[0]))
+        broken = Schedule(actions_to_table(actions), 3, (Level(2), Level(2)))
+        errors.add(int(_replay_both(broken)[0]))
     # The defects reach every check the replay makes.
     assert errors >= set(range(1, 17)), sorted(errors)
 
@@ -220,29 +284,21 @@ def test_simulate_gives_the_same_stats_and_errors_through_both_paths(monkeypatch
     assert results[0] == results[1]
 
 
-def _scan_args(schedule):
+def _scan(schedule, python):
     t = schedule.table
     kind = t["kind"]
-    nsaves = int(np.count_nonzero((kind == 1) | (kind == 4)))
-    nloads = int(np.count_nonzero((kind == 2) | (kind == 4)))
-    return (
-        t["kind"],
-        t["a"],
-        t["level"],
-        t["dst"],
-        schedule.n_steps,
-        len(schedule.levels),
-        nsaves,
-        nloads,
+    nsaves = int(np.count_nonzero((kind == SAVE) | (kind == MOVE)))
+    nloads = int(np.count_nonzero((kind == LOAD) | (kind == MOVE)))
+    return _io_plan.scan_pieces(
+        [t], len(t), schedule.n_steps, len(schedule.levels), nsaves, nloads, python
     )
 
 
-def test_io_plan_scan_python_equals_kernel():
+def test_io_plan_scan_python_function_equals_kernel():
     moves = 0
     for schedule in _schedules():
-        args = _scan_args(schedule)
-        assert _same(_io_plan._scan_python(*args), _io_plan._scan_kernel(*args)), schedule
-        moves += int(np.count_nonzero(schedule.table["kind"] == 4))
+        assert _same(_scan(schedule, True), _scan(schedule, False)), schedule
+        moves += int(np.count_nonzero(schedule.table["kind"] == MOVE))
     assert moves > 0  # the scans were compared on Moves too
 
 
@@ -274,8 +330,9 @@ def test_lazy_kernels_call_each_other_and_compile_once_called():
     assert outer.loaded and inner.loaded  # the caller's compilation typed the callee
 
 
-def _run(code: str) -> str:
+def _run(code: str, **extra_env: str) -> str:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(extra_env)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -294,8 +351,8 @@ def test_first_small_schedule_runs_no_numba_kernel():
         s = vlcc_adjoint.Revolve(100, 10)
         s.stats()
         vlcc_adjoint.io_plan(s)
-        print(_revolve._revolve_fill.loaded, _simulate._replay_block.loaded,
-              _io_plan._scan_block.loaded)
+        print(_revolve._revolve_fill.loaded, _simulate.replay_rows.loaded,
+              _io_plan.scan_rows.loaded)
     """)
     assert out.split() == ["False", "False", "False"]
 
@@ -325,3 +382,29 @@ def test_load_kernels_makes_every_size_run_the_kernels():
         print(all(k.loaded for k in _jit._KERNELS), len(_jit._KERNELS) > 3, spent)
     """)
     assert out.split() == ["True", "True", "False"]  # no plain-Python work charged
+
+
+def test_kernels_that_read_the_kind_constants_compile_and_load_from_the_cache(tmp_path):
+    """The action kinds are module-level ints that numba freezes into the
+    compiled code; the kernels that read them still cache: a second process
+    loads them from numba's cache instead of compiling again."""
+    code = """
+        import numpy as np
+        from vlcc_adjoint.schedules import Revolve, _io_plan, _simulate, io_plan, simulate
+        from vlcc_adjoint.schedules._jit import PythonBudget
+        _simulate._python_rows = PythonBudget(0)
+        _io_plan._python_rows = PythonBudget(0)
+        s = Revolve(60, 4)
+        stats = simulate(s)
+        io_plan(s).records
+        for kernel in (_simulate.replay_rows, _io_plan.scan_rows):
+            d = kernel.dispatcher.stats
+            print(sum(d.cache_hits.values()), sum(d.cache_misses.values()))
+        print(stats.forward_count)
+    """
+    cache = str(tmp_path / "numba-cache")
+    first = _run(code, NUMBA_CACHE_DIR=cache).split()
+    second = _run(code, NUMBA_CACHE_DIR=cache).split()
+    assert first[-1] == second[-1] == str(Revolve(60, 4).stats().forward_count)
+    assert first[:4] == ["0", "1", "0", "1"]  # compiled (a miss each)
+    assert second[:4] == ["1", "0", "1", "0"]  # loaded from the cache

@@ -4,7 +4,8 @@ A schedule is a table of actions (:data:`ACTION_DTYPE`) that says, for a loop
 of ``n`` steps and a storage hierarchy, which states to store where, what to
 recompute and when each adjoint step runs.  :func:`simulate` checks and counts
 a schedule; :func:`io_plan` derives its future reads for prefetch and
-eviction.
+eviction; :class:`Machine` runs its rows against a client (the executor,
+the torch and JAX integrations, a solver asking "what next?").
 """
 
 from ._baselines import Periodic as Periodic
@@ -26,6 +27,12 @@ from ._simulate import simulate as simulate
 from ._trace import Trace as Trace
 from ._trace import table_trace as table_trace
 from .actions import ACTION_DTYPE as ACTION_DTYPE
+from .actions import ADVANCE as ADVANCE
+from .actions import DELETE as DELETE
+from .actions import LOAD as LOAD
+from .actions import MOVE as MOVE
+from .actions import REVERSE as REVERSE
+from .actions import SAVE as SAVE
 from .actions import Action as Action
 from .actions import ActionKind as ActionKind
 from .actions import Advance as Advance
@@ -36,3 +43,6 @@ from .actions import Reverse as Reverse
 from .actions import Save as Save
 from .actions import actions_to_table as actions_to_table
 from .actions import table_to_actions as table_to_actions
+from .machine import ActionClient as ActionClient
+from .machine import Machine as Machine
+from .machine import perform as perform

@@ -18,11 +18,17 @@ holding both when they coincide): about ``2 n`` steps with
 
 from __future__ import annotations
 
-from ._jit import njit
-from ._revolve import _put, build_table
+from ._jit import PythonBudget, njit
+from ._revolve import build_table, put_row
 from ._schedule import Level, Schedule, check_positive_int
+from .actions import ADVANCE, DELETE, LOAD, REVERSE, SAVE
 
 __all__ = ["Periodic", "StoreAll"]
+
+#: Steps of baseline tables emitted by the kernels' Python functions per
+#: process before the compiled kernels take over (ski rental, :mod:`._jit`;
+#: priced as Revolve's ``_python_steps``).
+_python_steps = PythonBudget(40_000)
 
 
 @njit(cache=True, nogil=True)
@@ -30,20 +36,20 @@ def _emit_segment_store_all(out, pos, write, s, e, in_hand, level, buffer):
     """Reverse steps ``e - 1 .. s`` from ``u_s`` (stored on ``level``),
     storing ``u_{s+1} .. u_{e-2}`` on ``buffer`` on the way."""
     if not in_hand:
-        pos = _put(out, pos, write, 2, s, -1, level)  # Load
+        pos = put_row(out, pos, write, LOAD, s, -1, level)
     for i in range(s + 1, e):
-        pos = _put(out, pos, write, 0, i - 1, i, -1)  # Advance
+        pos = put_row(out, pos, write, ADVANCE, i - 1, i, -1)
         if i < e - 1:
-            pos = _put(out, pos, write, 1, i, -1, buffer)  # Save
+            pos = put_row(out, pos, write, SAVE, i, -1, buffer)
     if e - 1 == s:
         # One-step segment: its base is the state in hand.
-        pos = _put(out, pos, write, 3, s, -1, level)  # Delete
-    pos = _put(out, pos, write, 5, e - 1, -1, -1)  # Reverse
+        pos = put_row(out, pos, write, DELETE, s, -1, level)
+    pos = put_row(out, pos, write, REVERSE, e - 1, -1, -1)
     for i in range(e - 2, s - 1, -1):
         lv = level if i == s else buffer
-        pos = _put(out, pos, write, 2, i, -1, lv)  # Load
-        pos = _put(out, pos, write, 3, i, -1, lv)  # Delete
-        pos = _put(out, pos, write, 5, i, -1, -1)  # Reverse
+        pos = put_row(out, pos, write, LOAD, i, -1, lv)
+        pos = put_row(out, pos, write, DELETE, i, -1, lv)
+        pos = put_row(out, pos, write, REVERSE, i, -1, -1)
     return pos
 
 
@@ -53,8 +59,8 @@ def _emit_periodic(out, write, n, k, level, buffer):
     last = ((n - 1) // k) * k  # base of the last segment
     for s in range(0, last + 1, k):
         if s > 0:
-            pos = _put(out, pos, write, 0, s - k, s, -1)  # Advance
-        pos = _put(out, pos, write, 1, s, -1, level)  # Save
+            pos = put_row(out, pos, write, ADVANCE, s - k, s, -1)
+        pos = put_row(out, pos, write, SAVE, s, -1, level)
     # The last segment is reversed straight from the forward sweep.
     pos = _emit_segment_store_all(out, pos, write, last, n, True, level, buffer)
     for s in range(last - k, -1, -k):
@@ -82,7 +88,8 @@ class StoreAll(Schedule):
         self.level = _check_level(level, "level")
         levels = [Level(None) for _ in range(self.level + 1)]
         # One segment holding everything: Periodic with every = n.
-        table = build_table(_emit_periodic, n, n, self.level, self.level)
+        python = _python_steps.take(n, _emit_periodic)
+        table = build_table(_emit_periodic, n, n, self.level, self.level, python=python)
         super().__init__(table, n, levels)
 
     def _params(self) -> str:
@@ -110,7 +117,10 @@ class Periodic(Schedule):
         self.level = _check_level(level, "level")
         self.buffer_level = _check_level(buffer_level, "buffer_level")
         levels = [Level(None) for _ in range(max(self.level, self.buffer_level) + 1)]
-        table = build_table(_emit_periodic, n, min(k, n), self.level, self.buffer_level)
+        python = _python_steps.take(n, _emit_periodic)
+        table = build_table(
+            _emit_periodic, n, min(k, n), self.level, self.buffer_level, python=python
+        )
         super().__init__(table, n, levels)
 
     def _params(self) -> str:

@@ -18,8 +18,9 @@ Two consumers, two access patterns, both O(1) or O(k):
   ``next_read_of_record`` links each read to the next read of the same
   record, so the update after a read is one array lookup.
 
-The scan is a numba kernel, with a plain-Python twin for short tables so
-that a small schedule never waits for numba to load (:mod:`._jit`).
+The scan is a numba kernel (:func:`scan_rows`), run as its own Python
+function for short tables so that a small schedule never waits for numba to
+load (:mod:`._jit`).
 """
 
 from __future__ import annotations
@@ -27,17 +28,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import VlccValueError
 from ._interrupt import call_kernel
 from ._jit import PythonBudget, njit
+from ._plan_windows import PlanWindow, plan_windows
 from ._schedule import Schedule
-from ._simulate import THREADED_ROWS
-
-if TYPE_CHECKING:
-    from ._plan_windows import PlanWindow
+from ._simulate import THREADED_ROWS, ScheduleStats, simulate
+from .actions import DELETE, LOAD, MOVE, SAVE
 
 __all__ = ["IOPlan", "LevelIO", "io_plan"]
 
@@ -112,9 +112,17 @@ class IOPlan:
         record_of_action: np.ndarray | None = None,
         *,
         schedule: Schedule | None = None,
+        stats: ScheduleStats | None = None,
     ) -> None:
         self.schedule = schedule
+        self._stats = stats  # the schedule's, when known: spares _build a replay
+        self._arrays: tuple[tuple[LevelIO, ...], np.ndarray, np.ndarray] | None
         if schedule is None:
+            if levels is None or records is None or record_of_action is None:
+                raise VlccValueError(
+                    "IOPlan takes its arrays (levels, records, record_of_action) or a "
+                    "schedule=...; build a schedule's plan with io_plan(schedule)"
+                )
             self._arrays = (tuple(levels), records, record_of_action)
             self.n_levels = len(self._arrays[0])
         else:
@@ -132,7 +140,7 @@ class IOPlan:
         if self._arrays is None:
             with self._lock:
                 if self._arrays is None:
-                    self._arrays = _build(self.schedule)
+                    self._arrays = _build(self.schedule, self._stats)
         return self._arrays
 
     @property
@@ -163,8 +171,6 @@ class IOPlan:
         """The plan as consecutive :class:`PlanWindow` s, one per chunk of
         the schedule (about 65,536 actions), from the one holding action
         `start` on: see :mod:`._plan_windows`."""
-        from ._plan_windows import plan_windows
-
         return plan_windows(self, start)
 
     def __repr__(self) -> str:
@@ -173,12 +179,13 @@ class IOPlan:
 
 
 @njit(cache=True, nogil=True)
-def _scan_block(
+def scan_rows(
     kind,
     a,
     level,
     dst,
     offset,
+    stride,
     live,
     rec_step,
     rec_level,
@@ -193,18 +200,24 @@ def _scan_block(
     count,
 ):
     """Scan one block of rows (the first at action index `offset`), carrying
-    ``live`` (the record each level holds for a step) and ``count = [records,
-    reads]`` from block to block; ``rec_of_action`` covers the whole table."""
+    ``live`` (the record level ``k`` holds for step ``s`` at ``live[k *
+    stride + s]``, -1 for none) and ``count = [records, reads]`` from block
+    to block; ``rec_of_action`` covers the whole table.
+
+    The one scan: compiled by numba for long tables, run as its own Python
+    function on lists for short ones (:func:`scan_pieces`); it indexes its
+    arguments element by element for that.
+    """
     nrec = count[0]
     nread = count[1]
-    for t in range(kind.shape[0]):
+    for t in range(len(kind)):
         i = offset + t
         k = kind[t]
         s = a[t]
-        if k == 1 or k == 4:  # Save, or Move into dst
-            lv = level[t] if k == 1 else dst[t]
-            if k == 4:
-                src = live[level[t], s]
+        if k == SAVE or k == MOVE:  # a new record: the Save's, or the Move's on dst
+            lv = level[t]
+            if k == MOVE:
+                src = live[lv * stride + s]
                 read_action[nread] = i
                 read_record[nread] = src
                 nread += 1
@@ -213,15 +226,16 @@ def _scan_block(
                 rec_last[src] = i
                 rec_reads[src] += 1
                 rec_end[src] = i
-                live[level[t], s] = -1
+                live[lv * stride + s] = -1
+                lv = dst[t]
             rec_step[nrec] = s
             rec_level[nrec] = lv
             rec_start[nrec] = i
-            live[lv, s] = nrec
+            live[lv * stride + s] = nrec
             rec_of_action[i] = nrec
             nrec += 1
-        elif k == 2:  # Load
-            r = live[level[t], s]
+        elif k == LOAD:
+            r = live[level[t] * stride + s]
             read_action[nread] = i
             read_record[nread] = r
             nread += 1
@@ -230,70 +244,67 @@ def _scan_block(
             rec_last[r] = i
             rec_reads[r] += 1
             rec_of_action[i] = r
-        elif k == 3:  # Delete
-            r = live[level[t], s]
+        elif k == DELETE:
+            r = live[level[t] * stride + s]
             rec_end[r] = i
-            live[level[t], s] = -1
+            live[level[t] * stride + s] = -1
             rec_of_action[i] = r
     count[0] = nrec
     count[1] = nread
 
 
 @njit(cache=True, nogil=True)
-def _link(read_record, nread, nrec):
-    """Link each read to the next read of the same record (scan backwards)."""
-    nxt = np.full(nread, -1, np.int64)
-    last_seen = np.full(nrec, -1, np.int64)
+def link_reads(read_record, nread, nxt, last_seen):
+    """Link each of the first `nread` reads to the next read of the same
+    record (``nxt``, -1 for a record's last read), scanning backwards;
+    ``last_seen`` holds -1 for every record on entry."""
     for q in range(nread - 1, -1, -1):
         r = read_record[q]
         nxt[q] = last_seen[r]
         last_seen[r] = q
-    return nxt
 
 
-def _scan_arrays(m, n, nlv, nsaves, nloads):
-    """The scan's state and outputs, for a table of `m` rows."""
-    return (
-        np.full((nlv, n + 1), -1, np.int64),
-        np.empty(nsaves, np.int64),
-        np.empty(nsaves, np.int8),
-        np.empty(nsaves, np.int64),
-        np.full(nsaves, m, np.int64),
-        np.full(nsaves, -1, np.int64),
-        np.full(nsaves, -1, np.int64),
-        np.zeros(nsaves, np.int64),
-        np.full(m, -1, np.int64),
-        np.empty(nloads, np.int64),
-        np.empty(nloads, np.int64),
-        np.zeros(2, np.int64),
-    )
+#: The columns of a table the scan reads, in the order it takes them.
+COLUMNS = ("kind", "a", "level", "dst")
 
 
-def _scan_pieces(pieces, m, n, nlv, nsaves, nloads):
-    """Scan consecutive pieces of a table of `m` rows with the kernel; the
-    same arrays as :func:`_scan_python`."""
-    (
-        live,
-        step,
-        level,
-        start,
-        end,
-        first,
-        last,
-        reads,
-        rec_of_action,
-        read_action,
-        read_record,
-        count,
-    ) = _scan_arrays(m, n, nlv, nsaves, nloads)
+def scan_pieces(pieces, m, n, nlv, nsaves, nloads, python: bool):
+    """Scan consecutive pieces of a table of `m` rows (a schedule of `n`
+    steps on `nlv` levels, with `nsaves` records and `nloads` reads) with
+    :func:`scan_rows` and link the reads with :func:`link_reads`: by their
+    Python functions on lists (`python`), or by the compiled kernels on
+    arrays.  Returns ``(records, reads, step, level, start, end,
+    first_read, last_read, reads_per_record, record_of_action, read_action,
+    read_record, next_read)``, arrays either way."""
+    stride = n + 1
+
+    def filled(size, value, dtype=np.int64):
+        if python:
+            return [value] * size
+        return np.full(size, value, dtype)
+
+    live = filled(nlv * stride, -1)
+    step = filled(nsaves, 0)
+    level = filled(nsaves, 0, np.int8)
+    start = filled(nsaves, 0)
+    end = filled(nsaves, m)
+    first = filled(nsaves, -1)
+    last = filled(nsaves, -1)
+    reads = filled(nsaves, 0)
+    rec_of_action = filled(m, -1)
+    read_action = filled(nloads, 0)
+    read_record = filled(nloads, 0)
+    count = filled(2, 0)
+    scan = scan_rows.python if python else scan_rows
     offset = 0
     for piece in pieces:
-        _scan_block(
-            piece["kind"],
-            piece["a"],
-            piece["level"],
-            piece["dst"],
+        columns = [piece[name] for name in COLUMNS]
+        if python:
+            columns = [column.tolist() for column in columns]
+        scan(
+            *columns,
             offset,
+            stride,
             live,
             step,
             level,
@@ -309,104 +320,16 @@ def _scan_pieces(pieces, m, n, nlv, nsaves, nloads):
         )
         offset += len(piece)
     nrec, nread = int(count[0]), int(count[1])
-    nxt = _link(read_record, nread, nrec)
-    return (
-        nrec,
-        nread,
-        step,
-        level,
-        start,
-        end,
-        first,
-        last,
-        reads,
-        rec_of_action,
-        read_action,
-        read_record,
-        nxt,
-    )
+    nxt = filled(nread, -1)
+    (link_reads.python if python else link_reads)(read_record, nread, nxt, filled(nrec, -1))
+    out = [step, level, start, end, first, last, reads, rec_of_action, read_action, read_record]
+    arrays = [np.asarray(x, np.int8 if x is level else np.int64) for x in out]
+    return (nrec, nread, *arrays, np.asarray(nxt, np.int64))
 
 
-def _scan_kernel(kind, a, level, dst, n, nlv, nsaves, nloads):
-    """Scan a whole table with the kernel (one block)."""
-    piece = np.empty(len(kind), [("kind", "u1"), ("a", "i8"), ("level", "i1"), ("dst", "i1")])
-    piece["kind"], piece["a"], piece["level"], piece["dst"] = kind, a, level, dst
-    return _scan_pieces([piece], len(kind), n, nlv, nsaves, nloads)
-
-
-def _scan_python(kind, a, level, dst, n, nlv, nsaves, nloads):
-    """:func:`_scan_kernel` in plain Python: the same arrays."""
-    m = len(kind)
-    live = {}  # (level, step) -> the record that level holds for the step
-    rec_step, rec_level, rec_start, rec_end = [], [], [], []
-    rec_first, rec_last, rec_reads = [], [], []
-    rec_of_action = [-1] * m
-    read_action, read_record = [], []
-
-    def read(i, r):
-        read_action.append(i)
-        read_record.append(r)
-        if rec_first[r] < 0:
-            rec_first[r] = i
-        rec_last[r] = i
-        rec_reads[r] += 1
-
-    for i, (k, s, lv, d) in enumerate(zip(kind.tolist(), a.tolist(), level.tolist(), dst.tolist())):
-        if k == 1 or k == 4:  # Save, or Move into dst
-            if k == 4:
-                src = live.pop((lv, s))
-                read(i, src)
-                rec_end[src] = i
-                lv = d
-            r = len(rec_step)
-            rec_step.append(s)
-            rec_level.append(lv)
-            rec_start.append(i)
-            rec_end.append(m)
-            rec_first.append(-1)
-            rec_last.append(-1)
-            rec_reads.append(0)
-            live[lv, s] = r
-            rec_of_action[i] = r
-        elif k == 2:  # Load
-            r = live[lv, s]
-            read(i, r)
-            rec_of_action[i] = r
-        elif k == 3:  # Delete
-            r = live.pop((lv, s))
-            rec_end[r] = i
-            rec_of_action[i] = r
-    # Link each read to the next read of the same record (scan backwards).
-    nread = len(read_action)
-    nxt = [-1] * nread
-    last_seen = [-1] * len(rec_step)
-    for q in range(nread - 1, -1, -1):
-        r = read_record[q]
-        nxt[q] = last_seen[r]
-        last_seen[r] = q
-
-    def i64(values):
-        return np.array(values, np.int64)
-
-    return (
-        len(rec_step),
-        nread,
-        i64(rec_step),
-        np.array(rec_level, np.int8),
-        i64(rec_start),
-        i64(rec_end),
-        i64(rec_first),
-        i64(rec_last),
-        i64(rec_reads),
-        i64(rec_of_action),
-        i64(read_action),
-        i64(read_record),
-        i64(nxt),
-    )
-
-
-#: Ski rental between the two scans (as for :func:`.simulate`'s replay): rows
-#: scanned in Python per process before the kernel takes over.
+#: Ski rental between the two runs of :func:`scan_rows` (as for
+#: :func:`.simulate`'s replay): rows scanned by its Python function per
+#: process before the compiled kernel takes over.
 _python_rows = PythonBudget(200_000)
 
 
@@ -423,32 +346,32 @@ def io_plan(schedule: Schedule) -> IOPlan:
     schedule's chunks (never its whole table); :meth:`IOPlan.windows` reads
     the same plan in bounded memory.
     """
-    from ._simulate import simulate
-
-    simulate(schedule)  # io_plan trusts the table from here on
-    return IOPlan(schedule=schedule)
+    stats = simulate(schedule)  # io_plan trusts the table from here on
+    return IOPlan(schedule=schedule, stats=stats)
 
 
-def _build(schedule: Schedule):
+def _build(schedule: Schedule, stats: ScheduleStats | None):
     """The arrays of :class:`IOPlan`: one scan of the schedule's chunks."""
-    from ._simulate import _pieces, simulate
-
-    stats = simulate(schedule)
+    if stats is None:
+        stats = simulate(schedule)
     m = len(schedule)
     nlv = len(schedule.levels)
     n = schedule.n_steps
     nsaves = int(sum(stats.writes))  # Saves and Moves (their destination)
     nloads = int(sum(stats.reads))  # Loads and Moves (their source)
-    if _python_rows.take(m, _scan_block):
-        parts = list(_pieces(schedule))
-        t = np.concatenate(parts) if len(parts) != 1 else parts[0]
-        out = _scan_python(t["kind"], t["a"], t["level"], t["dst"], n, nlv, nsaves, nloads)
-    else:
-        # On a worker thread: Ctrl-C-safe on long tables (_interrupt).
-        out = call_kernel(
-            lambda: _scan_pieces(_pieces(schedule), m, n, nlv, nsaves, nloads),
-            threaded=m > THREADED_ROWS,
-        )
+    python = _python_rows.take(m, scan_rows)
+    # On a worker thread: Ctrl-C-safe on long tables (_interrupt).
+    out = call_kernel(
+        scan_pieces,
+        schedule.blocks(),
+        m,
+        n,
+        nlv,
+        nsaves,
+        nloads,
+        python,
+        threaded=m > THREADED_ROWS and not python,
+    )
     (
         nrec,
         nread,

@@ -1,37 +1,51 @@
-"""Numba kernels that load numba on their first call, not at import.
+"""Numba kernels that load numba on their first call, not at import, and
+run as plain Python below a work budget.
 
 ``import numba`` and loading a kernel from numba's on-disk cache take a few
 hundred milliseconds, and compiling one on a fresh install takes seconds;
-small schedules are built and replayed faster in plain Python than that
-(each module keeps a Python path below a size threshold).  So the schedule
-modules declare their kernels with :func:`njit`, which records the function
-and numba's options and returns a :class:`LazyKernel`; numba is imported,
-and the kernel compiled or loaded from the cache, when the kernel is first
-called.
+small schedules are built and replayed faster in plain Python than that.  So
+the schedule modules declare their kernels with :func:`njit`, which records
+the function and numba's options and returns a :class:`LazyKernel`; numba is
+imported, and the kernel compiled or loaded from the cache, when the kernel
+is first called.
+
+One description of each algorithm.  The plain-Python run of a kernel is the
+kernel's own function (numba's ``py_func``), never a hand-written twin:
+:meth:`LazyKernel.python` runs ``py_func`` with every kernel it calls run as
+plain Python too (its globals, with each lazy kernel replaced by its
+``py_func``, see :func:`python_function`), so a small schedule never imports
+numba and the two runs cannot drift apart.  Kernels meant to run both ways
+index their arguments element by element (no views, no array methods beyond
+``len``), so the Python caller may hand them lists where indexing a numpy
+array from the interpreter would cost a boxed scalar per access.
 
 A kernel that calls another kernel names it as a global, which numba types
 when it compiles the caller.  Numba types an object it does not know by its
 ``_numba_type_`` attribute, so :attr:`LazyKernel._numba_type_` builds the
 callee's dispatcher on demand and answers with its type: a kernel compiled
 by plain ``numba.njit`` may call a lazy one, and lazy ones call each other,
-exactly as if all were numba dispatchers.
+exactly as if all were numba dispatchers.  Module-level integer constants
+(the action kinds of :mod:`.actions`) are frozen into the compiled code.
 
-Which path runs is a ski-rental decision (Karlin, Manasse, Rudolph &
+Which run is taken is a ski-rental decision (Karlin, Manasse, Rudolph &
 Sleator, Algorithmica 3, 1988), made by :class:`PythonBudget`: loading the
 kernel is the one-off purchase, each Python run the rent.  A module runs its
-Python path while the work it did so in this process stays within a budget
-priced at about the load cost, and its kernel afterwards, or at once for
-work larger than the budget, or when the kernel is loaded already.  So no
-process pays much more than twice what it would with the better of the two
-choices made in hindsight, and small schedules never import numba.
+kernel's ``py_func`` while the work it did so in this process stays within a
+budget priced at about the load cost, and the compiled kernel afterwards, or
+at once for work larger than the budget, or when the kernel is loaded
+already.  So no process pays much more than twice what it would with the
+better of the two choices made in hindsight, and small schedules never
+import numba.
 """
 
 from __future__ import annotations
 
 import threading
+import types
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["LazyKernel", "PythonBudget", "load_kernels", "njit"]
+__all__ = ["LazyKernel", "PythonBudget", "load_kernels", "njit", "python_function"]
 
 _lock = threading.Lock()
 _KERNELS: list[LazyKernel] = []  # every kernel declared with njit, in declaration order
@@ -50,6 +64,7 @@ class LazyKernel:
         self.py_func = py_func
         self.options = options
         self._dispatcher = None
+        self._python: types.FunctionType | None = None  # see python_function
         self.__name__ = py_func.__name__
         self.__qualname__ = py_func.__qualname__
         self.__doc__ = py_func.__doc__
@@ -79,6 +94,11 @@ class LazyKernel:
     def __call__(self, *args):
         return self.dispatcher(*args)
 
+    def python(self, *args):
+        """``py_func(*args)`` in plain Python, the kernels it calls included
+        (never imports numba; see :func:`python_function`)."""
+        return python_function(self)(*args)
+
     def __repr__(self) -> str:
         state = "loaded" if self.loaded else "not loaded"
         return f"<LazyKernel {self.__module__}.{self.__qualname__} ({state})>"
@@ -105,6 +125,30 @@ class PythonBudget:
         return True
 
 
+def python_function(kernel: LazyKernel) -> types.FunctionType:
+    """The kernel's ``py_func`` with every lazy kernel among its globals
+    replaced by that kernel's own Python function, recursively.
+
+    The same code object and defaults as ``py_func``, over a copy of its
+    module's globals taken at the first call (the constants and kernels a
+    kernel names are bound once at import and never rebound), so a call from
+    Python runs the whole call tree in the interpreter without a wrapper per
+    nested call.  Built once per kernel and kept.
+    """
+    function = kernel._python
+    if function is None:
+        py_func = kernel.py_func
+        names: dict[str, Any] = dict(py_func.__globals__)
+        function = types.FunctionType(
+            py_func.__code__, names, py_func.__name__, py_func.__defaults__, py_func.__closure__
+        )
+        kernel._python = function  # before the callees: kernels may call each other
+        for name, value in names.items():
+            if isinstance(value, LazyKernel):
+                names[name] = python_function(value)
+    return function
+
+
 def njit(**options) -> Callable[[Callable], LazyKernel]:
     """``numba.njit(**options)``, deferred until the kernel is first called."""
 
@@ -119,8 +163,8 @@ def njit(**options) -> Callable[[Callable], LazyKernel]:
 def load_kernels() -> None:
     """Import numba and make every schedule kernel a numba dispatcher now.
 
-    From then on the schedule modules run their kernels at every size,
-    never the plain-Python twins (each kernel compiles, or loads from
+    From then on the schedule modules run their compiled kernels at every
+    size, never their ``py_func`` (each kernel compiles, or loads from
     numba's on-disk cache, at its first call).  For a process that builds
     many schedules and wants each build at the kernels' speed from the first
     one, and for timing the kernels; a process that builds a few small

@@ -119,8 +119,8 @@ from ..errors import VlccValueError
 from ._chunks import ChunkedTable
 from ._interrupt import call_kernel, stop_flag
 from ._jit import njit
-from ._multistage_emit import Decisions, _decide, _digit
-from ._multistage_split import _BLOCK, _DEPTH, _PMAX, _RETRY, _SAMPLE, _grow, _split
+from ._multistage_emit import Decisions, decide, digit
+from ._multistage_split import BLOCK, DEPTH, PMAX, RETRY, SAMPLE, grow, split
 from ._schedule import Level, Schedule, check_cost, check_positive_int
 
 __all__ = ["Multistage"]
@@ -159,11 +159,11 @@ def _dominance(slots, strides, write, read, valid):
         a = s - k * P
         for j in range(L):
             dom_start[s * L + j] = ne
-            if not valid[s] or _digit(a, j, strides, slots) == 0:
+            if not valid[s] or digit(a, j, strides, slots) == 0:
                 continue
             g = j * P + a - strides[j]
             for i in range(L):  # the same base, saving on i
-                if i != j and _digit(a, i, strides, slots) > 0:
+                if i != j and digit(a, i, strides, slots) > 0:
                     pa[npair] = g
                     pb[npair] = i * P + a - strides[i]
                     dom_h[ne] = -1
@@ -173,7 +173,7 @@ def _dominance(slots, strides, write, read, valid):
                     npair += 1
                     ne += 1
             for kt in range(k):  # the base moved to a faster level kt, then saving on i
-                if _digit(a, kt, strides, slots) == 0:
+                if digit(a, kt, strides, slots) == 0:
                     continue
                 at = a - strides[kt] + strides[k]
                 t = kt * P + at
@@ -182,7 +182,7 @@ def _dominance(slots, strides, write, read, valid):
                 ph = npair
                 npair += 1
                 for i in range(L):
-                    if _digit(at, i, strides, slots) > 0:
+                    if digit(at, i, strides, slots) > 0:
                         pa[npair] = g
                         pb[npair] = i * P + at - strides[i]
                         dom_h[ne] = ph
@@ -226,8 +226,8 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     ntop = np.zeros(S, np.int64)
     for k in range(L):
         nrec[k * P] = -1  # no free slot: F = read (l - 1) + fwd l (l - 1) / 2, d increases
-    bmin = np.full((S, (n >> _BLOCK) + 1), np.inf)
-    bmax = np.full((S, (n >> _BLOCK) + 1), -np.inf)
+    bmin = np.full((S, (n >> BLOCK) + 1), np.inf)
+    bmax = np.full((S, (n >> BLOCK) + 1), -np.inf)
     B = np.empty(S)
     guesses = np.ones((S, L), np.int64)
     lbs = np.full((S, L), -np.inf)
@@ -236,17 +236,17 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     valid = np.empty(S, np.bool_)
     for s in range(S):
         k = s // P
-        valid[s] = _digit(s - k * P, k, strides, slots) < slots[k]
+        valid[s] = digit(s - k * P, k, strides, slots) < slots[k]
     pa, pb, dom_start, dom_h, dom_g, dom_cost, dom_tie = _dominance(
         slots, strides, write, read, valid
     )
     pmin = np.zeros(pa.shape[0])  # min over lengths x of F(x, pa) - F(x, pb); x = 1: 0
-    work = np.empty((_DEPTH, 2), np.int64)
-    fwork = np.empty((_DEPTH, 2))
-    lbh = np.full((S * L, _PMAX), -np.inf)  # lower bounds of the split minima at l - p
+    work = np.empty((DEPTH, 2), np.int64)
+    fwork = np.empty((DEPTH, 2))
+    lbh = np.full((S * L, PMAX), -np.inf)  # lower bounds of the split minima at l - p
     cert = np.zeros((S * L, 4), np.int64)  # periods of the slopes of g: p, x1, x2, tried at
-    cert[:, 3] = -_RETRY
-    iwork = np.empty(2 * _SAMPLE + 2, np.int64)
+    cert[:, 3] = -RETRY
+    iwork = np.empty(2 * SAMPLE + 2, np.int64)
     # moves of each base: to the state t for a write on level kt
     mv_start = np.zeros(S + 1, np.int64)
     mv_t = np.empty(S * L, np.int64)
@@ -259,7 +259,7 @@ def _solve(n, slots, write, read, fwd, qh, stop):
         a = s - k * P
         if valid[s]:
             for kt in range(L):
-                if kt != k and _digit(a, kt, strides, slots) > 0:
+                if kt != k and digit(a, kt, strides, slots) > 0:
                     mv_t[ne] = kt * P + a - strides[kt] + strides[k]
                     mv_w[ne] = write[kt]
                     mv_faster[ne] = kt < k
@@ -268,7 +268,7 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     free = np.empty((S, L), np.bool_)  # level j has a free slot in state s
     for s in range(S):
         for j in range(L):
-            free[s, j] = valid[s] and _digit(s % P, j, strides, slots) > 0
+            free[s, j] = valid[s] and digit(s % P, j, strides, slots) > 0
     for l in range(2, n + 1):
         if stop[0] != 0:
             break
@@ -300,9 +300,9 @@ def _solve(n, slots, write, read, fwd, qh, stop):
                         break
                 if dominated:
                     lbs[s, j] = -np.inf  # searched from scratch should it cease to be
-                    lbh[s * L + j, l % _PMAX] = -np.inf
+                    lbh[s * L + j, l % PMAX] = -np.inf
                     continue
-                v, m = _split(
+                v, m = split(
                     F,
                     rec,
                     recv,
@@ -328,7 +328,7 @@ def _solve(n, slots, write, read, fwd, qh, stop):
                     iwork,
                 )
                 lbs[s, j] = v
-                lbh[s * L + j, l % _PMAX] = v
+                lbh[s * L + j, l % PMAX] = v
                 if m > 0:
                     guesses[s, j] = m
                     best = v + c
@@ -348,14 +348,14 @@ def _solve(n, slots, write, read, fwd, qh, stop):
                     need = max(need, nrec[s], ntop[s])
             if need >= rec.shape[1]:
                 size = min(2 * rec.shape[1], n)
-                rec = _grow(rec, size)
-                stk = _grow(stk, size)
-                recv = _grow(recv, size)
-                stkv = _grow(stkv, size)
+                rec = grow(rec, size)
+                stk = grow(stk, size)
+                recv = grow(recv, size)
+                stkv = grow(stkv, size)
             # append the slope d(l - 1) to the summaries (inlined: a call with
             # this many arrays costs as much as the work)
             y = l - 1
-            b = y >> _BLOCK
+            b = y >> BLOCK
             for s in range(S):
                 if not valid[s]:
                     continue
@@ -427,6 +427,7 @@ class Multistage(Schedule):
             raise VlccValueError(
                 "Multistage needs at least one Level(slots, write_cost, read_cost)"
             )
+        finite: list[int] = []  # each level's slots
         for i, level in enumerate(levels):
             if not isinstance(level, Level):
                 raise VlccValueError(
@@ -437,13 +438,14 @@ class Multistage(Schedule):
                     f"levels[{i}] has unbounded slots; Multistage plans for finite "
                     "slots (use StoreAll for unbounded storage)"
                 )
+            finite.append(level.slots)
         fwd = check_cost(forward_cost, "forward_cost")
         check_cost(adjoint_cost, "adjoint_cost")
         # No level needs more slots than there are states to store.
-        slots = np.array([min(lv.slots, max(n - 1, 1)) for lv in levels], np.int64)
+        slots = np.array([min(k, max(n - 1, 1)) for k in finite], np.int64)
         states = int(np.prod(slots + 1))
         # the cost table and the block extremes of its slopes
-        table_bytes = (8 * (n + 1) + 16 * ((n >> _BLOCK) + 1)) * len(levels) * states
+        table_bytes = (8 * (n + 1) + 16 * ((n >> BLOCK) + 1)) * len(levels) * states
         if table_bytes > max_table_bytes:
             raise VlccValueError(
                 f"Multistage(steps={n}) over slots {slots.tolist()} needs a "
@@ -474,8 +476,8 @@ class Multistage(Schedule):
         )
         # Keep one decision per distinct segment, not F nor the table: the
         # rows are regenerated from them chunk by chunk (:mod:`._chunks`).
-        k0, keys, target, save, split = call_kernel(
-            _decide,
+        k0, keys, target, save, splits = call_kernel(
+            decide,
             n,
             F,
             strides,
@@ -493,7 +495,7 @@ class Multistage(Schedule):
             bmax,
         )
         del F, rec, recv, stk, stkv, bmin, bmax
-        self.decisions = Decisions(n, slots, strides, k0, keys, target, save, split)
+        self.decisions = Decisions(n, slots, strides, k0, keys, target, save, splits)
         super().__init__(
             ChunkedTable(self.decisions.fill, self.decisions.state), n, levels, fwd, adjoint_cost
         )

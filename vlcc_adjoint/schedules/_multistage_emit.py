@@ -8,7 +8,7 @@ search along the optimal path (:func:`_base`, as in the dynamic program).
 bytes) nor the table (about 90 bytes a step): the decision of a segment
 ``(l, k, A)`` (where its base moves, where it saves, where it splits)
 depends on ``(l, k, A)`` alone, not on the step it starts at, so
-:func:`_decide` walks the recursion once and keeps one decision per distinct
+:func:`decide` walks the recursion once and keeps one decision per distinct
 segment, and :func:`_fill` replays the recursion from those decisions as a
 resumable emitter, chunk by chunk (:mod:`._chunks`).  The tests check that
 its rows equal :func:`_emit`'s byte for byte.
@@ -20,14 +20,15 @@ import numpy as np
 
 from ..errors import VlccRuntimeError
 from ._jit import njit
-from ._multistage_split import _DEPTH, _bisect
-from ._revolve import NO_LIMIT, _put, restart_rows
+from ._multistage_split import DEPTH, bisect
+from ._revolve import NO_LIMIT, put_row, restart_rows
+from .actions import ADVANCE, DELETE, LOAD, REVERSE, SAVE
 
 __all__ = ["Decisions"]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _digit(a, k, strides, slots):
+def digit(a, k, strides, slots):
     return (a // strides[k]) % (slots[k] + 1)
 
 
@@ -59,10 +60,10 @@ def _base(
     best_j = -1
     best_m = 0
     for j in range(slots.shape[0]):
-        if _digit(a, j, strides, slots) == 0:
+        if digit(a, j, strides, slots) == 0:
             continue
         c = write[j] + read[k]
-        v, m = _bisect(
+        v, m = bisect(
             F,
             rec,
             recv,
@@ -113,11 +114,11 @@ def _emit(
 ):
     L = slots.shape[0]
     P = F.shape[0] // L
-    work = np.empty((_DEPTH, 2), np.int64)
-    fwork = np.empty((_DEPTH, 2))
+    work = np.empty((DEPTH, 2), np.int64)
+    fwork = np.empty((DEPTH, 2))
     pos = 0
     if n == 1:
-        return _put(out, pos, write_rows, 5, 0, -1, -1)
+        return put_row(out, pos, write_rows, REVERSE, 0, -1, -1)
     full = 0
     for k in range(L):
         full += slots[k] * strides[k]
@@ -129,7 +130,7 @@ def _emit(
             if v < best:
                 best = v
                 k0 = j
-    pos = _put(out, pos, write_rows, 1, 0, -1, k0)  # Save u_0
+    pos = put_row(out, pos, write_rows, SAVE, 0, -1, k0)  # Save u_0
     total = 0
     for k in range(L):
         total += slots[k]
@@ -141,10 +142,10 @@ def _emit(
         top -= 1
         s, l, k, a, h = st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4]
         if h == 0:
-            pos = _put(out, pos, write_rows, 2, s, -1, k)  # Load
+            pos = put_row(out, pos, write_rows, LOAD, s, -1, k)
         if l == 1:
-            pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
-            pos = _put(out, pos, write_rows, 5, s, -1, -1)  # Reverse
+            pos = put_row(out, pos, write_rows, DELETE, s, -1, k)
+            pos = put_row(out, pos, write_rows, REVERSE, s, -1, -1)
             continue
         b, bj, bm = _base(
             F,
@@ -167,13 +168,13 @@ def _emit(
             work,
             fwork,
         )
-        if _digit(a, k, strides, slots) < slots[k]:
+        if digit(a, k, strides, slots) < slots[k]:
             # Moving the base may pay off: to the level whose segment is cheapest.
             target = -1
             tj = -1
             tm = 0
             for j in range(L):
-                if j != k and _digit(a, j, strides, slots) > 0:
+                if j != k and digit(a, j, strides, slots) > 0:
                     a2 = a - strides[j] + strides[k]
                     v = write[j] + F[j * P + a2, l]
                     if v < b:
@@ -202,8 +203,8 @@ def _emit(
                             b = write[j] + b2
                             target, tj, tm = j, bj2, bm2
             if target >= 0:
-                pos = _put(out, pos, write_rows, 1, s, -1, target)  # Save
-                pos = _put(out, pos, write_rows, 3, s, -1, k)  # Delete
+                pos = put_row(out, pos, write_rows, SAVE, s, -1, target)
+                pos = put_row(out, pos, write_rows, DELETE, s, -1, k)
                 a = a - strides[target] + strides[k]
                 k = target
                 bj = tj
@@ -211,8 +212,8 @@ def _emit(
         if bj < 0:  # no further save
             pos, _ = restart_rows(out, pos, write_rows, s, s + l - 1, s + l - 1, k, NO_LIMIT)
             continue
-        pos = _put(out, pos, write_rows, 0, s, s + bm, -1)  # Advance
-        pos = _put(out, pos, write_rows, 1, s + bm, -1, bj)  # Save
+        pos = put_row(out, pos, write_rows, ADVANCE, s, s + bm, -1)
+        pos = put_row(out, pos, write_rows, SAVE, s + bm, -1, bj)
         st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4] = s, bm, k, a, 0
         st[top + 1, 0], st[top + 1, 1], st[top + 1, 2] = s + bm, l - bm, bj
         st[top + 1, 3], st[top + 1, 4] = a - strides[bj], 1
@@ -221,7 +222,7 @@ def _emit(
 
 
 @njit(cache=True, nogil=True)
-def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop, bmin, bmax):
+def decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop, bmin, bmax):
     """Walk :func:`_emit`'s recursion without writing rows; return the first
     level ``k0`` and, for every segment of length ``l >= 2`` on the way, its
     key ``l S + k P + a`` and decision: the level its base moves to (-1:
@@ -230,8 +231,8 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
     L = slots.shape[0]
     P = F.shape[0] // L
     S = F.shape[0]
-    work = np.empty((_DEPTH, 2), np.int64)
-    fwork = np.empty((_DEPTH, 2))
+    work = np.empty((DEPTH, 2), np.int64)
+    fwork = np.empty((DEPTH, 2))
     size = 1024
     keys = np.empty(size, np.int64)
     dt = np.empty(size, np.int8)
@@ -286,11 +287,11 @@ def _decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, 
             fwork,
         )
         target = -1
-        if _digit(a, k, strides, slots) < slots[k]:
+        if digit(a, k, strides, slots) < slots[k]:
             tj = -1
             tm = 0
             for j in range(L):
-                if j != k and _digit(a, j, strides, slots) > 0:
+                if j != k and digit(a, j, strides, slots) > 0:
                     a2 = a - strides[j] + strides[k]
                     v = write[j] + F[j * P + a2, l]
                     if v < b:
@@ -369,7 +370,7 @@ def _fill_state(n: int, slots: np.ndarray, strides: np.ndarray, k0: int) -> np.n
 @njit(cache=True, nogil=True)
 def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
     """Continue :func:`_emit`'s recursion from `state` with the decisions of
-    :func:`_decide` (looked up by key, a binary search), paused after any
+    :func:`decide` (looked up by key, a binary search), paused after any
     unit once fewer than 5 rows of room are left below `limit` (a unit: a
     Load, a move's Save and Delete, an Advance and a Save).  Registers: top,
     restart (flag, s, last step, next step, level), phase, n, k0, full."""
@@ -381,9 +382,9 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         n = state[6]
         if n == 1:
             state[5] = 2
-            return _put(out, pos, write, 5, 0, -1, -1)  # Reverse(0)
+            return put_row(out, pos, write, REVERSE, 0, -1, -1)  # Reverse(0)
         k0 = state[7]
-        pos = _put(out, pos, write, 1, 0, -1, k0)  # Save u_0
+        pos = put_row(out, pos, write, SAVE, 0, -1, k0)  # Save u_0
         b = _REGS
         state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4] = (
             0,
@@ -412,15 +413,15 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         b = _REGS + 5 * top
         s, l, k, a, h = state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4]
         if h == 0:
-            pos = _put(out, pos, write, 2, s, -1, k)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, k)
         if l == 1:
             state[1], state[2], state[3], state[4], state[9] = 1, s, s, s, k
             continue
         d = np.searchsorted(keys, l * S + k * P + a)
         target = dt[d]
         if target >= 0:
-            pos = _put(out, pos, write, 1, s, -1, target)  # Save
-            pos = _put(out, pos, write, 3, s, -1, k)  # Delete
+            pos = put_row(out, pos, write, SAVE, s, -1, target)
+            pos = put_row(out, pos, write, DELETE, s, -1, k)
             a = a - strides[target] + strides[k]
             k = target
         bj = dj[d]
@@ -430,8 +431,8 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
         bm = dm[d]
         if b + 10 > state.shape[0]:  # pragma: no cover - depth bound of _emit
             return -1
-        pos = _put(out, pos, write, 0, s, s + bm, -1)  # Advance
-        pos = _put(out, pos, write, 1, s + bm, -1, bj)  # Save
+        pos = put_row(out, pos, write, ADVANCE, s, s + bm, -1)
+        pos = put_row(out, pos, write, SAVE, s + bm, -1, bj)
         state[b], state[b + 1], state[b + 2], state[b + 3], state[b + 4] = s, bm, k, a, 0
         state[b + 5], state[b + 6], state[b + 7] = s + bm, l - bm, bj
         state[b + 8], state[b + 9] = a - strides[bj], 1

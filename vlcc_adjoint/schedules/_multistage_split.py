@@ -19,13 +19,13 @@ from ._jit import njit
 
 _SCAN = 16  # intervals with this few interior points are scanned rather than bounded
 _SCAN_FAILED = 128  # ... and intervals this short whose bound fails
-_BLOCK = 5  # block extremes of the slopes over blocks of 2**_BLOCK steps
+BLOCK = 5  # block extremes of the slopes over blocks of 2**BLOCK steps
 _NEAR = 16  # intervals over at most this many blocks are bounded through block extremes
 _PWIDE = 64  # windows this wide look for periods of the slopes
-_PMAX = 64  # longest period looked for
-_SAMPLE = 96  # half width of the sample of slopes whose period is computed
-_RETRY = 16  # lengths between two looks for a period by the same split
-_DEPTH = 192  # branch-and-bound stack: 2 entries per level of bisection, at most ~2 log2(n)
+PMAX = 64  # longest period looked for
+SAMPLE = 96  # half width of the sample of slopes whose period is computed
+RETRY = 16  # lengths between two looks for a period by the same split
+DEPTH = 192  # branch-and-bound stack: 2 entries per level of bisection, at most ~2 log2(n)
 
 
 # --------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def _rises_from(F, nrec, stk, stkv, ntop, s, v):
 
 
 @njit(cache=True, nogil=True)
-def _grow(a, size):
+def grow(a, size):
     b = np.empty((a.shape[0], size), a.dtype)
     b[:, : a.shape[1]] = a
     return b
@@ -121,7 +121,7 @@ def _scan(F, l, h, g, fwd, lo, hi, best, best_m):
 
 
 @njit(cache=True, nogil=True)
-def _bisect(
+def bisect(
     F,
     rec,
     recv,
@@ -182,16 +182,16 @@ def _bisect(
         if hi - lo <= _SCAN:
             best, best_m = _scan(F, l, h, g, fwd, lo, hi, best, best_m)
             continue
-        if ((hi - 1) >> _BLOCK) - (lo >> _BLOCK) <= _NEAR:
+        if ((hi - 1) >> BLOCK) - (lo >> BLOCK) <= _NEAR:
             # the slopes over the interval, from their block extremes
             h_lo = np.inf
             h_hi = -np.inf
-            for b in range(lo >> _BLOCK, ((hi - 1) >> _BLOCK) + 1):
+            for b in range(lo >> BLOCK, ((hi - 1) >> BLOCK) + 1):
                 h_lo = min(h_lo, bmin[h, b])
                 h_hi = max(h_hi, bmax[h, b])
             g_lo = np.inf
             g_hi = -np.inf
-            for b in range((l - hi) >> _BLOCK, ((l - lo - 1) >> _BLOCK) + 1):
+            for b in range((l - hi) >> BLOCK, ((l - lo - 1) >> BLOCK) + 1):
                 g_lo = min(g_lo, bmin[g, b])
                 g_hi = max(g_hi, bmax[g, b])
             beta = g_hi - fwd - h_lo
@@ -250,7 +250,7 @@ def _bisect(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _split(
+def split(
     F,
     rec,
     recv,
@@ -284,7 +284,7 @@ def _split(
     ``fwd + d_h(m - 1) >= best - lb_prev`` is no better than ``best``: the
     suffix minima of the slopes cut the range to a window; in a wide window
     a period of the slopes of ``g`` may drop a stretch (``_periodic_cut``);
-    ``_bisect`` searches the rest.
+    ``bisect`` searches the rest.
     """
     best_m = -1
     if l == 2:
@@ -303,7 +303,7 @@ def _split(
                 best = v
                 best_m = m
     if lb_prev == -np.inf:
-        return _bisect(
+        return bisect(
             F,
             rec,
             recv,
@@ -334,7 +334,7 @@ def _split(
         a, b = _periodic_cut(F, g, l, lo, hi, guess, best - qh, lbh, cert, ci, iwork)
         if a <= b:
             if lo < a:
-                best, best_m = _bisect(
+                best, best_m = bisect(
                     F,
                     rec,
                     recv,
@@ -357,7 +357,7 @@ def _split(
                     fwork,
                 )
             if b < hi:
-                best, best_m = _bisect(
+                best, best_m = bisect(
                     F,
                     rec,
                     recv,
@@ -380,7 +380,7 @@ def _split(
                     fwork,
                 )
             return best, best_m
-    return _bisect(
+    return bisect(
         F,
         rec,
         recv,
@@ -423,12 +423,12 @@ def _periodic_cut(F, g, l, lo, hi, guess, bar, lbh, cert, ci, iwork):
             x2 += 1
         cert[ci, 2] = x2
         a, b = _cut_range(F, g, l, lo, hi, bar, lbh, ci, p, cert[ci, 1], x2)
-    if 2 * (b - a + 1) < hi - lo + 1 and l - cert[ci, 3] >= _RETRY:
+    if 2 * (b - a + 1) < hi - lo + 1 and l - cert[ci, 3] >= RETRY:
         cert[ci, 3] = l
         # the smallest period of the slopes around the last optimum (KMP)
         center = min(max(l - 1 - guess, 1), l - 2)
-        y0 = max(1, center - _SAMPLE)
-        y1 = min(l - 2, center + _SAMPLE)
+        y0 = max(1, center - SAMPLE)
+        y1 = min(l - 2, center + SAMPLE)
         size = y1 - y0 + 1
         if size < 8:
             return a, b
@@ -442,7 +442,7 @@ def _periodic_cut(F, g, l, lo, hi, guess, bar, lbh, cert, ci, iwork):
                 q += 1
             iwork[i] = q
         p2 = size - iwork[size - 1]
-        if p2 > _PMAX or 2 * p2 > size:
+        if p2 > PMAX or 2 * p2 > size:
             return a, b
         x1 = y0
         x2 = y1
@@ -464,7 +464,7 @@ def _periodic_cut(F, g, l, lo, hi, guess, bar, lbh, cert, ci, iwork):
 def _cut_range(F, g, l, lo, hi, bar, lbh, ci, p, x1, x2):
     if l - p < 2 or x2 - p + 1 < x1:
         return 1, 0
-    lb = lbh[ci, (l - p) % _PMAX]
+    lb = lbh[ci, (l - p) % PMAX]
     if lb == -np.inf or lb + F[g, x1 + p] - F[g, x1] < bar:
         return 1, 0
     return max(lo, l - x2 - 1), min(hi, l - p - x1)

@@ -42,12 +42,17 @@ from math import comb
 import numpy as np
 
 from ..errors import VlccTypeError, VlccValueError
-from ._jit import njit
-from ._revolve import _put, build_table, emit_segment
+from ._jit import PythonBudget, njit
+from ._revolve import build_table, copy_row, emit_segment, put_row
 from ._schedule import Level, Schedule, check_positive_int
-from .actions import ACTION_DTYPE, action_from_row
+from .actions import ACTION_DTYPE, ADVANCE, DELETE, SAVE, action_from_row
 
 __all__ = ["Online"]
+
+#: Steps of Online schedules decided by the kernels' Python functions per
+#: process before the compiled kernels take over (ski rental, :mod:`._jit`;
+#: priced as Revolve's ``_python_steps``).
+_python_steps = PythonBudget(40_000)
 
 
 @njit(cache=True, nogil=True)
@@ -66,14 +71,14 @@ def _online_step(i, state, ckpt, p, out, pos, write):
             keep = 0
             for q in range(count):
                 if (ckpt[q] // d) % 2 == 1:
-                    pos = _put(out, pos, write, 3, ckpt[q], -1, 0)  # Delete
+                    pos = put_row(out, pos, write, DELETE, ckpt[q], -1, 0)
                 else:
                     ckpt[keep] = ckpt[q]
                     keep += 1
             count = keep
             d *= 2
         if i % d == 0 and count < p:
-            pos = _put(out, pos, write, 1, i, -1, 0)  # Save
+            pos = put_row(out, pos, write, SAVE, i, -1, 0)
             ckpt[count] = i
             count += 1
     state[0] = d
@@ -94,10 +99,10 @@ def _emit_online(out, write, n, c, p):
             # Rows were due at u_i: the Advance up to it goes first.
             if write:
                 for r in range(pos - 1, before - 1, -1):
-                    out[r + 1] = out[r]
-            pos = _put(out, before, write, 0, run, i, -1) + (pos - before)
+                    copy_row(out, r, r + 1)
+            pos = put_row(out, before, write, ADVANCE, run, i, -1) + (pos - before)
             run = i
-    pos = _put(out, pos, write, 0, run, n, -1)  # the sweep ends holding u_n
+    pos = put_row(out, pos, write, ADVANCE, run, n, -1)  # the sweep ends holding u_n
     reverse_start = pos
     count = state[1]
     for j in range(count - 1, -1, -1):
@@ -105,11 +110,8 @@ def _emit_online(out, write, n, c, p):
         e = ckpt[j + 1] if j + 1 < count else n
         # More slots than interior states would only store and drop one.
         pos = emit_segment(out, pos, write, s, e - s, min(c - j, max(e - s - 1, 1)), False, 0)
-    if write:
-        out[pos].kind = 0  # the sentinel row records where the backward pass starts
-        out[pos].a = reverse_start
-        out[pos].b = -1
-    return pos + 1
+    # The sentinel row records where the backward pass starts.
+    return put_row(out, pos, write, ADVANCE, reverse_start, -1, -1)
 
 
 def _arguments(args: tuple, steps, snapshots) -> tuple:
@@ -183,12 +185,14 @@ class Online(Schedule):
         self._next = 0
         self.reverse_start: int | None = None
         if steps is None:
-            self.n_steps = None
+            # No step count until the sweep stops (.stop(n) is the schedule).
+            vars(self)["n_steps"] = None
             self.levels = (Level(self.snapshots),)
             self.forward_cost = self.adjoint_cost = 1.0
             return
         n = check_positive_int(steps, "steps")
-        rows = build_table(_emit_online, n, self.snapshots, self._p)
+        python = _python_steps.take(n, _emit_online)
+        rows = build_table(_emit_online, n, self.snapshots, self._p, python=python)
         self.reverse_start = int(rows[-1]["a"])
         super().__init__(rows[:-1], n, (Level(self.snapshots),))
 
@@ -205,6 +209,7 @@ class Online(Schedule):
     @table.setter
     def table(self, value: np.ndarray) -> None:
         self.__dict__["table"] = value
+        self.__dict__.pop("_simulated", None)  # simulate's statistics were of the old rows
 
     def capture(self, step: int) -> list:
         """The ``Delete`` / ``Save`` actions due with ``u_step`` in hand.
@@ -216,7 +221,8 @@ class Online(Schedule):
                 f"Online.capture takes the steps in order; expected step {self._next}, got {step}"
             )
         out = np.empty(self._p + 1, ACTION_DTYPE)
-        pos = _online_step(step, self._state, self._ckpt, self._p, out, 0, True)
+        decide = _online_step.python if _python_steps.take(1, _online_step) else _online_step
+        pos = decide(step, self._state, self._ckpt, self._p, out, 0, True)
         self._next += 1
         return [action_from_row(row) for row in out[:pos]]
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import VlccValueError
 from ._jit import njit
-from .actions import ActionKind
+from .actions import DELETE, LOAD, MOVE, SAVE
 
 __all__ = ["PlanWindow", "plan_windows"]
 
@@ -85,8 +85,8 @@ class PlanWindow:
     def reads(self, level: int) -> tuple[np.ndarray, np.ndarray]:
         """``(action indices, records)`` of this window's reads of `level`
         (``Load`` s and ``Move`` sources), in order."""
-        load = (self.kind == ActionKind.LOAD) & (self.level == level)
-        move = (self.kind == ActionKind.MOVE) & (self.level == level)
+        load = (self.kind == LOAD) & (self.level == level)
+        move = (self.kind == MOVE) & (self.level == level)
         sel = load | move
         return self.index[sel], np.where(move[sel], self.source[sel], self.record[sel])
 
@@ -168,20 +168,20 @@ def _forward(kind, a, level, dst, keys, vals, count, out_record, out_source):
     write = out_record.shape[0] > 0
     for t in range(kind.shape[0]):
         k = kind[t]
-        if k < 1 or k > 4:
+        if k != SAVE and k != LOAD and k != DELETE and k != MOVE:
             continue
         key = a[t] * 8 + level[t]
         src = -1
-        if k == 1:  # Save
+        if k == SAVE:
             r = count[0]
             count[0] += 1
             _set(keys, vals, key, r)
-        elif k == 2:  # Load
+        elif k == LOAD:
             r = _get(keys, vals, key)
-        elif k == 3:  # Delete
+        elif k == DELETE:
             r = _get(keys, vals, key)
             _delete(keys, vals, key)
-        else:  # Move
+        else:  # MOVE
             src = _get(keys, vals, key)
             _delete(keys, vals, key)
             r = count[0]
@@ -202,20 +202,20 @@ def _backward(kind, a, level, dst, offset, keys, vals, out_next):
     write = q > 0
     for t in range(kind.shape[0] - 1, -1, -1):
         k = kind[t]
-        if k < 1 or k > 4:
+        if k != SAVE and k != LOAD and k != DELETE and k != MOVE:
             continue
         i = offset + t
         key = a[t] * 8 + level[t]
-        if k == 1:  # Save: the record's first read, and before it no record
+        if k == SAVE:  # the record's first read, and before it no record
             nxt = _get(keys, vals, key)
             _delete(keys, vals, key)
-        elif k == 2:  # Load
+        elif k == LOAD:
             nxt = _get(keys, vals, key)
             _set(keys, vals, key, i)
-        elif k == 3:  # Delete: before it the record lives, read no more
+        elif k == DELETE:  # before it the record lives, read no more
             nxt = -1
             _set(keys, vals, key, -1)
-        else:  # Move: starts the record on dst, reads and ends the one on level
+        else:  # MOVE: starts the record on dst, reads and ends the one on level
             dkey = a[t] * 8 + dst[t]
             nxt = _get(keys, vals, dkey)
             _delete(keys, vals, dkey)
@@ -242,18 +242,20 @@ class _Snapshots:
         none = np.empty(0, np.int64)
         starts = schedule.chunk_starts()
         chunks = len(starts) - 1
-        self.fwd, self.counts = [], []
+        self.fwd: list[tuple[np.ndarray, np.ndarray]] = []
+        self.counts: list[int] = []
         for k in range(chunks):
             self.fwd.append(_snapshot(keys, vals))
             self.counts.append(int(count[0]))
             c = schedule.chunk(k)
             _forward(c["kind"], c["a"], c["level"], c["dst"], keys, vals, count, none, none)
         keys[:] = -1
-        self.bwd = [None] * chunks
+        backwards = []
         for k in range(chunks - 1, -1, -1):
-            self.bwd[k] = _snapshot(keys, vals)  # the map at the end of chunk k
+            backwards.append(_snapshot(keys, vals))  # the map at the end of chunk k
             c = schedule.chunk(k)
             _backward(c["kind"], c["a"], c["level"], c["dst"], int(starts[k]), keys, vals, none)
+        self.bwd = backwards[::-1]
 
     @property
     def nbytes(self) -> int:
@@ -265,7 +267,7 @@ def _window_streamed(schedule, snaps: _Snapshots, k: int) -> PlanWindow:
     c = schedule.chunk(k)
     start = int(starts[k])
     kind = c["kind"]
-    sel = np.flatnonzero((kind >= ActionKind.SAVE) & (kind <= ActionKind.MOVE))
+    sel = np.flatnonzero((kind == SAVE) | (kind == LOAD) | (kind == DELETE) | (kind == MOVE))
     m = len(sel)
     record = np.empty(m, np.int64)
     source = np.empty(m, np.int64)
@@ -298,12 +300,12 @@ def _window_from_arrays(plan, schedule, k: int, next_of_action: np.ndarray) -> P
     c = schedule.chunk(k)
     start = int(starts[k])
     kind = c["kind"]
-    sel = np.flatnonzero((kind >= ActionKind.SAVE) & (kind <= ActionKind.MOVE))
+    sel = np.flatnonzero((kind == SAVE) | (kind == LOAD) | (kind == DELETE) | (kind == MOVE))
     index = sel.astype(np.int64) + start
     rows = c[sel]
     record = plan.record_of_action[index].copy()
     source = np.full(len(sel), -1, np.int64)
-    for p in np.flatnonzero(rows["kind"] == ActionKind.MOVE):
+    for p in np.flatnonzero(rows["kind"] == MOVE):
         # A Move's source record is the one its source level reads at it.
         lv = plan.levels[int(rows["level"][p])]
         source[p] = lv.record[lv.position(int(index[p]))]

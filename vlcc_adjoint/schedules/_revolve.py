@@ -28,34 +28,36 @@ so the split is optimal exactly when the left part ``m`` lies where
 ``n <= 2000``, ``c <= 40``.  With one slot left a segment is reversed by
 restarting from its base for every step (``t(l, 1) = l (l - 1) / 2``).
 
-The recursion runs on an explicit stack (depth at most ``2 (c + r)``), in
-one of two implementations of the same rows.  For small ``n`` plain Python
-appends tuples to a list: no numba, so the first schedule of a process costs
-microseconds to milliseconds, not the few hundred milliseconds of loading
-numba and its cached kernels (or seconds of compiling them on a fresh
-install).  For large ``n`` (and once a process has built enough steps in
-Python, or has the kernel loaded already: :data:`_python_steps`) a numba
-kernel, loaded on first use (:mod:`._jit`), runs the recursion as a
-resumable emitter (:func:`_revolve_fill`): the schedule keeps the emitter's
-state (the stack, ``O(c + r)`` words) at the start of every chunk of 65,536
-rows, found by one counting run at construction, and regenerates any chunk
-from it on demand (:mod:`._chunks`), so ten million steps cost neither
-Python objects nor a table: ``Revolve(10**7, 100)`` holds about 5 MB of
-states instead of 840 MiB of rows.  The tests check that the Python rows,
-the whole-table kernel (:func:`_emit_revolve`) and the concatenated chunks
-agree byte for byte, on both sides of the threshold.
+The recursion runs on an explicit stack (depth at most ``2 (c + r)``) in
+numba kernels, each one description run two ways (:mod:`._jit`).  For small
+``n`` the whole-table emitter :func:`_emit_revolve` runs as its own Python
+function: no numba, so the first schedule of a process costs a millisecond
+or two, not the few hundred milliseconds of loading numba and its cached
+kernels (or seconds of compiling them on a fresh install).  For large ``n``
+(and once a process has built enough steps in Python, or has the kernel
+loaded already: :data:`_python_steps`) the compiled kernel runs the
+recursion as a resumable emitter (:func:`_revolve_fill`): the schedule
+keeps the emitter's state (the stack, ``O(c + r)`` words) at the start of
+every chunk of 65,536 rows, found by one counting run at construction, and
+regenerates any chunk from it on demand (:mod:`._chunks`), so ten million
+steps cost neither Python objects nor a table: ``Revolve(10**7, 100)``
+holds about 5 MB of states instead of 840 MiB of rows.  The tests check
+that the Python run, the compiled whole-table kernel and the concatenated
+chunks agree byte for byte, on both sides of the threshold.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from collections import defaultdict
 
 import numpy as np
 
 from ._chunks import ChunkedTable
-from ._jit import PythonBudget, njit
+from ._jit import LazyKernel, PythonBudget, njit
 from ._schedule import Level, Schedule, check_positive_int
-from .actions import ACTION_DTYPE
+from .actions import ACTION_DTYPE, ADVANCE, DELETE, FIELDS, LOAD, REVERSE, SAVE
 
 __all__ = ["Revolve", "binomial_forward_count", "default_snapshots"]
 
@@ -94,13 +96,33 @@ def _split(l, c):
 
 
 @njit(cache=True, nogil=True)
-def _put(out, pos, write, kind, a, b, level):
+def copy_row(out, src, dst):
+    """Row `src` of `out` into row `dst` (a table or a ``defaultdict(dict)``,
+    as for :func:`put_row`), field by field."""
+    a = out[src]
+    b = out[dst]
+    b["kind"] = a["kind"]
+    b["a"] = a["a"]
+    b["b"] = a["b"]
+    b["level"] = a["level"]
+    b["dst"] = a["dst"]
+
+
+@njit(cache=True, nogil=True)
+def put_row(out, pos, write, kind, a, b, level):
+    """Write the row ``(kind, a, b, level, -1)`` at `pos` of `out` when
+    `write` is true (a counting run only advances); return ``pos + 1``.
+
+    `out` is a table (compiled) or a ``defaultdict(dict)`` (the Python run,
+    :func:`build_table`); either way ``out[pos]`` is the row, written in
+    place, field by field, in the order of :data:`ACTION_DTYPE`."""
     if write:
-        out[pos].kind = kind
-        out[pos].a = a
-        out[pos].b = b
-        out[pos].level = level
-        out[pos].dst = -1
+        row = out[pos]
+        row["kind"] = kind
+        row["a"] = a
+        row["b"] = b
+        row["level"] = level
+        row["dst"] = -1
     return pos + 1
 
 
@@ -122,12 +144,12 @@ def restart_rows(out, pos, write, s, hi, j, level, limit):
         if pos + 3 > limit:
             return pos, j
         if j < hi:
-            pos = _put(out, pos, write, 2, s, -1, level)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, level)
         if j == s:
-            pos = _put(out, pos, write, 3, s, -1, level)  # Delete
+            pos = put_row(out, pos, write, DELETE, s, -1, level)
         else:
-            pos = _put(out, pos, write, 0, s, j, -1)  # Advance
-        pos = _put(out, pos, write, 5, j, -1, -1)  # Reverse
+            pos = put_row(out, pos, write, ADVANCE, s, j, -1)
+        pos = put_row(out, pos, write, REVERSE, j, -1, -1)
         j -= 1
     return pos, j
 
@@ -151,15 +173,16 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
     top = 1
     while top > 0:
         top -= 1
-        s, l, c, h = st_s[top], st_l[top], st_c[top], st_h[top]
+        # int(): a no-op compiled; Python ints, not numpy scalars, in the Python run.
+        s, l, c, h = int(st_s[top]), int(st_l[top]), int(st_c[top]), st_h[top]
         if not h:
-            pos = _put(out, pos, write, 2, s, -1, level)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, level)
         if l == 1 or c == 1:
             pos, _ = restart_rows(out, pos, write, s, s + l - 1, s + l - 1, level, NO_LIMIT)
             continue
         m = _split(l, c)
-        pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
-        pos = _put(out, pos, write, 1, s + m, -1, level)  # Save
+        pos = put_row(out, pos, write, ADVANCE, s, s + m, -1)
+        pos = put_row(out, pos, write, SAVE, s + m, -1, level)
         # Left part (the rest of this segment) waits below the right part.
         st_s[top], st_l[top], st_c[top], st_h[top] = s, m, c, False
         st_s[top + 1], st_l[top + 1], st_c[top + 1], st_h[top + 1] = s + m, l - m, c - 1, True
@@ -171,8 +194,8 @@ def emit_segment(out, pos, write, s, l, c, in_hand, level):
 def _emit_revolve(out, write, n, c):
     pos = 0
     if n == 1:
-        return _put(out, pos, write, 5, 0, -1, -1)
-    pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
+        return put_row(out, pos, write, REVERSE, 0, -1, -1)
+    pos = put_row(out, pos, write, SAVE, 0, -1, 0)  # Save u_0
     return emit_segment(out, pos, write, 0, n, c, True, 0)
 
 
@@ -210,8 +233,8 @@ def _revolve_fill(out, write, state, limit):
         n = state[6]
         if n == 1:
             state[5] = 2
-            return _put(out, pos, write, 5, 0, -1, -1)  # Reverse(0)
-        pos = _put(out, pos, write, 1, 0, -1, 0)  # Save u_0
+            return put_row(out, pos, write, REVERSE, 0, -1, -1)  # Reverse(0)
+        pos = put_row(out, pos, write, SAVE, 0, -1, 0)  # Save u_0
         state[0] = 1
         state[8], state[9], state[10], state[11] = 0, n, state[7], 1
         state[5] = 1
@@ -233,15 +256,15 @@ def _revolve_fill(out, write, state, limit):
         b = 8 + 4 * top
         s, l, c, h = state[b], state[b + 1], state[b + 2], state[b + 3]
         if h == 0:
-            pos = _put(out, pos, write, 2, s, -1, 0)  # Load
+            pos = put_row(out, pos, write, LOAD, s, -1, 0)
         if l == 1 or c == 1:
             state[1], state[2], state[3], state[4] = 1, s, s + l - 1, s + l - 1
             continue
         if b + 8 > state.shape[0]:  # pragma: no cover - the depth bound above
             return -1
         m = _split(l, c)
-        pos = _put(out, pos, write, 0, s, s + m, -1)  # Advance
-        pos = _put(out, pos, write, 1, s + m, -1, 0)  # Save
+        pos = put_row(out, pos, write, ADVANCE, s, s + m, -1)
+        pos = put_row(out, pos, write, SAVE, s + m, -1, 0)
         # Left part (the rest of this segment) waits below the right part.
         state[b], state[b + 1], state[b + 2], state[b + 3] = s, m, c, 0
         state[b + 4], state[b + 5], state[b + 6], state[b + 7] = s + m, l - m, c - 1, 1
@@ -250,91 +273,26 @@ def _revolve_fill(out, write, state, limit):
     return pos
 
 
-#: Steps of Revolve tables built in plain Python per process (ski rental,
-#: :class:`._jit.PythonBudget`).  A step costs about 4 rows; a schedule's
-#: first build, replay and I/O plan in Python cost about as long as loading
-#: numba and the three kernels at this many steps (``benchmarks/
-#: bench_schedules.py --only cold`` measures both sides), so this budget and
-#: the 200,000 rows of ``simulate``'s and ``io_plan``'s agree.
+#: Steps of Revolve tables built by :func:`_emit_revolve`'s Python function
+#: per process (ski rental, :class:`._jit.PythonBudget`).  A step costs about
+#: 4.4 rows; a schedule's first build, replay and I/O plan in Python (about
+#: 10 us a step) cost about as long as importing numba and loading the three
+#: compiled kernels from its cache (about 0.4 s) at this many steps
+#: (``benchmarks/bench_schedules.py --only cold`` measures both sides), so
+#: this budget and the 200,000 rows of ``simulate``'s and ``io_plan``'s agree.
 _python_steps = PythonBudget(40_000)
-
-
-def _split_python(l: int, c: int) -> int:
-    """:func:`_split` in plain Python (same integers, same result)."""
-    r = 0
-    value = 1
-    while value < l:
-        r += 1
-        value = value * (c + r) // r
-    cap = l + 1
-    # beta(c - 1, r), saturated at cap.
-    right = 1
-    for i in range(1, r + 1):
-        right = right * (c - 1 + i) // i
-        if right >= cap:
-            right = cap
-            break
-    # beta(c, r - 2), saturated at cap (0 for r < 2).
-    left = 0
-    if r >= 2:
-        left = 1
-        for i in range(1, r - 1):
-            left = left * (c + i) // i
-            if left >= cap:
-                left = cap
-                break
-    return min(l - 1, max(1, l - right, left))
-
-
-def segment_rows(rows: list, s: int, l: int, c: int, in_hand: bool, level: int) -> None:
-    """:func:`emit_segment` in plain Python: append its rows to `rows`.
-
-    The same explicit stack in the same order, so the rows are identical.
-    """
-    put = rows.append
-    stack = [(s, l, c, in_hand)]
-    while stack:
-        s, l, c, h = stack.pop()
-        if not h:
-            put((2, s, -1, level, -1))  # Load
-        if l == 1 or c == 1:
-            # Restart from the base for every step, top down.
-            top = s + l - 1
-            for j in range(top, s - 1, -1):
-                if j < top:
-                    put((2, s, -1, level, -1))  # Load
-                if j == s:
-                    put((3, s, -1, level, -1))  # Delete
-                else:
-                    put((0, s, j, -1, -1))  # Advance
-                put((5, j, -1, -1, -1))  # Reverse
-            continue
-        m = _split_python(l, c)
-        put((0, s, s + m, -1, -1))  # Advance
-        put((1, s + m, -1, level, -1))  # Save
-        stack.append((s, m, c, False))
-        stack.append((s + m, l - m, c - 1, True))
 
 
 def revolve_table(n: int, c: int, python: bool | None = None) -> np.ndarray:
     """The Revolve table for ``n`` steps and ``c <= max(n - 1, 1)`` slots.
 
-    `python` picks the implementation: ``True`` plain Python, ``False`` the
-    numba kernel, ``None`` as :data:`_python_steps` decides.
+    `python` picks the run of the one emitter (:func:`_emit_revolve`):
+    ``True`` its Python function, ``False`` the compiled kernel, ``None`` as
+    :data:`_python_steps` decides.
     """
     if python is None:
         python = _python_steps.take(n, _revolve_fill)
-    if not python:
-        return build_table(_emit_revolve, n, c)
-    return _python_table(n, c)
-
-
-def _python_table(n: int, c: int) -> np.ndarray:
-    if n == 1:
-        return np.array([(5, 0, -1, -1, -1)], ACTION_DTYPE)
-    rows = [(1, 0, -1, 0, -1)]  # Save u_0
-    segment_rows(rows, 0, n, c, True, 0)
-    return np.array(rows, ACTION_DTYPE)
+    return build_table(_emit_revolve, n, c, python=python)
 
 
 def revolve_chunks(n: int, c: int) -> ChunkedTable:
@@ -343,8 +301,21 @@ def revolve_chunks(n: int, c: int) -> ChunkedTable:
     return ChunkedTable(_revolve_fill, revolve_state(n, c))
 
 
-def build_table(emit, *args) -> np.ndarray:
-    """Run a numba emitter twice: count the rows, then write them."""
+def build_table(emit: LazyKernel, *args, python: bool = False) -> np.ndarray:
+    """The table an emitter ``emit(out, write, *args) -> rows`` writes.
+
+    Compiled (`python` false): run twice, counting the rows, then writing
+    them into a table of that length.  As its Python function (`python`):
+    run once, writing into a ``defaultdict(dict)``, a dict per row that
+    :func:`put_row` fills (numpy's record fields cost about a microsecond
+    each from the interpreter, a dict's some tens of nanoseconds), then
+    packed into a table.
+    """
+    if python:
+        rows: defaultdict[int, dict[str, int]] = defaultdict(dict)
+        count = emit.python(rows, True, *args)
+        fields = operator.itemgetter(*FIELDS)
+        return np.fromiter((fields(rows[i]) for i in range(count)), ACTION_DTYPE, count)
     dummy = np.empty(1, ACTION_DTYPE)
     count = emit(dummy, False, *args)
     table = np.empty(count, ACTION_DTYPE)
@@ -441,8 +412,9 @@ class Revolve(Schedule):
         c = check_positive_int(snapshots, "snapshots")
         self.snapshots = c
         slots = min(c, max(n - 1, 1))
+        rows: np.ndarray | ChunkedTable
         if _python_steps.take(n, _revolve_fill):
-            rows = _python_table(n, slots)
+            rows = revolve_table(n, slots, python=True)
         else:
             rows = revolve_chunks(n, slots)
         super().__init__(rows, n, (Level(c),))

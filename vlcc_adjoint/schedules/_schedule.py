@@ -5,17 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import VlccIndexError, VlccValueError
 from . import _chunks
 from ._chunks import ChunkedTable
+from ._simulate import ScheduleStats, simulate
 from .actions import ACTION_DTYPE, Action, action_from_row
-
-if TYPE_CHECKING:
-    from ._simulate import ScheduleStats
 
 __all__ = ["Level", "Schedule", "check_positive_int"]
 
@@ -138,6 +135,7 @@ class Schedule:
     @table.setter
     def table(self, value: np.ndarray) -> None:
         self.__dict__["table"] = value
+        self.__dict__.pop("_simulated", None)  # simulate's statistics were of the old rows
 
     @property
     def materialised(self) -> bool:
@@ -239,8 +237,6 @@ class Schedule:
 
     def stats(self) -> ScheduleStats:
         """Replay the schedule symbolically: see :func:`simulate`."""
-        from ._simulate import simulate
-
         return simulate(self)
 
     def _params(self) -> str:

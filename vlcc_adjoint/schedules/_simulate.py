@@ -1,34 +1,66 @@
 """Symbolic replay of a schedule: validation and statistics.
 
-One pass over the table in a numba kernel, following the rules of
-:mod:`vlcc_adjoint.schedules.actions` exactly; each stored step carries a
-bit mask of the levels that hold it, so a replay costs ``O(len(table) +
-n)`` time and ``n + 1`` bytes of state, whatever the number of slots.  The
-replay reads the schedule chunk by chunk (:meth:`Schedule.chunk`) with its
-state carried across, so a schedule that produces its rows in chunks is
-checked without its table.
-Short tables are replayed by a plain-Python twin of the kernel, so a small
+One pass over the table in a numba kernel (:func:`replay_rows`), following
+the rules of :mod:`vlcc_adjoint.schedules.actions` exactly; each stored step
+carries a bit mask of the levels that hold it, so a replay costs
+``O(len(table) + n)`` time and ``n + 1`` bytes of state, whatever the number
+of slots.  The replay reads the schedule chunk by chunk
+(:meth:`Schedule.chunk`) with its state carried across, so a schedule that
+produces its rows in chunks is checked without its table.
+Short tables are replayed by the kernel's own Python function, so a small
 schedule never waits for numba to load (:mod:`._jit`); the tests check that
-both give the same result on valid and broken tables.
+the two runs of the one kernel agree on valid and broken tables.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import VlccError, VlccTypeError
 from ._interrupt import call_kernel
 from ._jit import PythonBudget, njit
-from ._schedule import Schedule
-from .actions import ActionKind, action_from_row
+from .actions import ADVANCE, DELETE, LOAD, MOVE, REVERSE, SAVE, action_from_row
 
 #: Tables longer than this replay on a worker thread (:mod:`._interrupt`);
 #: shorter ones take well under a millisecond, less than starting a thread.
 THREADED_ROWS = 100_000
 
-__all__ = ["InvalidScheduleError", "ScheduleStats", "simulate"]
+__all__ = [
+    "InvalidScheduleError",
+    "ScheduleStats",
+    "Replayable",
+    "replay_pieces",
+    "replay_rows",
+    "simulate",
+]
+
+
+class Replayable(Protocol):
+    """What :func:`simulate` reads of a schedule (a
+    :class:`~vlcc_adjoint.schedules.Schedule` has it all).
+
+    Named here, not imported: the schedule class asks :func:`simulate` for
+    its statistics, so this module must not import it back."""
+
+    @property
+    def n_steps(self) -> int | None: ...
+
+    @property
+    def levels(self) -> Sequence[Any]: ...
+
+    @property
+    def forward_cost(self) -> float: ...
+
+    @property
+    def adjoint_cost(self) -> float: ...
+
+    def __len__(self) -> int: ...
+
+    def blocks(self, rows: int = ..., start: int = ...) -> Iterator[np.ndarray]: ...
 
 
 class InvalidScheduleError(VlccError, ValueError):
@@ -89,108 +121,113 @@ _ERRORS = {
 # The replay's state, carried from one block of rows to the next: ``mask``
 # (a bit per level for each step, ``n + 1`` bytes) and ``regs``: the state in
 # hand, the adjoint step due, the forward and adjoint counts, then ``used``,
-# ``peak``, ``reads``, ``writes`` (one word per level each).
-_CUR, _DUE, _FWD, _ADJ = range(4)
-
-
-def _replay_state(n, nlv):
-    mask = np.zeros(n + 1, dtype=np.uint8)
-    regs = np.zeros(4 + 4 * nlv, dtype=np.int64)
-    regs[_DUE] = n - 1
-    return mask, regs
+# ``peak``, ``reads``, ``writes`` (one word per level each, from ``REGS`` on).
+CUR, DUE, FWD, ADJ = range(4)
+#: Registers before the per-level counters in ``regs``.
+REGS = 4
+#: The columns of a table the replay reads, in the order it takes them.
+COLUMNS = ("kind", "a", "b", "level", "dst")
 
 
 @njit(cache=True, nogil=True)
-def _replay_block(kind, a, b, level, dst, n, slots, mask, regs):
+def replay_rows(kind, a, b, level, dst, n, slots, mask, regs):
     """Replay one block of rows from the state ``(mask, regs)``, updating it;
-    return ``(error, row of the block)``, ``(0, -1)`` if the block is valid."""
-    nlv = slots.shape[0]
-    used = regs[4 : 4 + nlv]
-    peak = regs[4 + nlv : 4 + 2 * nlv]
-    reads = regs[4 + 2 * nlv : 4 + 3 * nlv]
-    writes = regs[4 + 3 * nlv : 4 + 4 * nlv]
-    cur = regs[0]
-    due = regs[1]
-    fwd = regs[2]
-    adj = regs[3]
+    return ``(error, row of the block)``, ``(0, -1)`` if the block is valid.
+
+    The one replay: compiled by numba for long tables, run as its own
+    Python function (:meth:`LazyKernel.python`) for short ones.  It indexes
+    its arguments element by element, so the Python run takes the columns as
+    lists, `mask` as a ``bytearray`` and `regs` as a list
+    (:func:`replay_pieces`); the compiled one takes arrays.
+    """
+    nlv = len(slots)
+    used = REGS
+    peak = REGS + nlv
+    reads = REGS + 2 * nlv
+    writes = REGS + 3 * nlv
+    cur = regs[CUR]
+    due = regs[DUE]
+    fwd = regs[FWD]
+    adj = regs[ADJ]
     err = 0
     i = 0
-    for i in range(kind.shape[0]):
+    for i in range(len(kind)):
         k = kind[i]
         s = a[i]
         lv = level[i]
         if s < 0 or s > n:
             err = 15
             break
-        if k == 1 or k == 2 or k == 3 or k == 4:
+        if k == SAVE or k == LOAD or k == DELETE or k == MOVE:
             if lv < 0 or lv >= nlv:
                 err = 13
                 break
-        if k == 0:  # Advance
+        if k == ADVANCE:
+            e = b[i]
             if cur < 0:
                 err = 1
                 break
             if cur != s:
                 err = 2
                 break
-            if b[i] <= s or b[i] > n:
+            if e <= s or e > n:
                 err = 3
                 break
-            fwd += b[i] - s
-            cur = b[i]
-        elif k == 1:  # Save
-            bit = np.uint8(1 << lv)
+            fwd += e - s
+            cur = e
+        elif k == SAVE:
+            bit = 1 << lv
             if cur != s:
                 err = 4
                 break
             if mask[s] & bit:
                 err = 5
                 break
-            if used[lv] >= slots[lv]:
+            if regs[used + lv] >= slots[lv]:
                 err = 6
                 break
             mask[s] |= bit
-            used[lv] += 1
-            writes[lv] += 1
-            if used[lv] > peak[lv]:
-                peak[lv] = used[lv]
-        elif k == 2:  # Load
-            if not mask[s] & np.uint8(1 << lv):
+            regs[used + lv] += 1
+            regs[writes + lv] += 1
+            if regs[used + lv] > regs[peak + lv]:
+                regs[peak + lv] = regs[used + lv]
+        elif k == LOAD:
+            if not mask[s] & (1 << lv):
                 err = 7
                 break
-            reads[lv] += 1
+            regs[reads + lv] += 1
             cur = s
-        elif k == 3:  # Delete
-            bit = np.uint8(1 << lv)
+        elif k == DELETE:
+            bit = 1 << lv
             if not mask[s] & bit:
                 err = 8
                 break
-            mask[s] &= ~bit
-            used[lv] -= 1
-        elif k == 4:  # Move
+            mask[s] &= 0xFF ^ bit  # not ~bit: stays a uint8 in every run
+            regs[used + lv] -= 1
+        elif k == MOVE:
             d = dst[i]
             if d < 0 or d >= nlv:
                 err = 13
                 break
-            bit = np.uint8(1 << lv)
-            dbit = np.uint8(1 << d)
+            bit = 1 << lv
+            dbit = 1 << d
             if not mask[s] & bit:
                 err = 9
                 break
             if mask[s] & dbit:
                 err = 10
                 break
-            if used[d] >= slots[d]:
+            if regs[used + d] >= slots[d]:
                 err = 6
                 break
-            mask[s] = (mask[s] & ~bit) | dbit
-            used[lv] -= 1
-            used[d] += 1
-            reads[lv] += 1
-            writes[d] += 1
-            if used[d] > peak[d]:
-                peak[d] = used[d]
-        elif k == 5:  # Reverse
+            mask[s] = (mask[s] & (0xFF ^ bit)) | dbit
+            regs[used + lv] -= 1
+            regs[used + d] += 1
+            regs[reads + lv] += 1
+            regs[writes + d] += 1
+            if regs[used + d] > regs[peak + d]:
+                regs[peak + d] = regs[used + d]
+        elif k == REVERSE:
             if cur != s:
                 err = 11
                 break
@@ -203,182 +240,63 @@ def _replay_block(kind, a, b, level, dst, n, slots, mask, regs):
         else:
             err = 14
             break
-    regs[0] = cur
-    regs[1] = due
-    regs[2] = fwd
-    regs[3] = adj
+    regs[CUR] = cur
+    regs[DUE] = due
+    regs[FWD] = fwd
+    regs[ADJ] = adj
     if err:
         return err, i
     return 0, -1
 
 
-def _replay_block_python(kind, a, b, level, dst, n, slots, mask, regs):
-    """:func:`_replay_block` in plain Python: the same checks, the same result."""
-    nlv = len(slots)
-    limit = [int(x) for x in slots]
-    used = regs[4 : 4 + nlv].tolist()
-    peak = regs[4 + nlv : 4 + 2 * nlv].tolist()
-    reads = regs[4 + 2 * nlv : 4 + 3 * nlv].tolist()
-    writes = regs[4 + 3 * nlv : 4 + 4 * nlv].tolist()
-    cur, due, fwd, adj = (int(x) for x in regs[:4])
-    state = mask
-    mask = bytearray(state.tobytes())  # indexed faster than the array
-    err = 0
-    i = 0
-    for i, (k, s, e, lv, d) in enumerate(
-        zip(kind.tolist(), a.tolist(), b.tolist(), level.tolist(), dst.tolist())
-    ):
-        if s < 0 or s > n:
-            err = 15
-        elif 1 <= k <= 4 and not 0 <= lv < nlv:
-            err = 13
-        elif k == 0:  # Advance
-            if cur < 0:
-                err = 1
-            elif cur != s:
-                err = 2
-            elif e <= s or e > n:
-                err = 3
-            else:
-                fwd += e - s
-                cur = e
-        elif k == 1:  # Save
-            bit = 1 << lv
-            if cur != s:
-                err = 4
-            elif mask[s] & bit:
-                err = 5
-            elif used[lv] >= limit[lv]:
-                err = 6
-            else:
-                mask[s] |= bit
-                used[lv] += 1
-                writes[lv] += 1
-                if used[lv] > peak[lv]:
-                    peak[lv] = used[lv]
-        elif k == 2:  # Load
-            if not mask[s] & (1 << lv):
-                err = 7
-            else:
-                reads[lv] += 1
-                cur = s
-        elif k == 3:  # Delete
-            bit = 1 << lv
-            if not mask[s] & bit:
-                err = 8
-            else:
-                mask[s] &= ~bit
-                used[lv] -= 1
-        elif k == 4:  # Move
-            bit = 1 << lv
-            if not 0 <= d < nlv:
-                err = 13
-            elif not mask[s] & bit:
-                err = 9
-            elif mask[s] & (1 << d):
-                err = 10
-            elif used[d] >= limit[d]:
-                err = 6
-            else:
-                mask[s] = (mask[s] & ~bit) | (1 << d)
-                used[lv] -= 1
-                used[d] += 1
-                reads[lv] += 1
-                writes[d] += 1
-                if used[d] > peak[d]:
-                    peak[d] = used[d]
-        elif k == 5:  # Reverse
-            if cur != s:
-                err = 11
-            elif s != due:
-                err = 12
-            else:
-                adj += 1
-                due -= 1
-                cur = -1
-        else:
-            err = 14
-        if err:
-            break
-    regs[:] = [cur, due, fwd, adj] + used + peak + reads + writes
-    state[:] = np.frombuffer(mask, np.uint8)
-    if err:
-        return err, i
-    return 0, -1
-
-
-def _whole(block, kind, a, b, level, dst, n, slots):
-    mask, regs = _replay_state(n, len(slots))
-    err, i = block(kind, a, b, level, dst, n, slots, mask, regs)
-    if not err and regs[_DUE] >= 0:
-        err, i = 16, len(kind)
-    nlv = len(slots)
-    return (
-        (int(err), int(i) if err else -1)
-        + tuple(int(x) for x in regs[:4])
-        + (
-            regs[4 + nlv : 4 + 2 * nlv].copy(),
-            regs[4 + 2 * nlv : 4 + 3 * nlv].copy(),
-            regs[4 + 3 * nlv : 4 + 4 * nlv].copy(),
-        )
-    )
-
-
-def _replay_kernel(kind, a, b, level, dst, n, slots):
-    """Replay a whole table with the kernel; return ``(error, index, cur, due,
-    fwd, adj, peak, reads, writes)``."""
-    return _whole(_replay_block, kind, a, b, level, dst, n, slots)
-
-
-def _replay_python(kind, a, b, level, dst, n, slots):
-    """:func:`_replay_kernel` in plain Python: the same checks, the same result."""
-    return _whole(_replay_block_python, kind, a, b, level, dst, n, slots)
-
-
-#: Ski rental between the two replays: tables are replayed in Python until
-#: the rows replayed so (in this process) would exceed this many, which costs
-#: about as much as loading numba and the kernel; from then on, and for any
-#: longer table, by the kernel.
+#: Ski rental between the two runs of :func:`replay_rows` (:mod:`._jit`):
+#: tables are replayed by its Python function until the rows replayed so in
+#: this process would exceed this many, and from then on, and for any longer
+#: table, by the compiled kernel.  The Python run indexes lists, a few
+#: tenths of a microsecond a row; priced with Revolve's ``_python_steps``
+#: (about 4.4 rows a step), so that a schedule built in Python is replayed
+#: in Python too.
 _python_rows = PythonBudget(200_000)
 
 
-def _pieces(schedule: Schedule):
-    """The schedule's rows in the pieces cheapest to read: the table itself
-    when it is held, else its chunks (:meth:`Schedule.chunk`)."""
-    if schedule.materialised:
-        yield schedule.table
-        return
-    for k in range(len(schedule.chunk_starts()) - 1):
-        yield schedule.chunk(k)
+def replay_pieces(pieces, n: int, slots: np.ndarray, python: bool):
+    """Replay consecutive pieces of a table of a schedule of `n` steps with
+    per-level `slots`; return the error code, the global index of the
+    offending row, the row itself (or None) and the registers (an array).
 
-
-def _replay_schedule(schedule: Schedule, slots, block):
-    """Replay every piece of `schedule` through `block`; return the error
-    code, the global index, the offending row (or None) and the registers."""
-    n = schedule.n_steps
-    mask, regs = _replay_state(n, len(slots))
+    `python` picks the run of :func:`replay_rows`: its Python function on
+    lists, or the compiled kernel on the pieces' columns.
+    """
+    nlv = len(slots)
+    if python:
+        kernel = replay_rows.python
+        mask: np.ndarray | bytearray = bytearray(n + 1)
+        regs: np.ndarray | list = [0] * (REGS + 4 * nlv)
+        limits: np.ndarray | list = slots.tolist()
+    else:
+        kernel = replay_rows
+        mask = np.zeros(n + 1, dtype=np.uint8)
+        regs = np.zeros(REGS + 4 * nlv, dtype=np.int64)
+        limits = slots
+    regs[DUE] = n - 1
     offset = 0
-    for piece in _pieces(schedule):
-        err, i = block(
-            piece["kind"],
-            piece["a"],
-            piece["b"],
-            piece["level"],
-            piece["dst"],
-            n,
-            slots,
-            mask,
-            regs,
-        )
+    err, index, row = 0, -1, None
+    for piece in pieces:
+        columns = [piece[name] for name in COLUMNS]
+        if python:
+            columns = [column.tolist() for column in columns]
+        err, i = kernel(*columns, n, limits, mask, regs)
         if err:
-            return int(err), offset + int(i), piece[i], regs
+            err, index, row = int(err), offset + int(i), piece[i]
+            break
         offset += len(piece)
-    if regs[_DUE] >= 0:
-        return 16, offset, None, regs
-    return 0, -1, None, regs
+    else:
+        if regs[DUE] >= 0:
+            err, index = 16, offset
+    return err, index, row, np.array(regs, dtype=np.int64)
 
 
-def simulate(schedule: Schedule) -> ScheduleStats:
+def simulate(schedule: Replayable) -> ScheduleStats:
     """Replay `schedule` symbolically, check it and count what it does.
 
     **Arguments:**
@@ -393,28 +311,35 @@ def simulate(schedule: Schedule) -> ScheduleStats:
     of a state not stored, a level over its slots, an adjoint step out of
     order, a schedule that ends before adjoint step 0.
     """
-    if not isinstance(schedule, Schedule):
+    n = getattr(schedule, "n_steps", None)
+    if not callable(getattr(schedule, "blocks", None)) or not isinstance(n, int):
         raise VlccTypeError(
-            f"simulate takes a Schedule, got {type(schedule).__name__}; wrap a raw "
-            "table as Schedule(table, n_steps, levels)"
+            f"simulate takes a Schedule with its number of steps, got "
+            f"{type(schedule).__name__}; wrap a raw table as Schedule(table, n_steps, levels), "
+            "and complete an Online schedule without steps with .stop(n)"
         )
-    cached = schedule.__dict__.get("_simulated")
+    memo = vars(schedule)
+    cached = memo.get("_simulated")
     if cached is not None:
         return cached
-    n = schedule.n_steps
     m = len(schedule)
     big = np.iinfo(np.int64).max
     slots = np.array([big if lv.slots is None else lv.slots for lv in schedule.levels], np.int64)
     nlv = len(slots)
-    block = _replay_block_python if _python_rows.take(m, _replay_block) else _replay_block
+    python = _python_rows.take(m, replay_rows)
     # Long tables replay on a worker thread, so that Ctrl-C is clean (_interrupt).
     err, index, row, regs = call_kernel(
-        _replay_schedule, schedule, slots, block, threaded=m > THREADED_ROWS
+        replay_pieces,
+        schedule.blocks(),
+        n,
+        slots,
+        python,
+        threaded=m > THREADED_ROWS and not python,
     )
-    cur, due, fwd, adj = (int(x) for x in regs[:4])
-    peak = regs[4 + nlv : 4 + 2 * nlv]
-    reads = regs[4 + 2 * nlv : 4 + 3 * nlv]
-    writes = regs[4 + 3 * nlv : 4 + 4 * nlv]
+    cur, due, fwd, adj = (int(x) for x in regs[:REGS])
+    peak = regs[REGS + nlv : REGS + 2 * nlv]
+    reads = regs[REGS + 2 * nlv : REGS + 3 * nlv]
+    writes = regs[REGS + 3 * nlv : REGS + 4 * nlv]
     if err:
         fields = dict(
             n=n, cur=cur, due=due, nlv_1=nlv - 1, curtext=("nothing" if cur < 0 else f"u_{cur}")
@@ -428,11 +353,7 @@ def simulate(schedule: Schedule) -> ScheduleStats:
                 dst=int(row["dst"]),
                 kind=int(row["kind"]),
             )
-            lv = (
-                int(row["dst"])
-                if row["kind"] == ActionKind.MOVE and err == 6
-                else int(row["level"])
-            )
+            lv = int(row["dst"]) if row["kind"] == MOVE and err == 6 else int(row["level"])
             fields["lv"] = lv if err == 6 else fields["lv"]
             fields["slots"] = int(slots[lv]) if 0 <= lv < len(slots) else 0
             try:
@@ -458,7 +379,7 @@ def simulate(schedule: Schedule) -> ScheduleStats:
         writes=tuple(int(w) for w in writes),
         predicted_time=float(predicted),
     )
-    if "_source" in schedule.__dict__:
-        # Its rows are a function of its parameters: replay them once.
-        schedule.__dict__["_simulated"] = stats
+    # A schedule's rows do not change (its table is read-only, or produced
+    # from its parameters): replay them once, however many readers ask.
+    memo["_simulated"] = stats
     return stats

@@ -2,9 +2,12 @@
 
 A schedule is a flat sequence of actions over states ``u_0 .. u_n``.  Forward
 step ``i`` maps ``u_i -> u_{i+1}``; adjoint step ``i`` maps
-``lambda_{i+1} -> lambda_i`` and needs ``u_i``.  Every interpreter of a
-schedule (:func:`vlcc_adjoint.schedules.simulate`, the Python executor, the
-JAX backward pass) follows the rules written here and nowhere else.
+``lambda_{i+1} -> lambda_i`` and needs ``u_i``.  Every reader of a
+schedule (:func:`vlcc_adjoint.schedules.simulate`, which checks a table
+against these rules; the action machine,
+:class:`vlcc_adjoint.schedules.Machine`, which runs it against a client: the
+Python executor, torch, the JAX host session; the compiled JAX backward
+pass) follows the rules written here and nowhere else.
 
 The machine that runs a schedule holds
 
@@ -56,6 +59,12 @@ from ..errors import VlccTypeError, VlccValueError
 
 __all__ = [
     "ACTION_DTYPE",
+    "ADVANCE",
+    "DELETE",
+    "LOAD",
+    "MOVE",
+    "REVERSE",
+    "SAVE",
     "Action",
     "ActionKind",
     "Advance",
@@ -63,22 +72,46 @@ __all__ = [
     "Load",
     "Move",
     "Reverse",
+    "FIELDS",
     "Save",
     "action_from_row",
     "actions_to_table",
+    "make_action",
     "table_to_actions",
 ]
 
 
-class ActionKind(enum.IntEnum):
-    """The ``kind`` code of an action row."""
+# The action kinds, named once.  Module-level ints, so that numba kernels
+# read them as globals (numba freezes a global int into the compiled code as a
+# constant: ``k == SAVE`` compiles to ``k == 1``), and plain Python compares
+# them at the speed of a literal; :class:`ActionKind` is built from them.
 
-    ADVANCE = 0
-    SAVE = 1
-    LOAD = 2
-    DELETE = 3
-    MOVE = 4
-    REVERSE = 5
+#: ``kind`` of an ``Advance(a, b)`` row.
+ADVANCE = 0
+#: ``kind`` of a ``Save(i, k)`` row.
+SAVE = 1
+#: ``kind`` of a ``Load(i, k)`` row.
+LOAD = 2
+#: ``kind`` of a ``Delete(i, k)`` row.
+DELETE = 3
+#: ``kind`` of a ``Move(i, k, d)`` row.
+MOVE = 4
+#: ``kind`` of a ``Reverse(i)`` row.
+REVERSE = 5
+
+
+class ActionKind(enum.IntEnum):
+    """The ``kind`` code of an action row: the module constants
+    :data:`ADVANCE`, :data:`SAVE`, :data:`LOAD`, :data:`DELETE`,
+    :data:`MOVE` and :data:`REVERSE` as an enumeration (``ActionKind.SAVE ==
+    SAVE``)."""
+
+    ADVANCE = ADVANCE
+    SAVE = SAVE
+    LOAD = LOAD
+    DELETE = DELETE
+    MOVE = MOVE
+    REVERSE = REVERSE
 
 
 #: Row layout of ``Schedule.table``: packed, 19 bytes an action.
@@ -93,7 +126,7 @@ class Advance:
     stop: int
 
     def row(self) -> tuple:
-        return (ActionKind.ADVANCE, self.start, self.stop, -1, -1)
+        return (ADVANCE, self.start, self.stop, -1, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,7 +137,7 @@ class Save:
     level: int = 0
 
     def row(self) -> tuple:
-        return (ActionKind.SAVE, self.step, -1, self.level, -1)
+        return (SAVE, self.step, -1, self.level, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +148,7 @@ class Load:
     level: int = 0
 
     def row(self) -> tuple:
-        return (ActionKind.LOAD, self.step, -1, self.level, -1)
+        return (LOAD, self.step, -1, self.level, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,7 +159,7 @@ class Delete:
     level: int = 0
 
     def row(self) -> tuple:
-        return (ActionKind.DELETE, self.step, -1, self.level, -1)
+        return (DELETE, self.step, -1, self.level, -1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,7 +171,7 @@ class Move:
     dst: int
 
     def row(self) -> tuple:
-        return (ActionKind.MOVE, self.step, -1, self.src, self.dst)
+        return (MOVE, self.step, -1, self.src, self.dst)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,27 +181,36 @@ class Reverse:
     step: int
 
     def row(self) -> tuple:
-        return (ActionKind.REVERSE, self.step, -1, -1, -1)
+        return (REVERSE, self.step, -1, -1, -1)
 
 
 #: Any one of the six actions (the type of an element of a schedule).
 Action = Advance | Save | Load | Delete | Move | Reverse
 
 
+#: The fields of a row, in order (the names of :data:`ACTION_DTYPE`).
+FIELDS = ("kind", "a", "b", "level", "dst")
+
+
 def action_from_row(row: np.void) -> Action:
     """The action object of one table row."""
-    kind, a, b, level, dst = (int(row[f]) for f in ACTION_DTYPE.names)
-    if kind == ActionKind.ADVANCE:
+    kind, a, b, level, dst = (int(row[f]) for f in FIELDS)
+    return make_action(kind, a, b, level, dst)
+
+
+def make_action(kind: int, a: int, b: int, level: int, dst: int) -> Action:
+    """The action object of a row given by its five fields."""
+    if kind == ADVANCE:
         return Advance(a, b)
-    if kind == ActionKind.SAVE:
+    if kind == SAVE:
         return Save(a, level)
-    if kind == ActionKind.LOAD:
+    if kind == LOAD:
         return Load(a, level)
-    if kind == ActionKind.DELETE:
+    if kind == DELETE:
         return Delete(a, level)
-    if kind == ActionKind.MOVE:
+    if kind == MOVE:
         return Move(a, level, dst)
-    if kind == ActionKind.REVERSE:
+    if kind == REVERSE:
         return Reverse(a)
     raise VlccValueError(f"unknown action kind {kind}; expected one of {list(ActionKind)}")
 
