@@ -24,12 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import VlccError, VlccIndexError
+from .errors import VlccError
 from .state import Structure, flatten_opaque, inline_value, spec_nodes
 
 __all__ = [
     "NonFiniteError",
-    "Signature",
     "StateMismatchError",
     "check_finite",
     "check_seed",
@@ -65,28 +64,13 @@ class NonFiniteError(VlccError, FloatingPointError):
         self.path = path
 
 
-class Signature(Structure):
-    """The structure of a state or an adjoint as the executor keeps it: a
-    :class:`~vlcc_adjoint.state.Structure` made with ``opaque=True``.
-
-    ``sig[0]`` is ``"array"`` when the state is one numpy array (read
-    :attr:`~vlcc_adjoint.state.Structure.array` instead): the signatures of
-    earlier versions were tuples whose first item named the kind, and the
-    executor's table loop reads it until it reads ``array``.
-    """
-
-    __slots__ = ()
-
-    def __getitem__(self, index: int) -> str:
-        if index != 0:
-            raise VlccIndexError(f"a signature has only the item 0 (its kind), not {index}")
-        return "array" if self.array is not None else "structure"
-
-
-def signature(state: Any) -> Signature:
-    """The structure, shapes and dtypes of a state (values ignored): see
-    :class:`Signature`.  Nothing is copied or brought to the host."""
-    return Signature.of(state, opaque=True)
+def signature(state: Any) -> Structure:
+    """The structure, shapes and dtypes of a state or an adjoint as the
+    executor keeps it (values ignored): a
+    :class:`~vlcc_adjoint.state.Structure` made with ``opaque=True``, so that
+    objects no provider knows are compared by class.  Nothing is copied or
+    brought to the host."""
+    return Structure.of(state, opaque=True)
 
 
 def matcher(sig: Structure) -> Callable[[Any], bool]:

@@ -44,10 +44,6 @@ def copy_state(state):
     return unflatten(spec, [np.array(leaf, copy=True) for leaf in leaves])
 
 
-# The name budget.py imports (until it imports copy_state).
-_copy_state = copy_state
-
-
 def _unset(value: Any) -> bool:
     """The adjoint matcher before the seed is known (never called: the seed
     comes with the first Reverse, before any adjoint step returns)."""

@@ -218,9 +218,9 @@ def _time_steps(
 
     **Returns:** ``(forward seconds, adjoint seconds or None)``.
     """
-    from ._run import _copy_state
+    from ._run import copy_state
 
-    copy = getattr(solver, "copy", None) or _copy_state
+    copy = getattr(solver, "copy", None) or copy_state
     state = copy(u0)
     state = solver.forward(state, 0)  # compile / warm up, untimed
     k, t0 = 1, time.perf_counter()
@@ -276,11 +276,11 @@ def _time_memory(u0, state_bytes: int, slots: int, solver=None) -> float:
     **Returns:** the mean of one ``save`` (with its ``delete``) and one
     ``load``, the price of one memory write or read in the cost model.
     """
-    from ._run import _copy_state
+    from ._run import copy_state
     from .storage import MemoryTier, TieredStore
 
     if u0 is not None:
-        state = _copy_state(u0)
+        state = copy_state(u0)
         nbytes = _state_bytes(state)
     else:
         state = np.ones(max(state_bytes // 8, 1))

@@ -281,7 +281,7 @@ def test_a_dataclass_state_changing_a_field_mid_run_is_named():
             return _Pair(lam.a, A.T @ lam.b)
 
     u0 = _Pair(np.zeros(2), np.ones(4))
-    with pytest.raises(StateMismatchError, match=r"forward step 7 .*state\['b'\].*shape \(3,\)"):
+    with pytest.raises(StateMismatchError, match=r"forward step 7 .*state\.b.*shape \(3,\)"):
         run_adjoint(Solver(), Revolve(12, 3), u0, lambda u: u)
 
 

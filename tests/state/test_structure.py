@@ -330,9 +330,9 @@ def test_the_seed_check_compares_only_what_mirrors_the_state():
         check_seed({"u": np.ones(4), "params": None, "n": np.zeros(2)}, state, "adj")
 
 
-def test_the_signature_of_a_one_array_state_names_its_kind_for_the_executor():
-    assert signature(np.zeros(3))[0] == "array"
-    assert signature([np.zeros(3)])[0] != "array"
+def test_the_signature_of_a_one_array_state_knows_it_is_one_array():
+    assert signature(np.zeros(3)).array == (np.dtype(np.float64), (3,))
+    assert signature([np.zeros(3)]).array is None
 
 
 # -- leaf paths and the walk of a spec ---------------------------------------------------
