@@ -140,6 +140,7 @@ class CompressedMemoryTier(Tier):
     - `name`: the tier's name in messages and statistics.
     """
 
+    copies_on_put = True  # put encodes each leaf into a blob of its own
     fresh_gets = True  # get decodes into new arrays
 
     def __init__(

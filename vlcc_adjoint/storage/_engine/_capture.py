@@ -28,12 +28,16 @@ capture (on the worker for slower levels); ``dedup="eager"`` hashes in
 ``save`` before copying and skips the copy of a leaf seen before.
 
 **Giving buffers back** (:meth:`Capture.release`).  A record's buffers go
-back to the pool when it is deleted or read for the last time, after its
-dedup references are dropped, and only within the most bytes the store may
-hold (its memory levels' capacities, the staging and the read cache), so
-reusing buffers never makes the store hold more than a memory budget sized
-for those allows.  The pool itself takes a buffer only when nothing else
-references it (see :mod:`.._pool`).
+back to the pool when its last holder lets go of them: its tier when it is
+deleted (a tier that keeps arrays by reference), its write when the tier
+has its own copy, its read-ahead slot when it is evicted or read for the
+last time, after its dedup references are dropped; and only within the
+most bytes the store may hold (its memory levels' capacities, the staging
+and the read cache), so reusing buffers never makes the store hold more
+than a memory budget sized for those allows.  Buffers behind views lent to
+a caller are held by a pool lease and reach the free lists when it ends
+(see :mod:`.._pool`: ownership is explicit, never judged from reference
+counts).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class Capture:
 
     def __init__(self, shared, pool_bytes: int, hold_limit: int | None):
         self.shared = shared
-        self.pool = BufferPool(pool_bytes)
+        self.pool = BufferPool(pool_bytes, threadsafe=shared.threadsafe)
         self.table = LeafTable() if shared.dedup else None
         self.dedup_owned: dict[str, bool] = {}  # digest -> its array is a buffer of ours
         self.hold_limit = hold_limit
@@ -145,7 +149,7 @@ class Capture:
                 # from the caches).
                 buf = self.pool.take(leaf.dtype, leaf.shape)
                 checksum = copy_checksum(leaf, buf, stream=True)
-                leaf, buf = buf, None  # no stray reference: it would block reuse
+                leaf = buf
                 copied += leaf.nbytes
             else:
                 checksum = leaf_checksum(leaf) if inline else None
@@ -162,15 +166,20 @@ class Capture:
             sums.append(checksum)
         return out, owned, (digests if eager else None), sums, copied, referenced
 
-    def dedup(self, entry, leaves) -> list:
+    def dedup(self, entry, leaves) -> tuple[list, list]:
         """Hash the staged leaves and share the ones seen before (lazy dedup).
-        Returns the replaced capture buffers, for the pool."""
+
+        **Returns:** ``(give, leaves)``: the replaced capture buffers, for the
+        pool (nothing else holds them: a load reading the staged record
+        holds them by a lease), and the record's leaves to write (`leaves`
+        itself if a Move took the record over meanwhile: then nothing was
+        replaced)."""
         sh = self.shared
         digests = [leaf_digest(leaf) for leaf in leaves]
-        give = []
+        give: list = []
         with sh.lock:
             if entry.leaves is None:
-                return give
+                return give, leaves
             for i, d in enumerate(digests):
                 mine = entry.leaves[i]
                 shared = self.table.put(d, mine)
@@ -185,7 +194,14 @@ class Capture:
                     self.dedup_owned[d] = entry.owned[i]
                 mine = shared = None
             entry.digests = digests
-        return give
+            return give, list(entry.leaves)
+
+    def disown(self, digests) -> None:
+        """The shared leaves of `digests` were given to a tier that may keep
+        them: they are never reused (dropped when their last record goes)."""
+        for d in digests:
+            if d is not None and d in self.dedup_owned:
+                self.dedup_owned[d] = False
 
     def unshare(self, digests) -> list[bool]:
         """Drop a record's dedup references (its arrays are handed on).

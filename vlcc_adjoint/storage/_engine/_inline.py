@@ -34,13 +34,13 @@ spec, leaves and checksums), the same buffers back in the pool on delete.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from numpy import ndarray
 
 from .._checksum import copy_checksum, direct_hash
-from .._memory import MemoryTier
-from .._tier import Record, TierFullError
-from ._common import SAVE, STORED, Entry
+from .._tier import Record, Tier, TierFullError
+from ._common import SAVE, STORED, Entry, end_leases
 
 __all__ = ["InlinePath", "Shape"]
 
@@ -102,14 +102,11 @@ class InlinePath:
             and bool(shared.prefetch_levels)
             and cache.belady.capacity_bytes > 0
         )
-        # Per level: the tier's put of a record given in parts, where it is
-        # MemoryTier's own adopt (a subclass's adopt is called as it is).
+        # Per level: the tier's adopt of a record given in parts: its own
+        # where it declares adopts_leaves, else Tier's (which builds the
+        # record and calls its adopt).
         self.adopters = [
-            t.adopt_leaves
-            if isinstance(t, MemoryTier)
-            and type(t).adopt is MemoryTier.adopt
-            and type(t).adopt_leaves is MemoryTier.adopt_leaves
-            else None
+            t.adopt_leaves if t.adopts_leaves else partial(Tier.adopt_leaves, t)
             for t in shared.tiers
         ]
         self._layout = None
@@ -194,12 +191,8 @@ class InlinePath:
         entry.shape = shape
         # The put first, then the book-keeping in one critical section: no
         # other thread looks at a memory level's record before it is stored.
-        adopt = self.adopters[level]
         try:
-            if adopt is not None:
-                adopt(entry.key, spec, tuple(out), tuple(sums))
-            else:
-                tier.adopt(entry.key, Record(spec, tuple(out), tuple(sums)))
+            self.adopters[level](entry.key, spec, tuple(out), tuple(sums))
         except BaseException as exc:
             self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
         out = None
@@ -326,6 +319,8 @@ class InlinePath:
             if self.pumps:
                 self.cache.pump()
             leaves, owned, digests = sh.count_delete(entry)
+        if entry.leases:  # views load(copy=False) lent: the record is gone
+            end_leases(entry)
         if digests is None and leaves is not None and all(owned):
             shape = entry.shape
             capture = self.capture
@@ -345,6 +340,7 @@ class InlinePath:
     def _unregister(self, entry) -> None:
         """Lock held: `entry` leaves the index (and the cache looks ahead)."""
         sh = self.shared
+        end_leases(entry)
         del sh.index[(entry.step, entry.level)]
         if entry.record >= 0:
             sh.by_record.pop(entry.record, None)
