@@ -240,16 +240,6 @@ class Capture:
                 give.pop()  # freed, not pooled
         self.pool.recycle(give)
 
-    def release_owned(self, leaves: list, nbytes: int, key: tuple | None = None) -> None:
-        """:meth:`release` of a record's arrays that are all the store's own
-        capture buffers, shared with no other record (`nbytes` in all;
-        `key`: the pool key of a single array, if known)."""
-        limit = self.hold_limit
-        if limit is not None and self.held() + nbytes > limit:
-            self.release(leaves, [True] * len(leaves), None)  # pools only what fits
-            return
-        self.pool.recycle(leaves, key)
-
     def reserve(self, state, count: int) -> None:
         """Allocate and touch capture buffers for `count` states shaped like
         `state`, so the first saves do not pay page faults."""

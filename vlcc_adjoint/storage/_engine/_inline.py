@@ -196,7 +196,11 @@ class InlinePath:
         except BaseException as exc:
             self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
         out = None
-        with sh.lock:
+        release = None
+        lock = sh.mutex  # None in a single-threaded store: no lock to take
+        if lock is not None:
+            lock.acquire()
+        try:
             sh.t["capture"] += t1 - t0
             n = sh.n
             n["saves"] += 1
@@ -207,19 +211,21 @@ class InlinePath:
                 entry.read_q = self.clock.first_q[record]
             if self.pumps:
                 self.cache.pump()
+            entry.state = STORED
             if entry.tier == level:
-                entry.state = STORED
                 c = sh.tc[level]
                 c.puts += 1
                 c.bytes_in += nbytes
                 c.records += 1
                 c.raw_bytes += nbytes
-                return True
-            # Spilled to a slower tier (policy="spill"): as the general path.
-            entry.state = STORED
-            sh.count_put(entry)
-            release = self.writer.finish_write(entry, stored=True, notify=False)
-        self.capture.release(*release)
+            else:  # spilled to a slower tier (policy="spill"): as the general path
+                sh.count_put(entry)
+                release = self.writer.finish_write(entry, stored=True, notify=False)
+        finally:
+            if lock is not None:
+                lock.release()
+        if release is not None:
+            self.capture.release(*release)
         return True
 
     def _put_failed(self, entry, put, exc) -> None:
@@ -278,7 +284,10 @@ class InlinePath:
             state = shape.layout.build(arrays)
         src = dst = None
         clock = self.clock
-        with sh.lock:
+        lock = sh.mutex
+        if lock is not None:
+            lock.acquire()
+        try:
             sh.n["loads"] += 1
             if entry.tier in sh.prefetch_levels:  # a memory level asked to be prefetched
                 sh.n["misses"] += 1
@@ -294,11 +303,19 @@ class InlinePath:
             c.bytes_out += entry.nbytes
             if self.pumps:
                 self.cache.pump()
+        finally:
+            if lock is not None:
+                lock.release()
         return state
 
     def delete(self, entry) -> None:
         """Delete the stored record `entry` of a memory level (looked up,
-        the plan followed) and give its buffers back to the pool."""
+        the plan followed) and give its buffers back to the pool.
+
+        A record's own buffers (captured for it, shared with no other
+        record) pass from the tier to the pool: what the store holds does
+        not grow, so they need no room check against its memory budget
+        (:meth:`~._capture.Capture.release` makes it for the others)."""
         sh = self.shared
         tier = sh.tiers[entry.tier]
         try:
@@ -311,7 +328,10 @@ class InlinePath:
                 self._unregister(entry)
                 self.jobs.record("delete", entry, exc)
             self.jobs.raise_failures()
-        with sh.lock:
+        lock = sh.mutex
+        if lock is not None:
+            lock.acquire()
+        try:
             sh.n["deletes"] += 1
             del sh.index[(entry.step, entry.level)]  # as _unregister
             if entry.record >= 0:
@@ -319,21 +339,15 @@ class InlinePath:
             if self.pumps:
                 self.cache.pump()
             leaves, owned, digests = sh.count_delete(entry)
+        finally:
+            if lock is not None:
+                lock.release()
         if entry.leases:  # views load(copy=False) lent: the record is gone
             end_leases(entry)
-        if digests is None and leaves is not None and all(owned):
-            shape = entry.shape
-            capture = self.capture
-            nbytes = entry.nbytes
-            limit = capture.hold_limit
-            if (
-                shape is not None
-                and shape.n == 1
-                and (limit is None or capture.held() + nbytes <= limit)
-            ):
-                capture.pool.recycle(leaves, shape.keys[0])  # as release_owned
-            else:
-                capture.release_owned(leaves, nbytes)
+        if digests is None and leaves is not None and False not in owned:
+            shape = entry.shape  # (None for a record the general path saved)
+            key = shape.keys[0] if shape is not None and shape.n == 1 else None
+            self.capture.pool.recycle(leaves, key)
         else:
             self.capture.release(leaves, owned, digests)
 
