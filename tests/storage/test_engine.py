@@ -246,7 +246,7 @@ def test_every_load_returns_the_saved_state_for_each_schedule(name, kind, tmp_pa
     slots=st.integers(1, 5),
     name=st.sampled_from(["revolve", "multistage", "multistage-disk", "periodic", "storeall"]),
     budget=st.integers(0, 4),
-    workers=st.sampled_from([0, 1, 2]),
+    workers=st.sampled_from([0, 1, 2, "single-threaded"]),
     staging=st.integers(1, 3),
     second=st.sampled_from(["memory", "compressed", "slow"]),
     moves=st.booleans(),
@@ -272,13 +272,16 @@ def test_random_plans_round_trip_within_every_budget(
         )
     prefetch = budget * NBYTES * 3 // 4  # not always a whole number of records
     kind = "static" if dedup else "dict"
+    threads = {"workers": workers}
+    if workers == "single-threaded":
+        threads = {"workers": 0, "threadsafe": False}
     with TieredStore(
         tiers,
         plan=io_plan(schedule),
         prefetch_bytes=prefetch,
-        workers=workers,
         staging_bytes=staging * NBYTES,
         dedup=dedup,
+        **threads,
     ) as store:
         run(store, schedule, kind, tiers, prefetch, out=out)
         stats = store.stats()
