@@ -230,10 +230,10 @@ class CompressedMemoryTier(Tier):
             raise VlccValueError(f"{name} must be a finite number > 0, got {value!r}")
         with self._lock:
             if relative is None:
-                self._set_codec(ErrorBounded(float(abs_error)))
+                self._set_codec(ErrorBounded(float(value)))
                 self._relative = None
             else:
-                self._relative = float(relative)
+                self._relative = float(value)
 
     def _set_codec(self, codec) -> None:
         """Lock held: `codec` encodes the next puts."""

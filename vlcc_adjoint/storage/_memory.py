@@ -133,7 +133,7 @@ class MemoryTier(Tier):
                 records[key] = (spec, leaves, checksums)
                 return
             need = 0
-            seen = ()
+            seen: tuple[int, ...] = ()
             for leaf in leaves:  # bytes of the array objects not held yet, each once
                 i = id(leaf)
                 if i not in objects and i not in seen:

@@ -191,10 +191,11 @@ class ReadCache:
                 if entry.slot is slot:
                     entry.slot = None
                 if entry.slot is None:
-                    if self.slots.get(entry.seq) is entry:
-                        del self.slots[entry.seq]
-                    if entry.seq in self.belady:
-                        self.belady.remove(entry.seq)
+                    seq = entry.seq
+                    if self.slots.get(seq) is entry:
+                        del self.slots[seq]
+                    if seq in self.belady:
+                        self.belady.remove(seq)
                 release = (slot.arrays, slot.owned, None)
                 slot.arrays = None
             slot.ready.set()

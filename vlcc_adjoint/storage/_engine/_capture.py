@@ -42,6 +42,8 @@ counts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...state import Layout, flatten_traits, immutable_array, leaf_digest
 from .._checksum import copy_checksum, leaf_checksum
 from .._dedup import LeafTable
@@ -50,6 +52,10 @@ from .._pool import BufferPool
 __all__ = ["Capture", "COPY", "REFERENCE", "TAKE"]
 
 TAKE, REFERENCE, COPY = 0, 1, 2
+
+
+def _nothing_held() -> int:
+    return 0
 
 
 class Capture:
@@ -66,10 +72,11 @@ class Capture:
     def __init__(self, shared, pool_bytes: int, hold_limit: int | None):
         self.shared = shared
         self.pool = BufferPool(pool_bytes, threadsafe=shared.threadsafe)
-        self.table = LeafTable() if shared.dedup else None
+        self.table = LeafTable()  # (empty unless shared.dedup)
         self.dedup_owned: dict[str, bool] = {}  # digest -> its array is a buffer of ours
         self.hold_limit = hold_limit
-        self.held = None  # set by the store: () -> bytes of buffers it holds now
+        # Set by the store: () -> bytes of buffers it holds now.
+        self.held: Callable[[], int] = _nothing_held
         # The structure of the states saved last (see state.Layout): a save or
         # a load into `out` of a state of that structure skips flatten.
         self.layout: Layout | None = None
@@ -126,10 +133,14 @@ class Capture:
         sh = self.shared
         eager = sh.dedup == "eager"
         table = self.table
-        owned, digests, out, sums = [], [], [], []
+        owned: list[bool] = []
+        digests: list[str | None] = []
+        out: list = []
+        sums: list[str | None] = []
         copied = referenced = 0
         for leaf, h in zip(leaves, how):
-            digest = None
+            digest: str | None = None
+            checksum: str | None
             if eager:
                 digest = leaf_digest(leaf)
                 shared = table.acquire(digest)
@@ -141,7 +152,6 @@ class Capture:
                     owned.append(self.dedup_owned.get(digest, False))
                     digests.append(digest)
                     sums.append(leaf_checksum(shared) if inline else None)
-                    shared = None
                     continue
             if h == COPY:
                 # A large leaf is written with streaming stores (nobody reads
@@ -192,7 +202,6 @@ class Capture:
                     entry.owned[i] = self.dedup_owned.get(d, False)
                 else:
                     self.dedup_owned[d] = entry.owned[i]
-                mine = shared = None
             entry.digests = digests
             return give, list(entry.leaves)
 
@@ -233,7 +242,6 @@ class Capture:
                 mine = owned[i] if owned else False
             if mine:
                 give.append(arr)
-        arr = None
         if give and self.hold_limit is not None:
             held = self.held()
             while give and held + sum(a.nbytes for a in give) > self.hold_limit:

@@ -123,11 +123,11 @@ class Slot:
     __slots__ = ("arrays", "owned", "digests", "ready", "error", "dropped", "prefetched", "used")
 
     def __init__(self, prefetched: bool):
-        self.arrays = None
-        self.owned = None  # per array: the store's own (may be pooled or handed over)
-        self.digests = None
+        self.arrays: list | None = None
+        self.owned: list[bool] | None = None  # per array: the store's own (may be pooled)
+        self.digests: list | None = None
         self.ready = threading.Event()
-        self.error = None
+        self.error: BaseException | None = None
         self.dropped = False
         self.prefetched = prefetched
         self.used = False

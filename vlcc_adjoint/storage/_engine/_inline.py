@@ -179,7 +179,6 @@ class InlinePath:
                     sums.append(digest(buf))
                 out.append(buf)
         t1 = time.perf_counter()
-        leaves = buf = None
         spec = {
             "format": shape.format,
             "tree": layout.tree,
@@ -195,7 +194,6 @@ class InlinePath:
             self.adopters[level](entry.key, spec, tuple(out), tuple(sums))
         except BaseException as exc:
             self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
-        out = None
         release = None
         lock = sh.mutex  # None in a single-threaded store: no lock to take
         if lock is not None:
@@ -273,7 +271,6 @@ class InlinePath:
                 state = dst  # Layout.build of a one-array layout
             else:
                 state = shape.layout.build([dst])
-            arrays = None
         else:
             arrays = []
             for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
@@ -282,7 +279,6 @@ class InlinePath:
                     verify(entry, i, src, digest(dst), sums[i])
                 arrays.append(dst)
             state = shape.layout.build(arrays)
-        src = dst = None
         clock = self.clock
         lock = sh.mutex
         if lock is not None:

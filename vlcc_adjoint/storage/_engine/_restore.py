@@ -103,7 +103,6 @@ class Restore:
         of the buffers behind the views, else ``None``."""
         sh, cache = self.shared, self.cache
         arrays, source, slot, hold = acquired
-        acquired = None
         pinned = slot is not None  # the slot stays pinned while we copy from it
         lease = None
         try:
@@ -154,7 +153,6 @@ class Restore:
                 lease.release()
             raise
         finally:
-            arrays = None
             if hold is not None:  # a staged record copied: its writer may give them back
                 hold.release()
             if pinned:
@@ -276,7 +274,7 @@ class Restore:
 
     def verify(self, entry, i, leaf, got, want) -> None:
         if got != want:
-            name = getattr(self.shared.tiers[entry.tier], "name", None)
+            name = tier_name(self.shared.tiers[entry.tier])
             exc = corrupt(
                 f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
                 f"the record says {want}",

@@ -153,10 +153,10 @@ class TieredStore:
         ):
             check_int(name, value)
         nlv = len(tiers)
-        if prefetch_levels is None:
-            prefetch_levels = range(1, nlv)
-        prefetch_levels = frozenset(int(k) for k in prefetch_levels)
-        bad = [k for k in prefetch_levels if not 0 <= k < nlv]
+        prefetching = frozenset(
+            int(k) for k in (range(1, nlv) if prefetch_levels is None else prefetch_levels)
+        )
+        bad = [k for k in prefetching if not 0 <= k < nlv]
         if bad:
             raise VlccValueError(f"prefetch_levels {bad} are not levels of these {nlv} tiers")
         self.tiers = tiers
@@ -166,12 +166,13 @@ class TieredStore:
         # The lock that serialises the public methods; `_mutex` is the same
         # lock, or None in a single-threaded store (the hot methods test it).
         self._api: threading.RLock | NoLock
+        self._mutex: threading.RLock | None
         if threadsafe:
             self._api = self._mutex = threading.RLock()
         else:
             self._api, self._mutex = NoLock(), None
         sh = self._shared = Shared(
-            tiers, policy, dedup, int(workers), prefetch_levels, bool(threadsafe)
+            tiers, policy, dedup, int(workers), prefetching, bool(threadsafe)
         )
         self._clock = PlanClock(plan, nlv, sh.lock)
         if plan is not None:
@@ -182,7 +183,9 @@ class TieredStore:
         # a free buffer only within it (BudgetPlan.make_store sizes a memory
         # budget for those three).  None: unbounded.
         caps = [t.capacity_bytes for t, r in zip(tiers, sh.retains) if r]
-        hold = None if any(c is None for c in caps) else sum(caps) + staging + int(prefetch_bytes)
+        hold = None
+        if all(c is not None for c in caps):
+            hold = sum(c for c in caps if c is not None) + staging + int(prefetch_bytes)
         self._capture = Capture(sh, staging if pool_bytes is None else int(pool_bytes), hold)
         self._jobs = Jobs(sh, self._run_job)
         self._placement = Placement(sh, self._jobs, staging)
@@ -629,15 +632,14 @@ class TieredStore:
     def __enter__(self) -> TieredStore:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc is None:
             self.close()
-            return False
+            return
         try:
             self.close()
         except Exception as close_error:  # the body's exception is the one raised
             exc.add_note(f"closing the TieredStore afterwards also failed: {close_error!r}")
-        return False
 
     def stats(self) -> StoreStats:
         """A snapshot of the store's counters (:class:`StoreStats`)."""
@@ -701,7 +703,7 @@ class TieredStore:
         )
 
     def _describe_stored(self) -> str:
-        by = {}
+        by: dict[int, list[int]] = {}
         for s, k in self._shared.index:
             by.setdefault(k, []).append(s)
         if not by:
@@ -752,7 +754,6 @@ class TieredStore:
         try:
             return self._restore.finish(entry, acquired, out, targets, copy)
         finally:
-            acquired = None
             self._jobs.after_inline()
 
     def _lookup(self, step, level) -> Entry:

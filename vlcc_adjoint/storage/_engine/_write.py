@@ -27,6 +27,7 @@ after (:meth:`Writer.delete_after`), so a failure never loses both.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from .._belady import NEVER
 from .._checksum import leaf_checksum
@@ -112,7 +113,7 @@ class Writer:
                 entry.done.set()
             return
         try:
-            checksums = None
+            checksums: Sequence[str] | None = None
             if leaves is None:  # a Move whose source is only in its tier
                 rec = self.tier_get(src)
                 leaves, checksums = list(rec.leaves), rec.checksums
