@@ -126,6 +126,17 @@ def test_a_buffer_whose_lease_ends_when_the_pool_is_full_is_dropped():
     assert pool.free_bytes == 0
 
 
+def test_a_closed_pool_keeps_nothing_given_back_later():
+    pool = BufferPool(64 * MIB)
+    buf, other = pool.take(np.float64, (100,)), pool.take(np.float64, (100,))
+    lease = pool.lend([buf])
+    pool.recycle([buf, other])
+    pool.close()
+    assert pool.free_bytes == 0
+    lease.release()  # the deferred buffer: dropped, not kept
+    assert pool.free_bytes == 0 and pool.recycle([np.empty(100)]) == 0
+
+
 def test_a_buffer_given_back_twice_is_on_the_free_list_once():
     pool = BufferPool(64 * MIB)
     buf = pool.take(np.float64, (100,))

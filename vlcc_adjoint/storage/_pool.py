@@ -120,11 +120,10 @@ class Lease:
         return self._pool is not None
 
     def release(self) -> None:
-        """End the lease (idempotent)."""
-        pool, self._pool = self._pool, None
+        """End the lease (idempotent, also from several threads at once)."""
+        pool = self._pool
         if pool is not None:
-            arrays, self._arrays = self._arrays, ()
-            pool._end_lease(arrays)
+            pool._end_lease(self)
 
     def __enter__(self) -> Lease:
         return self
@@ -310,13 +309,16 @@ class BufferPool:
         """Whether an open :class:`Lease` holds `arr`."""
         return id(arr) in self._leased and self._leased[id(arr)][0] is arr
 
-    def _end_lease(self, arrays: tuple) -> None:
-        """A lease on `arrays` ended: a buffer no lease holds any more, and
-        that its owner recycled meanwhile, goes to the free lists."""
+    def _end_lease(self, lease: Lease) -> None:
+        """`lease` ends (if it has not yet): a buffer no lease holds any
+        more, and that its owner recycled meanwhile, goes to the free lists."""
         lock = self._lock
         if lock is not None:
             lock.acquire()
         try:
+            if lease._pool is None:
+                return
+            arrays, lease._arrays, lease._pool = lease._arrays, (), None
             leased = self._leased
             for arr in arrays:
                 held = leased[id(arr)]
@@ -328,6 +330,12 @@ class BufferPool:
         finally:
             if lock is not None:
                 lock.release()
+
+    def close(self) -> None:
+        """Drop every free buffer and keep none given back later (the
+        owner is done with the pool; open leases end as they will)."""
+        self.max_free_bytes = 0
+        self.clear()
 
     def clear(self) -> None:
         """Drop every free buffer (leases stay open; a buffer deferred by

@@ -613,7 +613,7 @@ class TieredStore:
                 sh.by_record.clear()
             for entry in entries:  # views load(copy=False) lent: the records are gone
                 end_leases(entry)
-            self._capture.pool.clear()
+            self._capture.pool.close()
             if self._close_tiers:
                 for k, tier in enumerate(self.tiers):
                     try:
