@@ -217,8 +217,8 @@ class BufferPool:
 
     # -- taking back --------------------------------------------------------------------
 
-    def recycle(self, arrays: list, key: tuple | None = None) -> int:
-        """Take back the buffers in `arrays` (the list is emptied).
+    def recycle(self, arrays: Sequence[np.ndarray], key: tuple | None = None) -> int:
+        """Take back the buffers in `arrays`.
 
         The caller owns them and is done with them: nothing it gave them to
         still reads or writes them, except the holders of a :class:`Lease`
@@ -229,8 +229,8 @@ class BufferPool:
 
         **Arguments:**
 
-        - `arrays`: a list of arrays.
-        - `key`: for a list of one array, its ``(dtype, shape)`` as
+        - `arrays`: a sequence of arrays.
+        - `key`: for a sequence of one array, its ``(dtype, shape)`` as
           :meth:`take_key` takes it, if the caller has it.
 
         **Returns:** the number of buffers put on a free list now.
@@ -242,8 +242,7 @@ class BufferPool:
             lock.acquire()
         try:
             taken = 0
-            while arrays:
-                arr = arrays.pop()
+            for arr in arrays:
                 taken += self._give(arr, key if key is not None else (arr.dtype, arr.shape))
             return taken
         finally:

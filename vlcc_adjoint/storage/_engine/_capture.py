@@ -230,9 +230,7 @@ class Capture:
         if leaves is None:
             return
         give = []
-        n = len(leaves)
-        for i in range(n - 1, -1, -1):
-            arr = leaves.pop()
+        for i, arr in enumerate(leaves):
             d = digests[i] if digests else None
             if d is not None:
                 if not self.table.release(d):

@@ -163,21 +163,23 @@ class InlinePath:
         record = self.clock.follow(SAVE, step, level)  # raises before any change
         take = self.capture.pool.take_key
         t0 = time.perf_counter()
+        out: tuple
+        sums: tuple
         if shape.n == 1 and shape.small:  # one small leaf: the usual small state
             buf = take(shape.keys[0])
             buf[...] = leaves[0]
-            sums = [shape.hashes[0](buf)]
-            out = [buf]
+            out, sums = (buf,), (shape.hashes[0](buf),)
         else:
-            out, sums = [], []
+            bufs, hashes = [], []
             for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
                 buf = take(key)
                 if digest is None:  # large: copied and hashed in one pass, streamed
-                    sums.append(copy_checksum(leaf, buf, stream=True))
+                    hashes.append(copy_checksum(leaf, buf, stream=True))
                 else:
                     buf[...] = leaf
-                    sums.append(digest(buf))
-                out.append(buf)
+                    hashes.append(digest(buf))
+                bufs.append(buf)
+            out, sums = tuple(bufs), tuple(hashes)
         t1 = time.perf_counter()
         spec = {
             "format": shape.format,
@@ -186,14 +188,16 @@ class InlinePath:
             "step": step,
         }
         entry = Entry(step, level, level, next(sh.seq), spec, nbytes, record)
-        entry.leaves, entry.owned, entry.checksums = out, list(shape.owned), sums
+        # (Tuples: a short-path record's leaves and flags are never changed
+        # in place; a spill hands them on whole.)
+        entry.leaves, entry.owned, entry.checksums = out, shape.owned, sums
         entry.shape = shape
         # The put first, then the book-keeping in one critical section: no
         # other thread looks at a memory level's record before it is stored.
         try:
-            self.adopters[level](entry.key, spec, tuple(out), tuple(sums))
+            self.adopters[level](entry.key, spec, out, sums)
         except BaseException as exc:
-            self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
+            self._put_failed(entry, Record(spec, out, sums), exc)
         release = None
         lock = sh.mutex  # None in a single-threaded store: no lock to take
         if lock is not None:
