@@ -202,6 +202,21 @@ def test_a_lent_buffer_is_reused_once_its_lease_ends():
         assert store.stats().pool_allocated == 2  # the lent buffer came back
 
 
+def test_views_of_a_record_stay_valid_while_it_moves_and_end_with_its_delete():
+    u = np.random.default_rng(5).standard_normal((300, 300))
+    with TieredStore([MemoryTier(), CompressedMemoryTier()], workers=0) as store:
+        store.save(1, u, 0)
+        views = store.load(1, 0, copy=False)
+        store.move(1, 0, 1)  # the buffers pass to the move, then to the pool
+        for j in range(3):
+            store.save(10 + j, np.full_like(u, float(j)), 0)
+            store.delete(10 + j, 0)
+        assert np.array_equal(views, u)  # the lease followed the record
+        store.delete(1, 1)  # ... and ends with it
+        store.save(20, np.zeros_like(u), 0)
+        assert store.load(20, 0, copy=False).ctypes.data == views.ctypes.data
+
+
 def test_lend_is_a_load_of_the_plan():
     schedule = StoreAll(3, level=0)
     with TieredStore([MemoryTier()], plan=io_plan(schedule), workers=0) as store:

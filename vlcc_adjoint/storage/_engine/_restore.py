@@ -19,7 +19,10 @@ Three ways out of the store, chosen by ``load``:
   (its deletion ends it), :meth:`TieredStore.lend` to the caller
   (:class:`StateLease`).  The lease covers the buffers the store owns: for
   a record of a tier that keeps them by reference (``retains_references``)
-  its leaves, whatever ``get`` returned; otherwise the arrays read.
+  its leaves, whatever ``get`` returned; otherwise the arrays read.  A
+  record read straight from a memory tier keeps its buffers until its
+  deletion anyway, so ``load(copy=False)`` opens no lease there (a Move
+  that takes the buffers over opens one).
 
 A record on a memory level whose tier serves the arrays it was given
 (``serves_put_arrays``) is read straight from them (:meth:`Restore.direct`):
@@ -160,10 +163,14 @@ class Restore:
                     if entry.slot is slot:
                         cache.belady.unpin(entry.seq)
 
-    def direct(self, entry, out, targets, copy):
+    def direct(self, entry, out, targets, copy, lend=False):
         """A load from a memory level, in the caller, from the arrays the
         tier keeps (they are the ones the engine handed to its ``put``).
-        ``(state, lease)`` as :meth:`finish` returns."""
+        ``(state, lease)``: with `lend` (``copy=False``, for
+        :meth:`TieredStore.lend`) the pool lease of the record's buffers,
+        else ``None``.  Views lent by ``load(copy=False)`` need none: the
+        record keeps its buffers until its deletion (a Move that takes them
+        over leases them then, see :meth:`~._write.Writer.hand_over`)."""
         sh = self.shared
         tier = sh.tiers[entry.tier]
         if entry.key not in tier:
@@ -177,7 +184,8 @@ class Restore:
             leaves, sums = list(entry.leaves), entry.checksums
             if not copy:
                 entry.lent = True
-                lease = self.capture.pool.lend(leaves)
+                if lend:
+                    lease = self.capture.pool.lend(leaves)
         try:
             state = self._direct(entry, leaves, sums, out, targets, copy)
         except BaseException:

@@ -441,7 +441,7 @@ class TieredStore:
         """
         with self._api:
             entry = self._find(step, level)
-            state, lease = self._restore_entry(entry, None, False)
+            state, lease = self._restore_entry(entry, None, False, lend=True)
             return StateLease(state, lease)
 
     def delete(self, step: int, level: int | None = None) -> None:
@@ -724,10 +724,12 @@ class TieredStore:
             level = self._check_level(level)
         return sh.index.get((step, level)) or self._lookup(step, level)
 
-    def _restore_entry(self, entry, out, copy):
+    def _restore_entry(self, entry, out, copy, lend=False):
         """API lock held: the load of `entry` on every path but the short one
         (plan followed; rewound if the load fails before it changes anything).
-        ``(state, lease)``: the pool lease of views lent (``copy=False``)."""
+        ``(state, lease)``: the pool lease of views lent (``copy=False``; for
+        `lend` always, for ``load`` where the record's buffers may go back
+        to the pool before its deletion)."""
         sh, clock = self._shared, self._clock
         if not copy and out is not None:
             raise VlccValueError(
@@ -745,7 +747,7 @@ class TieredStore:
                 and entry.leaves is not None
                 and entry.checksums is not None
             ):
-                return self._restore.direct(entry, out, targets, copy)
+                return self._restore.direct(entry, out, targets, copy, lend)
             acquired = self._cache.acquire(entry)
         except BaseException:
             clock.rewind(mark)

@@ -327,7 +327,13 @@ class Writer:
         if old.state == STORED and sh.retains[old.tier] and old.leaves is not None:
             # get would return views of these very buffers: hand over the
             # buffers themselves, verified when the new record is read.
+            # Views load(copy=False) lent of them (which hold no lease:
+            # the record kept its buffers) are leased now, until the new
+            # record's deletion: its write may give the buffers back.
             self.cache.drop_slot(old)
+            if old.lent:
+                lease = self.capture.pool.lend(old.leaves)
+                new.leases = [lease] if new.leases is None else [*new.leases, lease]
             new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
             new.checksums = old.checksums
             old.leaves = old.owned = old.digests = None
