@@ -306,7 +306,8 @@ class BufferPool:
 
     def leased(self, arr: np.ndarray) -> bool:
         """Whether an open :class:`Lease` holds `arr`."""
-        return id(arr) in self._leased and self._leased[id(arr)][0] is arr
+        held = self._leased.get(id(arr))
+        return held is not None and held[0] is arr
 
     def _end_lease(self, lease: Lease) -> None:
         """`lease` ends (if it has not yet): a buffer no lease holds any
