@@ -15,6 +15,7 @@ from vlcc_adjoint.schedules import Level, Multistage, Revolve, StoreAll, io_plan
 from vlcc_adjoint.storage import (
     BufferPool,
     CompressedMemoryTier,
+    CorruptCheckpointError,
     MemoryTier,
     PlanMismatchError,
     Tier,
@@ -215,6 +216,18 @@ def test_views_of_a_record_stay_valid_while_it_moves_and_end_with_its_delete():
         store.delete(1, 1)  # ... and ends with it
         store.save(20, np.zeros_like(u), 0)
         assert store.load(20, 0, copy=False).ctypes.data == views.ctypes.data
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_memory_record_damaged_before_its_move_is_reported_not_moved(workers):
+    tier = MemoryTier()
+    with TieredStore([tier, CompressedMemoryTier()], workers=workers) as store:
+        store.save(1, np.arange(1000.0), 0)
+        (key,) = tier.keys()
+        tier.get(key).leaves[0].base[7] += 1.0  # damage behind the store's back
+        with pytest.raises(CorruptCheckpointError, match="step 1 on level 0"):
+            store.move(1, 0, 1)
+            store.wait()
 
 
 def test_lend_is_a_load_of_the_plan():

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 
 from .._belady import NEVER
-from .._checksum import leaf_checksum
+from .._checksum import leaf_checksum, verify_leaves
 from .._tier import CorruptCheckpointError, Record, StorageError, TierFullError
 from ._common import CANCELLED, FAILED, QUEUED, STORED, WRITING, tier_name
 
@@ -121,6 +121,10 @@ class Writer:
                 fresh = sh.fresh[src.tier]
                 with sh.lock:
                     entry.leaves, entry.owned = leaves, [fresh] * len(leaves)
+                    entry.move_src = None
+            elif src is not None:  # a Move of a memory record's own buffers
+                self.verify_moved(src, leaves, sums)
+                with sh.lock:
                     entry.move_src = None
             elif sh.dedup is True and entry.digests is None:
                 give, leaves = self.capture.dedup(entry, leaves)
@@ -266,6 +270,21 @@ class Writer:
             c.bytes_out += entry.nbytes
         return rec
 
+    def verify_moved(self, src, leaves, checksums) -> None:
+        """Worker: the leaves a Move took over from the memory record `src`
+        match their checksums (as its tier's ``get`` would check), else
+        :class:`CorruptCheckpointError` naming the step."""
+        tier = tier_name(self.shared.tiers[src.tier])
+        try:
+            verify_leaves(leaves, checksums, src.key, tier, src.step)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(
+                f"step {src.step} on level {src.level}: {exc}",
+                key=src.key,
+                tier=tier,
+                step=src.step,
+            ) from exc
+
     def delete_after(self, old) -> None:
         """After a Move's write: delete the source's tier copy."""
         if old is None:
@@ -326,7 +345,7 @@ class Writer:
         sh = self.shared
         if old.state == STORED and sh.retains[old.tier] and old.leaves is not None:
             # get would return views of these very buffers: hand over the
-            # buffers themselves, verified when the new record is read.
+            # buffers themselves (the worker verifies their checksums).
             # Views load(copy=False) lent of them (which hold no lease:
             # the record kept its buffers) are leased now, until the new
             # record's deletion: its write may give the buffers back.
@@ -337,6 +356,7 @@ class Writer:
             new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
             new.checksums = old.checksums
             old.leaves = old.owned = old.digests = None
+            new.move_src = old  # the worker verifies them, as the tier's get would
             new.delete_after = old
             self.jobs.tier_jobs[old.tier] += 1
             return
