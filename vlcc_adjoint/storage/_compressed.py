@@ -140,6 +140,7 @@ class CompressedMemoryTier(Tier):
     - `name`: the tier's name in messages and statistics.
     """
 
+    copies_on_put = True  # put encodes each leaf into a blob of its own
     fresh_gets = True  # get decodes into new arrays
 
     def __init__(
@@ -229,10 +230,10 @@ class CompressedMemoryTier(Tier):
             raise VlccValueError(f"{name} must be a finite number > 0, got {value!r}")
         with self._lock:
             if relative is None:
-                self._set_codec(ErrorBounded(float(abs_error)))
+                self._set_codec(ErrorBounded(float(value)))
                 self._relative = None
             else:
-                self._relative = float(relative)
+                self._relative = float(value)
 
     def _set_codec(self, codec) -> None:
         """Lock held: `codec` encodes the next puts."""

@@ -20,6 +20,14 @@ leaves) work.  What it does do:
 ``get`` returns read-only views of the stored arrays: restoring a state
 twice (Revolve reloads the same checkpoint) must find it unchanged, so
 whoever needs to write copies first (``unflatten(spec, leaves, copy=True)``).
+The views show the record while it is stored: the arrays belong to whoever
+``put`` them, and a :class:`~vlcc_adjoint.storage.TieredStore` reuses their
+memory for later captures once it has deleted the record (ownership is
+explicit, see :mod:`vlcc_adjoint.storage._pool`).
+
+The tier declares ``retains_references``, ``serves_put_arrays`` and
+``adopts_leaves`` (see :class:`~vlcc_adjoint.storage.Tier`): it stores a
+record given in parts (:meth:`MemoryTier.adopt_leaves`) without building it.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class MemoryTier(Tier):
 
     retains_references = True
     serves_put_arrays = True
+    adopts_leaves = True
 
     def __init__(self, capacity_bytes: int | None = None, *, name: str = "memory"):
         self.capacity_bytes = check_capacity(capacity_bytes)
@@ -92,14 +101,19 @@ class MemoryTier(Tier):
 
     _adopt = adopt  # the name earlier versions used
 
-    def adopt_leaves(self, key: str, spec: dict, leaves: tuple, checksums: tuple) -> None:
+    def adopt_leaves(
+        self, key: str, spec: dict, leaves: tuple[np.ndarray, ...], checksums: tuple[str, ...]
+    ) -> None:
         """:meth:`adopt` of the record ``Record(spec, leaves, checksums)``,
         given in parts (the engine's short path for small states, which
         spares building the record)."""
         self._insert(key, spec, leaves, checksums)
 
     def _insert(self, key, spec, leaves, checksums) -> None:
-        with self._lock:
+        # acquire/release rather than `with`: this runs once per save.
+        lock = self._lock
+        lock.acquire()
+        try:
             records, objects = self._records, self._objects
             if key in records:
                 raise VlccKeyError(
@@ -119,7 +133,7 @@ class MemoryTier(Tier):
                 records[key] = (spec, leaves, checksums)
                 return
             need = 0
-            seen = ()
+            seen: tuple[int, ...] = ()
             for leaf in leaves:  # bytes of the array objects not held yet, each once
                 i = id(leaf)
                 if i not in objects and i not in seen:
@@ -135,6 +149,8 @@ class MemoryTier(Tier):
                     holder[1] += 1
             self._used += need
             records[key] = (spec, leaves, checksums)
+        finally:
+            lock.release()
 
     def get(self, key: str) -> Record:
         """The record under `key`, checksums verified; leaves are read-only views."""
@@ -148,8 +164,11 @@ class MemoryTier(Tier):
         return Record(spec, tuple(_readonly(leaf) for leaf in leaves), checksums)
 
     def delete(self, key: str) -> None:
-        """Forget the record under `key` (its arrays are freed with their last holder)."""
-        with self._lock:
+        """Forget the record under `key` (its arrays are released with
+        their last record: the tier keeps no reference to them)."""
+        lock = self._lock
+        lock.acquire()
+        try:
             entry = self._records.pop(key, None)
             if entry is None:
                 raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
@@ -161,6 +180,8 @@ class MemoryTier(Tier):
                     self._used -= leaf.nbytes
                 else:
                     holder[1] -= 1
+        finally:
+            lock.release()
 
     def keys(self) -> Iterator[str]:
         with self._lock:

@@ -26,17 +26,19 @@ from ._common import (
     SAVE,
     STORED,
     Entry,
+    NoLock,
     Shared,
     check_int,
     check_level,
     check_step,
+    end_leases,
     snapshot,
     tier_name,
 )
 from ._inline import InlinePath
 from ._jobs import Jobs
 from ._placement import Placement
-from ._restore import Restore
+from ._restore import Restore, StateLease
 from ._write import Writer
 
 __all__ = ["TieredStore"]
@@ -81,8 +83,26 @@ class TieredStore:
     - `pool_bytes`: the most bytes of free capture buffers kept for reuse
       (default: ``staging_bytes``).
     - `close_tiers`: whether :meth:`close` closes the tiers too.
+    - `threadsafe`: ``True`` (default): the store may be shared by several
+      threads; its public methods are serialised by one lock, and the
+      engine's parts, its pool and its worker threads share another.
+      ``False``: a *single-threaded* store, for a caller that makes every
+      call from one thread at a time (calls from different threads one
+      after the other are fine, calls that overlap are not): it has no
+      worker threads (`workers` must be 0 or ``None``), every write and
+      read runs in the call, and no call takes a lock.  Every check stays
+      (checksums, capacities, the plan).  ``run_adjoint``'s memory store is
+      the intended user: a time loop calls its store from one thread.
 
     Use it as a context manager, or call :meth:`close`.
+
+    **Ownership of buffers.**  The store owns the buffers it captures into
+    and reads into (from its :class:`~vlcc_adjoint.storage.BufferPool`):
+    a record's buffers go back to the pool when its last holder lets go
+    (its tier on delete, a read-ahead slot on eviction, a move once the new
+    copy is written), never on a guess from reference counts.  Buffers
+    shown to a caller are held by a lease: ``load(copy=False)``'s until
+    the record is deleted, :meth:`lend`'s until the caller releases it.
     """
 
     def __init__(
@@ -99,6 +119,7 @@ class TieredStore:
         lookahead: int = 64,
         pool_bytes: int | None = None,
         close_tiers: bool = True,
+        threadsafe: bool = True,
     ):
         tiers = list(tiers)
         if not tiers:
@@ -111,6 +132,13 @@ class TieredStore:
                 )
         if policy not in ("raise", "spill"):
             raise VlccValueError(f"policy must be 'raise' or 'spill', got {policy!r}")
+        if not threadsafe:
+            if workers not in (None, 0):
+                raise VlccValueError(
+                    f"a single-threaded store (threadsafe=False) has no worker threads, got "
+                    f"workers={workers!r}; pass workers=0, or threadsafe=True for background work"
+                )
+            workers = 0
         if workers is None:
             workers = max(1, min(4, (os.cpu_count() or 2) - 1))
             if any(t.waits_on_io for t in tiers):
@@ -125,18 +153,27 @@ class TieredStore:
         ):
             check_int(name, value)
         nlv = len(tiers)
-        if prefetch_levels is None:
-            prefetch_levels = range(1, nlv)
-        prefetch_levels = frozenset(int(k) for k in prefetch_levels)
-        bad = [k for k in prefetch_levels if not 0 <= k < nlv]
+        prefetching = frozenset(
+            int(k) for k in (range(1, nlv) if prefetch_levels is None else prefetch_levels)
+        )
+        bad = [k for k in prefetching if not 0 <= k < nlv]
         if bad:
             raise VlccValueError(f"prefetch_levels {bad} are not levels of these {nlv} tiers")
         self.tiers = tiers
         self.policy = policy
         self.dedup = dedup
         self._close_tiers = close_tiers
-        self._api = threading.RLock()  # serialises the public methods
-        sh = self._shared = Shared(tiers, policy, dedup, int(workers), prefetch_levels)
+        # The lock that serialises the public methods; `_mutex` is the same
+        # lock, or None in a single-threaded store (the hot methods test it).
+        self._api: threading.RLock | NoLock
+        self._mutex: threading.RLock | None
+        if threadsafe:
+            self._api = self._mutex = threading.RLock()
+        else:
+            self._api, self._mutex = NoLock(), None
+        sh = self._shared = Shared(
+            tiers, policy, dedup, int(workers), prefetching, bool(threadsafe)
+        )
         self._clock = PlanClock(plan, nlv, sh.lock)
         if plan is not None:
             self._warn_unused_tiers()
@@ -146,7 +183,9 @@ class TieredStore:
         # a free buffer only within it (BudgetPlan.make_store sizes a memory
         # budget for those three).  None: unbounded.
         caps = [t.capacity_bytes for t, r in zip(tiers, sh.retains) if r]
-        hold = None if any(c is None for c in caps) else sum(caps) + staging + int(prefetch_bytes)
+        hold = None
+        if all(c is not None for c in caps):
+            hold = sum(c for c in caps if c is not None) + staging + int(prefetch_bytes)
         self._capture = Capture(sh, staging if pool_bytes is None else int(pool_bytes), hold)
         self._jobs = Jobs(sh, self._run_job)
         self._placement = Placement(sh, self._jobs, staging)
@@ -183,6 +222,11 @@ class TieredStore:
                 UserWarning,
                 stacklevel=3,
             )
+
+    @property
+    def threadsafe(self) -> bool:
+        """Whether the store may be shared by threads (see the class docstring)."""
+        return self._shared.threadsafe
 
     @property
     def plan(self) -> IOPlan | None:
@@ -237,7 +281,10 @@ class TieredStore:
         failure; :class:`PlanMismatchError` if the plan expected another
         action.
         """
-        with self._api:
+        api = self._mutex
+        if api is not None:
+            api.acquire()
+        try:
             sh, clock, capture, placement = (
                 self._shared,
                 self._clock,
@@ -256,8 +303,6 @@ class TieredStore:
                     "first (schedules Save a step once per level)"
                 )
             if self._inline.save(step, state, level):
-                if sh.workers == 0:
-                    self._jobs.raise_failures()
                 return
             leaves, spec, traits = capture.flatten(state)
             spec["step"] = step
@@ -305,6 +350,9 @@ class TieredStore:
             if inline:
                 self._writer.write_inline(entry)
             self._jobs.after_inline()
+        finally:
+            if api is not None:
+                api.release()
 
     def load(self, step: int, level: int | None = None, out: Any = None, copy: bool = True) -> Any:
         """The stored ``u_step``.
@@ -320,8 +368,13 @@ class TieredStore:
           values that cannot change in place, e.g. numpy scalars).
         - `copy`: ``False`` returns the state around *read-only views* of
           the stored arrays, verified but not copied, for a caller that
-          copies at once (the executor's ``on_load`` path); valid until the
-          record is deleted.  Cannot be combined with `out`.
+          copies at once (the executor's ``on_load`` path).  The views are
+          held by a lease that the record's deletion ends: the store does
+          not reuse their memory while the record is stored (a ``move``
+          keeps them valid: the record moves), and may reuse it for later
+          captures and reads once the record is deleted, so a view kept past
+          the record's ``Delete`` can show another record's bytes.  To keep
+          views longer, use :meth:`lend`.  Cannot be combined with `out`.
 
         **Returns:** the state.  Without `out` and with ``copy=True`` its
         arrays are the caller's own (from 1 MiB on, page-aligned views of a
@@ -335,17 +388,11 @@ class TieredStore:
         write failed, :class:`CorruptCheckpointError` if the record fails its
         integrity check, :class:`PlanMismatchError` off-plan.
         """
-        with self._api:
-            sh, clock = self._shared, self._clock
-            if sh.closed or self._jobs.failures:
-                self._enter()
-            if type(step) is not int or step < 0:
-                step = check_step(step)
-            if level is None:
-                level = self._default_level(step, LOAD)
-            if type(level) is not int or not 0 <= level < sh.nlv:
-                level = self._check_level(level)
-            entry = sh.index.get((step, level)) or self._lookup(step, level)
+        api = self._mutex
+        if api is not None:
+            api.acquire()
+        try:
+            entry = self._find(step, level)
             shape = entry.shape
             if (
                 shape is not None
@@ -354,49 +401,60 @@ class TieredStore:
                 and copy
                 and entry.state == STORED
                 and entry.slot is None
-                and sh.direct[entry.tier]
+                and self._shared.direct[entry.tier]
                 and entry.leaves is not None
                 and entry.checksums is not None
-                and entry.key in sh.tiers[entry.tier]
+                and entry.key in self._shared.tiers[entry.tier]
             ):
                 # A memory record of a known structure: the short path.
-                clock.follow(LOAD, step, level)
-                state = self._inline.load(entry, self._verify)
-                if sh.workers == 0:
-                    self._jobs.raise_failures()
-                return state
-            if not copy and out is not None:
-                raise VlccValueError(
-                    "load(copy=False) returns read-only views of the stored record; "
-                    "it cannot restore into out= as well (pass one or the other)"
-                )
-            targets = None if out is None else self._restore.targets(out, entry.spec)
-            mark = clock.mark()
-            clock.follow(LOAD, step, level)
-            try:
-                if (
-                    entry.state == STORED
-                    and entry.slot is None
-                    and sh.direct[entry.tier]
-                    and entry.leaves is not None
-                    and entry.checksums is not None
-                ):
-                    return self._restore.direct(entry, out, targets, copy)
-                acquired = self._cache.acquire(entry)
-            except BaseException:
-                clock.rewind(mark)
-                self._jobs.after_inline()
-                raise
-            try:
-                return self._restore.finish(entry, acquired, out, targets, copy)
-            finally:
-                acquired = None
-                self._jobs.after_inline()
+                self._clock.follow(LOAD, entry.step, entry.level)
+                return self._inline.load(entry, self._verify)
+            state, lease = self._restore_entry(entry, out, copy)
+            if lease is not None:  # views lent: their lease ends with the record
+                if entry.leases is None:
+                    entry.leases = [lease]
+                else:
+                    entry.leases.append(lease)
+            return state
+        finally:
+            if api is not None:
+                api.release()
+
+    def lend(self, step: int, level: int | None = None) -> StateLease:
+        """The stored ``u_step`` as read-only views, held by a lease until the
+        caller releases it::
+
+            with store.lend(i, k) as state:
+                solver.restore_from(state)  # no copy made by the store
+
+        Like ``load(step, level, copy=False)`` (a ``Load`` of the plan; the
+        record verified, not copied), but the views stay valid until
+        :meth:`StateLease.release` (or the end of the ``with`` block), even
+        if the record is deleted meanwhile: the store does not reuse their
+        memory before then.  Release every lease: memory lent is memory the
+        store cannot reuse.
+
+        **Arguments:** `step` and `level` as in :meth:`load`.
+
+        **Returns:** a :class:`StateLease`: ``lease.state`` is the state,
+        ``with`` yields it.
+        """
+        with self._api:
+            entry = self._find(step, level)
+            state, lease = self._restore_entry(entry, None, False, lend=True)
+            return StateLease(state, lease)
 
     def delete(self, step: int, level: int | None = None) -> None:
         """Forget the stored ``u_step`` on `level` (``None``: the plan's level,
-        or without a plan every level holding it)."""
-        with self._api:
+        or without a plan every level holding it).
+
+        The leases of views ``load(copy=False)`` returned of the record end
+        here: its buffers may be reused by the next save or read (those of
+        an open :meth:`lend` lease only once it is released)."""
+        api = self._mutex
+        if api is not None:
+            api.acquire()
+        try:
             sh = self._shared
             if sh.closed or self._jobs.failures:
                 self._enter()
@@ -418,8 +476,6 @@ class TieredStore:
             self._clock.follow(DELETE, step, level)
             if entry.state == STORED and sh.inline[entry.tier] and entry.slot is None:
                 self._inline.delete(entry)  # now, in the caller: buffers back to the pool
-                if sh.workers == 0:
-                    self._jobs.raise_failures()
                 return
             with sh.lock:
                 sh.n["deletes"] += 1
@@ -432,6 +488,7 @@ class TieredStore:
                 else:
                     self._writer.retire(entry)
                 self._cache.pump()
+            end_leases(entry)
             if now:
                 try:
                     self._writer.run_delete(entry, notify=False)
@@ -440,6 +497,9 @@ class TieredStore:
                         self._jobs.record("delete", entry, exc)
                     self._jobs.raise_failures()
             self._jobs.after_inline()
+        finally:
+            if api is not None:
+                api.release()
 
     def move(self, step: int, src: int, dst: int) -> None:
         """Relocate the stored ``u_step`` from level `src` to level `dst`.
@@ -548,9 +608,12 @@ class TieredStore:
             with sh.lock:
                 sh.t["flush"] += time.perf_counter() - t0
                 self._cache.clear()
+                entries = list(sh.index.values())
                 sh.index.clear()
                 sh.by_record.clear()
-            self._capture.pool.clear()
+            for entry in entries:  # views load(copy=False) lent: the records are gone
+                end_leases(entry)
+            self._capture.pool.close()
             if self._close_tiers:
                 for k, tier in enumerate(self.tiers):
                     try:
@@ -569,15 +632,14 @@ class TieredStore:
     def __enter__(self) -> TieredStore:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc is None:
             self.close()
-            return False
+            return
         try:
             self.close()
         except Exception as close_error:  # the body's exception is the one raised
             exc.add_note(f"closing the TieredStore afterwards also failed: {close_error!r}")
-        return False
 
     def stats(self) -> StoreStats:
         """A snapshot of the store's counters (:class:`StoreStats`)."""
@@ -641,12 +703,60 @@ class TieredStore:
         )
 
     def _describe_stored(self) -> str:
-        by = {}
+        by: dict[int, list[int]] = {}
         for s, k in self._shared.index:
             by.setdefault(k, []).append(s)
         if not by:
             return "nothing"
         return "; ".join(f"level {k}: {sorted(v)[:12]}" for k, v in sorted(by.items()))
+
+    def _find(self, step, level) -> Entry:
+        """API lock held: the entry of ``u_step`` on `level` (``None``: the
+        plan's level, or the fastest holding it) for a load, validated."""
+        sh = self._shared
+        if sh.closed or self._jobs.failures:
+            self._enter()
+        if type(step) is not int or step < 0:
+            step = check_step(step)
+        if level is None:
+            level = self._default_level(step, LOAD)
+        if type(level) is not int or not 0 <= level < sh.nlv:
+            level = self._check_level(level)
+        return sh.index.get((step, level)) or self._lookup(step, level)
+
+    def _restore_entry(self, entry, out, copy, lend=False):
+        """API lock held: the load of `entry` on every path but the short one
+        (plan followed; rewound if the load fails before it changes anything).
+        ``(state, lease)``: the pool lease of views lent (``copy=False``; for
+        `lend` always, for ``load`` where the record's buffers may go back
+        to the pool before its deletion)."""
+        sh, clock = self._shared, self._clock
+        if not copy and out is not None:
+            raise VlccValueError(
+                "load(copy=False) returns read-only views of the stored record; "
+                "it cannot restore into out= as well (pass one or the other)"
+            )
+        targets = None if out is None else self._restore.targets(out, entry.spec)
+        mark = clock.mark()
+        clock.follow(LOAD, entry.step, entry.level)
+        try:
+            if (
+                entry.state == STORED
+                and entry.slot is None
+                and sh.direct[entry.tier]
+                and entry.leaves is not None
+                and entry.checksums is not None
+            ):
+                return self._restore.direct(entry, out, targets, copy, lend)
+            acquired = self._cache.acquire(entry)
+        except BaseException:
+            clock.rewind(mark)
+            self._jobs.after_inline()
+            raise
+        try:
+            return self._restore.finish(entry, acquired, out, targets, copy)
+        finally:
+            self._jobs.after_inline()
 
     def _lookup(self, step, level) -> Entry:
         entry = self._shared.index.get((step, level))
