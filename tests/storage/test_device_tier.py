@@ -259,3 +259,28 @@ def test_misuse_is_refused_naming_the_fix():
         store.save(1, _state(1), 1)
         with pytest.raises(VlccError, match="is a host level"):
             store.move(1, 1, 2, place=lambda x: x)
+
+
+def test_restart_runs_the_plan_again_after_a_run_or_an_abandoned_one(tmp_path):
+    schedule = Periodic(12, 4, level=1, buffer_level=0)
+    with _planned(schedule, ZarrTier(tmp_path / "disk", mode="w")) as store:
+        Device(store).run(schedule)
+        with pytest.raises(PlanMismatchError, match="past the end of the plan"):
+            store.save(0, _state(0), 1)
+        store.restart()  # a whole run again
+        device = Device(store)
+        device.run(schedule)
+        assert device.seen == list(range(11, -1, -1))
+        # Half a run (the forward sweep alone) leaves records behind ...
+        store.restart()
+        rows = Machine(schedule, Device(store), returns=(ADVANCE, REVERSE))
+        for kind, *_ in rows:
+            if kind == REVERSE:
+                break
+        assert store.steps(0) or store.steps(1)
+        # ... which the next restart deletes, off the plan.
+        store.restart()
+        assert store.steps(0) == [] and store.steps(1) == []
+        device = Device(store)
+        device.run(schedule)
+        assert device.seen == list(range(11, -1, -1))

@@ -657,6 +657,31 @@ class TieredStore:
             self._jobs.after_inline()
             return None
 
+    def restart(self) -> None:
+        """Run the plan again from its start: delete every record the store
+        holds, without following the plan, and put the plan's clock back to
+        its first action.
+
+        A schedule is run more than once on one store when an integration
+        differentiates the same loop at every training step (a compiled
+        gradient called again and again); a run may also be abandoned
+        halfway (a forward pass whose backward pass never ran), leaving its
+        records behind.  The integration calls ``restart`` where a new run
+        begins.  Without a plan it only deletes the records.  Background
+        deletes are queued like any other; records being written are
+        cancelled.
+        """
+        with self._api:
+            self._enter()
+            sh = self._shared
+            for entry in list(sh.index.values()):
+                if sh.payloads[entry.tier]:
+                    self._device.delete(entry)
+                else:
+                    self._delete_general(entry)
+            with sh.lock:
+                self._clock.restart()
+
     def sync(self, action_index: int) -> None:
         """Tell a planned store that the executor is at schedule action
         `action_index` (optional: the store follows its calls anyway).
