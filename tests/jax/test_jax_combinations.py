@@ -26,8 +26,8 @@ from jax import lax  # noqa: E402
 
 from vlcc_adjoint.errors import VlccError  # noqa: E402
 from vlcc_adjoint.jax import checkpointed_scan  # noqa: E402
-from vlcc_adjoint.schedules import Level, Multistage, Revolve, simulate  # noqa: E402
-from vlcc_adjoint.storage import MemoryTier, TieredStore  # noqa: E402
+from vlcc_adjoint.schedules import Level, Multistage, Revolve, io_plan, simulate  # noqa: E402
+from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("x64")
 
@@ -67,9 +67,7 @@ def _covering(factors: dict, allowed) -> list[dict]:
     ]
 
     def pairs(case):
-        return {
-            (a, repr(case[a]), b, repr(case[b])) for a, b in itertools.combinations(names, 2)
-        }
+        return {(a, repr(case[a]), b, repr(case[b])) for a, b in itertools.combinations(names, 2)}
 
     uncovered = set().union(*(pairs(c) for c in combos))
     cases = []
@@ -93,7 +91,8 @@ def _schedule(case: dict) -> dict:
     if case["plan"] == "host":
         schedule = Multistage(steps, [Level(1, 0.0, 0.0), Level(2, 0.5, 0.5)])
         assert simulate(schedule).writes[1] > 0  # the case does reach the host level
-        return {"schedule": schedule, "store": TieredStore([MemoryTier()])}
+        store = TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(schedule))
+        return {"schedule": schedule, "store": store}
     return {}
 
 
@@ -198,7 +197,7 @@ def test_options_in_combination_equal_lax_scan(case):
     got = _transformed(_loss(scan, case), case["transform"])(*args)
     _close(got, ref)
     if store is not None:
-        assert store.steps(0) == []  # every host record deleted by the schedule
+        assert store.steps(0) == store.steps(1) == []  # every record deleted by the schedule
         store.close()
 
 

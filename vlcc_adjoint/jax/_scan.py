@@ -209,10 +209,22 @@ def checkpointed_scan(
       neither, ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``
       (each step recomputed at most twice; ``c ~ sqrt(2 n)``).
     - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` for schedules
-      with levels >= 1 (e.g. ``Multistage`` with a host level): level 0 is
-      the device buffer, level ``k >= 1`` is ``store.tiers[k - 1]``.  Build
-      it without ``plan=``.  Reached by ordered ``io_callback`` at captures
-      and restores only; not under ``jax.vmap``.
+      with levels >= 1 (e.g. ``Multistage`` with a host level), holding
+      every level of the schedule and its plan::
+
+          TieredStore([DeviceTier(), MemoryTier(), ZarrTier(path)], plan=io_plan(schedule))
+
+      ``store.tiers[k]`` holds level ``k``: tier 0, a
+      :class:`~vlcc_adjoint.storage.DeviceTier`, stands for the device
+      buffer's slots (the checkpoints stay on the device; the store
+      follows their actions), the others are host levels.  The store reads
+      restores ahead by the plan while the device computes.  Reached by
+      ordered ``io_callback`` at captures and restores of host levels only;
+      not under ``jax.vmap``.  One store serves one loop at a time (each
+      run restarts its plan).  A store of host tiers alone, without a plan
+      (``store.tiers[k - 1]`` holding level ``k``, the earlier form), still
+      works, with a ``DeprecationWarning`` and no read-ahead.  A
+      device-only schedule ignores `store`.
     - `unroll`: forward steps per loop iteration, as in ``lax.scan``.
     - `reverse`: scan from the end, as ``lax.scan(..., reverse=True)``:
       step ``k`` reads ``xs[n - 1 - k]`` and writes ``ys[n - 1 - k]``.
@@ -227,9 +239,13 @@ def checkpointed_scan(
 
     **Returns:** ``(final_carry, ys)``.
 
-    **Raises:** ``ValueError`` / ``TypeError`` at trace time for a carry
-    that changes type, an `xs` / `length` mismatch, a schedule for another
-    length, a traced (non-static) schedule or `snapshots`.
+    **Raises:** :class:`~vlcc_adjoint.errors.VlccError` (``ValueError`` /
+    ``TypeError`` subclasses) at trace time for a carry that changes type,
+    an `xs` / `length` mismatch, a schedule for another length, a traced
+    (non-static) schedule, `snapshots`, `length` or `unroll`, options that
+    do not combine (`schedule` with `snapshots`; ``segment="auto"`` with a
+    `schedule`; host levels under ``jax.vmap``), a store that does not
+    hold the schedule's levels or plan.
 
     **References:** A. Griewank and A. Walther, Algorithm 799: revolve,
     ACM TOMS 26(1), 2000.
@@ -323,8 +339,7 @@ def checkpointed_scan(
                 "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
                 "over the batch"
             )
-        # The schedule's future reads (program.plan) drive the read-ahead.
-        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=program.plan)
+        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves])
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
 
     run = _make_custom_vjp(program, step, n, unroll, y_avals, host)
