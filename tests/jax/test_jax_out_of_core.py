@@ -118,3 +118,23 @@ def test_without_a_plan_no_restore_is_read_ahead(x64, tmp_path):
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     assert io.loads == sum(simulate(schedule).reads[1:]) and io.prefetched == 0
+
+
+def test_a_host_callback_result_is_copied_into_the_program():
+    """The restore callbacks hand XLA read-only views of the store's record
+    (load(copy=False)), which stays valid only until a later Delete: XLA
+    must copy a callback's results into the program's own buffers when the
+    callback returns.  Pinned here, for the JAX version in use."""
+    from jax.experimental import io_callback
+
+    buffer = np.arange(64.0, dtype=np.float32)
+    view = buffer.view()
+    view.flags.writeable = False
+
+    @jax.jit
+    def program():
+        return io_callback(lambda: view, jax.ShapeDtypeStruct((64,), jnp.float32), ordered=True)
+
+    out = jax.block_until_ready(program())
+    buffer[:] = -1.0  # the store reuses the record's memory after its Delete
+    np.testing.assert_array_equal(np.asarray(out), np.arange(64.0, dtype=np.float32))

@@ -23,14 +23,15 @@ so the host is called only at captures and restores, never per step.
 The session is a client of the one action machine
 (:class:`~vlcc_adjoint.schedules.Machine`), in pull mode over the whole
 table: at a callback for table row ``r`` it runs the rows since the last
-callback up to ``r``.  The device's own rows (``Advance``, ``Reverse``)
-are handed back and skipped (the compiled loops ran them); every storage
-row is performed through the store in table order: the host rows for
-real, the level-0 rows (``Save``/``Load``/``Delete`` of a device slot) as
-records of the device tier, with no data, so the store's plan check and
-its clock see every action of the schedule, in order, a little late (at
-the next callback).  Row ``r`` itself is the one data-carrying row among
-them: its leaves are the callback's arguments, or its result.
+callback up to ``r``.  The device's own rows (``Advance``, ``Reverse``,
+and the ``Save``/``Load``/``Delete`` of a device slot) are skipped (the
+compiled loops ran them), the host rows performed through the store in
+table order; before each host row the store records the device's level-0
+rows before it as records of its device tier, with no data, in one call
+(``store.sync(row, device=True)``), so the store's plan check and its
+clock see every action of the schedule, in order, a little late (at the
+next callback).  Row ``r`` itself is the one data-carrying row among them:
+its leaves are the callback's arguments, or its result.
 
 Restores are read ahead by the store: the plan tells it, at every call,
 which records the next restores read, and its workers read them into its
@@ -261,6 +262,7 @@ class HostSession:
         self.rows = program.host_index  # table row of each host action
         self.shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaf_avals]
         self.position = 0  # the rows before it are done (in this run)
+        self.hid = 0  # the next host row's host action id (in this run)
         self.started = False
         self.reads = np.zeros(program.levels, np.int64)
         self.writes = np.zeros(program.levels, np.int64)
@@ -277,33 +279,49 @@ class HostSession:
         """The store tier of schedule level `level` (>= 1)."""
         return level - 1 if self.legacy else level
 
+    def _next_host_row(self) -> None:
+        """Before a host row's store call: the device's own level-0 rows
+        before it are recorded by the store, in one call
+        (``sync(row, device=True)``, which also checks that no host row was
+        skipped)."""
+        if not self.legacy:
+            self.store.sync(int(self.rows[self.hid]), device=True)
+        self.hid += 1
+
     def _take(self) -> list[np.ndarray]:
         leaves, self._leaves = self._leaves, None
         assert leaves is not None, "a host row that moves device data ran without its callback"
         return leaves
 
+    # A level-0 Save, Load or Delete is the device's own (a row of its
+    # buffer): the store records it at the next host row (_next_host_row).
+
     def save(self, step: int, level: int) -> None:
         if level == 0:
-            if not self.legacy:
-                self.store.save(step, None, 0)  # the device slot, recorded
             return
+        self._next_host_row()
         self.store.save(step, self._take(), self._host(level))
         self.writes[level] += 1
 
     def load(self, step: int, level: int) -> None:
         if level == 0:
-            if not self.legacy:
-                self.store.load(step, 0)
             return
-        self._read = self.store.load(step, self._host(level))
+        self._next_host_row()
+        # Read-only views of the record, verified, not copied: the callback
+        # returns them to XLA, which copies a host callback's results into
+        # the program's buffers (tests/jax/test_jax_out_of_core.py pins
+        # this), and the record is stored until a later action deletes it.
+        self._read = self.store.load(step, self._host(level), copy=False)
         self.reads[level] += 1
 
     def delete(self, step: int, level: int) -> None:
-        if level == 0 and self.legacy:
+        if level == 0:
             return
+        self._next_host_row()
         self.store.delete(step, self._host(level))
 
     def move(self, step: int, src: int, dst: int) -> None:
+        self._next_host_row()
         if src == 0:  # off the device: the callback's leaves
             if self.legacy:
                 self.store.save(step, self._take(), dst - 1)
@@ -321,8 +339,9 @@ class HostSession:
         self.writes[dst] += 1
 
     def _run_to(self, stop: int) -> None:
-        """Run the table's rows ``[position, stop)``: the storage rows
-        through the store, the device's own rows handed back and skipped."""
+        """Run the table's rows ``[position, stop)``: the host rows through
+        the store, the device's own rows (``Advance``, ``Reverse`` handed
+        back, level-0 storage rows recorded at the next host row) skipped."""
         rows = Machine(
             self.schedule, self, start=self.position, stop=stop, returns=(ADVANCE, REVERSE)
         )
@@ -333,7 +352,7 @@ class HostSession:
     def _begin(self, row: int) -> None:
         if row < self.position or not self.started:  # a new run
             self.store.restart()
-            self.position = 0
+            self.position = self.hid = 0
             self.started = True
 
     # -- host side (Python, called by io_callback) ---------------------------------------
@@ -345,7 +364,9 @@ class HostSession:
             t0 = time.perf_counter()
             row = int(self.rows[int(hid)])
             self._begin(row)
-            self._leaves = list(leaves)
+            # Host arrays (on the CPU backend, views of the device buffers):
+            # the store copies them into its own, and restores numpy arrays.
+            self._leaves = [np.asarray(x) for x in leaves]
             try:
                 self._run_to(row + 1)
             finally:
@@ -381,6 +402,8 @@ class HostSession:
         with self._lock:
             if self.started:
                 self._run_to(len(self.schedule))
+                if not self.legacy:  # the device's last rows (its last Deletes)
+                    self.store.sync(len(self.schedule), device=True)
             return np.int32(0)
 
     # -- device side (traced) ------------------------------------------------------------
