@@ -326,8 +326,9 @@ def out_of_core_gradient(
         schedule = Periodic(n, max(2, math.isqrt(n)), level=0, buffer_level=0)
     stats = simulate(schedule)
     # Every level in one store with the whole schedule's plan: the device
-    # slots, host memory and the disk (restores read ahead by the plan).
-    tiers = [DeviceTier(), MemoryTier(), ZarrTier(path, mode="w")]
+    # slots, host memory and the disk (restores read ahead by the plan).  The
+    # in-memory run's schedule has level 0 only: its store holds that level.
+    tiers = [DeviceTier()] if in_memory else [DeviceTier(), MemoryTier(), ZarrTier(path, mode="w")]
     with TieredStore(tiers, plan=io_plan(schedule)) as store:
         host_io_stats(store, reset=True)
 
