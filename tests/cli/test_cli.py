@@ -65,7 +65,7 @@ def test_bad_input_is_a_clear_error_not_a_traceback():
         text=True,
     )
     assert result.returncode == 2
-    assert "snapshots must be an integer >= 1, got 0" in result.stderr
+    assert "argument --snapshots: must be an integer >= 1, got 0" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -166,9 +166,12 @@ def _vlcc(*argv, timeout=120):
         (["demo", "--png", "{tmp}/x.nosuchformat"], "cannot write .nosuchformat files"),
         (["plan", "--plot", "/nonexistent/x.png"], "/nonexistent does not exist"),
         (["plan", "--plot", "{tmp}"], "is a directory"),
-        (["demo", "--steps", "0"], "--steps must be >= 1, got 0"),
-        (["demo", "--nx", "3"], "--nx must be >= 17"),
-        (["demo", "--disk-states", "-1"], "--disk-states must be >= 0, got -1"),
+        (["demo", "--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+        (["demo", "--nx", "3"], "argument --nx: must be an integer >= 17"),
+        (["demo", "--disk-states", "-1"], "argument --disk-states: must be an integer >= 0, got -1"),
+        (["plan", "--forward-cost", "-1"], "argument --forward-cost: must be a finite number >= 0"),
+        (["plan", "--steps", "abc"], "argument --steps: must be an integer >= 1, got 'abc'"),
+        (["plan", "--unknown"], "unrecognized arguments: --unknown (see vlcc plan --help)"),
         (["demo", "--memory-states", "1"], "give --memory-states 4 or more"),
         (["demo", "--memory-states", "0", "--disk-states", "0"], "give --memory-states 1 or more"),
         (
@@ -193,3 +196,4 @@ def test_memory_budget_error_speaks_in_states_not_bytes():
     result = _vlcc("demo", "--memory-states", "1")
     assert "bytes" not in result.stderr
     assert "1 state" in result.stderr
+
