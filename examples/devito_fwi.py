@@ -259,7 +259,9 @@ def rel_max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
-    side = Integer(2 * NBL + 2, why=f"the damped border takes {NBL} points on each side")
+    side = Integer(
+        2 * NBL + 1, why=f"the damped border takes {NBL} points on each side, the interior one"
+    )
     parser.add_argument("--nx", type=side, default=101, help="grid points in x")
     parser.add_argument("--nz", type=side, default=101, help="grid points in z")
     parser.add_argument("--nt", type=Integer(4), default=500, help="time samples (nt - 2 steps)")

@@ -26,6 +26,14 @@ CACHES = {
     "TORCHINDUCTOR_CACHE_DIR": f"torchinductor_{getpass.getuser()}",
 }
 
+#: Caches that libraries keep in the temporary directory under fixed names,
+#: with no setting to move them: links in the session's folder point at them
+#: in the original temporary directory, where they persist across sessions.
+LINKED_CACHES = (
+    f"devito-jitcache-uid{os.getuid()}",  # Devito's compiled operators
+    f"devito-codepy-uid{os.getuid()}",  # and their generated code
+)
+
 #: The session's TMPDIR, the environment it replaced, and what was left in it.
 _SESSION_TMP = pytest.StashKey[dict]()
 
@@ -38,6 +46,9 @@ def pytest_configure(config):
     for variable, folder in CACHES.items():
         os.environ.setdefault(variable, os.path.join(original, folder))
     folder = tempfile.mkdtemp(prefix="vlcc-tests-", dir=original)
+    for name in LINKED_CACHES:
+        os.makedirs(os.path.join(original, name), mode=0o700, exist_ok=True)
+        os.symlink(os.path.join(original, name), os.path.join(folder, name))
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     config.stash[_SESSION_TMP] = {"folder": folder, "saved": saved, "left": []}
@@ -48,6 +59,8 @@ def _left_in(folder: str) -> list[str]:
     under it (links are not followed)."""
     found = []
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name in LINKED_CACHES and entry.is_symlink():
+            continue
         if entry.is_dir(follow_symlinks=False):
             files = sum(len(f) for _, _, f in os.walk(entry.path))
             found.append(f"{entry.name}/ ({files} files)")

@@ -168,7 +168,10 @@ def _vlcc(*argv, timeout=120):
         (["plan", "--plot", "{tmp}"], "is a directory"),
         (["demo", "--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
         (["demo", "--nx", "3"], "argument --nx: must be an integer >= 17"),
-        (["demo", "--disk-states", "-1"], "argument --disk-states: must be an integer >= 0, got -1"),
+        (
+            ["demo", "--disk-states", "-1"],
+            "argument --disk-states: must be an integer >= 0, got -1",
+        ),
         (["plan", "--forward-cost", "-1"], "argument --forward-cost: must be a finite number >= 0"),
         (["plan", "--steps", "abc"], "argument --steps: must be an integer >= 1, got 'abc'"),
         (["plan", "--unknown"], "unrecognized arguments: --unknown (see vlcc plan --help)"),
@@ -196,4 +199,3 @@ def test_memory_budget_error_speaks_in_states_not_bytes():
     result = _vlcc("demo", "--memory-states", "1")
     assert "bytes" not in result.stderr
     assert "1 state" in result.stderr
-

@@ -299,11 +299,14 @@ def _plot_burgers(problem: BurgersProblem, grad: np.ndarray, path: str) -> None:
     axes[0].plot(problem.x, problem.u0_guess, label="u0 guess")
     axes[0].plot(problem.x, problem.u_target, label="u(T) target")
     axes[0].plot(problem.x, u_final, "--", label="u(T) from guess")
+    axes[0].set_title("initial conditions and final states")
     axes[0].set_xlabel("x")
+    axes[0].set_ylabel("u")
     axes[0].legend(fontsize=8)
     axes[1].plot(problem.x, grad / problem.dx)
     axes[1].set_title("L2 gradient dJ/du0 / dx")
     axes[1].set_xlabel("x")
+    axes[1].set_ylabel("dJ/du0 / dx")
     fig.suptitle(
         f"viscous Burgers, {problem.n_cells} cells, {problem.n_steps} steps, nu={problem.nu}"
     )
