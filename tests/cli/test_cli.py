@@ -95,9 +95,14 @@ def test_demo_checks_its_gradient_and_draws_it(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "vlcc_demo_gradient.png").stat().st_size > 10_000
 
 
-def test_bench_runs_the_chosen_benchmarks_and_indexes_their_results(tmp_path):
+def test_bench_runs_the_chosen_benchmarks_and_indexes_their_results(tmp_path, monkeypatch):
     import json
 
+    # bench_multistage keeps its copy of the old module in the temporary
+    # directory across runs, a cache of its own: here, in this test's folder.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)
     rc = main(["bench", "--quick", "--only", "multistage", "--out", str(tmp_path)])
     assert rc == 0
     index = json.loads((tmp_path / "run_all.json").read_text())
