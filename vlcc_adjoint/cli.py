@@ -1,5 +1,12 @@
 """The ``vlcc`` command line: ``vlcc plan``, ``vlcc demo``, and the lineage commands
-``vlcc log | show | diff | gc | inspect | export | import`` (:mod:`vlcc_adjoint.lineage`)."""
+``vlcc log | show | diff | gc | inspect | export | import`` (:mod:`vlcc_adjoint.lineage`).
+
+Its conventions, shared with the scripts in ``examples/``: :class:`Parser`
+reports a bad option in one line and exits with status 2 before any work;
+every numeric option has a bounded type, :class:`Integer` or :class:`Number`;
+a ``--dir`` option goes through :func:`work_directory` (created and kept, or
+a temporary directory removed at the end).
+"""
 
 from __future__ import annotations
 
