@@ -23,7 +23,12 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--layers", type=Integer(1), default=24, help="Linear + GELU blocks of 512 features"
     )
-    parser.add_argument("--batch", type=Integer(1), default=1024, help="rows of the input")
+    parser.add_argument(
+        "--batch",
+        type=Integer(512, why="smaller activations stay with autograd (threshold 1 MiB)"),
+        default=1024,
+        help="rows of the input (an activation is batch x 512 float32)",
+    )
     parser.add_argument(
         "--budget-mib",
         type=Integer(1),

@@ -32,7 +32,7 @@ def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--steps",
-        type=Integer(30, why="the Multistage schedule keeps 8 + 16 snapshots"),
+        type=Integer(60, why="shorter, the Multistage schedule needs no disk"),
         default=2000,
         help="length of the sequence",
     )
