@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from vlcc_adjoint._examples.demo import _smooth_bump
+from vlcc_adjoint._examples.demo import _misfit_floor, _smooth_bump
 from vlcc_adjoint._examples.seismic import SeismicProblem
 from vlcc_adjoint._examples.taylor import ROUNDING, judge_remainders, taylor_check
 
@@ -59,37 +59,40 @@ def test_a_wrong_gradient_fails_and_says_which_criterion(wrong):
     assert abs(check.slope1 - 1) < 0.1  # the signature of a first-order error
 
 
-def test_a_direction_that_does_not_see_the_first_order_change_is_reported():
-    # At a minimum <g, dm> = 0: r0 is O(h^2), so r1 says nothing about g.
-    check = taylor_check(lambda m: float(np.sum(m**2)), np.zeros(3), np.ones(3), np.zeros(3))
+def test_a_direction_that_does_not_see_the_first_order_change_is_a_caveat():
+    # At a minimum <grad J, dm> = 0: r0 is O(h^2), and r1 checks only <g, dm> = 0.
+    square = lambda m: float(np.sum(m**2))  # noqa: E731
+    check = taylor_check(square, np.zeros(3), np.ones(3), np.zeros(3))
+    assert check.passed, check.failures
+    assert len(check.caveats) == 1 and "stationary along dm" in check.caveats[0]
+    assert "<g, dm> is about 0" in check.caveats[0]
+    # A gradient that predicts a first-order change there is still wrong.
+    check = taylor_check(square, np.zeros(3), np.ones(3), np.full(3, 1e-3))
+    assert not check.passed and "the gradient is wrong" in check.failures[0]
+
+
+def test_a_change_slower_than_h_is_not_smooth():
+    # |t|^(1/2) along dm: r0 shrinks at rate 1/2, no gradient fits.
+    cusp = lambda m: float(np.sqrt(abs(m[0])))  # noqa: E731
+    check = taylor_check(cusp, np.zeros(1), np.ones(1), np.zeros(1))
     assert not check.passed
-    assert any("first-order remainder" in f for f in check.failures), check.failures
+    assert any("does not change smoothly" in f for f in check.failures), check.failures
 
 
-def test_an_objective_that_does_not_move_passes_only_a_zero_prediction():
-    flat = lambda m: 1.0  # noqa: E731
-    assert taylor_check(flat, M, DM, np.zeros_like(M)).passed
-    check = taylor_check(flat, M, DM, np.ones_like(M))
-    assert not check.passed and "predicts a change" in check.failures[0]
-
-
-def test_a_remainder_drowned_in_rounding_is_inconclusive_not_passed():
-    rng = np.random.default_rng(0)
-    noisy = lambda m: 1.0 + float(np.sum(m)) + 1e-12 * rng.standard_normal()  # noqa: E731
-    check = taylor_check(noisy, M, DM, np.ones_like(M) * 1.001)
-    assert not check.passed
-
-
-def test_an_objective_noisier_than_its_rounding_level_is_inconclusive():
-    # Noise far above the rounding level: the remainder never settles into a
-    # run of one sign; the verdict says so, and what to change, rather than
-    # calling the gradient right or wrong.
-    noise = lambda h: 1e-6 * (zlib.crc32(np.float64(h).tobytes()) / 2**31 - 1)  # noqa: E731
-    check = judge_remainders(
-        0.5 ** np.arange(1, 20), 1.0, [1.0 + h + noise(h) for h in 0.5 ** np.arange(1, 20)], 1.0
-    )
-    assert not check.passed and check.failures[0].startswith("inconclusive"), check.failures
-    assert "rounding level" in check.failures[0]
+def test_an_absolute_rounding_level_replaces_a_smaller_relative_one():
+    # J vanishes at m but is computed from terms of size 1: its rounding (1e-12)
+    # is not relative to |J|, and the caller's floor says where it starts.
+    noise = lambda t: 1e-12 * (zlib.crc32(np.float64(t).tobytes()) / 2**31 - 1)  # noqa: E731
+    J = lambda m: 1e-6 * (float(m[0]) + float(m[0]) ** 2) + noise(float(m[0]))  # noqa: E731
+    g = np.array([1e-6])
+    # Relative to |J| (about 1e-6 h), the rounding level sits below the noise.
+    assert max(taylor_check(J, np.zeros(1), np.ones(1), g).floor) < 1e-12
+    check = taylor_check(J, np.zeros(1), np.ones(1), g, floor=1e-10)
+    assert check.passed, check.failures
+    assert min(check.floor) == 1e-10
+    assert check.r1[check.window[1]] > 1e-10  # judged where the noise is < 1% of r1
+    wrong = taylor_check(J, np.zeros(1), np.ones(1), 1.5 * g, floor=1e-10)  # detectable
+    assert not wrong.passed
 
 
 def test_a_linear_objective_passes_only_its_exact_gradient():
@@ -203,15 +206,28 @@ DEMO_SIZES = [
     (60, 60, 150),
     (100, 80, 400),
     (30, 80, 700),
+    (300, 17, 50),
+    (17, 300, 2000),
 ]
+
+#: Sizes at which the background model fits the data to 1e-22 of their
+#: energy: J is stationary along the bump, and the test can check only that
+#: <g, dm> is about 0.
+STATIONARY = [(17, 300, 2000)]
+
+
+def _demo_check(p: SeismicProblem, g: np.ndarray):
+    """The Taylor test as ``vlcc demo`` runs it."""
+    return taylor_check(p.objective, p.v_background, _smooth_bump(p), g, floor=_misfit_floor(p))
 
 
 @pytest.mark.parametrize("nx, nz, nt", DEMO_SIZES)
 def test_the_demo_gradient_passes_at_every_size(nx, nz, nt):
     p = SeismicProblem(nx=nx, nz=nz, nt=nt)
     g = p.reference_gradient(p.v_background)
-    check = taylor_check(p.objective, p.v_background, _smooth_bump(p), g)
+    check = _demo_check(p, g)
     assert check.passed, (check.failures, check.rates1)
+    assert bool(check.caveats) == ((nx, nz, nt) in STATIONARY), check.caveats
 
 
 def _mistakes(p: SeismicProblem, g: np.ndarray) -> dict[str, np.ndarray]:
@@ -227,18 +243,19 @@ def _mistakes(p: SeismicProblem, g: np.ndarray) -> dict[str, np.ndarray]:
         "missing terms (the second half of the record)": half,
         "another model's gradient": other,
         "dJ/dc for dJ/dv (the chain rule forgotten)": g * v / (2.0 * p.squared_courant(v)),
-        "off by 0.1%": 1.001 * g,
+        "off by 1%": 1.01 * g,
     }
 
 
-@pytest.mark.parametrize("nx, nz, nt", [s for s in DEMO_SIZES if s[2] >= 30])
+@pytest.mark.parametrize(
+    "nx, nz, nt", [s for s in DEMO_SIZES if s[2] >= 30 and s not in STATIONARY]
+)
 def test_wrong_demo_gradients_fail_at_every_size(nx, nz, nt):
     p = SeismicProblem(nx=nx, nz=nz, nt=nt)
     g = p.reference_gradient(p.v_background)
-    dm = _smooth_bump(p)
     passed = {}
     for name, wrong in _mistakes(p, g).items():
-        check = taylor_check(p.objective, p.v_background, dm, wrong)
+        check = _demo_check(p, wrong)
         if check.passed or "the gradient is wrong" not in " ".join(check.failures):
             passed[name] = (check.failures, check.note)
     assert not passed, passed

@@ -46,15 +46,26 @@ The verdict
 3. The judged window is the last `points` points of the last run that has
    that many (the smallest measurable ``h``).  There the least-squares slope
    of ``log r1`` against ``log h`` must be at least ``2 - band`` (a wrong
-   gradient gives 1 there), and the slope of ``log r0`` must be within
-   ``1 +- band`` (the direction sees the first-order change of ``J``;
-   otherwise the test would not test ``<g, dm>`` at all).
+   gradient gives 1 there), and the slope of ``log r0`` at least
+   ``1 - band`` (``J`` changing slower than ``h`` is not smooth, or is
+   noise).  A slope of ``r0`` near 2 means ``J`` is stationary along ``dm``
+   at every measurable ``h`` (``c1`` below ``c2 h``: near a minimum): the
+   test then confirms only that ``<g, dm>`` is about 0, which it says in
+   :attr:`TaylorCheck.caveats` (passed: a wrong gradient that predicts a
+   first-order change still fails by the rate of ``r1``).
 4. If ``r1`` is at the rounding level at every ``h``, the gradient predicts
    ``J`` along ``dm`` to rounding: passed (a linear objective).  If ``J``
    itself does not change along ``dm``, there is nothing to measure: passed
    when the gradient predicts no change either.  If the measurable points
    form no run long enough, the test is inconclusive, which is a failure
    that says what to change.
+
+The rounding level is relative to ``|J|`` (`rounding`), or an absolute
+`floor` where the caller knows better: a misfit ``J = sum (u - d)^2 / 2``
+that is a small difference of large fields carries the rounding of each
+``u - d`` (``eps |u|``) times ``2 (u - d)``, about ``2 eps sqrt(J E)`` in
+all with ``E = sum d^2 / 2`` (Cauchy-Schwarz), far more than ``eps |J|``
+when ``J << E``.
 
 Every failure names its criterion.  :attr:`TaylorCheck.gap` is ``r1 / h``
 at the smallest judged ``h``, ``|e + c2 h + ...|``: the error ``|e|`` of the
@@ -107,6 +118,8 @@ class TaylorCheck:
     - `rates0`, `rates1`: ``log2`` ratios of consecutive remainders.
     - `floor`: the rounding level of each ``r1``.
     - `window`: ``(first, last)`` indices of the judged points, or ``None``.
+    - `caveats`: what a passed test did not check (``J`` stationary along
+      ``dm``), in words.
     - `slope0`, `slope1`: the fitted rates over the window (``nan``: none).
     - `gap`: ``r1 / h`` at the window's smallest ``h``: about
       ``|<grad J, dm> - <g, dm>|`` if the test failed at rate 1, the size of
@@ -122,6 +135,7 @@ class TaylorCheck:
     rates1: tuple[float, ...]
     floor: tuple[float, ...]
     window: tuple[int, int] | None
+    caveats: tuple[str, ...]
     slope0: float
     slope1: float
     gap: float
@@ -142,9 +156,9 @@ def _slope(h: np.ndarray, r: np.ndarray) -> float:
     return float(np.polyfit(np.log2(h), np.log2(r), 1)[0])
 
 
-def _floor(j0: float, jh: np.ndarray, rounding: float) -> np.ndarray:
-    scale = np.maximum(abs(j0), np.abs(jh))
-    return rounding * np.maximum(scale, np.finfo(float).tiny)
+def _floor(j0: float, jh: np.ndarray, rounding: float, floor: float) -> np.ndarray:
+    scale = rounding * np.maximum(abs(j0), np.abs(jh))
+    return np.maximum(np.maximum(scale, floor), np.finfo(float).tiny)
 
 
 def _runs(resolved: np.ndarray, sign: np.ndarray) -> list[np.ndarray]:
@@ -175,6 +189,7 @@ def judge_remainders(
     band: float = 0.25,
     points: int = 4,
     rounding: float = ROUNDING,
+    floor: float = 0.0,
 ) -> TaylorCheck:
     """The verdict of a Taylor test from its objective values (module docstring).
 
@@ -187,6 +202,8 @@ def judge_remainders(
     - `band`: the tolerance of the fitted rates (at least 2, and 1).
     - `points`: how many points the judged window holds (``>= 3``).
     - `rounding`: the relative rounding level of ``J`` (:data:`ROUNDING`).
+    - `floor`: an absolute rounding level of differences of ``J``, when it
+      is larger than ``rounding |J|`` (module docstring); default 0.
 
     **Returns:** a :class:`TaylorCheck`; ``.passed``, ``.failures``.
     """
@@ -196,17 +213,18 @@ def judge_remainders(
     R0 = jh - j0
     R1 = R0 - h * slope
     r0, r1 = np.abs(R0), np.abs(R1)
-    floor = _floor(j0, jh, rounding)
-    resolved = finite & (r1 > floor)
+    levels = _floor(j0, jh, rounding, floor)
+    resolved = finite & (r1 > levels)
     failures: list[str] = []
+    caveats: list[str] = []
     window = None
     slope0 = slope1 = gap = float("nan")
-    moves = finite & (r0 > floor)
+    moves = finite & (r0 > levels)
     if not moves.any():
         note = "J does not change along dm (to rounding): nothing to measure"
         predicted = np.abs(h * slope)
-        if (predicted > floor).any():
-            k = int(np.argmax(predicted > floor))
+        if (predicted > levels).any():
+            k = int(np.argmax(predicted > levels))
             failures.append(
                 f"J does not change along dm, but the gradient predicts a change of "
                 f"{predicted[k]:.3g} at h = {h[k]:g}: <g, dm> = {slope:.3g} should be 0"
@@ -222,7 +240,7 @@ def judge_remainders(
             last = int(np.flatnonzero(resolved)[-1])
             failures.append(
                 "inconclusive: the second-order remainder is above the rounding level "
-                f"({rounding:g} |J|) at too few consecutive steps of one sign to show a "
+                f"({levels[last]:.1e}) at too few consecutive steps of one sign to show a "
                 f"rate (down to h = {h[last]:g}); J may be noisier than that or not smooth "
                 "along dm: give a smaller rounding level if J is computed more accurately, "
                 "or test another direction"
@@ -246,11 +264,19 @@ def judge_remainders(
                     f"not 2 or more: the gradient is wrong (a first-order term remains: "
                     f"<g, dm> = {slope:.6g} is off by about {gap:.3g}{relative})"
                 )
-            if abs(slope0 - 1.0) > band:
+            if slope0 < 1.0 - band:
                 failures.append(
                     f"the first-order remainder shrinks at rate {slope0:.2f} over {span}, "
-                    f"not 1 +- {band}: J does not change to first order along dm, so the "
-                    "test says nothing about the gradient; test another direction"
+                    f"less than 1 - {band}: J does not change smoothly along dm (or its "
+                    "rounding is larger than the rounding level assumed); test another "
+                    "direction, or give the rounding level"
+                )
+            elif slope0 > 1.0 + band:
+                caveats.append(
+                    f"J is stationary along dm at the measurable steps (the first-order "
+                    f"remainder shrinks at rate {slope0:.2f}, not 1): the test confirms only "
+                    f"that <g, dm> is about 0 (|<g, dm>| = {abs(slope):.3g}, r1 / h = "
+                    f"{gap:.3g}); another direction would test the gradient's other components"
                 )
     return TaylorCheck(
         h=tuple(float(x) for x in h),
@@ -258,8 +284,9 @@ def judge_remainders(
         r1=tuple(float(x) for x in r1),
         rates0=_rates(r0),
         rates1=_rates(r1),
-        floor=tuple(float(x) for x in floor),
+        floor=tuple(float(x) for x in levels),
         window=window,
+        caveats=tuple(caveats),
         slope0=slope0,
         slope1=slope1,
         gap=gap,
@@ -279,6 +306,7 @@ def taylor_check(
     band: float = 0.25,
     points: int = 4,
     rounding: float = ROUNDING,
+    floor: float = 0.0,
 ) -> TaylorCheck:
     """Taylor-test `grad` as the gradient of `objective` at `m` along `dm`.
 
@@ -292,7 +320,7 @@ def taylor_check(
     - `h0`: the first step; it is halved until the second-order remainder
       reaches the rounding level twice in a row, at most `max_halvings`
       times.
-    - `band`, `points`, `rounding`: as for :func:`judge_remainders`.
+    - `band`, `points`, `rounding`, `floor`: as for :func:`judge_remainders`.
 
     **Returns:** a :class:`TaylorCheck`; ``.passed``, ``.failures``.
     """
@@ -306,10 +334,12 @@ def taylor_check(
         value = float(objective(m + step * dm))
         h.append(step)
         jh.append(value)
-        level = _floor(j0, np.array([value]), rounding)[0]
+        level = _floor(j0, np.array([value]), rounding, floor)[0]
         below = not np.isfinite(value) or abs(value - j0 - step * slope) <= level
         at_floor = at_floor + 1 if below and np.isfinite(value) else 0
         if at_floor == 2:
             break
     objective(m)  # leave the problem at m
-    return judge_remainders(h, j0, jh, slope, band=band, points=points, rounding=rounding)
+    return judge_remainders(
+        h, j0, jh, slope, band=band, points=points, rounding=rounding, floor=floor
+    )
