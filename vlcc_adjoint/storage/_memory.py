@@ -39,8 +39,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import VlccKeyError
-from ._checksum import check_capacity, check_record, encode_spec, full, step_of, verify_leaves
-from ._tier import Record, Tier
+from ._checksum import check_capacity, check_record, encode_spec, step_of, verify_leaves
+from ._tier import Record, Tier, TierFullError
 
 __all__ = ["MemoryTier"]
 
@@ -124,7 +124,9 @@ class MemoryTier(Tier):
                 holder = objects.get(id(leaf))
                 need = 0 if holder is not None else leaf.nbytes
                 if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                    raise full(key, self.name, need, self._used, self.capacity_bytes)
+                    raise TierFullError.no_room(
+                        key, self.name, need, self._used, self.capacity_bytes
+                    )
                 if holder is None:
                     objects[id(leaf)] = [leaf, 1]
                 else:
@@ -140,7 +142,7 @@ class MemoryTier(Tier):
                     need += leaf.nbytes
                     seen = (*seen, i)
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                raise full(key, self.name, need, self._used, self.capacity_bytes)
+                raise TierFullError.no_room(key, self.name, need, self._used, self.capacity_bytes)
             for leaf in leaves:
                 holder = objects.get(id(leaf))
                 if holder is None:

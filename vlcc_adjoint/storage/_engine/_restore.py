@@ -38,7 +38,7 @@ import numpy as np
 from ...errors import VlccValueError
 from ...state import dtype_from_json, flatten_traits, unflatten
 from .._belady import NEVER
-from .._checksum import copy_checksum, corrupt, leaf_checksum
+from .._checksum import copy_checksum, leaf_checksum
 from .._pool import owns_memory
 from .._tier import CorruptCheckpointError, StorageError
 from ._common import readonly, tier_name
@@ -283,7 +283,7 @@ class Restore:
     def verify(self, entry, i, leaf, got, want) -> None:
         if got != want:
             name = tier_name(self.shared.tiers[entry.tier])
-            exc = corrupt(
+            exc = CorruptCheckpointError.in_record(
                 f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
                 f"the record says {want}",
                 entry.key,
