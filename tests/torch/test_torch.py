@@ -270,6 +270,47 @@ def test_bad_arguments_say_what_to_do():
     store.close()
 
 
+def test_parameter_gradients_accumulate_without_aliasing_the_cotangent():
+    # d(u + p)/dp hands out the cotangent itself (an expanded tensor for
+    # out.sum()): accumulating into it in place would corrupt it or fail.
+    n = 5
+    p = torch.zeros(3, dtype=torch.double, requires_grad=True)
+    x = torch.ones(3, dtype=torch.double, requires_grad=True)
+    out = checkpoint_sequence(lambda u: u + p, x, n, schedule=Revolve(n, 2), params=[p])
+    out.sum().backward()
+    assert torch.equal(p.grad, torch.full((3,), float(n), dtype=torch.double))
+    assert torch.equal(x.grad, torch.ones(3, dtype=torch.double))
+
+
+def test_a_parameter_changed_in_place_before_backward_is_refused():
+    # The recomputation would use the changed weights: torch's saved-tensor check.
+    cell, xs, h0 = _rnn_problem(6)
+    out = checkpoint_sequence(cell, h0, 6, inputs=xs, snapshots=2)
+    with torch.no_grad():
+        cell.weight_hh.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_a_failure_in_the_backward_pass_names_the_schedule_action():
+    calls = [0]
+
+    def step(u):
+        calls[0] += 1
+        if torch.is_grad_enabled() and calls[0] > 12:
+            raise ArithmeticError("boom")
+        return torch.tanh(u)
+
+    x = torch.ones(2, dtype=torch.double, requires_grad=True)
+    out = checkpoint_sequence(step, x, 8, schedule=Revolve(8, 3))
+    with pytest.raises(ArithmeticError, match="boom") as info:
+        out.sum().backward()
+    assert any(
+        "checkpoint_sequence: raised by action" in note and "Reverse(" in note
+        for note in getattr(info.value, "__notes__", [])
+    )
+
+
 # -- saved-tensor offload ---------------------------------------------------------------
 
 

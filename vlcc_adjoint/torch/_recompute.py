@@ -12,8 +12,8 @@
   before a recomputation, so dropout draws the same masks.
 * The store of levels ``>= 1`` (:func:`schedule_store`, :func:`check_store`,
   :func:`close_quietly`).
-* The dispatch of a schedule table's rows to the interpreter's actions
-  (:func:`dispatch`).
+
+The engine that runs a schedule over the blocks is :mod:`._engine`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from typing import Any
 import torch
 
 from ..errors import VlccTypeError, VlccValueError
-from ..schedules import ActionKind
 
 __all__ = [
     "check_store",
     "close_quietly",
     "collect_params",
-    "dispatch",
     "foreign_leaf",
     "get_rng",
     "rng_devices",
@@ -39,9 +37,6 @@ __all__ = [
     "set_rng",
     "with_cotangent",
 ]
-
-_ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
-_DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
 
 
 def _tensors_in(obj, out: list, depth: int = 0) -> None:
@@ -190,29 +185,30 @@ def close_quietly(store):
         pass
 
 
-def check_store(store, levels: int):
+def check_store(store, levels: int, name: str = "checkpoint_sequence") -> None:
+    """Raise unless `store` is a plan-less TieredStore with a tier per level ``>= 1``
+    (`name`, the drop-in's, starts the message)."""
     tiers = getattr(store, "tiers", None)
     if tiers is None or not all(hasattr(store, m) for m in ("save", "load", "delete", "move")):
         raise VlccTypeError(
-            f"checkpoint_sequence: store must be a vlcc_adjoint.storage.TieredStore, "
-            f"got {type(store).__name__}"
+            f"{name}: store must be a vlcc_adjoint.storage.TieredStore, got {type(store).__name__}"
         )
     if len(tiers) < levels - 1:
         raise VlccValueError(
-            f"checkpoint_sequence: the schedule uses levels 1..{levels - 1} below "
+            f"{name}: the schedule uses levels 1..{levels - 1} below "
             f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
             f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
             "tiers)"
         )
     if getattr(store, "plan", None) is not None:
         raise VlccValueError(
-            "checkpoint_sequence: build the TieredStore without plan=; its levels "
+            f"{name}: build the TieredStore without plan=; its levels "
             "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
             "an io_plan of the whole schedule does not describe"
         )
 
 
-def schedule_store(stats, store):
+def schedule_store(stats, store, name: str = "checkpoint_sequence"):
     """The store a run of a schedule uses for its levels ``>= 1``.
 
     **Arguments:** `stats` is :func:`~vlcc_adjoint.schedules.simulate` of the
@@ -233,27 +229,7 @@ def schedule_store(stats, store):
             store = TieredStore([MemoryTier() for _ in range(levels - 1)])
             own = True
         else:
-            check_store(store, levels)
+            check_store(store, levels, name)
     elif store is not None:
-        check_store(store, 1)
+        check_store(store, 1, name)
     return (store if (own or levels > 1) else None), own
-
-
-def dispatch(run, kind, a, b, level, dst):
-    """One row of a schedule table: the interpreter's ``_advance(a, b)``,
-    ``_save(a, level)``, ``_load(a, level)``, ``_delete(a, level)``,
-    ``_move(a, level, dst)`` or ``_reverse(a)``."""
-    if kind == _ADVANCE:
-        run._advance(a, b)
-    elif kind == _SAVE:
-        run._save(a, level)
-    elif kind == _LOAD:
-        run._load(a, level)
-    elif kind == _DELETE:
-        run._delete(a, level)
-    elif kind == _MOVE:
-        run._move(a, level, dst)
-    elif kind == _REVERSE:
-        run._reverse(a)
-    else:  # pragma: no cover
-        raise VlccValueError(f"unknown action kind {kind} in the schedule table")
