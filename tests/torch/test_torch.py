@@ -519,6 +519,53 @@ def test_unrepresentable_objects_are_refused_with_their_path():
         vstate.flatten({"f": torch.nn.Linear(2, 2)})  # a module, not its state_dict
 
 
+def test_tensors_are_leaves_described_without_a_copy(monkeypatch):
+    import vlcc_adjoint.torch._state as tstate
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    leaves, spec = vstate.flatten(state)
+    assert spec["tree"]["items"][1] == {"leaf": 1, "torch": "bfloat16", "device": "cpu"}
+
+    def no_copy(t):
+        raise AssertionError("the structure of a tensor state brought a tensor to the host")
+
+    monkeypatch.setattr(tstate, "tensor_to_numpy", no_copy)
+    structure = vstate.Structure.of(state)
+    assert vstate.state_nbytes(state) == 6 * 4 + 4 * 2 == structure.nbytes
+    assert structure.matches({"w": torch.zeros(2, 3), "b": torch.zeros(4, dtype=torch.bfloat16)})
+    assert not structure.matches({"w": torch.zeros(2, 3), "b": torch.zeros(4)})
+    assert "state['b']" in structure.mismatch({"w": torch.zeros(2, 3), "b": torch.zeros(5)})
+
+
+def test_checkpoints_written_when_tensors_were_containers_still_read():
+    import numpy as np
+
+    old = {
+        "format": "vlcc-state/1",
+        "tree": {
+            "dict": ["b", "p"],
+            "items": [
+                {
+                    "type": "torch.Tensor",
+                    "aux": {"dtype": "bfloat16", "device": "cpu"},
+                    "items": [{"leaf": 0}],
+                },
+                {
+                    "type": "torch.nn.Parameter",
+                    "aux": {"dtype": "float32", "device": "cpu", "requires_grad": True},
+                    "items": [{"leaf": 1}],
+                },
+            ],
+        },
+        "leaves": [{"dtype": "<i2", "shape": [2]}, {"dtype": "<f4", "shape": [3]}],
+    }
+    ones = torch.ones(2, dtype=torch.bfloat16).view(torch.int16).numpy()
+    back = vstate.unflatten(old, [ones, np.arange(3, dtype="<f4")])
+    assert torch.equal(back["b"], torch.ones(2, dtype=torch.bfloat16))
+    assert type(back["p"]) is torch.nn.Parameter and back["p"].requires_grad
+    assert torch.equal(back["p"].detach(), torch.arange(3.0))
+
+
 # -- files from elsewhere never execute ----------------------------------------------------
 
 MARKER = "vlcc_pwned_marker"
@@ -540,15 +587,21 @@ def _edit_json(path, fn):
         json.dump(doc, f)
 
 
-def _rename_type(node, old, new):
+def _craft_type(node, name):
+    """Turn every torch tensor leaf node of a spec into a registered-type node
+    named `name` around the same leaf (a crafted spec naming a dangerous type)."""
     if isinstance(node, dict):
-        if node.get("type") == old:
-            node["type"] = new
-        for v in node.values():
-            _rename_type(v, old, new)
+        for key, value in list(node.items()):
+            if isinstance(value, dict) and "leaf" in value and "torch" in value:
+                node[key] = {"type": name, "aux": None, "items": [{"leaf": value["leaf"]}]}
+            else:
+                _craft_type(value, name)
     elif isinstance(node, list):
-        for v in node:
-            _rename_type(v, old, new)
+        for i, value in enumerate(node):
+            if isinstance(value, dict) and "leaf" in value and "torch" in value:
+                node[i] = {"type": name, "aux": None, "items": [{"leaf": value["leaf"]}]}
+            else:
+                _craft_type(value, name)
 
 
 def _reseal(doc):
@@ -568,14 +621,14 @@ def test_crafted_files_never_execute_code(tmp_path):
     payload = pickle.dumps(_Exploit(str(marker)))
     state = {"w": torch.arange(4.0), "b": torch.ones(2, dtype=torch.bfloat16)}
 
-    # 1. A ZarrTier record whose spec names os.system instead of torch.Tensor.
+    # 1. A ZarrTier record whose spec names os.system instead of torch's leaves.
     z = tmp_path / "z"
     with TieredStore([ZarrTier(z)]) as store:
         store.save(0, state, 0)
     (key,) = [d for d in os.listdir(z) if not d.startswith(".") and d != "zarr.json"]
     # Edited without resealing: the record's digest refuses it.
     original = (z / key / "zarr.json").read_bytes()
-    _edit_json(z / key / "zarr.json", lambda doc: _rename_type(doc, "torch.Tensor", "posix:system"))
+    _edit_json(z / key / "zarr.json", lambda doc: _craft_type(doc, "posix:system"))
     with pytest.raises(CorruptCheckpointError, match="zarr.json"):
         with ZarrTier(z, mode="r") as tier:
             tier.get(key)
@@ -583,7 +636,7 @@ def test_crafted_files_never_execute_code(tmp_path):
     (z / key / "zarr.json").write_bytes(original)
     _edit_json(
         z / key / "zarr.json",
-        lambda doc: (_rename_type(doc, "torch.Tensor", "posix:system"), _reseal(doc)),
+        lambda doc: (_craft_type(doc, "posix:system"), _reseal(doc)),
     )
     with TieredStore([ZarrTier(z)]) as store:
         tier = store.tiers[0]
@@ -610,7 +663,7 @@ def test_crafted_files_never_execute_code(tmp_path):
         vid = h.commit(state)
     _edit_json(
         hq / "versions" / vid / "zarr.json",
-        lambda doc: _rename_type(doc, "torch.Tensor", "builtins:eval"),
+        lambda doc: _craft_type(doc, "builtins:eval"),
     )
     with (
         History(hq, mode="r") as h,

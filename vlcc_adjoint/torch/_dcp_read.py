@@ -24,7 +24,7 @@ from torch.futures import Future
 from ..errors import VlccFileNotFoundError, VlccKeyError, VlccValueError
 from ..lineage import CorruptCheckpointError, History
 from ._dcp_meta import FORMAT, META_KEY, decode_metadata
-from ._state import _storage_dtype, numpy_to_tensor
+from ._state import numpy_to_tensor, storage_dtype
 
 __all__ = ["VlccReader", "read_document"]
 
@@ -90,7 +90,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
             _, i, dtype, sizes, offset = info
             leaf = infos[i]
             stored = np.dtype(leaf.dtype)
-            want = _storage_dtype(dtype)
+            want = storage_dtype(dtype)
             if offset is not None:  # a run of bytes in a pack leaf
                 end = offset + math.prod(sizes) * want.itemsize
                 if stored != np.uint8 or len(leaf.shape) != 1 or end > leaf.shape[0]:
@@ -303,19 +303,19 @@ class VlccReader(StorageReader):
         spans = []
         for req, (_, _, dtype, sizes, offset) in reqs:
             _check_request(req, sizes)
-            spans.append((offset, offset + math.prod(sizes) * _storage_dtype(dtype).itemsize))
+            spans.append((offset, offset + math.prod(sizes) * storage_dtype(dtype).itemsize))
         lo = min(a for a, _ in spans)
         hi = max(b for _, b in spans)
         raw = self._history.read_leaf(self.version, leaf, rows=(lo, hi))
         self._check_array(leaf, raw, torch.uint8, (hi - lo,), (hi - lo,))
         for (req, (_, _, dtype, sizes, _)), (a, b) in zip(reqs, spans):
-            arr = raw[a - lo : b - lo].view(_storage_dtype(dtype)).reshape(sizes)
+            arr = raw[a - lo : b - lo].view(storage_dtype(dtype)).reshape(sizes)
             _copy_out(numpy_to_tensor(arr, dtype), req, 0, planner)
 
     def _check_array(
         self, leaf: int, arr: np.ndarray, dtype: torch.dtype, want: tuple, sizes: tuple
     ) -> None:
-        if arr.shape != want or arr.dtype.newbyteorder("=") != _storage_dtype(dtype).newbyteorder(
+        if arr.shape != want or arr.dtype.newbyteorder("=") != storage_dtype(dtype).newbyteorder(
             "="
         ):
             raise CorruptCheckpointError(
