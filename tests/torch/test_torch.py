@@ -743,3 +743,39 @@ def test_engine_saves_pointers_and_loads_the_state_back(tmp_path, defer):
         _same(want["optimizer"]["state"], got["optimizer"]["state"])
         assert got["global_steps"] in (1, 3)
     reader.close()
+
+
+def test_a_pointer_is_read_only_from_a_small_regular_file(tmp_path):
+    good = tmp_path / "good.pt"
+    doc = {"format": "vlcc-deepspeed-pointer/1", "history": "h", "version": "v1"}
+    good.write_text(json.dumps(doc))
+    assert VlccCheckpointEngine.read_pointer(str(good)) == doc
+    link = tmp_path / "link.pt"
+    link.symlink_to(good)
+    with pytest.raises(CorruptCheckpointError, match=r"link\.pt.*symbolic link") as info:
+        VlccCheckpointEngine.read_pointer(str(link))
+    assert info.value.path == str(link)
+    big = tmp_path / "big.pt"
+    big.write_text(json.dumps(dict(doc, note="x" * (64 << 10))))
+    with pytest.raises(ValueError, match=r"big\.pt is not a checkpoint pointer"):
+        VlccCheckpointEngine.read_pointer(str(big))
+    duplicated = tmp_path / "dup.pt"
+    duplicated.write_text(json.dumps(doc)[:-1] + ', "version": "v2"}')
+    with pytest.raises(ValueError, match=r"dup\.pt is not a checkpoint pointer"):
+        VlccCheckpointEngine.read_pointer(str(duplicated))
+
+
+def test_pointers_and_latest_are_written_atomically_without_following_links(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched")
+    (tmp_path / "latest").symlink_to(target)
+    engine = VlccCheckpointEngine(tmp_path / "h")
+    engine.create(_Info("global_step1", str(tmp_path)))
+    path = str(tmp_path / "global_step1" / "mp_rank_00_model_states.pt")
+    engine.makedirs(tmp_path / "global_step1", exist_ok=True)
+    engine.save({"w": torch.ones(2)}, path)
+    engine.close()
+    assert target.read_text() == "untouched"  # the link was replaced, not written through
+    assert not (tmp_path / "latest").is_symlink()
+    assert (tmp_path / "latest").read_text() == "global_step1"
+    assert VlccCheckpointEngine.read_pointer(path)["format"] == "vlcc-deepspeed-pointer/1"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import os
 import uuid
@@ -23,6 +22,7 @@ from torch.futures import Future
 
 from ..errors import VlccFileNotFoundError, VlccKeyError, VlccValueError
 from ..lineage import CorruptCheckpointError, History
+from ..storage import format as SF
 from ._dcp_meta import FORMAT, META_KEY, decode_metadata
 from ._state import numpy_to_tensor, storage_dtype
 
@@ -31,10 +31,6 @@ __all__ = ["VlccReader", "read_document"]
 
 #: The largest metadata document read (about 200 bytes per stored tensor chunk).
 MAX_DOCUMENT_BYTES = 1 << 30
-
-
-def _no_constant(name: str):
-    raise VlccValueError(f"{name} is not strict JSON")
 
 
 def _inflate(packed: bytes) -> bytes:
@@ -81,7 +77,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
         text = raw.tobytes()
         if mark.get("document") == "zlib":
             text = _inflate(text)
-        doc = json.loads(text, parse_constant=_no_constant)
+        doc = SF.parse_json(text, manifest)  # strict: no NaN, no duplicate keys
         md, storage, leaf_keys = decode_metadata(doc, len(infos))
         # Every chunk's leaf must hold what the metadata says (reads are sized by it).
         for index, info in storage.items():
@@ -104,7 +100,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
                     f"metadata says {index.fqn!r} is {dtype}{list(sizes)} there"
                 )
         return md, storage, leaf_keys
-    except (ValueError, TypeError, RecursionError, zlib.error) as err:
+    except (ValueError, TypeError, RecursionError, zlib.error, CorruptCheckpointError) as err:
         raise CorruptCheckpointError(
             f"version {vid} of {h.path}: its DCP metadata is invalid ({err}); load another version",
             key=vid,
