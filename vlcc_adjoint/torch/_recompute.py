@@ -42,7 +42,13 @@ __all__ = [
 def _tensors_in(obj, out: list, depth: int = 0) -> None:
     """Tensors that require grad reachable from `obj`: a tensor, a module, a short
     container of them, or a function / bound method / ``functools.partial`` whose
-    closure, owner or arguments hold them (a few levels deep)."""
+    closure, owner or arguments hold them (a few levels deep).
+
+    A walk of *code*, not of a state: closures, bound methods, globals named
+    by a function and modules' parameters, the tensors autograd would not
+    see as inputs of the Function.  The state model describes data and has
+    no notion of any of these, so this walk is the torch integration's own;
+    the autograd graph walk of :func:`foreign_leaf` is too."""
     if depth > 3:
         return
     if isinstance(obj, torch.Tensor):

@@ -81,7 +81,18 @@ _REENTRANT_GRAPH = (
 
 
 def _flatten(obj, tensors: list, depth: int = 0):
-    """A tree description of `obj` whose tensors are appended to `tensors`."""
+    """A tree of `obj` whose tensors are appended to `tensors`, by reference.
+
+    This is a *carry*, not a description: it hands the live tensors between
+    layers to autograd and the engine and puts them back in place, with every
+    other value (a mask, a module, a config object) travelling as the object
+    it is.  The state model (:mod:`vlcc_adjoint.state`) describes states to
+    *store*: its walk brings each leaf to numpy and refuses objects no
+    provider knows, and it has no walk that keeps a leaf provider's objects
+    by reference.  What is stored of a layer state goes through the model:
+    the tensors of a kept state are saved as a list (the ``"torch"`` leaf
+    provider describes them), the tree stays with the engine.
+    """
     if depth > 32:
         raise VlccValueError(
             "checkpoint_sequential: the state between layers is nested more than 32 levels deep"
