@@ -17,6 +17,7 @@ state lands stay with the drop-in: ``place`` maps the store's tensors back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class Slots:
       ``>= 1``, or ``None`` when the schedule uses level 0 only.
     """
 
-    def __init__(self, store):
+    def __init__(self, store: Any) -> None:
         self.store = store
         self.slots: dict[int, tuple] = {}  # level 0: step -> (tensors, versions)
         self.held: set = set()  # (step, store tier) this run has in the store
