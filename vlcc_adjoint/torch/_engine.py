@@ -196,6 +196,7 @@ class Recompute:
         self.rng: Any = None  # generator state belonging to the state in hand
         self.rng0: Any = None  # ... and to u_0
         self.tape: tuple | None = None  # (block, inputs, taped extras, outputs)
+        self.tape_tree: Any = None  # the tree of the outputs of the last block taped
         self.final: list[torch.Tensor] | None = None
         self.final_tree: Any = None
         self.final_rng: Any = None
@@ -288,7 +289,7 @@ class Recompute:
             return next(machine, None)
         except BaseException as err:
             where = machine.describe()
-            if where and hasattr(err, "add_note"):
+            if where:
                 err.add_note(f"{self.chain.name}: raised by {where}")
             raise
 
