@@ -67,7 +67,8 @@ other process's cache touched; ``fincore`` confirms it where installed:
   ``delete`` in the plan's order, with the store reading ahead (its
   workers run ``ZarrTier.get``: reads into the store's pooled, page-aligned
   buffers, with ``O_DIRECT`` where accepted, and checksum verification;
-  a buffer comes back to the pool once its view is dropped).  Its rate
+  a buffer comes back to the pool when the record's ``delete`` ends the
+  lease of its view).  Its rate
   is the bytes read from the zarr tier over the time of the whole backward
   pass: the records the write path kept in the read cache (``prefetch_bytes``
   = 2 records) count as time, not as bytes.
@@ -241,8 +242,7 @@ def _walk_plan(store, schedule, states, upto_load: bool) -> None:
         elif name == "Load":
             if upto_load:
                 return
-            view = store.load(action.step, action.level, copy=False)
-            del view
+            store.load(action.step, action.level, copy=False)  # valid until the Delete
         elif name == "Delete":
             store.delete(action.step, action.level)
 

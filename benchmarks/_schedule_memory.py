@@ -42,7 +42,7 @@ from vlcc_adjoint.schedules._jit import PythonBudget
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-# The kernels, not the plain-Python twins (a large schedule uses them).
+# The compiled kernels, not their Python runs (a large schedule uses them).
 _revolve._python_steps = PythonBudget(0)
 _simulate._python_rows = PythonBudget(0)
 _io_plan._python_rows = PythonBudget(0)

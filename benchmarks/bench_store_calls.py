@@ -9,6 +9,9 @@ Reproduce::
     # before/after: another version of the package, side by side
     mkdir -p /tmp/vlcc_orig && git archive <commit> vlcc_adjoint | tar -x -C /tmp/vlcc_orig
     python benchmarks/bench_store_calls.py --baseline /tmp/vlcc_orig
+    # the calls of a single-threaded store (TieredStore(threadsafe=False)),
+    # in the versions that have one (the others: their default store)
+    python benchmarks/bench_store_calls.py --quick --single-threaded --baseline /tmp/vlcc_orig
 
 Writes ``DIR/bench_store_calls.json`` (every repeat, every median, the
 machine's load average around every measurement; ``--out DIR``, default
@@ -74,14 +77,17 @@ OPS = ("copyto", "save", "settle", "load_out", "load_copy", "load_view")
 # -- children: one measurement each, in a fresh interpreter -------------------------
 
 
-def child_calls(quick: bool) -> dict:
+def child_calls(quick: bool, single_threaded: bool = False) -> dict:
     import inspect
 
     import vlcc_adjoint
     from vlcc_adjoint.storage import MemoryTier, TieredStore
 
     views = "copy" in inspect.signature(TieredStore.load).parameters
-    out = {"package": vlcc_adjoint.__file__, "sizes": {}}
+    options = {}
+    if single_threaded and "threadsafe" in inspect.signature(TieredStore).parameters:
+        options = {"threadsafe": False}
+    out = {"package": vlcc_adjoint.__file__, "sizes": {}, "single_threaded": bool(options)}
     for name, shape in SIZES.items():
         reps = REPEATS[name] // (3 if quick else 1)
         rng = np.random.default_rng(0)
@@ -94,7 +100,7 @@ def child_calls(quick: bool) -> dict:
         dsts = [np.zeros(shape) for _ in range(ring)]
         back = np.zeros(shape)
         times = {op: [] for op in OPS}
-        with TieredStore([MemoryTier()]) as store:
+        with TieredStore([MemoryTier()], **options) as store:
             into = {"u": back}
             for r in range(reps + ring + 5):
                 k = r % ring
@@ -260,6 +266,7 @@ def run_child(kind: str, version: str, baseline: str | None, args) -> dict:
         "--slots",
         str(args.slots),
     ] + (["--quick"] if args.quick else [])
+    cmd += ["--single-threaded"] if args.single_threaded else []
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -298,6 +305,11 @@ def main(argv=None):
     parser.add_argument("--slots", type=int, default=10, help="Revolve slots (10)")
     parser.add_argument("--skip-seismic", action="store_true")
     parser.add_argument(
+        "--single-threaded",
+        action="store_true",
+        help="(a) on TieredStore(threadsafe=False) where the version has it",
+    )
+    parser.add_argument(
         "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
     )
     parser.add_argument("--child", choices=["calls", "seismic", "kernels"], help=argparse.SUPPRESS)
@@ -305,7 +317,7 @@ def main(argv=None):
     if args.nt is None:
         args.nt = 600 if args.quick else 2000
     if args.child == "calls":
-        print(json.dumps(child_calls(args.quick)))
+        print(json.dumps(child_calls(args.quick, args.single_threaded)))
         return
     if args.child == "seismic":
         print(json.dumps(child_seismic(args.nt, args.slots)))

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import StateMismatchError, check_seed, describe_mismatch, matcher, signature
+from ._checks import StateMismatchError, check_seed, matcher, signature
 from ._checks import check_finite as check_finite_values
 from .errors import VlccRuntimeError
 from .schedules import Machine, Online, Schedule, ScheduleStats, perform, simulate
+from .state import Structure
 
 __all__ = ["AdjointRun", "copy_state", "run_online", "run_schedule"]
 
@@ -87,7 +88,7 @@ class AdjointRun:
         self.final_state = None
         self.signature = signature
         self.matches = matcher(signature)
-        self.adj_signature = None
+        self.adj_signature: Structure | None = None
         # matcher of adj_signature, set with the seed (before the first Reverse)
         self.adj_matches: Callable[[Any], bool] = _unset
         self.forward_steps = 0
@@ -124,21 +125,21 @@ class AdjointRun:
     # -- checks ------------------------------------------------------------------
 
     def _mismatch(self, state, what: str) -> None:
-        sig = signature(state)
-        if sig != self.signature:
+        text = self.signature.mismatch(state)
+        if text:
             raise StateMismatchError(
-                f"{what} returned a state whose {describe_mismatch(sig, self.signature)} "
+                f"{what} returned a state whose {text} "
                 "(as in u_0). A solver must return states of one structure, shape and "
                 "dtype; check the step function's output, or convert it (e.g. "
                 "np.asarray(..., dtype=...))"
             )
 
     def _adjoint_mismatch(self, adj, i) -> None:
-        sig = signature(adj)
-        if sig != self.adj_signature:
+        want = self.adj_signature
+        text = "" if want is None else want.mismatch(adj, "adjoint")
+        if text:
             raise StateMismatchError(
-                f"adjoint step {i} returned an adjoint whose "
-                f"{describe_mismatch(sig, self.adj_signature, 'adjoint')} (as in "
+                f"adjoint step {i} returned an adjoint whose {text} (as in "
                 "adj_final). An adjoint step must return lambda_i with the structure, "
                 "shapes and dtypes of lambda_{i+1}"
             )

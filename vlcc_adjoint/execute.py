@@ -72,6 +72,7 @@ from ._run import AdjointRun, copy_state, run_online, run_schedule
 from .errors import VlccRuntimeError, VlccTypeError, VlccValueError
 from .schedules import Online, Schedule, ScheduleStats, io_plan, simulate
 from .solver import Solver
+from .state import state_nbytes
 
 if TYPE_CHECKING:
     from .storage import TieredStore
@@ -108,22 +109,17 @@ def register_spmd(runner: Callable[..., Any]) -> None:
     _spmd_runner = runner
 
 
-def _state_nbytes(state) -> int:
-    from .state import flatten
-
-    leaves, _ = flatten(state)
-    return sum(leaf.nbytes for leaf in leaves)
-
-
 def _default_store(schedule: Schedule, stats: ScheduleStats, u0, solver):
-    """One memory tier per level, each sized to the schedule's peak slots."""
+    """One memory tier per level, each sized to the schedule's peak slots,
+    in a single-threaded store: only the executor's thread calls it, and
+    memory tiers need no background work, so its calls take no lock."""
     from .storage import MemoryTier, TieredStore
 
     on_save = getattr(solver, "on_save", None)
-    nbytes = _state_nbytes(on_save(u0, 0) if on_save is not None else u0)
+    nbytes = state_nbytes(on_save(u0, 0) if on_save is not None else u0)
     tiers = [MemoryTier(capacity_bytes=max(peak, 1) * nbytes) for peak in stats.peak_slots]
     plan = None if isinstance(schedule, Online) else io_plan(schedule)  # never builds the table
-    return TieredStore(tiers, plan=plan)
+    return TieredStore(tiers, plan=plan, threadsafe=False)
 
 
 def _lossy_tiers(levels: int) -> list:
@@ -144,7 +140,15 @@ def _budget_store(tiers, plan, store):
 
     policy = "raise" if store is None else store.policy
     dedup = False if store is None else store.dedup
-    return TieredStore(tiers, plan=plan, workers=0, policy=policy, dedup=dedup, close_tiers=False)
+    return TieredStore(
+        tiers,
+        plan=plan,
+        workers=0,
+        policy=policy,
+        dedup=dedup,
+        close_tiers=False,
+        threadsafe=False,
+    )
 
 
 def _restarter(solver, u0):
@@ -484,7 +488,10 @@ def _run_once(
         if store is None:
             from .storage import MemoryTier, TieredStore
 
-            store = TieredStore([MemoryTier(capacity_bytes=schedule.snapshots * _state_nbytes(u0))])
+            store = TieredStore(
+                [MemoryTier(capacity_bytes=schedule.snapshots * state_nbytes(u0))],
+                threadsafe=False,
+            )
     else:
         stats = simulate(schedule)
         if store is None:

@@ -5,7 +5,8 @@ The durable zarr tier drops its chunks from the page cache once they are
 synced, so reads come from the device.  They land in page-aligned buffers
 from the store's pool (memory touched before), with ``O_DIRECT`` where the
 file system accepts it (no copy through the page cache); buffers lent as
-read-only views come back to the pool once the caller drops the views.
+read-only views come back to the pool once their lease ends (the record's
+deletion, or the release of a ``lend``).
 """
 
 import fcntl
@@ -27,7 +28,7 @@ from vlcc_adjoint.storage import (
 )
 from vlcc_adjoint.storage import format as F
 from vlcc_adjoint.storage._files import read_direct, read_exactly
-from vlcc_adjoint.storage._pool import ALIGNED_MIN, PAGE, unshared_memory
+from vlcc_adjoint.storage._pool import ALIGNED_MIN, PAGE, owns_memory
 
 MIB = 1 << 20
 
@@ -59,86 +60,142 @@ def accepts_direct_io(directory) -> bool:
 def test_large_pool_buffers_start_on_a_page_and_small_ones_are_plain_arrays():
     pool = BufferPool(64 * MIB)
     big = pool.take(np.float64, (ALIGNED_MIN // 8 + 3,))
-    alone = unshared_memory(big)  # (not inside an assert, which keeps its operands alive)
-    assert alone and big.base is not None
+    assert owns_memory(big) and big.base is not None
     assert address(big) % PAGE == 0 and big.flags.c_contiguous and big.flags.writeable
     small = pool.take(np.float64, (100,))
-    assert small.base is None and unshared_memory(small)
+    assert small.base is None and owns_memory(small)
     for dtype in (np.int16, np.complex128, np.bool_, "M8[s]"):
         arr = pool.take(dtype, (MIB, 2))
         assert arr.dtype == np.dtype(dtype) and arr.shape == (MIB, 2)
         assert address(arr) % PAGE == 0
 
 
-def test_an_aligned_buffer_is_reused_only_when_no_view_of_it_is_left():
+def test_a_leased_buffer_is_never_reused_while_its_lease_is_open():
     pool = BufferPool(64 * MIB)
     buf = pool.take(np.float32, (MIB,))
     where = address(buf)
-    view = buf[10:20]  # numpy points the view at the block, not at `buf`
-    assert not unshared_memory(buf)
-    held = [buf]
-    del buf
-    assert pool.recycle(held) == 0  # still viewed: set aside, not free
-    other = pool.take(np.float32, (MIB,))
-    assert address(other) != where  # never the memory a live view shows
-    del view
+    lease = pool.lend([buf])
+    view = buf[10:20]
+    view.flags.writeable = False
+    assert pool.recycle([buf]) == 0  # its owner is done, the borrower is not
+    assert pool.deferred == 1 and pool.free_bytes == 0
+    for _ in range(3):
+        other = pool.take(np.float32, (MIB,))
+        assert address(other) != where  # never the memory a leased view shows
+        other.fill(7.0)
+    assert not (view == 7.0).any()
+    lease.release()
+    assert pool.free_bytes == 4 * MIB
     again = pool.take(np.float32, (MIB,))
-    assert address(again) == where  # the view is gone: the buffer is free
+    assert address(again) == where  # the lease ended: the buffer is free
+    lease.release()  # idempotent
     assert pool.free_bytes == 0
 
 
-def test_a_buffer_lent_read_only_comes_back_once_the_caller_drops_it():
+def test_a_lease_ended_before_the_owner_gives_the_buffer_back_defers_nothing():
     pool = BufferPool(64 * MIB)
     buf = pool.take(np.float64, (MIB,))
-    lent = buf.view()
-    lent.flags.writeable = False
-    held = [buf]
-    del buf
-    pool.recycle(held)
-    assert pool.reused == 0
-    del lent
+    with pool.lend([buf]) as lease:
+        assert lease.open and pool.leased(buf)
+    assert not lease.open and not pool.leased(buf)
+    assert pool.recycle([buf]) == 1 and pool.deferred == 0
     pool.take(np.float64, (MIB,))
     assert pool.reused == 1
 
 
-def test_buffers_set_aside_count_against_the_limit_and_give_way_to_free_ones():
-    pool = BufferPool(3 * 8 * MIB)
-    views = []
-    for _ in range(3):
-        buf = pool.take(np.float64, (MIB,))
-        views.append(buf[:1])
-        held = [buf]
-        del buf
-        pool.recycle(held)
-        assert pool.free_bytes <= pool.max_free_bytes
-    assert pool.free_bytes == 3 * 8 * MIB  # three set aside: the limit
-    newest = pool.take(np.float64, (MIB,))
-    views.append(newest[:1])
-    first = views[0].ctypes.data
-    held = [newest]
-    del newest
-    pool.recycle(held)  # a fourth set aside displaces the oldest
-    assert pool.free_bytes == 3 * 8 * MIB
-    assert [a.ctypes.data for _, a in pool._pending].count(first) == 0
-    free = [np.empty(MIB)]
-    assert pool.recycle(free) == 1  # a free buffer displaces one set aside
-    assert pool.free_bytes == 3 * 8 * MIB
+def test_a_buffer_under_two_leases_waits_for_both():
+    pool = BufferPool(64 * MIB)
+    buf = pool.take(np.float64, (1000,))
+    first, second = pool.lend([buf]), pool.lend([buf])
+    pool.recycle([buf])
+    first.release()
+    assert pool.free_bytes == 0 and pool.leased(buf)
+    second.release()
+    assert pool.free_bytes == buf.nbytes and not pool.leased(buf)
+
+
+def test_a_buffer_whose_lease_ends_when_the_pool_is_full_is_dropped():
+    pool = BufferPool(2 * 8 * MIB)
+    kept = [pool.take(np.float64, (MIB,)) for _ in range(3)]
+    lease = pool.lend(kept[:1])
+    assert pool.recycle(list(kept)) == 2  # the leased one is deferred, not free
+    assert pool.free_bytes == 2 * 8 * MIB
+    lease.release()  # no room left: dropped (the garbage collector frees it)
+    assert pool.free_bytes == 2 * 8 * MIB and pool.refused == 1
     pool.clear()
     assert pool.free_bytes == 0
+
+
+def test_a_closed_pool_keeps_nothing_given_back_later():
+    pool = BufferPool(64 * MIB)
+    buf, other = pool.take(np.float64, (100,)), pool.take(np.float64, (100,))
+    lease = pool.lend([buf])
+    pool.recycle([buf, other])
+    pool.close()
+    assert pool.free_bytes == 0
+    lease.release()  # the deferred buffer: dropped, not kept
+    assert pool.free_bytes == 0 and pool.recycle([np.empty(100)]) == 0
+
+
+def test_a_buffer_given_back_twice_is_on_the_free_list_once():
+    pool = BufferPool(64 * MIB)
+    buf = pool.take(np.float64, (100,))
+    assert pool.recycle([buf]) == 1
+    assert pool.recycle([buf]) == 0
+    first, second = pool.take(np.float64, (100,)), pool.take(np.float64, (100,))
+    assert first is buf and second is not buf
 
 
 def test_memory_shared_with_another_view_is_not_the_pools():
     block = np.zeros(2 * ALIGNED_MIN, np.uint8)
     a, b = block[:ALIGNED_MIN], block[ALIGNED_MIN:]
     del block
-    assert not unshared_memory(a)  # b shares the block
+    assert not owns_memory(a)  # b shares the block
     start = address(b) - ALIGNED_MIN
     pool = BufferPool(64 * MIB)
-    held = [a.view(np.float64)]
-    del a
-    assert pool.recycle(held) == 0
+    assert pool.recycle([a.view(np.float64)]) == 0
     got = address(pool.take(np.float64, (ALIGNED_MIN // 8,)))
     assert not start <= got < start + 2 * ALIGNED_MIN and pool.reused == 0
+    # A block one page larger than the view, as the pool's own, but not made
+    # by the pool: not the pool's either.
+    lookalike = np.zeros(ALIGNED_MIN + PAGE, np.uint8)[:ALIGNED_MIN]
+    assert not owns_memory(lookalike) and pool.recycle([lookalike]) == 0
+    # Part of a pool buffer is not a buffer.
+    buf = pool.take(np.uint8, (2 * ALIGNED_MIN,))
+    assert not owns_memory(buf[:ALIGNED_MIN]) and not owns_memory(buf[PAGE:])
+    assert pool.recycle([buf[:ALIGNED_MIN]]) == 0
+
+
+def test_the_pools_decisions_do_not_depend_on_the_interpreters_reference_counts():
+    """Under a tracer that reads every frame's locals (as debuggers do, which
+    adds references), a buffer is reused exactly when its owner gave it back
+    and no lease holds it: the same decisions as without the tracer."""
+    probe = (
+        "import sys\n"
+        "def tracer(frame, event, arg):\n"
+        "    frame.f_locals\n"
+        "    return tracer\n"
+        "if sys.argv[1] == 'trace':\n"
+        "    sys.settrace(tracer)\n"
+        "from vlcc_adjoint.storage import BufferPool\n"
+        "import numpy as np\n"
+        "pool = BufferPool(1 << 26)\n"
+        "buf = pool.take(np.float64, (1 << 18,))\n"
+        "lent = buf[:4]\n"
+        "lease = pool.lend([buf])\n"
+        "pool.recycle([buf])\n"
+        "while_lent = pool.take(np.float64, (1 << 18,))\n"
+        "lease.release()\n"
+        "after = pool.take(np.float64, (1 << 18,))\n"
+        "print(while_lent.ctypes.data == lent.ctypes.data, after.ctypes.data == lent.ctypes.data)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", probe, mode], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for mode in ("trace", "plain")
+    ]
+    assert runs[0] == runs[1] == ["False", "True"]
 
 
 # -- direct reads -------------------------------------------------------------------------------
@@ -255,16 +312,15 @@ def test_the_read_ahead_reads_into_reused_pool_buffers(tmp_path, copy):
                     before = store.stats()
                 state = store.load(action.step, action.level, copy=copy)
                 assert np.array_equal(state, states[action.step])
-                del state  # a lent view dropped: its buffer may come back
-            elif kind == "Delete":
+            elif kind == "Delete":  # ends the lease of views lent: the buffers come back
                 store.delete(action.step, action.level)
         stats = store.stats()
-        free = store._capture.pool.free_bytes
+        free, limit = store._capture.pool.free_bytes, store._capture.pool.max_free_bytes
     assert stats.prefetch_hits >= count - 1
     if not copy:  # read-only views come back: a few buffers serve every read
         assert stats.pool_allocated - before.pool_allocated <= 3
         assert stats.pool_reused - before.pool_reused >= count - 3
-    assert free <= store._capture.pool.max_free_bytes
+    assert free <= limit
 
 
 def test_only_a_durable_tier_reads_directly(tmp_path, monkeypatch):
@@ -318,37 +374,3 @@ def test_a_subarray_dtype_gets_the_shape_numpy_gives_it():
     dtype = np.dtype(("f8", (4,)))
     arr = BufferPool(0).take(dtype, (MIB // 16,))
     assert arr.shape == np.empty(MIB // 16, dtype).shape == (MIB // 16, 4)
-
-
-def test_the_reference_counts_are_calibrated_with_a_debugger_tracing_the_import():
-    """A tracer that reads every frame's locals (as debuggers do) adds a
-    reference while it runs; calibrated under it, the pool would later reuse
-    a buffer that a view still shows."""
-    probe = (
-        "import sys\n"
-        "def tracer(frame, event, arg):\n"
-        "    frame.f_locals\n"
-        "    return tracer\n"
-        "sys.settrace(tracer)\n"
-        "from vlcc_adjoint.storage import _pool\n"
-        "sys.settrace(None)\n"
-        "import numpy as np\n"
-        "pool = _pool.BufferPool(1 << 26)\n"
-        "buf = pool.take(np.float64, (1 << 18,))\n"
-        "lent = buf[:4]\n"
-        "held = [buf]\n"
-        "del buf\n"
-        "pool.recycle(held)\n"
-        "again = pool.take(np.float64, (1 << 18,))\n"
-        "print(_pool._SOLE, _pool._SOLE_BLOCK, _pool._SOLE_PENDING,"
-        " again.ctypes.data == lent.ctypes.data)\n"
-    )
-    plain = "from vlcc_adjoint.storage import _pool; print(_pool._SOLE, _pool._SOLE_BLOCK, _pool._SOLE_PENDING)"
-    run = [
-        subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True
-        ).stdout.split()
-        for code in (probe, plain)
-    ]
-    assert run[0][:3] == run[1]
-    assert run[0][3] == "False"  # the memory a live view shows is never handed out

@@ -246,7 +246,7 @@ def test_every_load_returns_the_saved_state_for_each_schedule(name, kind, tmp_pa
     slots=st.integers(1, 5),
     name=st.sampled_from(["revolve", "multistage", "multistage-disk", "periodic", "storeall"]),
     budget=st.integers(0, 4),
-    workers=st.sampled_from([0, 1, 2]),
+    workers=st.sampled_from([0, 1, 2, "single-threaded"]),
     staging=st.integers(1, 3),
     second=st.sampled_from(["memory", "compressed", "slow"]),
     moves=st.booleans(),
@@ -272,13 +272,16 @@ def test_random_plans_round_trip_within_every_budget(
         )
     prefetch = budget * NBYTES * 3 // 4  # not always a whole number of records
     kind = "static" if dedup else "dict"
+    threads = {"workers": workers}
+    if workers == "single-threaded":
+        threads = {"workers": 0, "threadsafe": False}
     with TieredStore(
         tiers,
         plan=io_plan(schedule),
         prefetch_bytes=prefetch,
-        workers=workers,
         staging_bytes=staging * NBYTES,
         dedup=dedup,
+        **threads,
     ) as store:
         run(store, schedule, kind, tiers, prefetch, out=out)
         stats = store.stats()
@@ -688,7 +691,7 @@ def test_memory_level_saves_loads_and_deletes_run_in_the_caller_without_workers(
         assert store._threads == [] and store._outstanding == 0
 
 
-def test_load_copy_false_returns_read_only_views_that_outlive_later_saves(tmp_path):
+def test_load_copy_false_returns_read_only_views_valid_until_the_records_delete(tmp_path):
     big = {"u": np.random.default_rng(0).standard_normal((400, 300)), "i": 4}
     tiers = [MemoryTier(), ZarrTier(tmp_path / "z")]
     with TieredStore(tiers) as store:
@@ -704,15 +707,30 @@ def test_load_copy_false_returns_read_only_views_that_outlive_later_saves(tmp_pa
                 assert np.shares_memory(views["u"], tiers[0].get(key).leaves[0])
             with pytest.raises(ValueError, match="copy=False"):
                 store.load(1, level, out={"u": np.zeros((400, 300)), "i": 4}, copy=False)
-            # The store never reuses a buffer a view still references.
-            store.delete(1, level)
+            # While the record is stored, no save or read reuses its buffers.
             for j in range(3):
                 store.save(10 + j, {"u": np.full((400, 300), float(j)), "i": 0}, level)
-            store.wait()
-            assert np.array_equal(views["u"], big["u"])
-            for j in range(3):
+                store.wait()
+                store.load(10 + j, level)
                 store.delete(10 + j, level)
+                store.wait()
+            assert np.array_equal(views["u"], big["u"])
+            store.delete(1, level)
             store.wait()
+
+
+def test_a_record_deleted_ends_the_lease_of_its_views_and_its_buffer_is_reused():
+    """The contract of load(copy=False): the views are valid until the
+    record's delete; then the store reuses the memory (see lend to keep it)."""
+    u = np.random.default_rng(1).standard_normal((400, 300))
+    with TieredStore([MemoryTier()], workers=0) as store:
+        store.save(1, u)
+        views = store.load(1, copy=False)
+        where = views.ctypes.data
+        store.delete(1)
+        store.save(2, np.zeros_like(u))
+        reused = store.load(2, copy=False)
+        assert reused.ctypes.data == where  # the lease ended with the record
 
 
 def test_every_kind_of_load_detects_a_corrupt_memory_record_and_names_the_step():

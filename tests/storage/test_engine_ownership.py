@@ -1,16 +1,28 @@
-"""The store's ownership rules, the tiers' declared capabilities, the plan
-warning, and the state providers' independence from any one array library."""
+"""The store's ownership rules (explicit: leases and holders, never
+reference counts), the tiers' declared capabilities, the plan warning, and
+the state providers' independence from any one array library."""
 
 import pathlib
 import re
 import sys
+import threading
 import warnings
 
 import numpy as np
 import pytest
 
-from vlcc_adjoint.schedules import Level, Multistage, Revolve, io_plan
-from vlcc_adjoint.storage import BufferPool, CompressedMemoryTier, MemoryTier, Tier, TieredStore
+from vlcc_adjoint.schedules import Level, Multistage, Revolve, StoreAll, io_plan
+from vlcc_adjoint.storage import (
+    BufferPool,
+    CompressedMemoryTier,
+    CorruptCheckpointError,
+    MemoryTier,
+    PlanMismatchError,
+    Tier,
+    TieredStore,
+    ZarrTier,
+    make_record,
+)
 from vlcc_adjoint.storage._pool import BufferPool as PrivateBufferPool
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "vlcc_adjoint"
@@ -116,19 +128,218 @@ def test_flatten_traits_names_copies_immutable_and_rebuilt_leaves():
     assert traits.rebuilt == frozenset()
 
 
+# -- leases: memory shown to a caller is held explicitly -----------------------------------------
+
+
+class Gated(ZarrTier):
+    """A zarr tier whose puts wait for a gate: its records stay staged."""
+
+    copies_on_put = True  # its put is ZarrTier's, after the wait
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.gate = threading.Event()
+
+    def put(self, key, record):
+        self.gate.wait(30)
+        super().put(key, record)
+
+
+@pytest.mark.parametrize("where", ["memory", "memory-by-get", "zarr", "zarr-staged"])
+def test_a_lent_buffer_is_never_reused_while_its_lease_is_open(where, tmp_path):
+    u = np.random.default_rng(3).standard_normal((300, 300))  # 720 KB: below ALIGNED_MIN
+    if where == "memory":
+        tiers, level = [MemoryTier()], 0
+    elif where == "memory-by-get":
+
+        class ByGet(MemoryTier):
+            serves_put_arrays = False  # read through get: views of the buffers
+
+        tiers, level = [ByGet()], 0
+    elif where == "zarr":
+        tiers, level = [MemoryTier(), ZarrTier(tmp_path / "z")], 1
+    else:
+        tiers, level = [MemoryTier(), Gated(tmp_path / "z")], 1
+    with TieredStore(tiers, workers=1) as store:
+        store.save(1, u, level)
+        if where == "zarr-staged":
+            lease = store.lend(1, level)  # from the staged capture
+            assert store.stats().staged_hits == 1
+            tiers[1].gate.set()
+        else:
+            store.wait()
+            lease = store.lend(1, level)
+        views = lease.state
+        assert not views.flags.writeable and np.array_equal(views, u)
+        store.delete(1, level)  # the record goes; the lease holds the memory
+        for j in range(4):
+            store.save(10 + j, np.full_like(u, float(j)), level)
+            store.wait()
+            got = store.load(10 + j, level)
+            assert got.ctypes.data != views.ctypes.data
+            store.delete(10 + j, level)
+            store.wait()
+        assert np.array_equal(views, u)  # never another record's bytes
+        assert not lease.released
+        lease.release()
+        lease.release()  # idempotent
+        assert lease.released
+
+
+def test_a_lent_buffer_is_reused_once_its_lease_ends():
+    u = np.random.default_rng(4).standard_normal((300, 300))
+    with TieredStore([MemoryTier()], workers=0) as store:
+        store.save(1, u)
+        with store.lend(1) as views:
+            where = views.ctypes.data
+            assert np.array_equal(views, u)
+            store.delete(1)
+            store.save(2, u)
+            assert store.load(2, copy=False).ctypes.data != where  # still lent
+        store.delete(2)
+        store.save(3, u)
+        store.save(4, u)
+        assert where in {store.load(k, copy=False).ctypes.data for k in (3, 4)}
+        assert store.stats().pool_allocated == 2  # the lent buffer came back
+
+
+def test_views_of_a_record_stay_valid_while_it_moves_and_end_with_its_delete():
+    u = np.random.default_rng(5).standard_normal((300, 300))
+    with TieredStore([MemoryTier(), CompressedMemoryTier()], workers=0) as store:
+        store.save(1, u, 0)
+        views = store.load(1, 0, copy=False)
+        store.move(1, 0, 1)  # the buffers pass to the move, then to the pool
+        for j in range(3):
+            store.save(10 + j, np.full_like(u, float(j)), 0)
+            store.delete(10 + j, 0)
+        assert np.array_equal(views, u)  # the lease followed the record
+        store.delete(1, 1)  # ... and ends with it
+        store.save(20, np.zeros_like(u), 0)
+        assert store.load(20, 0, copy=False).ctypes.data == views.ctypes.data
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_memory_record_damaged_before_its_move_is_reported_not_moved(workers):
+    tier = MemoryTier()
+    with TieredStore([tier, CompressedMemoryTier()], workers=workers) as store:
+        store.save(1, np.arange(1000.0), 0)
+        (key,) = tier.keys()
+        tier.get(key).leaves[0].base[7] += 1.0  # damage behind the store's back
+        with pytest.raises(CorruptCheckpointError, match="step 1 on level 0"):
+            store.move(1, 0, 1)
+            store.wait()
+
+
+def test_lend_is_a_load_of_the_plan():
+    schedule = StoreAll(3, level=0)
+    with TieredStore([MemoryTier()], plan=io_plan(schedule), workers=0) as store:
+        loads = []
+        for action in schedule:
+            kind = type(action).__name__
+            if kind == "Save":
+                store.save(action.step, np.full(8, float(action.step)), action.level)
+            elif kind == "Load":
+                if action.step > 0:  # a stored step, but not the plan's
+                    with pytest.raises(PlanMismatchError):
+                        store.lend(action.step - 1, action.level)
+                with store.lend(action.step) as views:  # the plan's level
+                    loads.append(float(views[0]))
+            elif kind == "Delete":
+                store.delete(action.step, action.level)
+    assert loads == [float(a.step) for a in schedule if type(a).__name__ == "Load"]
+    assert len(loads) >= 2
+
+
+def test_a_lease_open_at_close_keeps_its_views():
+    u = np.arange(1000.0)
+    store = TieredStore([MemoryTier()], workers=0)
+    store.save(0, u)
+    lease = store.lend(0)
+    store.close()
+    assert np.array_equal(lease.state, u)
+    lease.release()
+
+
+def test_nothing_in_the_package_asks_the_interpreter_for_reference_counts():
+    """Ownership is explicit: reference counts change meaning across CPython
+    versions, debuggers and the free-threaded build, and C code holds none."""
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i + 1}"
+        for p in sorted(ROOT.rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines())
+        if "getrefcount" in line or "refcheck" in line
+    ]
+    assert offenders == []
+
+
 # -- tier capabilities --------------------------------------------------------------------------
 
 
+CAPABILITIES = (
+    "retains_references",
+    "copies_on_put",
+    "serves_put_arrays",
+    "fresh_gets",
+    "reads_into",
+    "adopts_leaves",
+    "persistent",
+    "waits_on_io",
+)
+
+
 def test_tiers_declare_their_capabilities_with_safe_defaults():
-    assert (Tier.retains_references, Tier.serves_put_arrays, Tier.fresh_gets, Tier.persistent) == (
-        False,
-        False,
-        False,
-        False,
-    )
+    assert [getattr(Tier, name) for name in CAPABILITIES] == [False] * len(CAPABILITIES)
     assert MemoryTier.retains_references and MemoryTier.serves_put_arrays
+    assert MemoryTier.adopts_leaves and not MemoryTier.copies_on_put
     assert not MemoryTier.fresh_gets and not MemoryTier.persistent
-    assert CompressedMemoryTier.fresh_gets and not CompressedMemoryTier.retains_references
+    assert CompressedMemoryTier.fresh_gets and CompressedMemoryTier.copies_on_put
+    assert not CompressedMemoryTier.retains_references
+
+
+def test_a_subclass_that_replaces_a_method_loses_the_capabilities_that_describe_it():
+    class TimedGet(ZarrTier):
+        def get(self, key):  # may return anything, takes no `take`
+            return super().get(key)
+
+    class TimedPut(CompressedMemoryTier):
+        def put(self, key, record):
+            super().put(key, record)
+
+    class Vouched(CompressedMemoryTier):
+        copies_on_put = True  # declared again: it still copies
+
+        def put(self, key, record):
+            super().put(key, record)
+
+    class Adopting(MemoryTier):
+        def adopt(self, key, record):
+            super().adopt(key, record)
+
+    assert not (TimedGet.fresh_gets or TimedGet.reads_into or TimedGet.serves_put_arrays)
+    assert TimedGet.persistent and TimedGet.waits_on_io  # about other methods: kept
+    assert not TimedPut.copies_on_put and TimedPut.fresh_gets
+    assert Vouched.copies_on_put
+    assert not Adopting.adopts_leaves and Adopting.retains_references
+    assert ZarrTier.fresh_gets and ZarrTier.reads_into  # the declaring classes keep them
+
+
+def test_a_tier_that_may_keep_what_it_was_put_never_sees_its_arrays_reused():
+    """A third-party tier that keeps the record's arrays by reference, as a
+    Record allows, and declares nothing: the store never reuses them."""
+
+    class Keeper(PlainTier):
+        def put(self, key, record):
+            self.records[key] = record  # by reference: allowed
+
+    tier = Keeper()
+    with TieredStore([tier], workers=1, pool_bytes=1 << 30) as store:
+        for i in range(6):
+            store.save(i, {"u": np.full(1000, float(i))})
+            store.wait()
+        for i in range(6):
+            assert np.array_equal(store.load(i)["u"], np.full(1000, float(i)))
+        stats = store.stats()
+    assert stats.pool_reused == 0
 
 
 def test_the_engine_reads_capabilities_not_types():
@@ -163,12 +374,26 @@ def test_the_engine_reads_capabilities_not_types():
         assert np.array_equal(store.load(0)["u"], np.ones(10))
 
 
-def test_tier_adopt_defaults_to_put():
+def test_tier_adopt_defaults_to_put_and_adopt_leaves_to_adopt():
     tier = PlainTier()
-    from vlcc_adjoint.storage import make_record
-
     tier.adopt("k", make_record({"step": 0}, [np.ones(3)]))
-    assert list(tier.keys()) == ["k"]
+    record = make_record({"step": 1}, [np.ones(3)])
+    tier.adopt_leaves("j", record.spec, record.leaves, record.checksums)
+    assert sorted(tier.keys()) == ["j", "k"]
+
+
+def test_the_short_path_calls_a_subclasss_own_adopt():
+    seen = []
+
+    class Adopting(MemoryTier):
+        def adopt(self, key, record):
+            seen.append(key)
+            super().adopt(key, record)
+
+    with TieredStore([Adopting()], workers=0) as store:
+        for i in range(4):
+            store.save(i, np.full(8, float(i)))
+    assert len(seen) == 4
 
 
 # -- a plan that does not reach every tier ------------------------------------------------------

@@ -223,6 +223,7 @@ class SharedZarrTier(Tier):
     """
 
     persistent = True  # committed records survive the run
+    copies_on_put = True  # put writes the leaves to files and keeps no reference
 
     def __init__(
         self,

@@ -226,7 +226,7 @@ def prefetch_order(
     **Returns:** ``[(key, victims), ...]`` in fetch order; the caller starts
     the reads and frees the victims' data.
     """
-    decisions = []
+    decisions: list[tuple[Hashable, list]] = []
     for key, size, t in upcoming:
         if key in cache:
             continue

@@ -59,7 +59,7 @@ import xxhash
 
 from ..errors import VlccTypeError, VlccValueError
 from ..state import byte_view
-from ._tier import CorruptCheckpointError, Record, TierFullError, check_key
+from ._tier import CorruptCheckpointError, Record, check_key
 
 __all__ = [
     "bytes_checksum",
@@ -279,9 +279,6 @@ def step_of(spec: object) -> int | None:
 
 
 #: :meth:`CorruptCheckpointError.in_record`, under the name the tiers use.
-corrupt = CorruptCheckpointError.in_record
-
-
 def check_record(key: str, record: Record) -> None:
     """Validate what a tier is asked to store (cheap: no hashing)."""
     check_key(key)
@@ -329,7 +326,7 @@ def verify_leaves(
     for i, (leaf, want) in enumerate(zip(leaves, checksums)):
         got = leaf_checksum(leaf)
         if got != want:
-            raise corrupt(
+            raise CorruptCheckpointError.in_record(
                 f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
                 f"the record says {want}",
                 key,
@@ -354,4 +351,3 @@ def check_capacity(capacity_bytes: int | np.integer | None) -> int | None:
 
 
 #: :meth:`TierFullError.no_room`, under the name the tiers use.
-full = TierFullError.no_room

@@ -66,13 +66,11 @@ from ._checksum import (
     bytes_checksum,
     check_capacity,
     check_record,
-    corrupt,
     encode_spec,
-    full,
     leaf_checksum,
     step_of,
 )
-from ._tier import Record, Tier
+from ._tier import CorruptCheckpointError, Record, Tier, TierFullError
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -140,6 +138,7 @@ class CompressedMemoryTier(Tier):
     - `name`: the tier's name in messages and statistics.
     """
 
+    copies_on_put = True  # put encodes each leaf into a blob of its own
     fresh_gets = True  # get decodes into new arrays
 
     def __init__(
@@ -229,10 +228,10 @@ class CompressedMemoryTier(Tier):
             raise VlccValueError(f"{name} must be a finite number > 0, got {value!r}")
         with self._lock:
             if relative is None:
-                self._set_codec(ErrorBounded(float(abs_error)))
+                self._set_codec(ErrorBounded(float(value)))
                 self._relative = None
             else:
-                self._relative = float(relative)
+                self._relative = float(value)
 
     def _set_codec(self, codec) -> None:
         """Lock held: `codec` encodes the next puts."""
@@ -317,7 +316,7 @@ class CompressedMemoryTier(Tier):
                     f"record {key!r} is already in tier {self.name!r}; delete it first"
                 )
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                raise full(key, self.name, need, self._used, self.capacity_bytes)
+                raise TierFullError.no_room(key, self.name, need, self._used, self.capacity_bytes)
             self._records[key] = _Entry(spec_json, blobs, tuple(record.checksums), self._lossless)
             self._used += need
             self._raw_put += sum(leaf.nbytes for leaf in record.leaves)
@@ -348,7 +347,7 @@ class CompressedMemoryTier(Tier):
         for i, blob in enumerate(entry.blobs):
             got = bytes_checksum(blob.data)
             if got != blob.checksum:
-                raise corrupt(
+                raise CorruptCheckpointError.in_record(
                     f"the encoded bytes of leaf {i} have checksum {got}, stored {blob.checksum}",
                     key,
                     self.name,
@@ -359,13 +358,15 @@ class CompressedMemoryTier(Tier):
             try:
                 self._decoder(blob.codec).decode(blob.data, out=target)
             except ValueError as err:
-                raise corrupt(f"leaf {i} does not decode ({err})", key, self.name, step) from None
+                raise CorruptCheckpointError.in_record(
+                    f"leaf {i} does not decode ({err})", key, self.name, step
+                ) from None
             leaves.append(out)
         checksums = []
         for i, (leaf, want, blob) in enumerate(zip(leaves, entry.checksums, entry.blobs)):
             got = leaf_checksum(leaf)
             if (entry.lossless or blob.raw) and got != want:
-                raise corrupt(
+                raise CorruptCheckpointError.in_record(
                     f"decoded leaf {i} has checksum {got}, the record says {want}",
                     key,
                     self.name,

@@ -20,6 +20,14 @@ leaves) work.  What it does do:
 ``get`` returns read-only views of the stored arrays: restoring a state
 twice (Revolve reloads the same checkpoint) must find it unchanged, so
 whoever needs to write copies first (``unflatten(spec, leaves, copy=True)``).
+The views show the record while it is stored: the arrays belong to whoever
+``put`` them, and a :class:`~vlcc_adjoint.storage.TieredStore` reuses their
+memory for later captures once it has deleted the record (ownership is
+explicit, see :mod:`vlcc_adjoint.storage._pool`).
+
+The tier declares ``retains_references``, ``serves_put_arrays`` and
+``adopts_leaves`` (see :class:`~vlcc_adjoint.storage.Tier`): it stores a
+record given in parts (:meth:`MemoryTier.adopt_leaves`) without building it.
 """
 
 from __future__ import annotations
@@ -31,8 +39,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import VlccKeyError
-from ._checksum import check_capacity, check_record, encode_spec, full, step_of, verify_leaves
-from ._tier import Record, Tier
+from ._checksum import check_capacity, check_record, encode_spec, step_of, verify_leaves
+from ._tier import Record, Tier, TierFullError
 
 __all__ = ["MemoryTier"]
 
@@ -56,6 +64,7 @@ class MemoryTier(Tier):
 
     retains_references = True
     serves_put_arrays = True
+    adopts_leaves = True
 
     def __init__(self, capacity_bytes: int | None = None, *, name: str = "memory"):
         self.capacity_bytes = check_capacity(capacity_bytes)
@@ -92,14 +101,19 @@ class MemoryTier(Tier):
 
     _adopt = adopt  # the name earlier versions used
 
-    def adopt_leaves(self, key: str, spec: dict, leaves: tuple, checksums: tuple) -> None:
+    def adopt_leaves(
+        self, key: str, spec: dict, leaves: tuple[np.ndarray, ...], checksums: tuple[str, ...]
+    ) -> None:
         """:meth:`adopt` of the record ``Record(spec, leaves, checksums)``,
         given in parts (the engine's short path for small states, which
         spares building the record)."""
         self._insert(key, spec, leaves, checksums)
 
     def _insert(self, key, spec, leaves, checksums) -> None:
-        with self._lock:
+        # acquire/release rather than `with`: this runs once per save.
+        lock = self._lock
+        lock.acquire()
+        try:
             records, objects = self._records, self._objects
             if key in records:
                 raise VlccKeyError(
@@ -110,7 +124,9 @@ class MemoryTier(Tier):
                 holder = objects.get(id(leaf))
                 need = 0 if holder is not None else leaf.nbytes
                 if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                    raise full(key, self.name, need, self._used, self.capacity_bytes)
+                    raise TierFullError.no_room(
+                        key, self.name, need, self._used, self.capacity_bytes
+                    )
                 if holder is None:
                     objects[id(leaf)] = [leaf, 1]
                 else:
@@ -119,14 +135,14 @@ class MemoryTier(Tier):
                 records[key] = (spec, leaves, checksums)
                 return
             need = 0
-            seen = ()
+            seen: tuple[int, ...] = ()
             for leaf in leaves:  # bytes of the array objects not held yet, each once
                 i = id(leaf)
                 if i not in objects and i not in seen:
                     need += leaf.nbytes
                     seen = (*seen, i)
             if self.capacity_bytes is not None and self._used + need > self.capacity_bytes:
-                raise full(key, self.name, need, self._used, self.capacity_bytes)
+                raise TierFullError.no_room(key, self.name, need, self._used, self.capacity_bytes)
             for leaf in leaves:
                 holder = objects.get(id(leaf))
                 if holder is None:
@@ -135,6 +151,8 @@ class MemoryTier(Tier):
                     holder[1] += 1
             self._used += need
             records[key] = (spec, leaves, checksums)
+        finally:
+            lock.release()
 
     def get(self, key: str) -> Record:
         """The record under `key`, checksums verified; leaves are read-only views."""
@@ -148,8 +166,11 @@ class MemoryTier(Tier):
         return Record(spec, tuple(_readonly(leaf) for leaf in leaves), checksums)
 
     def delete(self, key: str) -> None:
-        """Forget the record under `key` (its arrays are freed with their last holder)."""
-        with self._lock:
+        """Forget the record under `key` (its arrays are released with
+        their last record: the tier keeps no reference to them)."""
+        lock = self._lock
+        lock.acquire()
+        try:
             entry = self._records.pop(key, None)
             if entry is None:
                 raise VlccKeyError(f"no record {key!r} in tier {self.name!r}")
@@ -161,6 +182,8 @@ class MemoryTier(Tier):
                     self._used -= leaf.nbytes
                 else:
                     holder[1] -= 1
+        finally:
+            lock.release()
 
     def keys(self) -> Iterator[str]:
         with self._lock:

@@ -1,53 +1,62 @@
-"""A pool of reusable capture buffers.
+"""A pool of reusable capture buffers, owned explicitly.
 
 Why: writing into freshly allocated memory pays a page fault for every page
 on first touch, while copying into memory that was touched before runs at
 memory bandwidth (``benchmarks/bench_store_calls.py`` measures both).  A
-checkpointing run captures states of the same few
-shapes over and over, so the store copies each state into a buffer that an
-earlier, now deleted, checkpoint used.
+checkpointing run captures states of the same few shapes over and over, so
+the store copies each state into a buffer that an earlier, now deleted,
+checkpoint used.
 
 Buffers are plain owning numpy arrays, pooled by exact ``(dtype, shape)``
 (a time loop saves the same shapes every time, and an exact key keeps every
 buffer an owning, C-contiguous array whose views all point back to it).
 
-When is a buffer free?  A buffer handed to a tier may still be referenced by
-it (a :class:`~vlcc_adjoint.storage.MemoryTier` keeps records by reference),
-by a reader in another thread, or by a view somebody kept.  Rather than trust
-every party to report back, :meth:`BufferPool.recycle` asks CPython: an array
-whose reference count is what the pool's own local variable accounts for is
-referenced by nobody else, and no view of it exists (a numpy view holds a
-reference to its base; an exported buffer, e.g. a ``memoryview``, holds one
-to its exporter).  Anything else is simply not reused and is left to the
-garbage collector.  This is the test numpy's own ``ndarray.resize`` makes
-(``refcheck=True``) before it reallocates an array in place.
+**Ownership is explicit.**  The pool never asks the interpreter whether a
+buffer is still in use: reference counts change meaning across CPython
+versions (borrowed references in 3.14, the free-threaded build), under a
+debugger that reads frame locals, and a pointer handed to C code holds no
+reference at all.  Instead:
+
+* :meth:`BufferPool.take` hands a buffer to one owner.
+* :meth:`BufferPool.recycle` is that owner's word that it is done with the
+  buffer *and that nothing it handed the buffer to still uses it*.  The pool
+  checks what it can without reference counts (the array is writeable,
+  C-contiguous, and its memory is its own: see :func:`owns_memory`) and puts
+  it on a free list.
+* :meth:`BufferPool.lend` opens a :class:`Lease` on buffers whose memory is
+  shown to someone else (read-only views handed to a caller).  While a lease
+  is open, a buffer recycled by its owner is *deferred*: it reaches a free
+  list only when the last lease on it ends (:meth:`Lease.release`), so no
+  later :meth:`~BufferPool.take` hands out memory that a leased view still
+  shows.
+
+So a buffer goes back into circulation only when every holder the owner
+knows of has said so: the owner by recycling it, every borrower by ending
+its lease.  The :class:`~vlcc_adjoint.storage.TieredStore` is such an owner
+(its records, read-ahead slots and moves hold its buffers; its
+``load(copy=False)`` and ``lend`` open leases); so is a
+:class:`~vlcc_adjoint.lineage.History` (its in-flight commits).
 
 Large buffers (``ALIGNED_MIN`` bytes and more) start on a page boundary, so
 that a file can be read into them with direct I/O (``O_DIRECT``: the device
 writes into the buffer, no copy through the page cache; see
 :func:`vlcc_adjoint.storage.format.read_into`).  Such a buffer is a view of
-a private byte block a little larger than it; the reference test then also
-asks that nothing but the buffer references the block (numpy points every
-view of the buffer at the block itself).
-
-A buffer given back while somebody still holds it (a read-only view lent
-by ``load(copy=False)``) is kept aside, *pending*, within the same byte
-limit, and reused by a later :meth:`BufferPool.take` once its last outside
-reference is gone; pending buffers, oldest first, are the first dropped
-when room is needed.
+a private byte block one page larger than it (:func:`empty`), and the
+blocks :func:`empty` made are remembered (weakly), so :func:`owns_memory`
+never mistakes a view of somebody else's array for a buffer of ours.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-__all__ = ["ALIGNED_MIN", "BufferPool", "PAGE", "empty", "unshared_memory"]
+__all__ = ["ALIGNED_MIN", "BufferPool", "Lease", "PAGE", "empty", "owns_memory"]
 
 #: The alignment of large buffers (a page; a multiple of every disk's block size).
 PAGE = 4096
@@ -55,255 +64,289 @@ PAGE = 4096
 #: Buffers of at least this many bytes start on a ``PAGE`` boundary.
 ALIGNED_MIN = 1 << 20
 
-#: Most buffers kept pending (given back while still referenced).
-_MAX_PENDING = 64
-
-
-def _sole_refcount() -> int:
-    # Calibrate: the reference count of an array held only by one local
-    # variable, as seen by sys.getrefcount in the same code shape as recycle().
-    holder = [np.empty(1)]
-    arr = holder.pop()
-    return sys.getrefcount(arr)
-
-
-def _block_refcount() -> int:
-    # Calibrate: the reference count of an aligned buffer's block referenced
-    # by the buffer alone, as seen by sys.getrefcount in unshared_memory().
-    arr = np.empty(8, np.uint8)[:4]
-    block = arr.base
-    return sys.getrefcount(block)
-
-
-def _pending_refcount() -> int:
-    # Calibrate: the reference count of a pending array that nobody else
-    # holds, as seen by sys.getrefcount in BufferPool._take_pending().
-    pending = [((None, None), np.empty(1))]
-    _, arr = pending[0]
-    return sys.getrefcount(arr)
-
-
-def _calibrate() -> tuple[int, int, int]:
-    """The three reference counts, measured with tracing and profiling off:
-    a tracer that reads ``frame.f_locals`` (a debugger stepping through the
-    import) adds a reference, and a count calibrated one too high would let
-    the pool reuse a buffer that is still referenced."""
-    trace, profile = sys.gettrace(), sys.getprofile()
-    sys.settrace(None)
-    sys.setprofile(None)
-    try:
-        return _sole_refcount(), _block_refcount(), _pending_refcount()
-    finally:
-        sys.settrace(trace)
-        sys.setprofile(profile)
-
-
-_SOLE, _SOLE_BLOCK, _SOLE_PENDING = _calibrate()
+# The blocks behind the aligned buffers empty() made, by id (weakly: a block
+# leaves with its last buffer, so an id is never mistaken for a new array's).
+_BLOCKS: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
 
 def empty(dtype: np.dtype, shape: tuple) -> np.ndarray:
-    """``np.empty(shape, dtype)``, page-aligned from ``ALIGNED_MIN`` bytes on
-    (a view of a private ``uint8`` block, see the module docstring)."""
+    """``np.empty(shape, dtype)``, page-aligned from ``ALIGNED_MIN`` bytes on:
+    then a view of a private ``uint8`` block of exactly one ``PAGE`` more
+    bytes than the array (see :func:`owns_memory`)."""
     nbytes = dtype.itemsize * math.prod(shape)
     if nbytes < ALIGNED_MIN or dtype.hasobject or dtype.subdtype is not None:
         return np.empty(shape, dtype)
     block = np.empty(nbytes + PAGE, np.uint8)
+    _BLOCKS[id(block)] = block
     start = -block.ctypes.data % PAGE
     return block[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def _is_block(base) -> bool:
-    return type(base) is np.ndarray and base.base is None and base.dtype == np.uint8
+def owns_memory(arr: np.ndarray) -> bool:
+    """Whether the memory of `arr` is its own: it owns its data, or it is an
+    aligned buffer of :func:`empty` (a view starting within the first page
+    of a block :func:`empty` made, exactly one page larger than it).
 
-
-def unshared_memory(arr: np.ndarray) -> bool:
-    """Whether the memory of `arr` belongs to `arr` alone: it owns it, or it
-    is the only view of an owning ``uint8`` block (an aligned buffer of
-    :func:`empty`).  References to `arr` itself are the caller's to count."""
+    A structural test, made without reference counts: it says that no
+    *other* array's memory is involved.  Whether views of `arr` itself are
+    still in use is for its owner to know (see the module docstring)."""
     block = arr.base
     if block is None:
         return True
-    return _is_block(block) and sys.getrefcount(block) == _SOLE_BLOCK
+    if _BLOCKS.get(id(block)) is not block or block.nbytes != arr.nbytes + PAGE:
+        return False
+    offset = arr.ctypes.data - block.ctypes.data
+    return 0 <= offset < PAGE
+
+
+class Lease:
+    """Buffers of a :class:`BufferPool` lent out: none of them is reused
+    while the lease is open.
+
+    Made by :meth:`BufferPool.lend`.  :meth:`release` (idempotent; also the
+    end of a ``with`` block) ends it; a buffer its owner recycled meanwhile
+    then goes to the pool's free lists.
+    """
+
+    __slots__ = ("_pool", "_arrays")
+
+    def __init__(self, pool: BufferPool, arrays: tuple):
+        self._pool: BufferPool | None = pool
+        self._arrays = arrays
+
+    @property
+    def open(self) -> bool:
+        """Whether the lease still holds its buffers."""
+        return self._pool is not None
+
+    def release(self) -> None:
+        """End the lease (idempotent, also from several threads at once)."""
+        pool = self._pool
+        if pool is not None:
+            pool._end_lease(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "open" if self.open else "released"
+        return f"<Lease of {len(self._arrays)} buffer(s), {state}>"
 
 
 class BufferPool:
-    """Free lists of numpy arrays that own their memory (or are the sole view
-    of a page-aligned block), keyed by ``(dtype, shape)``.
+    """Free lists of buffers, keyed by ``(dtype, shape)``, with explicit
+    ownership (see the module docstring).
 
-    Thread-safe.  Holds at most `max_free_bytes` of free and pending
-    buffers; buffers returned beyond that are dropped (freed by the garbage
-    collector).
+    Holds at most `max_free_bytes` of free buffers; a buffer given back
+    beyond that is dropped (freed by the garbage collector once its owner
+    lets go of it).
 
     **Arguments:**
 
     - `max_free_bytes`: the most bytes kept in the free lists.
+    - `threadsafe`: ``True`` (default): every method may be called from any
+      thread at any time (one lock around the free lists).  ``False``: no
+      lock is taken; the owner calls the pool from one thread at a time (a
+      single-threaded :class:`~vlcc_adjoint.storage.TieredStore`).
+
+    **Attributes** (counters): `reused` (buffers handed out from the free
+    lists), `allocated` (freshly allocated), `recycled` (taken back onto a
+    free list), `refused` (given back but not kept: not the pool's kind of
+    buffer, or no room), `deferred` (given back while a lease held them;
+    they follow when it ends), `free_bytes` (bytes on the free lists).
     """
 
-    def __init__(self, max_free_bytes: int):
+    def __init__(self, max_free_bytes: int, *, threadsafe: bool = True):
         self.max_free_bytes = int(max_free_bytes)
         self.free_bytes = 0
-        self.reused = 0  # buffers handed out from the free lists
-        self.allocated = 0  # buffers freshly allocated
-        self.recycled = 0  # buffers taken back
-        self.refused = 0  # buffers not taken back (still referenced, or pool full)
+        self.reused = 0
+        self.allocated = 0
+        self.recycled = 0
+        self.refused = 0
+        self.deferred = 0
         self._free: dict[tuple, list[np.ndarray]] = {}
-        self._pending: list[tuple[tuple, np.ndarray]] = []  # given back while referenced
-        self._lock = threading.Lock()
+        self._free_ids: set[int] = set()  # id() of every buffer on a free list
+        # id(buffer) -> [buffer, open leases, recycled by its owner meanwhile]
+        self._leased: dict[int, list] = {}
+        self._lock = threading.Lock() if threadsafe else None
+
+    @property
+    def threadsafe(self) -> bool:
+        """Whether the pool takes a lock (see the class docstring)."""
+        return self._lock is not None
+
+    # -- handing out --------------------------------------------------------------------
 
     def take(self, dtype: DTypeLike, shape: Sequence[int]) -> np.ndarray:
-        """A C-contiguous, writeable array of `dtype` and `shape` (contents undefined)."""
+        """A C-contiguous, writeable array of `dtype` and `shape` (contents
+        undefined), owned by the caller until it recycles it."""
         return self.take_key((np.dtype(dtype), tuple(shape)))  # equal dtypes: the same layout
 
     def take_key(self, key: tuple) -> np.ndarray:
         """:meth:`take` for a key ``(dtype, shape)`` made once by the caller
         (a ``np.dtype`` and a tuple of ints)."""
-        with self._lock:
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
             free = self._free.get(key)
             if free:
                 arr = free.pop()
+                self._free_ids.discard(id(arr))
                 self.free_bytes -= arr.nbytes
                 self.reused += 1
                 return arr
-            if self._pending:
-                arr = self._take_pending(key)
-                if arr is not None:
-                    return arr
             self.allocated += 1
+        finally:
+            if lock is not None:
+                lock.release()
         return empty(*key)
-
-    def _take_pending(self, key: tuple) -> np.ndarray | None:
-        """Lock held: a pending buffer of `key` that nobody else holds any more."""
-        pending = self._pending
-        for i in range(len(pending)):
-            if pending[i][0] != key:
-                continue
-            _, arr = pending[i]
-            if sys.getrefcount(arr) > _SOLE_PENDING or not unshared_memory(arr):
-                continue  # still referenced outside the pool
-            del pending[i]
-            self.free_bytes -= arr.nbytes
-            self.reused += 1
-            return arr
-        return None
 
     def reserve(self, dtype: DTypeLike, shape: Sequence[int], count: int) -> None:
         """Allocate and touch `count` buffers ahead of time (moves the
         first-touch cost out of the time loop), within `max_free_bytes`."""
         key = (np.dtype(dtype), tuple(shape))
         for _ in range(count):
-            holder = [empty(*key)]
-            holder[0].fill(0)
-            if not self.recycle(holder):
+            buf = empty(*key)
+            buf.fill(0)
+            if not self.recycle([buf], key):
                 break
 
-    def recycle(self, arrays: list, key: tuple | None = None) -> int:
-        """Take back the arrays in `arrays` (the list is emptied).
+    # -- taking back --------------------------------------------------------------------
 
-        Each array is kept for reuse only if nobody else references it (see
-        the module docstring), its memory is its own, it is writeable and
-        C-contiguous, and the pool has room.  A large one still referenced
-        is set aside until it is not (pending).  The caller must drop its
-        own other references first.
+    def recycle(self, arrays: Sequence[np.ndarray], key: tuple | None = None) -> int:
+        """Take back the buffers in `arrays`.
+
+        The caller owns them and is done with them: nothing it gave them to
+        still reads or writes them, except the holders of a :class:`Lease`
+        on them (their turn ends with the lease: the buffer is deferred
+        until then).  A buffer is kept for reuse if it is writeable,
+        C-contiguous, its memory is its own (:func:`owns_memory`) and the
+        pool has room; otherwise it is dropped.
 
         **Arguments:**
 
-        - `arrays`: a list of arrays.
-        - `key`: for a list of one array, its ``(dtype, shape)`` as
+        - `arrays`: a sequence of arrays.
+        - `key`: for a sequence of one array, its ``(dtype, shape)`` as
           :meth:`take_key` takes it, if the caller has it.
 
-        **Returns:** the number of arrays taken back.
+        **Returns:** the number of buffers put on a free list now.
         """
-        if key is not None and len(arrays) == 1:
-            arr = arrays.pop()
-            if (
-                sys.getrefcount(arr) > _SOLE
-                or not arr.flags.writeable
-                or not arr.flags.c_contiguous
-                or (arr.base is not None and not unshared_memory(arr))
-            ):
-                if arr.nbytes >= ALIGNED_MIN:
-                    self._set_aside([arr])
-                else:
-                    self.refused += 1
-                return 0
-            with self._lock:
-                nbytes = arr.nbytes
-                if self.free_bytes + nbytes > self.max_free_bytes and not self._make_room(nbytes):
-                    self.refused += 1
-                    return 0
-                free = self._free.get(key)
-                if free is None:
-                    self._free[key] = [arr]
-                else:
-                    free.append(arr)
-                self.free_bytes += nbytes
-                self.recycled += 1
-            return 1
-        keep, held = [], []
-        while arrays:
-            arr = arrays.pop()
-            if (
-                sys.getrefcount(arr) > _SOLE
-                or not arr.flags.writeable
-                or not arr.flags.c_contiguous
-                or (arr.base is not None and not unshared_memory(arr))
-            ):
-                held.append(arr)
-                continue
-            keep.append(arr)
-        arr = None
-        if held:
-            self._set_aside(held)
-        taken = 0
-        if keep:
-            with self._lock:  # once per call, not per array
-                for arr in keep:
-                    if self.free_bytes + arr.nbytes > self.max_free_bytes and not self._make_room(
-                        arr.nbytes
-                    ):
-                        self.refused += 1
-                        continue
-                    self._free.setdefault((arr.dtype, arr.shape), []).append(arr)
-                    self.free_bytes += arr.nbytes
-                    self.recycled += 1
-                    taken += 1
-            keep.clear()
-        return taken
-
-    def _set_aside(self, arrays: list) -> None:
-        """Keep the large arrays of `arrays` that are still referenced
-        elsewhere but would be reusable once they are not (pending); refuse
-        the rest."""
-        with self._lock:
+        if not arrays:
+            return 0
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            taken = 0
             for arr in arrays:
-                if (
-                    arr.nbytes >= ALIGNED_MIN
-                    and arr.flags.writeable
-                    and arr.flags.c_contiguous
-                    and (arr.base is None or _is_block(arr.base))
-                    and self._make_room(arr.nbytes, slots=1)
-                ):
-                    self._pending.append(((arr.dtype, arr.shape), arr))
-                    self.free_bytes += arr.nbytes
-                else:
-                    self.refused += 1
-        arrays.clear()
+                taken += self._give(arr, key if key is not None else (arr.dtype, arr.shape))
+            return taken
+        finally:
+            if lock is not None:
+                lock.release()
 
-    def _make_room(self, nbytes: int, slots: int = 0) -> bool:
-        """Lock held: drop pending buffers (oldest first) until `nbytes` fit
-        (and `slots` more pending ones)."""
-        pending = self._pending
-        while pending and (
-            self.free_bytes + nbytes > self.max_free_bytes or len(pending) + slots > _MAX_PENDING
+    def _give(self, arr: np.ndarray, key: tuple) -> int:
+        """Lock held: `arr` back from its owner; 1 if it went onto a free list."""
+        i = id(arr)
+        if self._leased:
+            held = self._leased.get(i)
+            if held is not None:
+                if not held[2]:
+                    held[2] = True
+                    self.deferred += 1
+                return 0
+        nbytes = arr.nbytes
+        flags = arr.flags
+        if (
+            i in self._free_ids  # given back twice: keep one copy on the list
+            or not flags.writeable
+            or not flags.c_contiguous
+            or self.free_bytes + nbytes > self.max_free_bytes
+            or (arr.base is not None and not owns_memory(arr))
         ):
-            _, arr = pending.pop(0)
-            self.free_bytes -= arr.nbytes
             self.refused += 1
-        return self.free_bytes + nbytes <= self.max_free_bytes
+            return 0
+        free = self._free.get(key)
+        if free is None:
+            self._free[key] = [arr]
+        else:
+            free.append(arr)
+        self._free_ids.add(i)
+        self.free_bytes += nbytes
+        self.recycled += 1
+        return 1
+
+    # -- leases -------------------------------------------------------------------------
+
+    def lend(self, arrays: Iterable[np.ndarray]) -> Lease:
+        """Open a :class:`Lease` on `arrays` (buffers of this pool's owner
+        whose memory is shown to a borrower): none of them goes back onto a
+        free list before the lease is released, even if its owner recycles
+        it meanwhile."""
+        arrays = tuple(arrays)
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            leased = self._leased
+            for arr in arrays:
+                held = leased.get(id(arr))
+                if held is None:
+                    leased[id(arr)] = [arr, 1, False]
+                else:
+                    held[1] += 1
+        finally:
+            if lock is not None:
+                lock.release()
+        return Lease(self, arrays)
+
+    def leased(self, arr: np.ndarray) -> bool:
+        """Whether an open :class:`Lease` holds `arr`."""
+        held = self._leased.get(id(arr))
+        return held is not None and held[0] is arr
+
+    def _end_lease(self, lease: Lease) -> None:
+        """`lease` ends (if it has not yet): a buffer no lease holds any
+        more, and that its owner recycled meanwhile, goes to the free lists."""
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            if lease._pool is None:
+                return
+            arrays, lease._arrays, lease._pool = lease._arrays, (), None
+            leased = self._leased
+            for arr in arrays:
+                held = leased[id(arr)]
+                held[1] -= 1
+                if held[1] == 0:
+                    del leased[id(arr)]
+                    if held[2]:
+                        self._give(arr, (arr.dtype, arr.shape))
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def close(self) -> None:
+        """Drop every free buffer and keep none given back later (the
+        owner is done with the pool; open leases end as they will)."""
+        self.max_free_bytes = 0
+        self.clear()
 
     def clear(self) -> None:
-        """Drop every free and pending buffer."""
-        with self._lock:
+        """Drop every free buffer (leases stay open; a buffer deferred by
+        one comes to the free lists when it ends)."""
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
             self._free.clear()
-            self._pending.clear()
+            self._free_ids.clear()
             self.free_bytes = 0
+        finally:
+            if lock is not None:
+                lock.release()

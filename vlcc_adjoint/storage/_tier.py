@@ -49,6 +49,15 @@ __all__ = [
     "check_key",
 ]
 
+#: The capabilities that describe a method (see :class:`Tier`): a subclass
+#: that defines the method anew must declare them anew.
+_DESCRIBES = {
+    "put": ("copies_on_put",),
+    "get": ("serves_put_arrays", "fresh_gets", "reads_into"),
+    "adopt": ("adopts_leaves",),
+    "adopt_leaves": ("adopts_leaves",),
+}
+
 _KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
 
 
@@ -158,32 +167,41 @@ class Tier(abc.ABC):
     **Capabilities.**  Like zarr's ``Store`` (``supports_writes``,
     ``read_only``, ...), a tier declares what it does as class attributes,
     and the :class:`~vlcc_adjoint.storage.TieredStore` reads them instead of
-    guessing from the tier's type.  The defaults are the safe answers for a
-    tier that stores its own copy of every record somewhere (a file, a
-    server): a tier that declares nothing is written on a worker thread,
-    read through ``get``, and every array it returns is copied before the
-    caller may change it.
+    guessing from the tier's type or its methods' signatures.  The defaults
+    are the safe answers for a tier that stores its own copy of every record
+    somewhere (a file, a server): a tier that declares nothing is written
+    on a worker thread, read through ``get``, and every array it returns is
+    copied before the caller may change it.
 
     - :attr:`retains_references`: ``put`` keeps the record's leaf arrays by
       reference, with no I/O (a memory tier).  The store then writes to the
       tier in the calling thread (a thread hand-off would cost more than the
-      ``put``) and never reuses those arrays before the record's delete.
+      ``put``) and owns those arrays' memory until the record's ``delete``:
+      only then may it reuse them (the tier's ``delete`` drops its
+      references).
+    - :attr:`copies_on_put`: ``put`` keeps no reference to the arrays it is
+      given once it returns (it encodes, compresses or writes them), so the
+      store may reuse their memory at once.  A tier that declares neither
+      this nor ``retains_references`` may keep the arrays (a
+      :class:`Record`'s leaves may be kept by reference): the store then
+      shares them with the tier from the ``put`` on and never reuses them.
     - :attr:`serves_put_arrays`: with ``retains_references``, ``get``
       returns the very arrays ``put`` received (as read-only views, after
       verifying their checksums), so the store may read a record from those
-      arrays itself, verifying each leaf in the pass that copies it out.  A
-      subclass that overrides ``get`` to return anything else sets it to
-      ``False``.
+      arrays itself, verifying each leaf in the pass that copies it out.
     - :attr:`fresh_gets`: every ``get`` returns newly allocated arrays that
-      nothing else references (decoded or read from a file), so the store
-      may hand them to the caller, or reuse them, without a copy.
+      the tier keeps no reference to (decoded or read from a file), so the
+      store owns them: it may hand them to the caller, or reuse them,
+      without a copy.
     - :attr:`reads_into`: with ``fresh_gets``, ``get`` takes a keyword
       argument ``take``: a function ``take(dtype, shape)`` that returns the
       writeable, C-contiguous array to read a leaf into (the store passes
       its buffer pool's, so that a read lands in memory touched before, and
-      page-aligned for direct I/O).  The arrays returned are those arrays.
-      The store passes ``take`` only to a ``get`` whose signature has it, so
-      a subclass that overrides ``get(key)`` keeps working.
+      page-aligned for direct I/O).  The arrays returned are those arrays,
+      and the tier keeps no reference to them.
+    - :attr:`adopts_leaves`: :meth:`adopt_leaves` stores a record given in
+      parts without building it (faster for the store's small captures);
+      without it the store builds the record and calls ``adopt``.
     - :attr:`persistent`: records survive the process (a directory on disk);
       a restart or another process can read them.
     - :attr:`waits_on_io`: ``put`` and ``get`` spend their time waiting for
@@ -191,16 +209,42 @@ class Tier(abc.ABC):
       GIL), not computing.  The store then runs at least two background
       threads even on a two-core machine, so that one record is written
       into the page cache while another one's ``fsync`` waits for the disk.
+
+    A declaration describes the methods of the class that makes it.  A
+    subclass that defines its own ``get`` without declaring
+    ``serves_put_arrays``, ``fresh_gets`` and ``reads_into`` again in its
+    class body gets ``False`` for them (its ``get`` may return anything, and
+    may not take ``take``); one that defines its own ``put`` without
+    declaring ``copies_on_put`` again gets ``False``; one that defines its
+    own ``adopt`` or
+    ``adopt_leaves`` without declaring ``adopts_leaves`` again gets
+    ``False`` (its ``adopt`` is called for every adoption).  So a subclass
+    that wraps ``get`` to time it (``def get(self, key)``) keeps working,
+    read the safe way.
     """
 
     name: str = "tier"
     capacity_bytes: int | None = None
     retains_references: bool = False
+    copies_on_put: bool = False
     serves_put_arrays: bool = False
     fresh_gets: bool = False
     reads_into: bool = False
+    adopts_leaves: bool = False
     persistent: bool = False
     waits_on_io: bool = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A capability is a statement about methods: it holds for the class
+        # that declares it, and a subclass that replaces those methods must
+        # declare it again (see "Capabilities" above).
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for method, names in _DESCRIBES.items():
+            if method in own:
+                for name in names:
+                    if name not in own:
+                        setattr(cls, name, False)
 
     @property
     @abc.abstractmethod
@@ -237,6 +281,15 @@ class Tier(abc.ABC):
         captures).  A tier may skip its validation; by default it is ``put``.
         """
         self.put(key, record)
+
+    def adopt_leaves(
+        self, key: str, spec: dict, leaves: tuple[np.ndarray, ...], checksums: tuple[str, ...]
+    ) -> None:
+        """:meth:`adopt` of ``Record(spec, leaves, checksums)``, given in
+        parts (the store's short path for small states, which spares
+        building the record).  By default it builds the record and calls
+        :meth:`adopt`; a tier may store the parts directly."""
+        self.adopt(key, Record(spec, tuple(leaves), tuple(checksums)))
 
     def free_bytes(self) -> int | None:
         """Capacity left, or ``None`` when unbounded."""

@@ -149,6 +149,7 @@ class ZarrTier(Tier):
 
     # records outlive the process; get reads into new or given arrays; I/O waits
     persistent = fresh_gets = reads_into = waits_on_io = True
+    copies_on_put = True  # put writes the leaves to files and keeps no reference
 
     def __init__(
         self,

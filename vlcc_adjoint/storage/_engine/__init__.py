@@ -32,7 +32,15 @@ The parts share one :class:`~._common.Shared` (tiers and their declared
 capabilities, the lock, the index of records, the counters).  The public
 methods are serialised by one re-entrant lock, so a store may be shared by
 several threads (plan-following then needs their calls in schedule order).
-Time accounting (stall, hidden I/O) is defined in :mod:`.._stats`.
+A single-threaded store (``threadsafe=False``: no workers, calls from one
+thread at a time) takes no lock at all.  Time accounting (stall, hidden
+I/O) is defined in :mod:`.._stats`.
+
+Buffers are owned explicitly (:mod:`.._pool`): a record's buffers return
+to the pool when its last holder (its tier, a read-ahead slot, a move) lets
+go of them, and the memory behind views lent to a caller is held by a
+lease (``load(copy=False)``: until the record's deletion; ``lend``: until
+released).  Nothing is judged free from reference counts.
 
 References: L. A. Belady, "A study of replacement algorithms for a
 virtual-storage computer", IBM Systems Journal 5(2):78-101, 1966 (eviction);
@@ -43,6 +51,7 @@ content digests).
 """
 
 from ._common import PlanMismatchError as PlanMismatchError
+from ._restore import StateLease as StateLease
 from ._store import TieredStore as TieredStore
 
-__all__ = ["PlanMismatchError", "TieredStore"]
+__all__ = ["PlanMismatchError", "StateLease", "TieredStore"]

@@ -191,10 +191,11 @@ class ReadCache:
                 if entry.slot is slot:
                     entry.slot = None
                 if entry.slot is None:
-                    if self.slots.get(entry.seq) is entry:
-                        del self.slots[entry.seq]
-                    if entry.seq in self.belady:
-                        self.belady.remove(entry.seq)
+                    seq = entry.seq
+                    if self.slots.get(seq) is entry:
+                        del self.slots[seq]
+                    if seq in self.belady:
+                        self.belady.remove(seq)
                 release = (slot.arrays, slot.owned, None)
                 slot.arrays = None
             slot.ready.set()
@@ -206,9 +207,11 @@ class ReadCache:
     # -- loads --------------------------------------------------------------------------------
 
     def acquire(self, entry):
-        """The arrays of `entry` for a load: ``(arrays, source, slot)``, the
-        source ``"staged"``, ``"cache"`` (the slot returned pinned) or
-        ``"tier"``."""
+        """The arrays of `entry` for a load: ``(arrays, source, slot, hold)``,
+        the source ``"staged"`` (the capture waiting for its write; `hold` a
+        lease on its buffers, which the writer gives back when the write
+        ends, so that they are not reused while the load reads them),
+        ``"cache"`` (the slot returned pinned) or ``"tier"``."""
         sh, jobs = self.shared, self.jobs
         waited = 0.0
         late = False
@@ -219,7 +222,8 @@ class ReadCache:
                         raise lost(entry) from entry.error
                     if entry.state in (QUEUED, WRITING) and entry.leaves is not None:
                         sh.n["staged_hits"] += 1
-                        return list(entry.leaves), "staged", None
+                        staged = list(entry.leaves)
+                        return staged, "staged", None, self.capture.pool.lend(staged)
                     slot = entry.slot
                     if slot is not None and slot.ready.is_set():
                         if slot.error is not None:
@@ -230,7 +234,7 @@ class ReadCache:
                         slot.used = True
                         sh.n["hits"] += 1
                         sh.n["late"] += late
-                        return list(slot.arrays), "cache", slot
+                        return list(slot.arrays), "cache", slot, None
                     t0 = time.perf_counter()
                     if slot is not None:
                         event = slot.ready
@@ -255,7 +259,7 @@ class ReadCache:
             arrays = list(rec.leaves)
             del rec
             waited += time.perf_counter() - t0
-            return arrays, "tier", None
+            return arrays, "tier", None, None
         finally:
             if waited:
                 with sh.lock:

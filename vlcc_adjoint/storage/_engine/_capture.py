@@ -28,15 +28,21 @@ capture (on the worker for slower levels); ``dedup="eager"`` hashes in
 ``save`` before copying and skips the copy of a leaf seen before.
 
 **Giving buffers back** (:meth:`Capture.release`).  A record's buffers go
-back to the pool when it is deleted or read for the last time, after its
-dedup references are dropped, and only within the most bytes the store may
-hold (its memory levels' capacities, the staging and the read cache), so
-reusing buffers never makes the store hold more than a memory budget sized
-for those allows.  The pool itself takes a buffer only when nothing else
-references it (see :mod:`.._pool`).
+back to the pool when its last holder lets go of them: its tier when it is
+deleted (a tier that keeps arrays by reference), its write when the tier
+has its own copy, its read-ahead slot when it is evicted or read for the
+last time, after its dedup references are dropped; and only within the
+most bytes the store may hold (its memory levels' capacities, the staging
+and the read cache), so reusing buffers never makes the store hold more
+than a memory budget sized for those allows.  Buffers behind views lent to
+a caller are held by a pool lease and reach the free lists when it ends
+(see :mod:`.._pool`: ownership is explicit, never judged from reference
+counts).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ...state import Layout, flatten_traits, immutable_array, leaf_digest
 from .._checksum import copy_checksum, leaf_checksum
@@ -46,6 +52,10 @@ from .._pool import BufferPool
 __all__ = ["Capture", "COPY", "REFERENCE", "TAKE"]
 
 TAKE, REFERENCE, COPY = 0, 1, 2
+
+
+def _nothing_held() -> int:
+    return 0
 
 
 class Capture:
@@ -61,11 +71,12 @@ class Capture:
 
     def __init__(self, shared, pool_bytes: int, hold_limit: int | None):
         self.shared = shared
-        self.pool = BufferPool(pool_bytes)
-        self.table = LeafTable() if shared.dedup else None
+        self.pool = BufferPool(pool_bytes, threadsafe=shared.threadsafe)
+        self.table = LeafTable()  # (empty unless shared.dedup)
         self.dedup_owned: dict[str, bool] = {}  # digest -> its array is a buffer of ours
         self.hold_limit = hold_limit
-        self.held = None  # set by the store: () -> bytes of buffers it holds now
+        # Set by the store: () -> bytes of buffers it holds now.
+        self.held: Callable[[], int] = _nothing_held
         # The structure of the states saved last (see state.Layout): a save or
         # a load into `out` of a state of that structure skips flatten.
         self.layout: Layout | None = None
@@ -122,10 +133,14 @@ class Capture:
         sh = self.shared
         eager = sh.dedup == "eager"
         table = self.table
-        owned, digests, out, sums = [], [], [], []
+        owned: list[bool] = []
+        digests: list[str | None] = []
+        out: list = []
+        sums: list[str | None] = []
         copied = referenced = 0
         for leaf, h in zip(leaves, how):
-            digest = None
+            digest: str | None = None
+            checksum: str | None
             if eager:
                 digest = leaf_digest(leaf)
                 shared = table.acquire(digest)
@@ -137,7 +152,6 @@ class Capture:
                     owned.append(self.dedup_owned.get(digest, False))
                     digests.append(digest)
                     sums.append(leaf_checksum(shared) if inline else None)
-                    shared = None
                     continue
             if h == COPY:
                 # A large leaf is written with streaming stores (nobody reads
@@ -145,7 +159,7 @@ class Capture:
                 # from the caches).
                 buf = self.pool.take(leaf.dtype, leaf.shape)
                 checksum = copy_checksum(leaf, buf, stream=True)
-                leaf, buf = buf, None  # no stray reference: it would block reuse
+                leaf = buf
                 copied += leaf.nbytes
             else:
                 checksum = leaf_checksum(leaf) if inline else None
@@ -162,15 +176,20 @@ class Capture:
             sums.append(checksum)
         return out, owned, (digests if eager else None), sums, copied, referenced
 
-    def dedup(self, entry, leaves) -> list:
+    def dedup(self, entry, leaves) -> tuple[list, list]:
         """Hash the staged leaves and share the ones seen before (lazy dedup).
-        Returns the replaced capture buffers, for the pool."""
+
+        **Returns:** ``(give, leaves)``: the replaced capture buffers, for the
+        pool (nothing else holds them: a load reading the staged record
+        holds them by a lease), and the record's leaves to write (`leaves`
+        itself if a Move took the record over meanwhile: then nothing was
+        replaced)."""
         sh = self.shared
         digests = [leaf_digest(leaf) for leaf in leaves]
-        give = []
+        give: list = []
         with sh.lock:
             if entry.leaves is None:
-                return give
+                return give, leaves
             for i, d in enumerate(digests):
                 mine = entry.leaves[i]
                 shared = self.table.put(d, mine)
@@ -183,9 +202,15 @@ class Capture:
                     entry.owned[i] = self.dedup_owned.get(d, False)
                 else:
                     self.dedup_owned[d] = entry.owned[i]
-                mine = shared = None
             entry.digests = digests
-        return give
+            return give, list(entry.leaves)
+
+    def disown(self, digests) -> None:
+        """The shared leaves of `digests` were given to a tier that may keep
+        them: they are never reused (dropped when their last record goes)."""
+        for d in digests:
+            if d is not None and d in self.dedup_owned:
+                self.dedup_owned[d] = False
 
     def unshare(self, digests) -> list[bool]:
         """Drop a record's dedup references (its arrays are handed on).
@@ -205,9 +230,7 @@ class Capture:
         if leaves is None:
             return
         give = []
-        n = len(leaves)
-        for i in range(n - 1, -1, -1):
-            arr = leaves.pop()
+        for i, arr in enumerate(leaves):
             d = digests[i] if digests else None
             if d is not None:
                 if not self.table.release(d):
@@ -217,22 +240,11 @@ class Capture:
                 mine = owned[i] if owned else False
             if mine:
                 give.append(arr)
-        arr = None
         if give and self.hold_limit is not None:
             held = self.held()
             while give and held + sum(a.nbytes for a in give) > self.hold_limit:
                 give.pop()  # freed, not pooled
         self.pool.recycle(give)
-
-    def release_owned(self, leaves: list, nbytes: int, key: tuple | None = None) -> None:
-        """:meth:`release` of a record's arrays that are all the store's own
-        capture buffers, shared with no other record (`nbytes` in all;
-        `key`: the pool key of a single array, if known)."""
-        limit = self.hold_limit
-        if limit is not None and self.held() + nbytes > limit:
-            self.release(leaves, [True] * len(leaves), None)  # pools only what fits
-            return
-        self.pool.recycle(leaves, key)
 
     def reserve(self, state, count: int) -> None:
         """Allocate and touch capture buffers for `count` states shaped like

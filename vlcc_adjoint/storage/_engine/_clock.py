@@ -13,7 +13,9 @@ priority is the action index of its next read.
 
 All lookups on the hot path are list indexing: the plan's arrays are turned
 into Python lists once, and a record's next read is advanced in O(1) from
-the per-level ``next_read_of_record`` chains of the plan.
+the per-level ``next_read_of_record`` chains of the plan.  Each planned
+action is one integer (:func:`action_code`), so checking a call against the
+plan is one comparison.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from ...errors import VlccTypeError, VlccValueError
 from .._belady import NEVER
 from ._common import DELETE, LOAD, MOVE, SAVE, PlanMismatchError, describe
 
-__all__ = ["PlanClock", "plan_ops"]
+__all__ = ["PlanClock", "action_code", "plan_ops"]
+
+
+def action_code(kind, step, level, dst, nlv: int):
+    """An I/O action as one integer (or integer array): ``kind`` in the
+    lowest 3 bits, then ``dst + 1`` and ``level`` in base ``nlv + 1``, then
+    ``step``.  Distinct actions of a store of `nlv` levels have distinct
+    codes (``0 <= kind < 8``, ``-1 <= dst < nlv``, ``0 <= level < nlv``)."""
+    return ((step * (nlv + 1) + level) * (nlv + 1) + (dst + 1)) * 8 + kind
 
 
 def plan_ops(plan):
@@ -90,6 +100,7 @@ class PlanClock:
     def __init__(self, plan, nlv: int, lock):
         self.plan = plan
         self.ops = None
+        self.nlv = nlv
         self.cursor = 0
         self.now = -1
         self._lock = lock
@@ -111,7 +122,12 @@ class PlanClock:
                 f"the plan uses {len(plan.levels)} levels but the store has "
                 f"{nlv} tiers; pass one tier per schedule level"
             )
-        self.ops = tuple(a.tolist() for a in plan_ops(plan))
+        ops = plan_ops(plan)
+        self.ops = ops  # (index, kind, step, level, dst, record) arrays, for messages
+        index, kind, step, level, dst, record = ops
+        self.codes = action_code(kind.astype(np.int64), step, level, dst, nlv).tolist()
+        self.index = index.tolist()
+        self.records = record.tolist()
         # Per record: the position of its first read among its level's
         # reads (-1: never read), looked up once per save, not searched.
         first = plan.records["first_read"]
@@ -133,6 +149,11 @@ class PlanClock:
     def mark(self):
         return self.cursor, self.now
 
+    def restart(self) -> None:
+        """Back to the plan's first action (lock held by the caller): the
+        schedule runs again from its start."""
+        self.cursor, self.now = 0, -1
+
     def rewind(self, mark) -> None:
         """Undo a plan step whose call failed before changing anything."""
         with self._lock:
@@ -142,40 +163,38 @@ class PlanClock:
         """Match a call against the plan's next I/O action; returns the record."""
         if self.ops is None:
             return -1
-        index, kinds, steps, levels, dsts, recs = self.ops
         c = self.cursor
-        if c >= len(index):
+        codes = self.codes
+        if c >= len(codes):
             call = describe(kind, step, level, dst)
             raise PlanMismatchError(
-                f"{call} is past the end of the plan (all {len(index)} of its I/O actions are "
+                f"{call} is past the end of the plan (all {len(codes)} of its I/O actions are "
                 "done); construct the store with the io_plan of the schedule being run, or "
                 "with plan=None"
             )
-        if (
-            kinds[c] != kind
-            or steps[c] != step
-            or levels[c] != level
-            or (kind == MOVE and dsts[c] != dst)
-        ):
+        if codes[c] != action_code(kind, step, level, dst, self.nlv):
+            index, kinds, steps, levels, dsts, _ = self.ops
             call = describe(kind, step, level, dst)
+            want = describe(int(kinds[c]), int(steps[c]), int(levels[c]), int(dsts[c]))
             raise PlanMismatchError(
-                f"{call} does not follow the plan: it expected action {index[c]}, "
-                f"{describe(kinds[c], steps[c], levels[c], dsts[c])}. Call the store in "
+                f"{call} does not follow the plan: it expected action {int(index[c])}, "
+                f"{want}. Call the store in "
                 "schedule order with the schedule's levels (one call per Save/Load/Delete/Move), "
                 "or construct it without plan="
             )
         self.cursor = c + 1
         # Written by the store's caller alone (its API lock serialises the
         # calls); a worker reads it once per look, under the engine's lock.
-        self.now = index[c]
-        return recs[c]
+        self.now = self.index[c]
+        return self.records[c]
 
     def expected_level(self, step, kind) -> int | None:
         """The level of the next planned action if it is `kind` on `step`."""
         if self.ops is not None:
             c = self.cursor
-            if c < len(self.ops[0]) and self.ops[1][c] == kind and self.ops[2][c] == step:
-                return self.ops[3][c]
+            _, kinds, steps, levels, _, _ = self.ops
+            if c < len(kinds) and kinds[c] == kind and steps[c] == step:
+                return int(levels[c])
         return None
 
     def sync(self, action_index: int) -> bool:
@@ -186,10 +205,10 @@ class PlanClock:
             return False
         index, kind, step, level, dst, _ = self.ops
         c = self.cursor
-        if c < len(index) and index[c] < action_index:
+        if c < len(index) and self.index[c] < action_index:
             raise PlanMismatchError(
-                f"sync({action_index}): the plan's action {index[c]}, "
-                f"{describe(kind[c], step[c], level[c], dst[c])}, was not performed; "
+                f"sync({action_index}): the plan's action {self.index[c]}, "
+                f"{describe(int(kind[c]), int(step[c]), int(level[c]), int(dst[c]))}, was not performed; "
                 "call the store for every Save/Load/Delete/Move of the schedule, in order"
             )
         self.now = max(self.now, action_index - 1)

@@ -4,18 +4,23 @@ counters, the tiers' declared capabilities and the one lock.
 Every part of the engine (:mod:`._clock`, :mod:`._capture`, :mod:`._jobs`,
 :mod:`._placement`, :mod:`._write`, :mod:`._cache`, :mod:`._restore`) holds
 the same :class:`Shared` and takes ``shared.lock`` for every change to the
-book-keeping, so the parts need not agree on a lock order: there is one.
+book-keeping, so the parts need not agree on a lock order: there is one
+(the buffer pool's own lock, taken inside it, comes after it).
+
+A single-threaded store (``TieredStore(threadsafe=False)``) has no worker
+threads and is called from one thread at a time, so nothing in it runs
+concurrently: its ``shared.lock`` is a :class:`NoLock` and ``shared.mutex``
+is ``None`` (the hot paths test it and skip the lock altogether).
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import threading
 
 import numpy as np
 
-from ...errors import VlccValueError
+from ...errors import VlccRuntimeError, VlccValueError
 from .._stats import StoreStats, TierStats
 from .._tier import StorageError
 
@@ -73,17 +78,56 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     return view
 
 
+class NoLock:
+    """The lock of a single-threaded store: taking it does nothing."""
+
+    __slots__ = ()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self) -> bool:
+        return True
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        return None
+
+
+class NoCondition:
+    """The conditions of a single-threaded store: there is no other thread
+    to notify or to wait for."""
+
+    __slots__ = ()
+
+    def notify(self, n: int = 1) -> None:
+        pass
+
+    def notify_all(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        # Every job of a store without workers runs in the call that makes
+        # it, so nothing is ever waited for; a wait would never end.
+        raise VlccRuntimeError(
+            "internal error: a single-threaded TieredStore (threadsafe=False) waited for "
+            "background work; please report it, and use threadsafe=True meanwhile"
+        )
+
+
 class Slot:
     """A record's arrays in the read cache (prefetched, or kept after a write)."""
 
     __slots__ = ("arrays", "owned", "digests", "ready", "error", "dropped", "prefetched", "used")
 
     def __init__(self, prefetched: bool):
-        self.arrays = None
-        self.owned = None  # per array: the store's own (may be pooled or handed over)
-        self.digests = None
+        self.arrays: list | None = None
+        self.owned: list[bool] | None = None  # per array: the store's own (may be pooled)
+        self.digests: list | None = None
         self.ready = threading.Event()
-        self.error = None
+        self.error: BaseException | None = None
         self.dropped = False
         self.prefetched = prefetched
         self.used = False
@@ -117,6 +161,7 @@ class Entry:
         "reserved",
         "reserved_tier",
         "lent",
+        "leases",
         "shape",
     )
 
@@ -145,7 +190,18 @@ class Entry:
         self.reserved = 0
         self.reserved_tier = -1
         self.lent = False  # read-only views of its arrays were handed out (load(copy=False))
+        self.leases = None  # the pool leases of those views, ended with the record
         self.shape = None  # the planned structure of its state (_inline.Shape), if known
+
+
+def end_leases(entry) -> None:
+    """API lock held: `entry`'s record was deleted, so the leases of the
+    views ``load(copy=False)`` lent of it end: a buffer they held and its
+    owner gave back meanwhile goes to the pool now."""
+    leases, entry.leases = entry.leases, None
+    if leases:
+        for lease in leases:
+            lease.release()
 
 
 class TierCounters:
@@ -166,16 +222,29 @@ class Shared:
     - `retains`: the tier keeps the leaf arrays ``put`` hands it
       (``retains_references``): it is written in the caller (``inline``),
       and its buffers stay with it until the record's delete.
+    - `copies`: its ``put`` keeps no reference to the arrays it is given
+      (``copies_on_put``): the store owns them again once the put returns.
+      A tier with neither `retains` nor `copies` may keep them: they are
+      shared with it from its put on, never reused.
     - `direct`: its records may be read straight from the arrays the engine
       put (``serves_put_arrays``), verified by the engine in its copy.
     - `fresh`: ``get`` returns new arrays the caller may own
       (``fresh_gets``): they may be handed over or pooled without a copy.
     - `reads_into`: ``get`` reads into arrays from the engine's pool
-      (``fresh_gets`` and ``reads_into``, and its ``get`` takes ``take``: a
-      subclass that overrides ``get(key)`` alone is read as before).
+      (``fresh_gets`` and ``reads_into``; a subclass that defines its own
+      ``get`` without declaring them again has neither, see
+      :class:`~vlcc_adjoint.storage.Tier`).
+    - `payloads`: its records are the caller's opaque payloads
+      (``holds_payloads``, a :class:`~vlcc_adjoint.storage.DeviceTier`):
+      kept as given, never flattened, copied, checksummed or read as
+      bytes (:mod:`._device`).
+
+    With `threadsafe` ``False`` (no workers), `lock` is a :class:`NoLock`,
+    `changed` and `work` are :class:`NoCondition` and `mutex` is ``None``;
+    otherwise `mutex` is `lock`.
     """
 
-    def __init__(self, tiers, policy, dedup, workers, prefetch_levels):
+    def __init__(self, tiers, policy, dedup, workers, prefetch_levels, threadsafe=True):
         self.tiers = tiers
         self.nlv = len(tiers)
         self.policy = policy
@@ -183,13 +252,23 @@ class Shared:
         self.workers = workers
         self.retains = [bool(t.retains_references) for t in tiers]
         self.inline = list(self.retains)
+        self.copies = [bool(t.copies_on_put) for t in tiers]
         self.direct = [bool(t.retains_references and t.serves_put_arrays) for t in tiers]
         self.fresh = [bool(t.fresh_gets) for t in tiers]
-        self.reads_into = [bool(t.fresh_gets and t.reads_into) and _takes(t.get) for t in tiers]
+        self.reads_into = [bool(t.fresh_gets and t.reads_into) for t in tiers]
+        self.payloads = [bool(getattr(t, "holds_payloads", False)) for t in tiers]
         self.prefetch_levels = prefetch_levels
-        self.lock = threading.Lock()
-        self.changed = threading.Condition(self.lock)  # callers wait for workers
-        self.work = threading.Condition(self.lock)  # workers wait for jobs
+        self.threadsafe = threadsafe
+        self.lock: threading.Lock | NoLock
+        self.changed: threading.Condition | NoCondition
+        self.work: threading.Condition | NoCondition
+        if threadsafe:
+            self.lock = self.mutex = threading.Lock()
+            self.changed = threading.Condition(self.lock)  # callers wait for workers
+            self.work = threading.Condition(self.lock)  # workers wait for jobs
+        else:
+            self.lock, self.mutex = NoLock(), None
+            self.changed = self.work = NoCondition()
         self.index: dict[tuple[int, int], Entry] = {}
         self.by_record: dict[int, Entry] = {}
         self.seq = itertools.count()
@@ -291,12 +370,3 @@ def snapshot(shared, placement, cache, pool) -> StoreStats:
             pool_reused=pool.reused,
             pool_allocated=pool.allocated,
         )
-
-
-def _takes(get) -> bool:
-    """Whether the bound method `get` accepts the keyword argument ``take``."""
-    try:
-        params = inspect.signature(get).parameters
-    except (TypeError, ValueError):
-        return False
-    return "take" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

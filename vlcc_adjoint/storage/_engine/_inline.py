@@ -34,13 +34,13 @@ spec, leaves and checksums), the same buffers back in the pool on delete.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from numpy import ndarray
 
 from .._checksum import copy_checksum, direct_hash
-from .._memory import MemoryTier
-from .._tier import Record, TierFullError
-from ._common import SAVE, STORED, Entry
+from .._tier import Record, Tier, TierFullError
+from ._common import SAVE, STORED, Entry, end_leases
 
 __all__ = ["InlinePath", "Shape"]
 
@@ -102,14 +102,11 @@ class InlinePath:
             and bool(shared.prefetch_levels)
             and cache.belady.capacity_bytes > 0
         )
-        # Per level: the tier's put of a record given in parts, where it is
-        # MemoryTier's own adopt (a subclass's adopt is called as it is).
+        # Per level: the tier's adopt of a record given in parts: its own
+        # where it declares adopts_leaves, else Tier's (which builds the
+        # record and calls its adopt).
         self.adopters = [
-            t.adopt_leaves
-            if isinstance(t, MemoryTier)
-            and type(t).adopt is MemoryTier.adopt
-            and type(t).adopt_leaves is MemoryTier.adopt_leaves
-            else None
+            t.adopt_leaves if t.adopts_leaves else partial(Tier.adopt_leaves, t)
             for t in shared.tiers
         ]
         self._layout = None
@@ -166,23 +163,24 @@ class InlinePath:
         record = self.clock.follow(SAVE, step, level)  # raises before any change
         take = self.capture.pool.take_key
         t0 = time.perf_counter()
+        out: tuple
+        sums: tuple
         if shape.n == 1 and shape.small:  # one small leaf: the usual small state
             buf = take(shape.keys[0])
             buf[...] = leaves[0]
-            sums = [shape.hashes[0](buf)]
-            out = [buf]
+            out, sums = (buf,), (shape.hashes[0](buf),)
         else:
-            out, sums = [], []
+            bufs, hashes = [], []
             for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
                 buf = take(key)
                 if digest is None:  # large: copied and hashed in one pass, streamed
-                    sums.append(copy_checksum(leaf, buf, stream=True))
+                    hashes.append(copy_checksum(leaf, buf, stream=True))
                 else:
                     buf[...] = leaf
-                    sums.append(digest(buf))
-                out.append(buf)
+                    hashes.append(digest(buf))
+                bufs.append(buf)
+            out, sums = tuple(bufs), tuple(hashes)
         t1 = time.perf_counter()
-        leaves = buf = None
         spec = {
             "format": shape.format,
             "tree": layout.tree,
@@ -190,20 +188,21 @@ class InlinePath:
             "step": step,
         }
         entry = Entry(step, level, level, next(sh.seq), spec, nbytes, record)
-        entry.leaves, entry.owned, entry.checksums = out, list(shape.owned), sums
+        # (Tuples: a short-path record's leaves and flags are never changed
+        # in place; a spill hands them on whole.)
+        entry.leaves, entry.owned, entry.checksums = out, shape.owned, sums
         entry.shape = shape
         # The put first, then the book-keeping in one critical section: no
         # other thread looks at a memory level's record before it is stored.
-        adopt = self.adopters[level]
         try:
-            if adopt is not None:
-                adopt(entry.key, spec, tuple(out), tuple(sums))
-            else:
-                tier.adopt(entry.key, Record(spec, tuple(out), tuple(sums)))
+            self.adopters[level](entry.key, spec, out, sums)
         except BaseException as exc:
-            self._put_failed(entry, Record(spec, tuple(out), tuple(sums)), exc)
-        out = None
-        with sh.lock:
+            self._put_failed(entry, Record(spec, out, sums), exc)
+        release = None
+        lock = sh.mutex  # None in a single-threaded store: no lock to take
+        if lock is not None:
+            lock.acquire()
+        try:
             sh.t["capture"] += t1 - t0
             n = sh.n
             n["saves"] += 1
@@ -214,19 +213,21 @@ class InlinePath:
                 entry.read_q = self.clock.first_q[record]
             if self.pumps:
                 self.cache.pump()
+            entry.state = STORED
             if entry.tier == level:
-                entry.state = STORED
                 c = sh.tc[level]
                 c.puts += 1
                 c.bytes_in += nbytes
                 c.records += 1
                 c.raw_bytes += nbytes
-                return True
-            # Spilled to a slower tier (policy="spill"): as the general path.
-            entry.state = STORED
-            sh.count_put(entry)
-            release = self.writer.finish_write(entry, stored=True, notify=False)
-        self.capture.release(*release)
+            else:  # spilled to a slower tier (policy="spill"): as the general path
+                sh.count_put(entry)
+                release = self.writer.finish_write(entry, stored=True, notify=False)
+        finally:
+            if lock is not None:
+                lock.release()
+        if release is not None:
+            self.capture.release(*release)
         return True
 
     def _put_failed(self, entry, put, exc) -> None:
@@ -274,7 +275,6 @@ class InlinePath:
                 state = dst  # Layout.build of a one-array layout
             else:
                 state = shape.layout.build([dst])
-            arrays = None
         else:
             arrays = []
             for i, (src, digest) in enumerate(zip(entry.leaves, shape.hashes)):
@@ -283,9 +283,11 @@ class InlinePath:
                     verify(entry, i, src, digest(dst), sums[i])
                 arrays.append(dst)
             state = shape.layout.build(arrays)
-        src = dst = None
         clock = self.clock
-        with sh.lock:
+        lock = sh.mutex
+        if lock is not None:
+            lock.acquire()
+        try:
             sh.n["loads"] += 1
             if entry.tier in sh.prefetch_levels:  # a memory level asked to be prefetched
                 sh.n["misses"] += 1
@@ -301,11 +303,19 @@ class InlinePath:
             c.bytes_out += entry.nbytes
             if self.pumps:
                 self.cache.pump()
+        finally:
+            if lock is not None:
+                lock.release()
         return state
 
     def delete(self, entry) -> None:
         """Delete the stored record `entry` of a memory level (looked up,
-        the plan followed) and give its buffers back to the pool."""
+        the plan followed) and give its buffers back to the pool.
+
+        A record's own buffers (captured for it, shared with no other
+        record) pass from the tier to the pool: what the store holds does
+        not grow, so they need no room check against its memory budget
+        (:meth:`~._capture.Capture.release` makes it for the others)."""
         sh = self.shared
         tier = sh.tiers[entry.tier]
         try:
@@ -318,7 +328,10 @@ class InlinePath:
                 self._unregister(entry)
                 self.jobs.record("delete", entry, exc)
             self.jobs.raise_failures()
-        with sh.lock:
+        lock = sh.mutex
+        if lock is not None:
+            lock.acquire()
+        try:
             sh.n["deletes"] += 1
             del sh.index[(entry.step, entry.level)]  # as _unregister
             if entry.record >= 0:
@@ -326,25 +339,22 @@ class InlinePath:
             if self.pumps:
                 self.cache.pump()
             leaves, owned, digests = sh.count_delete(entry)
-        if digests is None and leaves is not None and all(owned):
-            shape = entry.shape
-            capture = self.capture
-            nbytes = entry.nbytes
-            limit = capture.hold_limit
-            if (
-                shape is not None
-                and shape.n == 1
-                and (limit is None or capture.held() + nbytes <= limit)
-            ):
-                capture.pool.recycle(leaves, shape.keys[0])  # as release_owned
-            else:
-                capture.release_owned(leaves, nbytes)
+        finally:
+            if lock is not None:
+                lock.release()
+        if entry.leases:  # views load(copy=False) lent: the record is gone
+            end_leases(entry)
+        if digests is None and leaves is not None and False not in owned:
+            shape = entry.shape  # (None for a record the general path saved)
+            key = shape.keys[0] if shape is not None and shape.n == 1 else None
+            self.capture.pool.recycle(leaves, key)
         else:
             self.capture.release(leaves, owned, digests)
 
     def _unregister(self, entry) -> None:
         """Lock held: `entry` leaves the index (and the cache looks ahead)."""
         sh = self.shared
+        end_leases(entry)
         del sh.index[(entry.step, entry.level)]
         if entry.record >= 0:
             sh.by_record.pop(entry.record, None)

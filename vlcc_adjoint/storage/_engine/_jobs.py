@@ -172,6 +172,8 @@ class Jobs:
 
     def raise_failures(self) -> None:
         """Raise the first recorded failure (and count the others), if any."""
+        if not self.failures:  # (a failure recorded meanwhile is raised by the next call)
+            return
         with self.shared.lock:
             if not self.failures:
                 return
@@ -209,5 +211,5 @@ class Jobs:
 
     def after_inline(self) -> None:
         """With ``workers=0`` the jobs ran in the call: report their failures now."""
-        if self.shared.workers == 0:
+        if self.failures and self.shared.workers == 0:
             self.raise_failures()

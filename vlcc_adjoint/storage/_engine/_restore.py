@@ -12,7 +12,17 @@ Three ways out of the store, chosen by ``load``:
   owns them alone: its own capture buffers that no other record shares and
   of which no read-only view was lent, or arrays a tier's ``get`` returned
   new (``fresh_gets``).  Everything else is copied.
-* ``copy=False``: read-only views of the stored arrays, verified.
+* ``copy=False``: read-only views of the stored arrays, verified.  The
+  buffers behind them are held by a :class:`~vlcc_adjoint.storage.Lease`
+  of the store's pool, so that no later capture or read reuses them while
+  the views are valid: ``load(copy=False)`` hands the lease to the record
+  (its deletion ends it), :meth:`TieredStore.lend` to the caller
+  (:class:`StateLease`).  The lease covers the buffers the store owns: for
+  a record of a tier that keeps them by reference (``retains_references``)
+  its leaves, whatever ``get`` returned; otherwise the arrays read.  A
+  record read straight from a memory tier keeps its buffers until its
+  deletion anyway, so ``load(copy=False)`` opens no lease there (a Move
+  that takes the buffers over opens one).
 
 A record on a memory level whose tier serves the arrays it was given
 (``serves_put_arrays``) is read straight from them (:meth:`Restore.direct`):
@@ -28,12 +38,49 @@ import numpy as np
 from ...errors import VlccValueError
 from ...state import dtype_from_json, flatten_traits, unflatten
 from .._belady import NEVER
-from .._checksum import copy_checksum, corrupt, leaf_checksum
-from .._pool import unshared_memory
+from .._checksum import copy_checksum, leaf_checksum
+from .._pool import owns_memory
 from .._tier import CorruptCheckpointError, StorageError
 from ._common import readonly, tier_name
 
-__all__ = ["Restore"]
+__all__ = ["Restore", "StateLease"]
+
+
+class StateLease:
+    """A stored state lent as read-only views (:meth:`TieredStore.lend`).
+
+    The store does not reuse the memory behind the views until the lease is
+    released, even if the record is deleted meanwhile.  Use it as a context
+    manager (``with store.lend(i) as state:``), or read :attr:`state` and
+    call :meth:`release`; after the release the views may show other
+    records' bytes, so drop them.
+
+    **Attributes:** `state` (the state around the views).
+    """
+
+    __slots__ = ("state", "_lease")
+
+    def __init__(self, state, lease):
+        self.state = state
+        self._lease = lease
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called."""
+        return not self._lease.open
+
+    def release(self) -> None:
+        """End the lease (idempotent): the store may reuse the memory."""
+        self._lease.release()
+
+    def __enter__(self):
+        return self.state
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<StateLease {'released' if self.released else 'open'}>"
 
 
 class Restore:
@@ -52,11 +99,15 @@ class Restore:
 
     def finish(self, entry, acquired, out, targets, copy):
         """`entry` as a state, from the arrays :meth:`ReadCache.acquire`
-        returned (``(arrays, source, slot)``; a slot comes pinned)."""
+        returned (``(arrays, source, slot, hold)``; a slot comes pinned, a
+        staged record's buffers with a lease `hold`).
+
+        **Returns:** ``(state, lease)``: with ``copy=False`` the pool lease
+        of the buffers behind the views, else ``None``."""
         sh, cache = self.shared, self.cache
-        arrays, source, slot = acquired
-        acquired = None
+        arrays, source, slot, hold = acquired
         pinned = slot is not None  # the slot stays pinned while we copy from it
+        lease = None
         try:
             with sh.lock:
                 sh.n["loads"] += 1
@@ -77,8 +128,13 @@ class Restore:
                     free = nxt == NEVER or not cache.admit(
                         entry, arrays, owned, None, nxt, prefetched=False
                     )
-                if not copy and not free:
+                if not copy:
+                    # Views are lent: lease the buffers behind them before
+                    # anyone may give them back (below, or an eviction).
                     entry.lent = True
+                    if hold is None:
+                        hold = self.capture.pool.lend(self.buffers(entry, arrays))
+                    lease, hold = hold, None
                 lent = entry.lent
                 cache.pump()
             if targets is not None or not copy:
@@ -86,25 +142,35 @@ class Restore:
                     state = self.into(out, entry.spec, arrays, *targets)
                 else:
                     state = self.rebuild(entry, [readonly(a) for a in arrays])
-                if free:  # the read buffers go to the pool (if nobody holds them)
+                if free:  # the read buffers go to the pool (after the lease, if lent)
                     self.capture.release(arrays, owned, slot.digests if slot is not None else None)
-                return state
+                return state, lease
             if free:
                 if slot is not None and slot.digests:
                     alone = self.capture.unshare(slot.digests)
                     owned = [o and a for o, a in zip(owned, alone)]
-                return self.rebuild(entry, own(arrays, None if lent else owned))
-            return self.rebuild(entry, [np.array(a, copy=True) for a in arrays])
+                return self.rebuild(entry, self.own(arrays, None if lent else owned)), None
+            return self.rebuild(entry, [np.array(a, copy=True) for a in arrays]), None
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         finally:
-            arrays = None
+            if hold is not None:  # a staged record copied: its writer may give them back
+                hold.release()
             if pinned:
                 with sh.lock:
                     if entry.slot is slot:
                         cache.belady.unpin(entry.seq)
 
-    def direct(self, entry, out, targets, copy):
+    def direct(self, entry, out, targets, copy, lend=False):
         """A load from a memory level, in the caller, from the arrays the
-        tier keeps (they are the ones the engine handed to its ``put``)."""
+        tier keeps (they are the ones the engine handed to its ``put``).
+        ``(state, lease)``: with `lend` (``copy=False``, for
+        :meth:`TieredStore.lend`) the pool lease of the record's buffers,
+        else ``None``.  Views lent by ``load(copy=False)`` need none: the
+        record keeps its buffers until its deletion (a Move that takes them
+        over leases them then, see :meth:`~._write.Writer.hand_over`)."""
         sh = self.shared
         tier = sh.tiers[entry.tier]
         if entry.key not in tier:
@@ -113,10 +179,32 @@ class Restore:
                 f"({tier_name(tier)}, key {entry.key!r}): it was "
                 "removed behind the store's back; recompute the state"
             )
+        lease = None
         with sh.lock:
             leaves, sums = list(entry.leaves), entry.checksums
             if not copy:
                 entry.lent = True
+                if lend:
+                    lease = self.capture.pool.lend(leaves)
+        try:
+            state = self._direct(entry, leaves, sums, out, targets, copy)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        with sh.lock:
+            sh.n["loads"] += 1
+            if entry.tier in sh.prefetch_levels:  # a memory level asked to be prefetched
+                sh.n["misses"] += 1
+            self.clock.advance_read(entry)
+            c = sh.tc[entry.tier]
+            c.gets += 1
+            c.bytes_out += entry.nbytes
+            self.cache.pump()
+        return state, lease
+
+    def _direct(self, entry, leaves, sums, out, targets, copy):
+        """:meth:`direct`'s copy (or views) of the verified `leaves`."""
         spec = entry.spec
         if targets is not None:
             dsts, out_spec, rebuilt = targets
@@ -150,16 +238,36 @@ class Restore:
             for i, src in enumerate(leaves):
                 self.verify(entry, i, src, leaf_checksum(src), sums[i])
             state = self.rebuild(entry, [readonly(a) for a in leaves])
-        with sh.lock:
-            sh.n["loads"] += 1
-            if entry.tier in sh.prefetch_levels:  # a memory level asked to be prefetched
-                sh.n["misses"] += 1
-            self.clock.advance_read(entry)
-            c = sh.tc[entry.tier]
-            c.gets += 1
-            c.bytes_out += entry.nbytes
-            self.cache.pump()
         return state
+
+    def buffers(self, entry, arrays) -> list:
+        """Lock held: the buffers of the store behind `arrays` of `entry`,
+        which a lease must hold: the record's own leaves on a tier that keeps
+        them by reference (``get`` may return views of them), else `arrays`."""
+        if self.shared.retains[entry.tier] and entry.leaves is not None:
+            return list(entry.leaves)
+        return arrays
+
+    def own(self, arrays: list, owned) -> list:
+        """Arrays the caller may own: those the store owns alone (`owned`,
+        their memory their own, writeable, C-contiguous, and no lease on
+        them) are handed over, the others copied."""
+        pool = self.capture.pool
+        out = []
+        for i, arr in enumerate(arrays):
+            if (
+                owned is not None
+                and owned[i]
+                and arr.flags.writeable
+                and arr.flags.c_contiguous
+                and owns_memory(arr)
+                and not pool.leased(arr)
+            ):
+                out.append(arr)
+            else:
+                out.append(np.array(arr, copy=True))
+        arrays.clear()
+        return out
 
     @staticmethod
     def rebuild(entry, arrays):
@@ -174,8 +282,8 @@ class Restore:
 
     def verify(self, entry, i, leaf, got, want) -> None:
         if got != want:
-            name = getattr(self.shared.tiers[entry.tier], "name", None)
-            exc = corrupt(
+            name = tier_name(self.shared.tiers[entry.tier])
+            exc = CorruptCheckpointError.in_record(
                 f"leaf {i} ({leaf.dtype.str}{list(leaf.shape)}) has checksum {got}, "
                 f"the record says {want}",
                 entry.key,
@@ -263,22 +371,3 @@ class Restore:
         ):
             return out
         return unflatten(spec, targets)
-
-
-def own(arrays: list, owned) -> list:
-    """Arrays the caller may own: those the store owns alone (`owned`, and
-    owning, writeable, C-contiguous) are handed over, the others copied."""
-    out = []
-    for i, arr in enumerate(arrays):
-        if (
-            owned is not None
-            and owned[i]
-            and unshared_memory(arr)
-            and arr.flags.writeable
-            and arr.flags.c_contiguous
-        ):
-            out.append(arr)
-        else:
-            out.append(np.array(arr, copy=True))
-    arrays.clear()
-    return out

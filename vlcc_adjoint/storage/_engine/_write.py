@@ -13,7 +13,9 @@ the caller for the GIL.
 deduplication, the hashing of leaves kept by reference, and the tier
 ``put`` (which compresses or writes files).  After the ``put`` the staged
 buffers go to the read cache, if the record is read again soon and Belady's
-rule admits it (write-through, :mod:`._cache`), or back to the pool.
+rule admits it (write-through, :mod:`._cache`), or back to the pool: if the
+tier declares ``copies_on_put``; a tier that does not may keep them, so
+they are shared with it from then on and never reused.
 
 A ``put`` that finds its tier full spills to the next slower tier with
 ``policy="spill"``.  A record deleted while its write is queued is
@@ -25,9 +27,10 @@ after (:meth:`Writer.delete_after`), so a failure never loses both.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from .._belady import NEVER
-from .._checksum import leaf_checksum
+from .._checksum import leaf_checksum, verify_leaves
 from .._tier import CorruptCheckpointError, Record, StorageError, TierFullError
 from ._common import CANCELLED, FAILED, QUEUED, STORED, WRITING, tier_name
 
@@ -59,7 +62,8 @@ class Writer:
         sh, jobs = self.shared, self.jobs
         try:
             if sh.dedup is True:
-                self.capture.pool.recycle(self.capture.dedup(entry, entry.leaves))
+                give, _ = self.capture.dedup(entry, entry.leaves)
+                self.capture.pool.recycle(give)
             self.put(
                 entry, Record(entry.spec, tuple(entry.leaves), tuple(entry.checksums)), adopt=True
             )
@@ -103,13 +107,13 @@ class Writer:
                 sums = entry.checksums
                 src = entry.move_src
         if release is not None:
+            self.delete_after(after)  # the source first, as below
             self.capture.release(*release)
-            self.delete_after(after)
             if entry.done is not None:
                 entry.done.set()
             return
         try:
-            checksums = None
+            checksums: Sequence[str] | None = None
             if leaves is None:  # a Move whose source is only in its tier
                 rec = self.tier_get(src)
                 leaves, checksums = list(rec.leaves), rec.checksums
@@ -118,12 +122,13 @@ class Writer:
                 with sh.lock:
                     entry.leaves, entry.owned = leaves, [fresh] * len(leaves)
                     entry.move_src = None
-            elif sh.dedup is True and entry.digests is None:
-                give = self.capture.dedup(entry, leaves)
+            elif src is not None:  # a Move of a memory record's own buffers
+                self.verify_moved(src, leaves, sums)
                 with sh.lock:
-                    if entry.leaves is not None:  # else handed on by a Move: ours still hold
-                        leaves = list(entry.leaves)
-                self.capture.pool.recycle(give)  # unless a reader or a Move still holds them
+                    entry.move_src = None
+            elif sh.dedup is True and entry.digests is None:
+                give, leaves = self.capture.dedup(entry, leaves)
+                self.capture.pool.recycle(give)
             if checksums is None:
                 # Most were computed by the capture copy (a shared dedup leaf
                 # has the same bytes, hence the same checksum); the leaves
@@ -147,8 +152,8 @@ class Writer:
                 after = entry.delete_after
                 entry.delete_after = None
                 self.jobs.record("write", entry, exc)
+            self.delete_after(after)  # the source first, as below
             self.capture.release(*release)
-            self.delete_after(after)
             if entry.done is not None:
                 entry.done.set()
             return
@@ -160,8 +165,10 @@ class Writer:
             release = self.finish_write(entry, stored=True)
             after = entry.delete_after
             entry.delete_after = None
-        self.capture.release(*release)
+        # A Move's source first: a tier that kept the buffers by reference
+        # lets go of them before they go back to the pool.
         self.delete_after(after)
+        self.capture.release(*release)
         if cancel:
             self.run_delete(entry)
         if entry.done is not None:
@@ -174,6 +181,13 @@ class Writer:
         sh, pl = self.shared, self.placement
         pl.staging_used -= entry.staged_bytes
         entry.staged_bytes = 0
+        k = entry.tier
+        if not (sh.retains[k] or sh.copies[k]) and entry.owned is not None:
+            # The tier may keep what its put was given (it declares
+            # neither): shared with it from now on, never reused.
+            entry.owned = [False] * len(entry.owned)
+            if entry.digests:
+                self.capture.disown(entry.digests)
         if entry.reserved_tier >= 0:
             pl.reserved[entry.reserved_tier] -= entry.reserved
             entry.reserved, entry.reserved_tier = 0, -1
@@ -256,6 +270,21 @@ class Writer:
             c.bytes_out += entry.nbytes
         return rec
 
+    def verify_moved(self, src, leaves, checksums) -> None:
+        """Worker: the leaves a Move took over from the memory record `src`
+        match their checksums (as its tier's ``get`` would check), else
+        :class:`CorruptCheckpointError` naming the step."""
+        tier = tier_name(self.shared.tiers[src.tier])
+        try:
+            verify_leaves(leaves, checksums, src.key, tier, src.step)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(
+                f"step {src.step} on level {src.level}: {exc}",
+                key=src.key,
+                tier=tier,
+                step=src.step,
+            ) from exc
+
     def delete_after(self, old) -> None:
         """After a Move's write: delete the source's tier copy."""
         if old is None:
@@ -296,22 +325,45 @@ class Writer:
     def hand_over(self, old, new) -> None:
         """Lock held: a Move's new record `new` takes over what `old` has.
 
-        Still staged: the staged copy (the old write is cancelled).  Cached:
-        the cached arrays, written from RAM.  Otherwise the worker reads the
-        old record from its tier.  The old tier copy is deleted once the new
-        one is written."""
+        Still staged: the staged copy (the old write is cancelled).  On a
+        tier that keeps its arrays by reference: those arrays, the record's
+        buffers, which `new` now owns (the old tier's record is deleted
+        once the new one is written, and gives nothing back).  Cached: the
+        cached arrays, written from RAM.  Otherwise the worker reads the old
+        record from its tier.  The old tier copy is deleted once the new one
+        is written.  Leases of views lent of `old` pass to `new`: the record
+        moves, its bytes stay."""
+        new.leases, old.leases = old.leases, None
+        new.lent = old.lent
         if old.state in (QUEUED, WRITING):
             new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
-            new.checksums, new.lent = old.checksums, old.lent
+            new.checksums = old.checksums
             new.staged_bytes, old.staged_bytes = old.staged_bytes, 0
             old.leaves = old.owned = old.digests = None
             self.retire(old)
+            return
+        sh = self.shared
+        if old.state == STORED and sh.retains[old.tier] and old.leaves is not None:
+            # get would return views of these very buffers: hand over the
+            # buffers themselves (the worker verifies their checksums).
+            # Views load(copy=False) lent of them (which hold no lease:
+            # the record kept its buffers) are leased now, until the new
+            # record's deletion: its write may give the buffers back.
+            self.cache.drop_slot(old)
+            if old.lent:
+                lease = self.capture.pool.lend(old.leaves)
+                new.leases = [lease] if new.leases is None else [*new.leases, lease]
+            new.leaves, new.owned, new.digests = old.leaves, old.owned, old.digests
+            new.checksums = old.checksums
+            old.leaves = old.owned = old.digests = None
+            new.move_src = old  # the worker verifies them, as the tier's get would
+            new.delete_after = old
+            self.jobs.tier_jobs[old.tier] += 1
             return
         slot = old.slot
         if slot is not None and slot.ready.is_set() and slot.error is None:
             self.cache.drop_slot(old, release=False)
             new.leaves, new.owned, new.digests = slot.arrays, slot.owned, slot.digests
-            new.lent = old.lent
             slot.arrays = None
             new.staged_bytes = new.nbytes
             self.placement.stage(new.nbytes)
