@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from vlcc_adjoint import Level, Multistage, simulate
-from vlcc_adjoint.storage import TieredStore, ZarrTier
+from vlcc_adjoint import Level, Multistage, io_plan, simulate
+from vlcc_adjoint.storage import DeviceTier, TieredStore, ZarrTier
 from vlcc_adjoint.torch import checkpoint_sequence, plan_sequence
 
 torch.set_num_threads(1)
@@ -82,11 +82,23 @@ train(
 
 schedule = Multistage(n, [Level(8, 0, 0), Level(16, 2, 2)])
 print("multistage:", simulate(schedule).peak_slots, "slots per level")
-with tempfile.TemporaryDirectory() as d, TieredStore([ZarrTier(d)]) as store:
+# The store holds every level of the schedule and follows its plan: level 0 the
+# tensors' own slots, level 1 the disk; restores from disk are read ahead.
+with (
+    tempfile.TemporaryDirectory() as d,
+    TieredStore([DeviceTier(), ZarrTier(d)], plan=io_plan(schedule)) as store,
+):
     train(
         "Multistage: 8 in memory + 16 on disk",
         lambda: checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store),
     )
+    stats = store.stats()
     print(
-        "disk level:", store.stats().tiers[0].puts, "writes,", store.stats().tiers[0].gets, "reads"
+        "disk level:",
+        stats.tiers[1].puts,
+        "writes,",
+        stats.prefetch_hits + stats.staged_hits,
+        "restores read ahead,",
+        stats.prefetch_misses,
+        "waited for",
     )

@@ -61,7 +61,6 @@ the chain's message when they moved.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,13 +69,8 @@ import torch
 from ..errors import VlccRuntimeError, VlccValueError
 from ..schedules import REVERSE, Machine, Schedule
 from ._recompute import foreign_leaf, get_rng, rng_devices, set_rng, with_cotangent
-from ._slots import Slots
 
 __all__ = ["Chain", "Checkpointed", "Recompute", "differentiable"]
-
-# Records (step, store level) a run left in a user's store: the next run on
-# that store deletes them first (a forward whose backward never ran).
-_HELD: weakref.WeakKeyDictionary[object, set] = weakref.WeakKeyDictionary()
 
 
 def differentiable(t: torch.Tensor) -> bool:
@@ -168,8 +162,10 @@ class Recompute:
     - `chain`: the :class:`Chain`.
     - `schedule`: a valid :class:`~vlcc_adjoint.schedules.Schedule` over
       ``chain.blocks`` steps.
-    - `store`: the :class:`~vlcc_adjoint.storage.TieredStore` of the
-      levels ``>= 1``, or ``None`` when the schedule uses level 0 only.
+    - `store`: the :class:`~vlcc_adjoint.storage.TieredStore` of every level,
+      following the schedule's plan (:func:`._recompute.planned_store`):
+      tier 0 a :class:`~vlcc_adjoint.storage.DeviceTier` whose records are
+      ``(clones, their _version counters)``, tier ``k`` level ``k``.
     - `own_store`: the store was made for this run (closed with it).
     - `preserve_rng`: record and replay the random generators.
     """
@@ -182,9 +178,9 @@ class Recompute:
         self.m = chain.blocks
         self.store = store
         self.own_store = own_store
+        self.closed = False  # this run closed its own store
         self.preserve = preserve_rng
         self.devices: list[int] = []
-        self.slots = Slots(store)  # level 0 and the store
         self.kept: dict[tuple[int, int], tuple] = {}  # (step, level) -> (tree, devices, rng)
         self.machine: Machine | None = None  # the machine running now (for error notes)
         self.split = 0  # index of the table's first Reverse
@@ -250,33 +246,50 @@ class Recompute:
     # -- storage -----------------------------------------------------------------------
 
     def save(self, i: int, level: int) -> None:
-        """``Save(i, level)`` of the state in hand."""
+        """``Save(i, level)`` of the state in hand: at level 0 clones on their
+        devices with their version counters, at a host level the tensors
+        (the store captures them through the ``"torch"`` leaf provider)."""
         if self.cur_step != i or self.cur is None:  # pragma: no cover - simulate() validated
             raise VlccRuntimeError(f"Save({i}, {level}) without the input of block {i} in hand")
-        self.slots.save(i, level, self.cur)
+        if level == 0:
+            self.store.save(i, _clones(self.cur), 0)
+        else:
+            self.store.save(i, [t.detach() for t in self.cur], level)
         self.kept[(i, level)] = (self.tree, [t.device for t in self.cur], self.rng)
 
     def load(self, i: int, level: int) -> None:
-        """``Load(i, level)``: the kept state becomes the one in hand."""
+        """``Load(i, level)``: the kept state becomes the one in hand (a level-0
+        record's own tensors, checked unchanged; a host record's, moved back
+        to their devices)."""
         self.tree, devices, self.rng = self.kept[(i, level)]
-        self.cur = self.slots.load(
-            i,
-            level,
-            lambda loaded: [t.to(d, non_blocking=True) for t, d in zip(loaded, devices)],
-            self.chain.modified(i),
-        )
+        got = self.store.load(i, level)
+        if level == 0:
+            snap, versions = got
+            if [t._version for t in snap] != versions:
+                raise VlccRuntimeError(self.chain.modified(i))
+            self.cur = snap
+        else:
+            self.cur = [t.to(d, non_blocking=True) for t, d in zip(got, devices)]
         self.cur_step = i
         self.cur_kept = True
 
     def delete(self, i: int, level: int) -> None:
         """``Delete(i, level)``."""
-        self.slots.delete(i, level)
+        self.store.delete(i, level)
         del self.kept[(i, level)]
 
     def move(self, i: int, src: int, dst: int) -> None:
-        """``Move(i, src, dst)``."""
+        """``Move(i, src, dst)``: off the device the store captures the clones;
+        onto it the tensors read are placed back on their devices."""
         devices = self.kept[(i, src)][1]
-        self.slots.move(i, src, dst, lambda loaded: [t.to(d) for t, d in zip(loaded, devices)])
+        if src == 0:
+            self.store.move(i, 0, dst, fetch=_tensors_of)
+        elif dst == 0:
+            self.store.move(
+                i, src, 0, place=lambda got: _clones([t.to(d) for t, d in zip(got, devices)])
+            )
+        else:
+            self.store.move(i, src, dst)
         self.kept[(i, dst)] = self.kept.pop((i, src))
 
     # -- the passes --------------------------------------------------------------------
@@ -302,12 +315,9 @@ class Recompute:
         self.rng = self.rng0
         self.final = None
         self.tape = None
-        if self.store is not None:
-            stale = _HELD.setdefault(self.store, set())
-            for step, level in sorted(stale):  # left by a run whose backward never ran
-                self.store.delete(step, level)
-            stale.clear()
-            self.slots.held = stale
+        # A new run of the plan: what an earlier run left (a forward pass whose
+        # backward never ran, a backward pass that failed) is deleted.
+        self.store.restart()
         machine = Machine(self.schedule, self, returns=(REVERSE,))
         row = self._run(machine)
         if row is None:  # pragma: no cover - simulate() validated: the table has Reverses
@@ -444,20 +454,32 @@ class Recompute:
         return lam, grad_extras, list(it)
 
     def finish(self) -> None:
-        """End a pass: free what it keeps (kept states, their store records);
-        close the store if it is this run's and no pass can follow."""
+        """End a pass: free what it keeps (the tape, the records it left in the
+        store); close the store if it is this run's and no pass can follow."""
         self.tape = None
         self.kept.clear()
-        self.slots.slots.clear()
         self.lam, self.grad_extras, self.grad_params = [], [], []
-        store = self.store
-        if store is None:
+        if self.closed:
             return
         try:
-            self.slots.release()
+            self.store.restart()
         finally:
             if self.own_store and not self.chain.repeatable:
-                store.close()
+                self.closed = True
+                self.store.close()
+
+
+def _clones(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """A level-0 record's payload: detached clones of `tensors` on their own
+    devices, and the ``_version`` counters they have now (a change in place
+    after this moves them, and ``Load`` refuses the record)."""
+    snap = [t.detach().clone() for t in tensors]
+    return snap, [t._version for t in snap]
+
+
+def _tensors_of(payload: tuple[list[torch.Tensor], list[int]]) -> list[torch.Tensor]:
+    """What a ``Move`` off the device captures of a level-0 payload: its clones."""
+    return payload[0]
 
 
 class Checkpointed(torch.autograd.Function):

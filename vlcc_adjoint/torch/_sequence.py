@@ -40,11 +40,27 @@ their cost: ours run under ``no_grad``, ``use_reentrant=False`` builds the
 graph and routes every saved tensor through Python hooks in the forward
 pass (``benchmarks/bench_torch.py`` measures both).
 
-Storage levels follow :mod:`vlcc_adjoint.jax`: level 0 is a list of tensor
-slots on the state's device; level ``k >= 1`` is ``store.tiers[k - 1]`` of a
-:class:`~vlcc_adjoint.storage.TieredStore` built *without* ``plan=`` (an
-``io_plan`` of the whole schedule would describe level 0 too, which never
-reaches the store).  Default: one unbounded ``MemoryTier`` per level >= 1.
+Storage levels.  The store owns every level of the schedule, numbered as
+in the schedule: ``store.tiers[0]`` is a
+:class:`~vlcc_adjoint.storage.DeviceTier` whose records are clones of the
+state's tensors on their own devices (with their ``_version`` counters: a
+kept state changed in place is refused at its ``Load``), ``store.tiers[k]``
+holds level ``k``, and the store follows ``io_plan(schedule)``, so it reads
+restores ahead, evicts with foresight and checks every call against the
+plan::
+
+    plan = io_plan(schedule)
+    store = TieredStore([DeviceTier(), MemoryTier(), ZarrTier(path)], plan=plan)
+    u = checkpoint_sequence(step, x, n, schedule=schedule, store=store)
+
+Default: a store of the run's own, one unbounded ``MemoryTier`` per level
+``>= 1``.  A store runs one run at a time: a new forward pass restarts its
+plan (:meth:`~vlcc_adjoint.storage.TieredStore.restart`), deleting what a run
+whose backward pass never ran left behind.  The earlier form, host tiers
+without a plan whose tier ``k - 1`` holds level ``k``, still works with a
+``DeprecationWarning``: its tiers are adopted below a ``DeviceTier`` in a
+planned store of the run's own (the caller's store object sees none of that
+run's statistics, and its tiers are left open).
 
 Gradients of what ``step`` closes over.  Autograd routes gradients only to
 the inputs of a Function, so the tensors ``step`` uses besides its argument
@@ -89,9 +105,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import VlccTypeError, VlccValueError
-from ..schedules import Online, Revolve, Schedule, default_snapshots, simulate
+from ..schedules import Online, Revolve, Schedule, default_snapshots
 from ._engine import Chain, Checkpointed, Recompute
-from ._recompute import close_quietly, collect_params, schedule_store
+from ._recompute import close_quietly, collect_params, planned_store
 from ._state import register_providers
 
 if TYPE_CHECKING:
@@ -275,10 +291,10 @@ def checkpoint_sequence(
     - `snapshots`: the default Revolve's slots (default
       ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``: each block
       recomputed at most twice).
-    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` (without ``plan=``)
-      whose tier ``k - 1`` holds the schedule's level ``k >= 1``; default:
-      unbounded memory tiers.  Level 0 is always tensors on the state's
-      device.  A user's store is left open.
+    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` of every level,
+      ``TieredStore([DeviceTier(), MemoryTier(), ...], plan=io_plan(schedule))``
+      (the module docstring); default: unbounded memory tiers.  A user's
+      store is left open.
     - `block`: steps per schedule step (taped together in one ``Reverse``);
       ``StoreAll(ceil(n / block))`` with ``block = n / s`` is
       ``checkpoint_sequential`` with ``s`` segments.
@@ -321,7 +337,7 @@ def checkpoint_sequence(
         for i in range(steps):
             u = step(u) if inputs is None else step(inputs[i], u)
         return u
-    store, own_store = schedule_store(simulate(schedule), store, "checkpoint_sequence")
+    store, own_store = planned_store(schedule, store, "checkpoint_sequence")
     chain = StepChain(step, steps, block, inputs, rebuild, leaves, plist)
     engine = Recompute(chain, schedule, store, own_store, preserve_rng_state)
     tensors = [*leaves, *chain.extras, *plist]

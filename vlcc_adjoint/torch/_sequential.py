@@ -60,9 +60,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import VlccTypeError, VlccValueError
-from ..schedules import Online, Schedule, StoreAll, simulate
+from ..schedules import Online, Schedule, StoreAll
 from ._engine import Chain, Checkpointed, Recompute
-from ._recompute import close_quietly, collect_params, schedule_store
+from ._recompute import close_quietly, collect_params, planned_store
 from ._state import register_providers
 
 if TYPE_CHECKING:
@@ -235,9 +235,10 @@ def checkpoint_sequential(
       `segments` steps (``Revolve(segments, snapshots)``,
       ``Multistage``, ...).  Default: ``StoreAll(segments)``, torch's
       segment checkpointing.
-    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` (without
-      ``plan=``) whose tier ``k - 1`` holds the schedule's level ``k >= 1``;
-      default: unbounded memory tiers.
+    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` of every level,
+      ``TieredStore([DeviceTier(), MemoryTier(), ...], plan=io_plan(schedule))``
+      (as for :func:`~vlcc_adjoint.torch.checkpoint_sequence`); default:
+      unbounded memory tiers.
     - `preserve_rng_state`: restore the random generators before every
       recomputation (torch's keyword).
     - `kwargs`: any other keyword raises ``ValueError``, as in torch.
@@ -316,7 +317,7 @@ def checkpoint_sequential(
         for f in layers:
             state = f(state)
         return state
-    store, own_store = schedule_store(simulate(schedule), store, "checkpoint_sequential")
+    store, own_store = planned_store(schedule, store, "checkpoint_sequential")
     chain = LayerChain(layers, bounds, params, block_params, use_reentrant)
     engine = Recompute(chain, schedule, store, own_store, preserve_rng_state)
     try:
