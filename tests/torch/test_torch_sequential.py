@@ -642,3 +642,25 @@ def test_both_drop_ins_follow_a_forward_sweep_that_reaches_the_last_state():
     for a, b, c in zip(want, got, got2):
         torch.testing.assert_close(b, a)
         torch.testing.assert_close(c, a)
+
+
+def test_a_planned_store_holds_every_level_also_for_a_second_backward():
+    from vlcc_adjoint.schedules import io_plan
+    from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore
+
+    model = _mlp()
+    x = torch.randn(2, 100, requires_grad=True)
+    plain = _grads(model, x, model)
+    schedule = Multistage(6, levels=[Level(1, 0.0, 0.0), Level(3, 1.0, 1.0)])
+    assert simulate(schedule).writes[1] > 0
+    with TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(schedule)) as store:
+        model.zero_grad(set_to_none=True)
+        out = checkpoint_sequential(
+            model, 6, x, use_reentrant=False, schedule=schedule, store=store
+        )
+        out.sum().backward(retain_graph=True)
+        out.sum().backward()  # the schedule runs again: the plan restarts
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, 2 * plain[2][n])
+        assert store.steps(0) == store.steps(1) == []
+        assert store.stats().tiers[1].puts == 2 * simulate(schedule).writes[1]
