@@ -823,3 +823,50 @@ def test_pointers_and_latest_are_written_atomically_without_following_links(tmp_
     assert not (tmp_path / "latest").is_symlink()
     assert (tmp_path / "latest").read_text() == "global_step1"
     assert VlccCheckpointEngine.read_pointer(path)["format"] == "vlcc-deepspeed-pointer/1"
+
+
+def test_a_torch_state_saves_and_loads_without_importing_the_torch_integration():
+    """The package registers a lazy hook for torch, as for JAX: a state of
+    tensors is checkpointed, and a spec with torch leaves loads, in processes
+    that never import vlcc_adjoint.torch themselves."""
+    import subprocess
+
+    code = """
+import sys, numpy as np
+import vlcc_adjoint
+from vlcc_adjoint.storage import MemoryTier, TieredStore
+from vlcc_adjoint.state import flatten
+assert "vlcc_adjoint.torch" not in sys.modules and "torch" not in sys.modules
+import torch
+x = torch.arange(6.0).reshape(2, 3)
+with TieredStore([MemoryTier()]) as store:
+    store.save(0, {"x": x})
+    got = store.load(0)
+assert isinstance(got["x"], torch.Tensor) and torch.equal(got["x"], x)
+leaves, spec = flatten({"x": x})
+assert "torch" in spec["tree"]["items"][0], spec
+print("ok", "vlcc_adjoint.torch._state" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok", "True"]
+    load = """
+import json, sys, numpy as np
+from vlcc_adjoint.state import unflatten
+spec = json.loads(sys.argv[1])
+assert "torch" not in sys.modules
+out = unflatten(spec, [np.arange(6.0).reshape(2, 3)])
+import torch
+assert isinstance(out["x"], torch.Tensor) and out["x"].shape == (2, 3)
+print("ok")
+"""
+    import json
+
+    from vlcc_adjoint.state import flatten
+
+    _, spec = flatten({"x": torch.arange(6.0, dtype=torch.float64).reshape(2, 3)})
+    out = subprocess.run(
+        [sys.executable, "-c", load, json.dumps(spec)], capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
