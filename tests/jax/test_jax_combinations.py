@@ -1,14 +1,17 @@
 """``checkpointed_scan``'s options in combination, against ``jax.lax.scan``.
 
-The options (``schedule`` / ``snapshots``, ``segment``, ``store``, ``xs=None``
-with ``length``, ``reverse``, ``unroll``, pytree or empty outputs) and the
+The options (``schedule`` / ``snapshots``, ``segment``, ``store`` in its
+planned form and in the deprecated one (host tiers, no plan), ``xs=None``
+with ``length``, ``length`` given or read from ``xs``, ``reverse``,
+``unroll``, pytree or empty outputs) and the
 transformations around the scan (``jax.grad``, ``jax.jit``, ``jax.vmap``)
 are tested here together: every *pair* of choices appears in at least one
 case (a covering array built greedily, Cohen et al., "The AETG system",
 IEEE TSE 23(7), 1997), each case comparing the value and the gradients with
 respect to the parameters, the initial carry and ``xs`` with those of plain
 ``lax.scan`` in float64 to rtol 1e-10.  Pairs that cannot work (a host
-level under ``jax.vmap``; ``segment="auto"`` with a given schedule) are
+level under ``jax.vmap``; ``segment="auto"`` with a given schedule;
+``xs=None`` without ``length``) are
 tested to raise a :class:`~vlcc_adjoint.errors.VlccError` naming the
 option and the fix.
 """
@@ -35,9 +38,10 @@ N = 13  # steps: with segment=3, four segments and a one-step tail
 BATCH = 2
 
 FACTORS = {
-    "plan": ["snapshots", "schedule", "default", "host"],
+    "plan": ["snapshots", "schedule", "default", "host", "legacy"],
     "segment": [1, 3, "auto"],
     "xs": ["pytree", "none"],
+    "length": ["given", "inferred"],
     "reverse": [False, True],
     "unroll": [1, 2, True],
     "ys": ["pytree", "none"],
@@ -47,10 +51,12 @@ FACTORS = {
 
 def _refused(case: dict) -> str | None:
     """Why `case` cannot work ("" when it can): the error it must raise."""
-    if case["plan"] in ("schedule", "host") and case["segment"] == "auto":
+    if case["plan"] in ("schedule", "host", "legacy") and case["segment"] == "auto":
         return "segment=B, an int"
-    if case["plan"] == "host" and "vmap" in case["transform"]:
+    if case["plan"] in ("host", "legacy") and "vmap" in case["transform"]:
         return "cannot run under jax.vmap"
+    if case["xs"] == "none" and case["length"] == "inferred":
+        return "with xs=None give `length`"
     return None
 
 
@@ -93,6 +99,9 @@ def _schedule(case: dict) -> dict:
         assert simulate(schedule).writes[1] > 0  # the case does reach the host level
         store = TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(schedule))
         return {"schedule": schedule, "store": store}
+    if case["plan"] == "legacy":  # the deprecated form: host tiers, no plan, tier k - 1 = level k
+        schedule = Multistage(steps, [Level(1, 0.0, 0.0), Level(2, 0.5, 0.5)])
+        return {"schedule": schedule, "store": TieredStore([MemoryTier()])}
     return {}
 
 
@@ -159,12 +168,14 @@ def _close(got, ref):
 def _ours(case: dict):
     options = _schedule(case)
 
+    length = {"length": N} if case["length"] == "given" else {}
+
     def scan(f, init, xs):
         return checkpointed_scan(
             f,
             init,
             xs,
-            length=N,
+            **length,
             reverse=case["reverse"],
             unroll=case["unroll"],
             segment=case["segment"],
@@ -182,7 +193,7 @@ def _plain(case: dict):
 
 
 def test_the_cases_cover_every_allowed_pair():
-    assert 16 <= len(CASES) <= 30  # plan x transform alone needs 14 (two refused pairs)
+    assert 16 <= len(CASES) <= 30  # plan x transform alone needs 16 (four refused pairs)
     for case in CASES:
         assert _refused(case) is None
 
@@ -194,10 +205,14 @@ def test_options_in_combination_equal_lax_scan(case):
     args = _data()
     ref = _transformed(_loss(_plain(case), case), case["transform"])(*args)
     scan, store = _ours(case)
-    got = _transformed(_loss(scan, case), case["transform"])(*args)
+    if case["plan"] == "legacy":
+        with pytest.warns(DeprecationWarning, match=r"TieredStore\(\[DeviceTier\(\), MemoryTier"):
+            got = _transformed(_loss(scan, case), case["transform"])(*args)
+    else:
+        got = _transformed(_loss(scan, case), case["transform"])(*args)
     _close(got, ref)
-    if store is not None:
-        assert store.steps(0) == store.steps(1) == []  # every record deleted by the schedule
+    if store is not None:  # every record deleted by the schedule, on every level
+        assert all(store.steps(k) == [] for k in range(len(store.tiers)))
         store.close()
 
 
@@ -208,11 +223,14 @@ def test_options_in_combination_equal_lax_scan(case):
         dict(plan="host", segment="auto", transform="grad"),
         dict(plan="host", segment=1, transform="vmap-grad"),
         dict(plan="host", segment=3, transform="grad-vmap"),
+        dict(plan="legacy", segment="auto", transform="grad"),
+        dict(plan="legacy", segment=1, transform="grad-vmap"),
+        dict(plan="default", segment=3, xs="none", length="inferred", transform="grad"),
     ],
     ids=repr,
 )
 def test_combinations_that_cannot_work_name_the_option_and_the_fix(case):
-    case = {**dict(xs="pytree", reverse=False, unroll=1, ys="pytree"), **case}
+    case = {**dict(xs="pytree", length="given", reverse=False, unroll=1, ys="pytree"), **case}
     why = _refused(case)
     assert why
     scan, store = _ours(case)
