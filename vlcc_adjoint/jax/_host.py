@@ -78,6 +78,7 @@ from ..errors import VlccTypeError, VlccValueError
 from ..schedules import ADVANCE, REVERSE, Machine
 from ._interpret import index_rows, update_rows
 from ._program import H_FROM_SLOT, H_LOAD, H_SAVE, H_TO_SLOT, Program
+from ._state import host_aval, is_key
 
 if TYPE_CHECKING:
     from ..schedules import Schedule
@@ -260,7 +261,7 @@ class HostSession:
         self.store: TieredStore = store
         self.schedule = _schedule_of(program)
         self.rows = program.host_index  # table row of each host action
-        self.shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaf_avals]
+        self.shapes = [host_aval(a) for a in leaf_avals]  # PRNG keys: their key_data
         self.position = 0  # the rows before it are done (in this run)
         self.hid = 0  # the next host row's host action id (in this run)
         self.started = False
@@ -409,24 +410,35 @@ class HostSession:
     # -- device side (traced) ------------------------------------------------------------
 
     def instruction(self, hkind: Any, hid: Any, hslot: Any, cur: list, buf: list) -> Any:
-        """The traced host instruction: a ``lax.switch`` over the four kinds."""
+        """The traced host instruction: a ``lax.switch`` over the four kinds.
+        PRNG keys cross to the host as their ``key_data`` and come back
+        wrapped with the implementation of the leaf they replace."""
         token = jax.ShapeDtypeStruct((), jnp.int32)
 
+        def to_host(leaves):
+            return [jax.random.key_data(x) if is_key(x) else x for x in leaves]
+
+        def from_host(leaves, like):
+            return [
+                jax.random.wrap_key_data(x, impl=jax.random.key_impl(y)) if is_key(y) else x
+                for x, y in zip(leaves, like, strict=True)
+            ]
+
         def save_cur(cur, buf):
-            io_callback(self.put, token, hid, *cur, ordered=True)
+            io_callback(self.put, token, hid, *to_host(cur), ordered=True)
             return list(cur), list(buf)
 
         def load_cur(cur, buf):
             new = io_callback(self.get, tuple(self.shapes), hid, ordered=True)
-            return list(new), list(buf)
+            return from_host(new, cur), list(buf)
 
         def from_slot(cur, buf):
-            io_callback(self.put, token, hid, *index_rows(buf, hslot), ordered=True)
+            io_callback(self.put, token, hid, *to_host(index_rows(buf, hslot)), ordered=True)
             return list(cur), list(buf)
 
         def to_slot(cur, buf):
             new = io_callback(self.get, tuple(self.shapes), hid, ordered=True)
-            return list(cur), update_rows(buf, list(new), hslot)
+            return list(cur), update_rows(buf, from_host(new, cur), hslot)
 
         def unused(cur, buf):  # no device slots: the slot kinds never run
             return list(cur), list(buf)

@@ -293,6 +293,10 @@ def checkpointed_scan(
 
     # Trace f once.  `consts` are its closed-over, possibly differentiated arrays.
     f_conv, consts = jax.closure_convert(f, init, x0)
+    if _forward_mode([*init_leaves, *xs_leaves, *consts]):
+        # Forward mode through the closure alone (``jax.jvp`` of a parameter
+        # that `f` closes over): as above, a plain scan.
+        return lax.scan(f, init, xs, length=n, unroll=unroll)
     out_shape = jax.eval_shape(f_conv, init, x0, *consts)
     if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
         raise VlccTypeError(
