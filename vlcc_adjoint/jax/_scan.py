@@ -185,7 +185,11 @@ def checkpointed_scan(
     differentiated itself, and a schedule's while loops cannot be; the scan
     then runs as ``lax.scan`` of a ``jax.checkpoint``-ed step, whose reverse
     mode stores one carry per step (``n`` states, not the schedule's slots)
-    and recomputes each step's intermediates.
+    and recomputes each step's intermediates.  ``jax.linearize`` traces
+    like reverse mode (JAX cannot tell them apart), and JAX refuses to
+    apply its linear map forward through a ``custom_vjp`` ("can't apply
+    forward-mode autodiff (jvp) to a custom_vjp function"): use
+    ``jax.jvp`` for forward-mode products, ``jax.vjp`` for reverse ones.
 
     Under reverse mode, the forward pass stores only the schedule's
     checkpoints, in a device buffer of ``(slots + 1, *leaf.shape)`` per carry
@@ -220,7 +224,10 @@ def checkpointed_scan(
       follows their actions), the others are host levels.  The store reads
       restores ahead by the plan while the device computes.  Reached by
       ordered ``io_callback`` at captures and restores of host levels only;
-      not under ``jax.vmap``.  One store serves one loop at a time (each
+      not under ``jax.vmap`` (a clear error) nor inside ``jax.checkpoint``
+      (JAX refuses IO effects there: ``NotImplementedError: Effects not
+      supported in partial-eval of checkpoint``; leave the scan outside
+      the remat).  One store serves one loop at a time (each
       run restarts its plan).  A store of host tiers alone, without a plan
       (``store.tiers[k - 1]`` holding level ``k``, the earlier form), still
       works, with a ``DeprecationWarning`` and no read-ahead.  A
