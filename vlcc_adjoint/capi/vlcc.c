@@ -70,6 +70,7 @@ int vlcc_set_last_error(int code, const char *message)
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static int started;                 /* the Python side is ready */
 static int we_initialised;          /* this library started the interpreter */
+static pthread_t init_thread;       /* ... in this thread */
 static char start_error[ERROR_BYTES];
 static const int start_code = VLCC_E_PYTHON;
 
@@ -208,6 +209,7 @@ static void start_python(void)
             return;
         }
         we_initialised = 1;
+        init_thread = pthread_self();
     } else {
         gil = PyGILState_Ensure();
     }
@@ -231,7 +233,10 @@ static int ready(const char *call)
     return 0;
 }
 
-/* Close every handle left open, then finalise the interpreter we started. */
+/* At exit: close every handle left open (pending writes flushed), then
+   finalise the interpreter we started, if this is the thread that started it
+   (finalising from another thread waits forever for Python's idea of the main
+   thread, which may be gone); otherwise leave it to the end of the process. */
 static void stop_python(void)
 {
     if (!Py_IsInitialized())
@@ -251,7 +256,8 @@ static void stop_python(void)
         Py_CLEAR(s->obj);
         s->kind = KIND_FREE;
     }
-    Py_FinalizeEx();
+    if (pthread_equal(pthread_self(), init_thread))
+        Py_FinalizeEx();
 }
 
 /* -- handles ----------------------------------------------------------------- */
