@@ -33,11 +33,15 @@ os.environ.setdefault("DEVITO_LANGUAGE", "C")
 os.environ.setdefault("DEVITO_ARCH", "gcc")
 os.environ.setdefault("DEVITO_LOGGING", "WARNING")
 
-import argparse  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+from vlcc_adjoint.cli import Integer, Parser  # noqa: E402
+
+#: Width of the damped border, in grid points.
+NBL = 20
 
 
 def ricker(f0: float, t: np.ndarray, t0: float | None = None) -> np.ndarray:
@@ -62,7 +66,7 @@ class AcousticFWI:
     - `space_order`: spatial order of the stencils.
     """
 
-    def __init__(self, shape=(101, 101), spacing=10.0, nbl=20, nt=500, f0=0.010, space_order=4):
+    def __init__(self, shape=(101, 101), spacing=10.0, nbl=NBL, nt=500, f0=0.010, space_order=4):
         from devito import Function, Grid, SparseTimeFunction, TimeFunction
 
         nx, nz = shape
@@ -253,19 +257,26 @@ def rel_max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nx", type=int, default=101)
-    parser.add_argument("--nz", type=int, default=101)
-    parser.add_argument("--nt", type=int, default=500, help="time samples (nt - 2 steps)")
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.splitlines()[0])
+    side = Integer(
+        2 * NBL + 1, why=f"the damped border takes {NBL} points on each side, the interior one"
+    )
+    parser.add_argument("--nx", type=side, default=101, help="grid points in x")
+    parser.add_argument("--nz", type=side, default=101, help="grid points in z")
+    parser.add_argument("--nt", type=Integer(4), default=500, help="time samples (nt - 2 steps)")
     parser.add_argument(
         "--snapshots",
-        type=int,
+        type=Integer(1),
         default=None,
         help="Revolve snapshots (default: pyrevolve's choice)",
     )
     parser.add_argument("--png", default="devito_gradient.png", help="gradient image ('' for none)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     from vlcc_adjoint import Level, Multistage, Revolve, io_plan, plan
     from vlcc_adjoint.devito import Revolver as VlccRevolver
@@ -353,12 +364,22 @@ def main(argv=None):
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
 
-            fig, ax = plt.subplots(figsize=(5, 4.5))
-            g = rows[-1][2].T
-            lim = np.percentile(np.abs(g), 99.5)
-            ax.imshow(g, cmap="seismic", vmin=-lim, vmax=lim)
+            fig, ax = plt.subplots(figsize=(6, 4.8), constrained_layout=True)
+            g = rows[-1][2].T  # Devito's arrays are [x, z]: rows of the image are depths
+            lim = float(np.percentile(np.abs(g), 99.5)) or 1.0
+            hx, hz = (s / 1e3 for s in problem.grid.spacing)  # m -> km
+            extent = (0.0, (args.nx - 1) * hx, (args.nz - 1) * hz, 0.0)
+            im = ax.imshow(g, cmap="seismic", vmin=-lim, vmax=lim, extent=extent)
             ax.set_title("Devito FWI gradient (vlcc Multistage)")
-            fig.savefig(args.png, dpi=100, bbox_inches="tight")
+            ax.set_xlabel("x (km)")
+            ax.set_ylabel("depth z (km)")
+            fig.colorbar(
+                im,
+                ax=ax,
+                shrink=0.9,
+                label="dJ/dm per grid point (m: squared slowness, s$^2$/km$^2$)",
+            )
+            fig.savefig(args.png, dpi=100)
             print(f"gradient image: {args.png}")
         except ImportError:
             pass

@@ -17,13 +17,13 @@ the optimiser is a hand-written Adam.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Number, Parser
 from vlcc_adjoint.jax import checkpointed_scan
 
 
@@ -84,15 +84,24 @@ def adam(lr=5e-3, b1=0.9, b2=0.999, eps=1e-8):
     return init, update
 
 
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=Integer(1), default=1000, help="RK4 steps per trajectory")
+    parser.add_argument("--dt", type=Number(above=0.0), default=0.01, help="RK4 time step")
+    parser.add_argument(
+        "--every", type=Integer(1), default=10, help="observe every this many steps"
+    )
+    parser.add_argument("--snapshots", type=Integer(1), default=20, help="checkpoint slots")
+    parser.add_argument("--iterations", type=Integer(1), default=100, help="Adam iterations")
+    parser.add_argument("--batch", type=Integer(1), default=8, help="trajectories per iteration")
+    return parser
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=1000, help="RK4 steps per trajectory")
-    parser.add_argument("--dt", type=float, default=0.01)
-    parser.add_argument("--every", type=int, default=10, help="observe every this many steps")
-    parser.add_argument("--snapshots", type=int, default=20, help="checkpoint slots")
-    parser.add_argument("--iterations", type=int, default=100)
-    parser.add_argument("--batch", type=int, default=8, help="trajectories per iteration")
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.every > args.steps:
+        parser.error(f"--every {args.every} is more than --steps {args.steps}: nothing observed")
 
     key = jax.random.PRNGKey(0)
     key, k_data, k_model = jax.random.split(key, 3)

@@ -23,13 +23,13 @@ the device and recomputes the rest by the Revolve schedule.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Parser
 from vlcc_adjoint.jax import checkpointed_scan
 from vlcc_adjoint.schedules import Revolve
 
@@ -38,6 +38,12 @@ def ricker(t, f0):
     """The Ricker wavelet of peak frequency `f0` (Hz) at times `t` (s)."""
     a = (np.pi * f0 * (t - 1.2 / f0)) ** 2
     return (1 - 2 * a) * np.exp(-a)
+
+
+#: The smallest grid side: a damping sponge of at least 4 cells on the sides
+#: and the bottom, and an interior of at least 8 cells for the sources (on
+#: row 2), the receivers and the anomaly.
+GRID_MIN = 16
 
 
 def make_problem(
@@ -52,7 +58,7 @@ def make_problem(
 
     Returns a dict with ``step(carry, x, c) -> (carry, traces)`` (``carry =
     (u_prev, u)``, ``x = (amplitude, source column)``), ``init``, ``xs``,
-    ``c_true``, ``c0`` (the starting model), ``dt``.
+    ``c_true``, ``c0`` (the starting model), ``dt`` (s), ``dx`` (m).
     """
     n = grid
     c_back, c_anom = 1500.0, 1800.0
@@ -96,6 +102,7 @@ def make_problem(
         c_true=jnp.asarray(c_true, dtype),
         c0=jnp.full((n, n), c_back, dtype),
         dt=dt,
+        dx=dx,
     )
 
 
@@ -117,18 +124,24 @@ def misfit(problem, observed, *, scan: str = "checkpointed", snapshots: int = 30
     return loss
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--grid", type=int, default=128, help="grid points per side")
-    parser.add_argument("--steps", type=int, default=10_000, help="time steps")
-    parser.add_argument("--snapshots", type=int, default=30, help="checkpoint slots on the device")
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--grid", type=Integer(GRID_MIN), default=128, help="grid points per side")
+    parser.add_argument("--steps", type=Integer(1), default=10_000, help="time steps")
+    parser.add_argument(
+        "--snapshots", type=Integer(1), default=30, help="checkpoint slots on the device"
+    )
     parser.add_argument(
         "--check",
         action="store_true",
         help="also compute the gradient with plain lax.scan and compare",
     )
     parser.add_argument("--plot", default=None, help="write the gradient image to this PNG")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     problem = make_problem(args.grid, args.steps)
     state_bytes = 2 * args.grid**2 * 4
@@ -195,13 +208,24 @@ def main(argv=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(1, 2, figsize=(9, 4))
-        ax[0].imshow(np.asarray(problem["c_true"]), cmap="viridis")
-        ax[0].set_title("true velocity (m/s)")
-        lim = float(jnp.max(jnp.abs(g_c)))
-        ax[1].imshow(np.asarray(g_c), cmap="seismic", vmin=-lim, vmax=lim)
-        ax[1].set_title("misfit gradient w.r.t. velocity")
-        fig.tight_layout()
+        side = args.grid * problem["dx"] / 1e3
+        extent = (0.0, side, side, 0.0)  # km; depth grows downwards
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4.2), constrained_layout=True)
+        im = ax[0].imshow(np.asarray(problem["c_true"]), cmap="viridis", extent=extent)
+        ax[0].set_title("true velocity")
+        fig.colorbar(im, ax=ax[0], shrink=0.9, label="c (m/s)")
+        lim = float(jnp.max(jnp.abs(g_c))) or 1.0
+        im = ax[1].imshow(np.asarray(g_c), cmap="seismic", vmin=-lim, vmax=lim, extent=extent)
+        ax[1].set_title("misfit gradient w.r.t. the velocity")
+        fig.colorbar(im, ax=ax[1], shrink=0.9, label="dJ/dc (u$^2$ s/m per cell)")
+        for a in ax:
+            a.set_xlabel("x (km)")
+            a.set_ylabel("depth z (km)")
+        fig.suptitle(
+            f"{args.grid} x {args.grid} cells of {problem['dx']:g} m, {args.steps} steps; "
+            "u: the wavefield, in the units of the source",
+            fontsize=10,
+        )
         fig.savefig(args.plot, dpi=100)
         print(f"wrote {args.plot}")
 

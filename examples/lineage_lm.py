@@ -32,7 +32,6 @@ Run it (15-30 s on one core)::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -51,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from vlcc_adjoint._examples import tiny_lm as lm
+from vlcc_adjoint.cli import Integer, Number, Parser
 from vlcc_adjoint.cli import main as vlcc
 from vlcc_adjoint.lineage import History
 from vlcc_adjoint.torch.dcp import VlccReader, VlccWriter
@@ -129,17 +129,21 @@ def train(
     return losses, versions, None
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=200, help="training steps")
-    parser.add_argument("--every", type=int, default=10, help="a DCP save every k steps")
-    parser.add_argument("--peak", type=float, default=3e-3, help="peak learning rate")
-    parser.add_argument("--spike-at", type=int, default=125, help="first step of the spike")
-    parser.add_argument("--spike", type=float, default=30.0, help="the spike's factor")
-    parser.add_argument("--finetune-steps", type=int, default=60)
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=Integer(1), default=200, help="training steps")
+    parser.add_argument("--every", type=Integer(1), default=10, help="a DCP save every k steps")
+    parser.add_argument("--peak", type=Number(above=0.0), default=3e-3, help="peak learning rate")
+    parser.add_argument("--spike-at", type=Integer(0), default=125, help="first step of the spike")
+    parser.add_argument("--spike", type=Number(above=0.0), default=30.0, help="the spike's factor")
+    parser.add_argument("--finetune-steps", type=Integer(1), default=60, help="fine-tuning steps")
     parser.add_argument("--repo", help="the History directory (default: a temporary one)")
     parser.add_argument("--record", help="write the losses and version ids to this JSON file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     lm.deterministic(0)
     grammar, addition = lm.corpus("grammar"), lm.corpus("addition", 100_000)
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,19 +17,23 @@ state an uninterrupted run reaches, bit for bit.
 Run it::
 
     python examples/lineage_migrate.py          # prints the three final digests
+    python examples/lineage_migrate.py --dir migrate-run    # keep the histories there
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
-import tempfile
 
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Parser, work_directory
 from vlcc_adjoint.lineage import History, export_history, import_history
+
+#: What a run writes in its work directory: the three places the run lives
+#: (each holds run.vlcc), and the archive carried from the first to the second.
+RESULTS = ("machine-a", "machine-b", "machine-c", "run.tar")
 
 
 def initial_state(n: int) -> dict:
@@ -61,15 +65,30 @@ def digest(state) -> str:
     return hashlib.sha256(state["u"].tobytes()).hexdigest()[:16]
 
 
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=Integer(1), default=200, help="steps of the whole run")
+    parser.add_argument("--every", type=Integer(1), default=20, help="commit every k steps")
+    parser.add_argument("--n", type=Integer(1), default=48, help="grid points per side")
+    parser.add_argument(
+        "--dir",
+        help=f"work directory: the run's three places and its archive are kept there "
+        f"({', '.join(RESULTS)}; the directory is created if missing; default: a temporary "
+        "directory, removed at the end)",
+    )
+    return parser
+
+
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--every", type=int, default=20)
-    parser.add_argument("--n", type=int, default=48)
-    parser.add_argument("--dir", help="work directory (default: a temporary one)")
+    parser = build_parser()
     args = parser.parse_args(argv)
     half = (args.steps // 2 // args.every) * args.every
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    if half == 0:
+        parser.error(
+            f"--steps {args.steps} leaves no commit before the move (--every {args.every}): "
+            f"give --steps {2 * args.every} or more"
+        )
+    with work_directory(parser, args.dir, *RESULTS) as tmp:
         here = os.path.join(tmp, "machine-a", "run.vlcc")
         advance(here, half, args.every, args.n)  # ... then the job is suspended
 
@@ -100,6 +119,8 @@ def main(argv=None) -> dict:
     }
     for key, value in result.items():
         print(f"{key:>26}: {value}")
+    if args.dir:
+        print(f"the histories and the archive are kept in {args.dir}")
     return result
 
 

@@ -14,17 +14,20 @@ touching HEAD at all.
 Run it::
 
     python examples/lineage_replay.py --from-step 120 --to-step 160
+    python examples/lineage_replay.py --dir replay-run    # keep the history there
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
 
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Parser, work_directory
 from vlcc_adjoint.lineage import History
+
+#: The history's name in the work directory.
+REPOSITORY = "wave.vlcc"
 
 
 def initial_state(n: int) -> dict:
@@ -57,18 +60,37 @@ def version_at(h: History, step_no: int) -> str:
     )
 
 
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=Integer(1), default=300, help="steps of the original run")
+    parser.add_argument("--every", type=Integer(1), default=20, help="commit every k steps")
+    parser.add_argument("--n", type=Integer(3), default=2000, help="grid points of the string")
+    parser.add_argument(
+        "--from-step", type=Integer(0), default=120, help="replay from this stored step"
+    )
+    parser.add_argument("--to-step", type=Integer(1), default=160, help="... to this stored step")
+    parser.add_argument(
+        "--dir",
+        help=f"work directory: the history is kept there as {REPOSITORY} (the directory is "
+        "created if missing; default: a temporary directory, removed at the end)",
+    )
+    return parser
+
+
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--every", type=int, default=20)
-    parser.add_argument("--n", type=int, default=2000)
-    parser.add_argument("--from-step", type=int, default=120)
-    parser.add_argument("--to-step", type=int, default=160)
-    parser.add_argument("--dir", help="work directory (default: a temporary one)")
+    parser = build_parser()
     args = parser.parse_args(argv)
+    for flag, step_no in (("--from-step", args.from_step), ("--to-step", args.to_step)):
+        if step_no % args.every or step_no > args.steps:
+            parser.error(
+                f"{flag} {step_no} is not a stored step: give a multiple of --every "
+                f"{args.every} up to --steps {args.steps}"
+            )
+    if args.from_step >= args.to_step:
+        parser.error(f"--from-step {args.from_step} must come before --to-step {args.to_step}")
     with (
-        tempfile.TemporaryDirectory(dir=args.dir) as tmp,
-        History(os.path.join(tmp, "wave.vlcc")) as h,
+        work_directory(parser, args.dir, REPOSITORY) as work,
+        History(os.path.join(work, REPOSITORY)) as h,
     ):
         state = initial_state(args.n)
         h.commit(state, message="step 0", meta={"step": 0})
@@ -104,6 +126,8 @@ def main(argv=None) -> dict:
         f"version: {result['bitwise']}; max |u| in the window {peak_max:.4f}"
     )
     print(result["log"])
+    if args.dir:
+        print(f"the history is kept in {os.path.join(args.dir, REPOSITORY)}")
     return result
 
 

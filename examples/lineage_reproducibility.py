@@ -21,12 +21,12 @@ Run it::
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Number, Parser
 from vlcc_adjoint.lineage import History
 
 
@@ -77,16 +77,26 @@ def first_divergence(h: History, a: str, b: str, rtol: float, atol: float) -> di
     }
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--inject", type=int, default=200, help="perturb run B at this step")
-    parser.add_argument("--eps", type=float, default=1e-12)
-    parser.add_argument("--rtol", type=float, default=1e-6)
-    parser.add_argument("--atol", type=float, default=1e-9)
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=Integer(1), default=1500, help="steps of each run")
+    parser.add_argument("--every", type=Integer(1), default=50, help="commit every k steps")
+    parser.add_argument("--inject", type=Integer(0), default=200, help="perturb run B at this step")
+    parser.add_argument(
+        "--eps", type=Number(above=0.0), default=1e-12, help="the perturbation's size"
+    )
+    parser.add_argument(
+        "--rtol", type=Number(0.0), default=1e-6, help="relative tolerance of the comparison"
+    )
+    parser.add_argument(
+        "--atol", type=Number(0.0), default=1e-9, help="absolute tolerance of the comparison"
+    )
     parser.add_argument("--repo", help="the History directory (default: a temporary one)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     x0 = 8.0 * np.ones(40)
     x0[19] += 0.01
     with (

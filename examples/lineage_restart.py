@@ -21,11 +21,11 @@ state with an uninterrupted run.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Number, Parser
 from vlcc_adjoint.lineage import History
 
 
@@ -73,19 +73,23 @@ def run(
     return state
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("path", help="the History directory (created, or resumed)")
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--every", type=int, default=10, help="commit every k steps")
-    parser.add_argument("--n", type=int, default=64, help="grid points per side")
+    parser.add_argument("--steps", type=Integer(1), default=500, help="steps of the run")
+    parser.add_argument("--every", type=Integer(1), default=10, help="commit every k steps")
+    parser.add_argument("--n", type=Integer(3), default=64, help="grid points per side")
     parser.add_argument(
         "--delay",
-        type=float,
+        type=Number(0.0),
         default=0.0,
         help="sleep per step (seconds), to leave time for a kill -9",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     state = run(args.path, args.steps, args.every, args.n, args.delay)
     digest = __import__("hashlib").sha256(state["u"].tobytes()).hexdigest()[:16]
     print(f"final step {state['step']}, sha256(u) {digest}", flush=True)

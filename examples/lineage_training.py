@@ -24,13 +24,13 @@ Run it::
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import tempfile
 
 import numpy as np
 
+from vlcc_adjoint.cli import Integer, Number, Parser
 from vlcc_adjoint.lineage import History, KeepPolicy
 
 
@@ -99,15 +99,23 @@ def train(h: History, state: dict, epochs: int, lr, every: int, x, y, stop_on_di
     return state, False
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lr-max", type=float, default=0.5, help="warm-up target (too large)")
-    parser.add_argument("--warmup", type=int, default=150, help="warm-up epochs")
-    parser.add_argument("--lr-small", type=float, default=0.05, help="the rate of the new branch")
-    parser.add_argument("--epochs", type=int, default=120, help="epochs on the new branch")
-    parser.add_argument("--every", type=int, default=5, help="commit every k epochs")
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--lr-max", type=Number(above=0.0), default=0.5, help="warm-up target (too large)"
+    )
+    parser.add_argument("--warmup", type=Integer(1), default=150, help="warm-up epochs")
+    parser.add_argument(
+        "--lr-small", type=Number(above=0.0), default=0.05, help="the rate of the new branch"
+    )
+    parser.add_argument("--epochs", type=Integer(1), default=120, help="epochs on the new branch")
+    parser.add_argument("--every", type=Integer(1), default=5, help="commit every k epochs")
     parser.add_argument("--repo", help="the History directory (default: a temporary one)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     x, y = dataset()
     with (
         tempfile.TemporaryDirectory() as tmp,

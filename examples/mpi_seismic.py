@@ -26,7 +26,6 @@ Every rank follows the same schedule (checked at the start).  At the end:
   restart on a machine of another size would (``read_checkpoint``).
 """
 
-import argparse
 import shutil
 import time
 
@@ -34,7 +33,9 @@ import numpy as np
 from mpi4py import MPI
 
 from vlcc_adjoint import Level, Multistage, io_plan, run_adjoint
+from vlcc_adjoint._examples.demo import MIN_GRID
 from vlcc_adjoint._examples.mpi_seismic import DistributedSeismic
+from vlcc_adjoint.cli import Integer, Parser
 from vlcc_adjoint.mpi import (
     DistributedArray,
     DistributedStore,
@@ -45,14 +46,17 @@ from vlcc_adjoint.mpi import (
 from vlcc_adjoint.storage import MemoryTier
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nx", type=int, default=200)
-    parser.add_argument("--nz", type=int, default=200)
-    parser.add_argument("--nt", type=int, default=1000, help="time steps")
-    parser.add_argument("--memory-slots", type=int, default=8, help="snapshots in each rank's RAM")
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.splitlines()[0])
+    side = Integer(MIN_GRID, why="the absorbing layer takes 8 cells on each side")
+    parser.add_argument("--nx", type=side, default=200, help="grid points in x")
+    parser.add_argument("--nz", type=side, default=200, help="grid points in z")
+    parser.add_argument("--nt", type=Integer(1), default=1000, help="time steps")
     parser.add_argument(
-        "--disk-slots", type=int, default=24, help="snapshots on the shared hierarchy"
+        "--memory-slots", type=Integer(1), default=8, help="snapshots in each rank's RAM"
+    )
+    parser.add_argument(
+        "--disk-slots", type=Integer(1), default=24, help="snapshots on the shared hierarchy"
     )
     parser.add_argument(
         "--dir",
@@ -65,7 +69,11 @@ def main(argv=None):
         help="compare with the serial store-everything gradient on rank 0",
     )
     parser.add_argument("--keep", action="store_true", help="keep the hierarchy afterwards")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

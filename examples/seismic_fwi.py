@@ -17,17 +17,17 @@ accumulator (``problem.gradient``, zeroed by ``reset_gradient``) and its
 executor only carries the state adjoint ``lambda``.
 """
 
-import argparse
+from vlcc_adjoint._examples.demo import MIN_GRID, seismic_demo
+from vlcc_adjoint.cli import Integer, Parser
 
-from vlcc_adjoint._examples.demo import seismic_demo
 
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nx", type=int, default=200)
-    parser.add_argument("--nz", type=int, default=200)
-    parser.add_argument("--nt", type=int, default=1000, help="time steps")
-    parser.add_argument("--snapshots", type=int, default=30, help="Revolve snapshot slots")
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.splitlines()[0])
+    side = Integer(MIN_GRID, why="the absorbing layer takes 8 cells on each side")
+    parser.add_argument("--nx", type=side, default=200, help="grid points in x")
+    parser.add_argument("--nz", type=side, default=200, help="grid points in z")
+    parser.add_argument("--nt", type=Integer(1), default=1000, help="time steps")
+    parser.add_argument("--snapshots", type=Integer(1), default=30, help="Revolve snapshot slots")
     parser.add_argument(
         "--png", default="seismic_gradient.png", help="gradient image ('' for none)"
     )
@@ -36,7 +36,11 @@ def main(argv=None):
         action="store_true",
         help="skip the store-everything referee ((nt+1) nz nx floats of memory)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     seismic_demo(
         args.nx,
         args.nz,

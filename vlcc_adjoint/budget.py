@@ -46,6 +46,7 @@ import numpy as np
 
 from .errors import VlccValueError
 from .schedules import Level, Multistage, Revolve, Schedule, StoreAll, simulate
+from .state import Structure, state_nbytes
 
 if TYPE_CHECKING:
     from .storage import Tier, TieredStore
@@ -108,9 +109,24 @@ class BudgetPlan:
         a memory tier of `memory_bytes` (error-bounded compressed memory
         with :attr:`gradient_rtol`; its bound is set by ``run_adjoint(...,
         gradient_rtol=...)``) and, for a two-level schedule, a
-        :class:`~vlcc_adjoint.storage.ZarrTier` of `disk_bytes` at `path` (a
-        new temporary directory by default), with the schedule's I/O plan for
-        prefetching."""
+        :class:`~vlcc_adjoint.storage.ZarrTier` of `disk_bytes`, with the
+        schedule's I/O plan for prefetching.
+
+        **Arguments:**
+
+        - `path`: the zarr store's directory; it and the records in it stay
+          after the run.  Default (``None``): a new temporary directory
+          (``vlcc-disk-*`` in the system's temporary directory), which the
+          store removes, with everything in it, when it is closed
+          (``run_adjoint`` closes the store it is given); a store that is
+          never closed leaves it to the interpreter's exit, with a
+          ``ResourceWarning``.
+        - `store_options`: passed on to ``TieredStore`` (with a disk level,
+          `staging_bytes` and `prefetch_bytes` default to two states and one
+          state, which the memory budget pays for).  With
+          ``close_tiers=False`` the caller closes the tiers, and the
+          temporary directory goes with the zarr tier's ``close()``.
+        """
         from .schedules import io_plan
         from .storage import MemoryTier, TieredStore, ZarrTier
 
@@ -132,8 +148,9 @@ class BudgetPlan:
             ]
         if len(self.schedule.levels) > 1:
             if path is None:
-                path = tempfile.mkdtemp(prefix="vlcc-disk-")
-            tiers.append(ZarrTier(path, capacity_bytes=self.disk_bytes))
+                tiers.append(_temporary_zarr_tier(self.disk_bytes))
+            else:
+                tiers.append(ZarrTier(path, capacity_bytes=self.disk_bytes))
             # The memory budget also pays for two states being written behind
             # the computation and one being read ahead of it.  Free capture
             # buffers are kept for reuse only within the store's total of
@@ -145,6 +162,37 @@ class BudgetPlan:
 
     def __str__(self) -> str:
         return self.explain
+
+
+def _temporary_zarr_tier(capacity_bytes: int) -> Tier:
+    """A :class:`~vlcc_adjoint.storage.ZarrTier` in a new temporary directory
+    of its own, which its ``close()`` removes with everything in it.
+
+    The directory is a :class:`tempfile.TemporaryDirectory`: removed by
+    ``close()`` after the tier has released it, or, for a tier never closed,
+    by the directory object's finalizer at the interpreter's exit (with a
+    ``ResourceWarning`` naming it).  The records are scratch: once the tier
+    is closed they are gone, unlike a ZarrTier's at a path of the caller's.
+    """
+    from .storage import ZarrTier
+
+    class TemporaryZarrTier(ZarrTier):
+        def __init__(self, scratch: tempfile.TemporaryDirectory, capacity: int):
+            self.scratch = scratch
+            super().__init__(scratch.name, capacity_bytes=capacity)
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                self.scratch.cleanup()
+
+    scratch = tempfile.TemporaryDirectory(prefix="vlcc-disk-")
+    try:
+        return TemporaryZarrTier(scratch, capacity_bytes)
+    except BaseException:
+        scratch.cleanup()
+        raise
 
 
 def slots_within(
@@ -169,19 +217,6 @@ def slots_within(
     d = int(disk_bytes // (state_bytes + DISK_RECORD_OVERHEAD * (leaves + 1)))
     reserve = 3 if d > 0 else 0
     return int(memory_bytes // state_bytes) - reserve, d, reserve
-
-
-def _leaf_count(u0) -> int:
-    from .state import flatten
-
-    return len(flatten(u0)[0])
-
-
-def _state_bytes(u0) -> int:
-    from .state import flatten
-
-    leaves, _ = flatten(u0)
-    return int(sum(leaf.nbytes for leaf in leaves))
 
 
 #: Wall time each step calibration samples (forward, adjoint): on a machine
@@ -281,7 +316,7 @@ def _time_memory(u0, state_bytes: int, slots: int, solver=None) -> float:
 
     if u0 is not None:
         state = copy_state(u0)
-        nbytes = _state_bytes(state)
+        nbytes = state_nbytes(state)
     else:
         state = np.ones(max(state_bytes // 8, 1))
         nbytes = state.nbytes
@@ -421,10 +456,10 @@ def plan(
     if state_bytes is None:
         if u0 is None:
             raise VlccValueError("plan needs the size of a state: pass state_bytes= or u0=")
-        state_bytes = _state_bytes(u0)
+        state_bytes = state_nbytes(u0)
     if state_bytes < 1:
         raise VlccValueError(f"state_bytes must be >= 1, got {state_bytes}")
-    leaves = _leaf_count(u0) if u0 is not None else 4
+    leaves = len(Structure.of(u0).infos) if u0 is not None else 4
     m, d, reserve = slots_within(memory_bytes, disk_bytes, state_bytes, leaves)
     if m < 1:
         raise VlccValueError(

@@ -65,7 +65,7 @@ def test_bad_input_is_a_clear_error_not_a_traceback():
         text=True,
     )
     assert result.returncode == 2
-    assert "snapshots must be an integer >= 1, got 0" in result.stderr
+    assert "argument --snapshots: must be an integer >= 1, got 0" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -95,9 +95,14 @@ def test_demo_checks_its_gradient_and_draws_it(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "vlcc_demo_gradient.png").stat().st_size > 10_000
 
 
-def test_bench_runs_the_chosen_benchmarks_and_indexes_their_results(tmp_path):
+def test_bench_runs_the_chosen_benchmarks_and_indexes_their_results(tmp_path, monkeypatch):
     import json
 
+    # bench_multistage keeps its copy of the old module in the temporary
+    # directory across runs, a cache of its own: here, in this test's folder.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)
     rc = main(["bench", "--quick", "--only", "multistage", "--out", str(tmp_path)])
     assert rc == 0
     index = json.loads((tmp_path / "run_all.json").read_text())
@@ -166,9 +171,15 @@ def _vlcc(*argv, timeout=120):
         (["demo", "--png", "{tmp}/x.nosuchformat"], "cannot write .nosuchformat files"),
         (["plan", "--plot", "/nonexistent/x.png"], "/nonexistent does not exist"),
         (["plan", "--plot", "{tmp}"], "is a directory"),
-        (["demo", "--steps", "0"], "--steps must be >= 1, got 0"),
-        (["demo", "--nx", "3"], "--nx must be >= 17"),
-        (["demo", "--disk-states", "-1"], "--disk-states must be >= 0, got -1"),
+        (["demo", "--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+        (["demo", "--nx", "3"], "argument --nx: must be an integer >= 17"),
+        (
+            ["demo", "--disk-states", "-1"],
+            "argument --disk-states: must be an integer >= 0, got -1",
+        ),
+        (["plan", "--forward-cost", "-1"], "argument --forward-cost: must be a finite number >= 0"),
+        (["plan", "--steps", "abc"], "argument --steps: must be an integer >= 1, got 'abc'"),
+        (["plan", "--unknown"], "unrecognized arguments: --unknown (see vlcc plan --help)"),
         (["demo", "--memory-states", "1"], "give --memory-states 4 or more"),
         (["demo", "--memory-states", "0", "--disk-states", "0"], "give --memory-states 1 or more"),
         (

@@ -150,3 +150,58 @@ def test_verbose_may_be_a_callable_that_receives_each_line():
     step, u0 = _problem(_Clock())
     plan(30, memory_bytes=4 * u0.nbytes, solver=step, u0=u0, verbose=lines.append)
     assert lines and all(line.startswith("plan: timing") for line in lines)
+
+
+def _two_level_plan():
+    bp = _plan(1e-3, 1e-5, 1e-2, 1e-2, 1.0)
+    assert len(bp.schedule.levels) == 2
+    return bp
+
+
+def _scratch(root) -> list:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("vlcc-disk-"))
+
+
+def test_make_store_removes_the_temporary_directory_it_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    store = _two_level_plan().make_store()
+    (made,) = _scratch(tmp_path)
+    assert store.tiers[1].path == str(tmp_path / made)
+    store.save(0, np.ones(10), level=1)
+    store.close()
+    assert list(tmp_path.iterdir()) == []  # nothing left, not even an empty folder
+    store.close()  # idempotent
+
+
+def test_run_adjoint_closes_the_store_and_so_removes_its_directory(tmp_path, monkeypatch):
+    from vlcc_adjoint import run_adjoint
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    step = timestep(lambda u, i: u * 1.01, adjoint=lambda u, lam, i: lam * 1.01)
+    n, u0 = 60, np.ones(STATE // 8)
+    bp = plan(
+        n,
+        memory_bytes=6 * STATE,
+        disk_bytes=20 * STATE,
+        state_bytes=STATE,
+        step_seconds=1e-3,
+        copy_seconds=1e-5,
+        write_seconds=1e-2,
+        read_seconds=1e-2,
+    )
+    assert len(bp.schedule.levels) == 2
+    store = bp.make_store()
+    assert len(_scratch(tmp_path)) == 1
+    result = run_adjoint(step, bp.schedule, u0, lambda u: u, store=store)
+    np.testing.assert_allclose(result.adjoint, 1.01 ** (2 * n) * u0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_at_the_callers_path_keeps_its_records(tmp_path):
+    path = tmp_path / "ckpt.zarr"
+    store = _two_level_plan().make_store(path)
+    store.save(0, np.ones(10), level=1)
+    store.close()
+    assert (path / "zarr.json").is_file() and len(list(path.iterdir())) > 1

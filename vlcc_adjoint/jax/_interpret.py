@@ -1,9 +1,10 @@
 """The JAX interpreter of a compiled schedule: compiled loops over static data.
 
 A :class:`~vlcc_adjoint.jax._program.Program` is a static ``int32`` array of
-instructions ``(LOAD, A, B, SAVE, HKIND, HID, HSLOT)`` plus the ``bounds``
-that say which instructions prepare which adjoint step, and ``rev_row``, the
-buffer row each adjoint step reads.  An instruction does
+instructions (columns ``C_LOAD, C_A, C_B, C_SAVE, C_HKIND, C_HID,
+C_HSLOT``) plus the ``bounds`` that say which instructions prepare which
+adjoint step, and ``rev_row``, the buffer row each adjoint step reads.  An
+instruction does
 
     HOST kind      io_callback to the TieredStore       lax.cond on kind >= 0
     LOAD slot      cur = buf[slot]                      lax.cond on slot >= 0
@@ -44,26 +45,69 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from ..errors import VlccValueError
-from ._program import HID, HKIND, HSLOT, LOAD, SAVE, A, B, Program
+from ._program import C_A, C_B, C_HID, C_HKIND, C_HSLOT, C_LOAD, C_SAVE, Program
 
-__all__ = ["Interpreter"]
+__all__ = ["Interpreter", "Step", "index_rows", "scan_leaves", "update_rows"]
 
 Leaves = list  # a flat list of arrays
+
+#: One forward step on flat leaves: ``step(carry_leaves, x_leaves,
+#: const_leaves) -> (carry_leaves, y_leaves)``; ``x_leaves`` is ``[]`` for a
+#: scan without inputs.
+Step = Callable[[Leaves, Leaves, Leaves], tuple[Leaves, Leaves]]
 
 _I32 = np.int32
 
 
-def _index(arrays: Sequence, i) -> Leaves:
+def index_rows(arrays: Sequence, i) -> Leaves:
+    """Row `i` (a traced or static index) of each array in `arrays`: the
+    per-step slice of stacked leaves (``xs[i]``, ``buf[slot]``)."""
     return [lax.dynamic_index_in_dim(x, i, 0, keepdims=False) for x in arrays]
 
 
-def _update(arrays: Sequence, values: Sequence, i) -> Leaves:
+def update_rows(arrays: Sequence, values: Sequence, i) -> Leaves:
+    """`arrays` with row `i` of each replaced by the matching entry of
+    `values` (in place inside a loop: XLA reuses the buffer)."""
     return [lax.dynamic_update_index_in_dim(x, v, i, 0) for x, v in zip(arrays, values)]
+
+
+def scan_leaves(
+    step: Step,
+    init: Leaves,
+    xs: Leaves,
+    consts: Leaves,
+    length: int,
+    unroll: int = 1,
+    remat: bool = False,
+) -> tuple[Leaves, Leaves]:
+    """``lax.scan`` of `step` over flat leaves: the one plain scan of a step.
+
+    **Arguments:** `step` (:data:`Step`); the carry's leaves `init`; the
+    per-step inputs `xs` (leaves with a leading axis of `length`; ``[]``
+    for none: the step then receives ``[]``, never ``None``); the closure's
+    leaves `consts`; `unroll` as ``lax.scan``'s; `remat`: scan the
+    ``jax.checkpoint`` of the step (its reverse mode then stores one carry
+    per step and recomputes the step's intermediates).
+
+    **Returns:** ``(final_carry_leaves, ys_leaves)``.
+    """
+
+    def body(c, x):
+        return step(c, [] if x is None else x, consts)
+
+    return lax.scan(
+        jax.checkpoint(body) if remat else body,
+        init,
+        xs if xs else None,
+        length=length,
+        unroll=unroll,
+    )
 
 
 class Interpreter:
@@ -72,8 +116,7 @@ class Interpreter:
     **Arguments:**
 
     - `program`: the compiled schedule.
-    - `step`: ``step(carry_leaves, x_leaves, const_leaves) -> (carry_leaves,
-      y_leaves)``, one forward step on flat leaves.
+    - `step`: one forward step on flat leaves (:data:`Step`).
     - `unroll`: forward steps per iteration of the advance loops (>= 1).
     - `record`: also log every forward step and adjoint step (for
       :func:`vlcc_adjoint.jax.jax_trace`; costs two int buffers).
@@ -82,14 +125,14 @@ class Interpreter:
     """
 
     def __init__(
-        self, program: Program, step: Callable, unroll: int = 1, record: bool = False, host=None
+        self, program: Program, step: Step, unroll: int = 1, record: bool = False, host=None
     ):
         self.program = program
         self.step = step
         self.unroll = max(1, int(unroll))
         self.record = record
         self.host = host
-        if host is None and program.uses(program.code, HKIND):
+        if host is None and program.uses(program.code, C_HKIND):
             raise VlccValueError("this program has host instructions: pass a HostSession")
 
     # -- pieces -------------------------------------------------------------
@@ -98,9 +141,9 @@ class Interpreter:
         """``cur = u_b`` from ``cur = u_a``; writes ``ys[i]`` if `ys` is given."""
 
         def one(i, cur, ys, log):
-            cur, y = self.step(cur, _index(xs, i), consts)
+            cur, y = self.step(cur, index_rows(xs, i), consts)
             if ys is not None:
-                ys = _update(ys, y, i)
+                ys = update_rows(ys, y, i)
             if log is not None:
                 buf, ptr = log
                 log = (buf.at[ptr].set(i), ptr + 1)
@@ -136,37 +179,37 @@ class Interpreter:
     def _instructions(self, code_np, code, lo, hi, cur, buf, xs, consts, ys, fwd_log, counts):
         """Run instructions ``[lo, hi)`` of `code` (a while loop)."""
         p = self.program
-        has_load = p.uses(code_np, LOAD)
-        has_save = p.uses(code_np, SAVE)
-        has_adv = p.uses(code_np, A)
-        has_host = p.uses(code_np, HKIND)
+        has_load = p.uses(code_np, C_LOAD)
+        has_save = p.uses(code_np, C_SAVE)
+        has_adv = p.uses(code_np, C_A)
+        has_host = p.uses(code_np, C_HKIND)
 
         def body(state):
             j, cur, buf, ys, fwd_log, counts = state
             ins = code[j]
             if has_host:
-                hk = ins[HKIND]
+                hk = ins[C_HKIND]
                 cur, buf = lax.cond(
                     hk >= 0,
                     lambda c, b: self.host.instruction(
                         jnp.maximum(hk, 0),
-                        ins[HID],
-                        jnp.maximum(ins[HSLOT], 0),
+                        ins[C_HID],
+                        jnp.maximum(ins[C_HSLOT], 0),
                         c,
                         b,
-                        _index,
-                        _update,
+                        index_rows,
+                        update_rows,
                     ),
                     lambda c, b: (list(c), list(b)),
                     list(cur),
                     list(buf),
                 )
             if has_load:
-                cur, counts = self._load(ins[LOAD], cur, buf, counts)
+                cur, counts = self._load(ins[C_LOAD], cur, buf, counts)
             if has_adv:
-                cur, ys, fwd_log = self._advance(ins[A], ins[B], cur, xs, consts, ys, fwd_log)
+                cur, ys, fwd_log = self._advance(ins[C_A], ins[C_B], cur, xs, consts, ys, fwd_log)
             if has_save:
-                buf, counts = self._save(ins[SAVE], cur, buf, counts)
+                buf, counts = self._save(ins[C_SAVE], cur, buf, counts)
             return j + 1, cur, buf, ys, fwd_log, counts
 
         state = (lo, cur, buf, ys, fwd_log, counts)
@@ -202,7 +245,7 @@ class Interpreter:
         return cur, buf, ys, (fwd_log, rev_log, counts)
 
     def _load(self, slot, cur, buf, counts):
-        cur = lax.cond(slot >= 0, lambda: _index(buf, jnp.maximum(slot, 0)), lambda: list(cur))
+        cur = lax.cond(slot >= 0, lambda: index_rows(buf, jnp.maximum(slot, 0)), lambda: list(cur))
         if counts is not None:
             counts = counts.at[0].add((slot >= 0).astype(_I32))
         return cur, counts
@@ -210,7 +253,7 @@ class Interpreter:
     def _save(self, slot, cur, buf, counts):
         buf = lax.cond(
             slot >= 0,
-            lambda b: _update(b, cur, jnp.maximum(slot, 0)),
+            lambda b: update_rows(b, cur, jnp.maximum(slot, 0)),
             lambda b: list(b),
             list(buf),
         )
@@ -271,7 +314,7 @@ class Interpreter:
                 )
             i = n - 1 - k
             # u_i straight from its row: XLA fuses the slice into the VJP.
-            adj_state = adjoint(i, _index(buf, rev_row[k]), consts, adj_state)
+            adj_state = adjoint(i, index_rows(buf, rev_row[k]), consts, adj_state)
             if rev_log is not None:
                 rbuf, rptr = rev_log
                 rev_log = (rbuf.at[rptr].set(i), rptr + 1)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 
 from ..schedules import Schedule
-from ._scan import _static_int, checkpointed_scan
+from ._options import static_int
+from ._scan import checkpointed_scan
 
 if TYPE_CHECKING:
     from ..storage import TieredStore
@@ -89,12 +90,9 @@ def checkpointed_fori_loop(
     `snapshots`, `store`, `unroll` as :func:`checkpointed_scan` (the
     schedule is for ``upper - lower`` steps).  **Returns:** the final value.
     """
-    lower = _static_int(
-        lower, "lower", "use jax.lax.fori_loop for traced bounds, or make the bounds static"
-    )
-    upper = _static_int(
-        upper, "upper", "use jax.lax.fori_loop for traced bounds, or make the bounds static"
-    )
+    remedy = "use jax.lax.fori_loop for traced bounds, or make the bounds static"
+    lower = static_int(lower, "lower", remedy, caller="checkpointed_fori_loop")
+    upper = static_int(upper, "upper", remedy, caller="checkpointed_fori_loop")
     if upper <= lower:
         return init_val
 

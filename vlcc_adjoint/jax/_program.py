@@ -17,9 +17,11 @@ one does, in this fixed order, at most
 
 which is the shape of a schedule's inner loop (``Load(s)``, ``Advance(s,
 j)``, ``Save(j)``).  Consecutive actions that fit this order share one
-instruction; ``Delete`` only frees a slot of the slot map and costs nothing
-at run time; consecutive ``Advance`` actions merge.  The slot map is a free
-list over exactly ``peak_slots[0]`` slots.
+instruction; ``Delete`` only frees a slot and costs nothing at run time;
+consecutive ``Advance`` actions merge.  Which slot each record occupies is
+:func:`~vlcc_adjoint.schedules.assign_slots` of the schedule's
+:func:`~vlcc_adjoint.schedules.io_plan` (the one slot map, shared with the
+store's device tier): exactly ``peak_slots[0]`` slots.
 
 ``Reverse`` actions are not instructions.  A valid schedule runs the adjoint
 steps in the order ``n - 1, ..., 0``, so the backward pass is a loop of
@@ -46,16 +48,29 @@ import numba
 import numpy as np
 
 from ..errors import VlccRuntimeError, VlccValueError
-from ..schedules import Schedule, simulate
-from ..schedules.actions import ActionKind
+from ..schedules import (
+    ADVANCE,
+    DELETE,
+    LOAD,
+    MOVE,
+    REVERSE,
+    SAVE,
+    IOPlan,
+    Schedule,
+    assign_slots,
+    io_plan,
+    simulate,
+)
 
 __all__ = ["Program", "compile_program"]
 
-#: Instruction columns (int32): the slot to load into the state in hand (-1:
-#: none), the advance range [A, B) (A == B: none), the slot to save the state
-#: in hand into (-1: none); for host instructions (levels >= 1, see below)
-#: the host kind (-1: none), the host action's id and the device slot.
-LOAD, A, B, SAVE, HKIND, HID, HSLOT = range(7)
+#: Instruction columns (int32): the slot to load into the state in hand
+#: (``C_LOAD``, -1: none), the advance range ``[C_A, C_B)`` (equal: none),
+#: the slot to save the state in hand into (``C_SAVE``, -1: none); for host
+#: instructions (levels >= 1, see below) the host kind (``C_HKIND``, -1:
+#: none), the host action's id (``C_HID``) and the device slot (``C_HSLOT``).
+#: (Columns, named apart from the action kinds ``LOAD`` and ``SAVE``.)
+C_LOAD, C_A, C_B, C_SAVE, C_HKIND, C_HID, C_HSLOT = range(7)
 N_FIELDS = 7
 
 #: Host instruction kinds: the state in hand to a host level (``Save(i, k)``),
@@ -85,28 +100,18 @@ def _emit(out, count, write, f_load, f_a, f_b, f_save, h_kind, h_id, h_slot):
 
 
 @numba.njit(cache=True, nogil=True)
-def _alloc(free, nfree, used):
-    if nfree > 0:
-        nfree -= 1
-        return free[nfree], nfree, used
-    return used, nfree, used + 1
+def _compile(kind, a, b, level, dst, slot, n, host, out, bounds, write):
+    """Replay the table and group its actions into instructions.
 
-
-@numba.njit(cache=True, nogil=True)
-def _compile(kind, a, b, level, dst, n, host, out, bounds, write):
-    """Replay the table, assign slots, group actions into instructions.
-
-    Writes instructions into ``out`` and, for the adjoint step ``n - 1 - k``,
-    ``bounds[k + 1]`` = the number of instructions that run before it
-    (``bounds[0]`` = where the forward sweep ends).  Returns ``(count, split,
-    split_kind, slots, host_actions, error_row)``; ``error_row`` is the first
-    action on a level other than 0 when ``host`` is false (-1 if none).
-    When ``write`` is false only counts.
+    ``slot[r]`` is the device slot action ``r`` touches on level 0
+    (:func:`~vlcc_adjoint.schedules.assign_slots`).  Writes instructions
+    into ``out`` and, for the adjoint step ``n - 1 - k``, ``bounds[k + 1]``
+    = the number of instructions that run before it (``bounds[0]`` = where
+    the forward sweep ends).  Returns ``(count, split, split_kind,
+    host_actions, error_row)``; ``error_row`` is the first action on a level
+    other than 0 when ``host`` is false (-1 if none).  When ``write`` is
+    false only counts.
     """
-    slot_of = np.full(n + 1, -1, np.int64)
-    free = np.empty(n + 1, np.int64)  # stack of freed slots
-    nfree = 0
-    used = 0  # slots ever handed out (the buffer's size)
     count = 0
     reversed_ = 0
     hid = 0  # host actions so far (their ids, in table order)
@@ -118,67 +123,53 @@ def _compile(kind, a, b, level, dst, n, host, out, bounds, write):
     phase = 0
     for r in range(kind.shape[0]):
         k = kind[r]
-        on_host = (k == 1 or k == 2 or k == 3) and level[r] != 0
-        if k == 4:
-            on_host = True
+        on_host = k == MOVE or ((k == SAVE or k == LOAD or k == DELETE) and level[r] != 0)
         if on_host and not host:
-            return count, split, split_kind, used, hid, r
+            return count, split, split_kind, hid, r
         if on_host:
             # Host work that moves device data is its own instruction, after
             # whatever device instruction is being built.
-            moves_data = k == 1 or k == 2 or (k == 4 and (level[r] == 0 or dst[r] == 0))
+            moves_data = k == SAVE or k == LOAD or (k == MOVE and (level[r] == 0 or dst[r] == 0))
             if moves_data and phase > 0:
                 count = _emit(out, count, write, f_load, f_a, f_b, f_save, -1, -1, -1)
                 f_load, f_a, f_b, f_save = -1, 0, 0, -1
                 phase = 0
-            if k == 1:
+            if k == SAVE:
                 count = _emit(out, count, write, -1, 0, 0, -1, H_SAVE, hid, -1)
-            elif k == 2:
+            elif k == LOAD:
                 count = _emit(out, count, write, -1, 0, 0, -1, H_LOAD, hid, -1)
-            elif k == 4 and level[r] == 0:
-                s = slot_of[a[r]]
-                count = _emit(out, count, write, -1, 0, 0, -1, H_FROM_SLOT, hid, s)
-                free[nfree] = s
-                nfree += 1
-                slot_of[a[r]] = -1
-            elif k == 4 and dst[r] == 0:
-                s, nfree, used = _alloc(free, nfree, used)
-                slot_of[a[r]] = s
-                count = _emit(out, count, write, -1, 0, 0, -1, H_TO_SLOT, hid, s)
+            elif k == MOVE and level[r] == 0:
+                count = _emit(out, count, write, -1, 0, 0, -1, H_FROM_SLOT, hid, slot[r])
+            elif k == MOVE and dst[r] == 0:
+                count = _emit(out, count, write, -1, 0, 0, -1, H_TO_SLOT, hid, slot[r])
             hid += 1
             continue
         # Does this action fit the device instruction being built?
         flush = False
-        if k == 0:
+        if k == ADVANCE:
             flush = phase >= 3 or (phase == 2 and f_b != a[r])
-        elif k == 1:
+        elif k == SAVE:
             flush = phase >= 3
-        elif k == 2:
+        elif k == LOAD:
             flush = phase >= 1
-        elif k == 5:
+        elif k == REVERSE:
             flush = True
         if flush and phase > 0:
             count = _emit(out, count, write, f_load, f_a, f_b, f_save, -1, -1, -1)
             f_load, f_a, f_b, f_save = -1, 0, 0, -1
             phase = 0
-        if k == 0:  # Advance
+        if k == ADVANCE:
             if phase != 2:
                 f_a = a[r]
             f_b = b[r]
             phase = 2
-        elif k == 1:  # Save
-            s, nfree, used = _alloc(free, nfree, used)
-            slot_of[a[r]] = s
-            f_save = s
+        elif k == SAVE:
+            f_save = slot[r]
             phase = 3
-        elif k == 2:  # Load
-            f_load = slot_of[a[r]]
+        elif k == LOAD:
+            f_load = slot[r]
             phase = 1
-        elif k == 3:  # Delete: the slot is free for later instructions
-            free[nfree] = slot_of[a[r]]
-            nfree += 1
-            slot_of[a[r]] = -1
-        elif k == 5:  # Reverse: ends the instructions that prepare it
+        elif k == REVERSE:  # ends the instructions that prepare it
             if split < 0:
                 split = count
                 split_kind = SPLIT_AT_REVERSE
@@ -187,8 +178,9 @@ def _compile(kind, a, b, level, dst, n, host, out, bounds, write):
             if write:
                 bounds[reversed_ + 1] = count
             reversed_ += 1
+        # (A Delete only frees its slot, which the slot map already knows.)
         # An Advance that reaches u_n during the forward sweep ends the sweep.
-        if k == 0 and split < 0 and b[r] == n:
+        if k == ADVANCE and split < 0 and b[r] == n:
             count = _emit(out, count, write, f_load, f_a, f_b, f_save, -1, -1, -1)
             f_load, f_a, f_b, f_save = -1, 0, 0, -1
             phase = 0
@@ -198,7 +190,7 @@ def _compile(kind, a, b, level, dst, n, host, out, bounds, write):
                 bounds[0] = count
     # Whatever follows the last Reverse (at most Deletes) changes nothing on
     # the device; host Deletes there are flushed at the end of the pass.
-    return count, split, split_kind, used, hid, -1
+    return count, split, split_kind, hid, -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +199,8 @@ class Program:
 
     **Attributes:**
 
-    - `code`: ``int32[instructions, 4]``, columns ``LOAD, A, B, SAVE``
-      (module docstring).
+    - `code`: ``int32[instructions, N_FIELDS]``, columns ``C_LOAD, C_A,
+      C_B, C_SAVE, C_HKIND, C_HID, C_HSLOT`` (module docstring).
     - `bounds`: ``int32[n + 1]``.  Instructions ``[0, bounds[0])`` are the
       forward sweep; the ``k``-th iteration of the backward pass runs
       instructions ``[bounds[k], bounds[k + 1])`` and then the adjoint step
@@ -226,8 +218,11 @@ class Program:
       schedule's forward count.
     - `host_actions`: the schedule's actions on levels >= 1 (Save, Load,
       Delete, Move), in table order, as rows ``(kind, step, level, dst)``;
-      a host instruction's ``HID`` indexes this.  Empty for device-only
+      a host instruction's ``C_HID`` indexes this.  Empty for device-only
       schedules.
+    - `host_index`: the index in the schedule's table of each host action.
+    - `plan`: the schedule's :class:`~vlcc_adjoint.schedules.IOPlan` (its
+      level-0 slots are :func:`~vlcc_adjoint.schedules.assign_slots` of it).
     """
 
     code: np.ndarray
@@ -240,6 +235,7 @@ class Program:
     rev_row_coded: np.ndarray | None = None
     rows: int = 0
     host_index: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    plan: IOPlan | None = None
 
     @property
     def rev_row(self) -> np.ndarray:
@@ -282,8 +278,8 @@ class Program:
         """Whether any instruction of `part` uses `field` (static pruning)."""
         if len(part) == 0:
             return False
-        if field == A:
-            return bool(np.any(part[:, B] > part[:, A]))
+        if field == C_A:
+            return bool(np.any(part[:, C_B] > part[:, C_A]))
         return bool(np.any(part[:, field] >= 0))
 
 
@@ -301,19 +297,20 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     stats = simulate(schedule)
     t = schedule.table
     n = schedule.n_steps
+    plan = io_plan(schedule)
+    slots = assign_slots(plan, 0)
     args = (
         t["kind"].astype(np.int64),
         t["a"].astype(np.int64),
         t["b"].astype(np.int64),
         t["level"].astype(np.int64),
         t["dst"].astype(np.int64),
+        slots.action_slot,
         n,
         host,
     )
     dummy = np.empty((0, N_FIELDS), np.int32)
-    count, split, split_kind, slots, nhost, bad = _compile(
-        *args, dummy, np.empty(0, np.int32), False
-    )
+    count, split, split_kind, nhost, bad = _compile(*args, dummy, np.empty(0, np.int32), False)
     if bad >= 0:
         raise VlccValueError(
             f"{schedule!r} uses storage level {int(max(t['level'][bad], t['dst'][bad]))} "
@@ -325,9 +322,7 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
     bounds = np.empty(n + 1, np.int32)
     _compile(*args, code, bounds, True)
     kinds = t["kind"]
-    on_host = (kinds == ActionKind.MOVE) | (
-        np.isin(kinds, [ActionKind.SAVE, ActionKind.LOAD, ActionKind.DELETE]) & (t["level"] != 0)
-    )
+    on_host = (kinds == MOVE) | (np.isin(kinds, [SAVE, LOAD, DELETE]) & (t["level"] != 0))
     host_index = np.flatnonzero(on_host).astype(np.int64)
     rows = t[on_host]
     host_actions = (
@@ -344,24 +339,28 @@ def compile_program(schedule: Schedule, host: bool = False) -> Program:
         else np.zeros((0, 4), np.int64)
     )
     assert len(host_actions) == nhost
-    forward = int(np.sum(code[:, B] - code[:, A]))
+    forward = int(np.sum(code[:, C_B] - code[:, C_A]))
     assert forward == stats.forward_count, (forward, stats.forward_count)
-    assert slots == (stats.peak_slots[0] if stats.peak_slots else 0), (slots, stats.peak_slots)
+    assert slots.slots == (stats.peak_slots[0] if stats.peak_slots else 0), (
+        slots.slots,
+        stats.peak_slots,
+    )
     assert split >= 0 and np.all(np.diff(bounds) >= 0)
-    code, bounds, rev_row, rows = _reverse_from_buffer(code, bounds, int(slots), n)
+    code, bounds, rev_row, rows = _reverse_from_buffer(code, bounds, slots.slots, n)
     for a in (code, bounds, rev_row, host_actions, host_index):
         a.flags.writeable = False
     return Program(
         code,
         bounds,
         int(split_kind),
-        int(slots),
+        slots.slots,
         n,
         forward,
         host_actions,
         rev_row,
         rows,
         host_index,
+        plan,
     )
 
 
@@ -398,11 +397,11 @@ def _reverse_from_buffer(code, bounds, slots, n):
             # The state in hand is where the forward sweep ended: the sweep
             # itself puts it into a row.
             last = out[0][-1] if len(out[0]) else None
-            if last is not None and last[HKIND] < 0 and last[SAVE] >= 0:
-                rev_row[0] = last[SAVE]
-            elif last is not None and last[HKIND] < 0 and last[SAVE] < 0:
+            if last is not None and last[C_HKIND] < 0 and last[C_SAVE] >= 0:
+                rev_row[0] = last[C_SAVE]
+            elif last is not None and last[C_HKIND] < 0 and last[C_SAVE] < 0:
                 out[0] = out[0].copy()
-                out[0][-1, SAVE] = scratch
+                out[0][-1, C_SAVE] = scratch
                 rev_row[0], used_scratch = scratch, True
             else:
                 out[0] = np.concatenate([out[0], save_scratch])
@@ -413,13 +412,13 @@ def _reverse_from_buffer(code, bounds, slots, n):
         if k == 0:
             new_bounds[0] = len(out[0])
         last = part[-1]
-        if last[HKIND] < 0 and last[LOAD] >= 0 and last[B] == last[A] and last[SAVE] < 0:
-            rev_row[k] = -1 - last[LOAD]
+        if last[C_HKIND] < 0 and last[C_LOAD] >= 0 and last[C_B] == last[C_A] and last[C_SAVE] < 0:
+            rev_row[k] = -1 - last[C_LOAD]
             part = part[:-1]
-        elif last[HKIND] < 0 and last[SAVE] >= 0:
-            rev_row[k] = last[SAVE]
-        elif last[HKIND] < 0:
-            part[-1, SAVE] = scratch
+        elif last[C_HKIND] < 0 and last[C_SAVE] >= 0:
+            rev_row[k] = last[C_SAVE]
+        elif last[C_HKIND] < 0:
+            part[-1, C_SAVE] = scratch
             rev_row[k], used_scratch = scratch, True
         else:
             part = np.concatenate([part, save_scratch])

@@ -39,7 +39,6 @@ per step.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,124 +50,23 @@ from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from ..errors import VlccTypeError, VlccValueError
-from ..schedules import Revolve, Schedule, default_snapshots, io_plan
+from ..schedules import Schedule
 from ._host import HostSession
-from ._interpret import Interpreter, _index, _update
-from ._program import SPLIT_AT_REVERSE, Program, compile_program
-from ._segments import check_segment, choose_segment, residual_bytes, segmented_scan
+from ._interpret import Interpreter, index_rows, scan_leaves, update_rows
+from ._options import check_schedule, check_unroll, resolve_program, scan_length, slot_count
+from ._program import SPLIT_AT_REVERSE, Program
+from ._segments import (
+    check_segment,
+    choose_segment,
+    residual_bytes,
+    segmented_scan,
+    tree_nbytes,
+)
 
 if TYPE_CHECKING:
     from ..storage import TieredStore
 
 __all__ = ["checkpointed_scan"]
-
-
-# ---------------------------------------------------------------------------
-# Static arguments
-
-
-def _is_tracer(x) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
-def _static_int(value, name: str, remedy: str) -> int:
-    if _is_tracer(value):
-        raise VlccTypeError(
-            f"checkpointed_scan: `{name}` must be a Python int known at trace time, "
-            f"got a traced value {value!r}; {remedy}"
-        )
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise VlccTypeError(f"checkpointed_scan: `{name}` must be an int, got {value!r}")
-    return int(value)
-
-
-def _infer_length(xs_leaves, length) -> int:
-    if length is not None:
-        length = _static_int(
-            length,
-            "length",
-            "the number of steps must be static (mark it static in jax.jit with "
-            "static_argnums, or derive it from xs)",
-        )
-        if length < 0:
-            raise VlccValueError(f"checkpointed_scan: `length` must be >= 0, got {length}")
-    lengths = set()
-    for leaf in xs_leaves:
-        shape = np.shape(leaf)
-        if len(shape) == 0:
-            raise VlccValueError(
-                "checkpointed_scan: every leaf of `xs` needs a leading axis to scan "
-                f"over, got a scalar {leaf!r}; give it shape (length, ...)"
-            )
-        lengths.add(shape[0])
-    if len(lengths) > 1:
-        raise VlccValueError(
-            "checkpointed_scan: the leaves of `xs` have different leading axis sizes "
-            f"{sorted(lengths)}; they must all equal the number of steps"
-        )
-    if lengths:
-        (xs_length,) = lengths
-        if length is not None and length != xs_length:
-            raise VlccValueError(
-                f"checkpointed_scan: `length`={length} but the leaves of `xs` have "
-                f"leading axis {xs_length}; pass length={xs_length} or drop `length`"
-            )
-        length = xs_length
-    if length is None:
-        raise VlccValueError("checkpointed_scan: with xs=None give `length`, the number of steps")
-    return length
-
-
-@functools.lru_cache(maxsize=64)
-def _revolve_program(n: int, snapshots: int) -> Program:
-    return compile_program(Revolve(n, snapshots))
-
-
-def _slot_count(n: int, snapshots) -> int:
-    """`snapshots` checked as a static int >= 1 (the default: two repetitions)."""
-    if snapshots is None:
-        snapshots = default_snapshots(n, repetitions=2)
-    snapshots = _static_int(
-        snapshots,
-        "snapshots",
-        "the number of checkpoint slots sizes a device buffer, so it must be static "
-        "(mark it static in jax.jit with static_argnames)",
-    )
-    if snapshots < 1:
-        raise VlccValueError(f"checkpointed_scan: `snapshots` must be >= 1, got {snapshots}")
-    return snapshots
-
-
-def _resolve_program(n: int, schedule, snapshots, host: bool = False) -> Program:
-    if schedule is not None and snapshots is not None:
-        raise VlccValueError(
-            "checkpointed_scan: give `schedule` or `snapshots`, not both "
-            "(`snapshots=c` means schedule=Revolve(length, c))"
-        )
-    if schedule is None:
-        snapshots = _slot_count(n, snapshots)
-        return _revolve_program(n, snapshots)
-    if _is_tracer(schedule) or not isinstance(schedule, Schedule):
-        raise VlccTypeError(
-            "checkpointed_scan: `schedule` must be a vlcc_adjoint.schedules.Schedule "
-            f"(static data built outside the traced function), got {type(schedule).__name__}; "
-            "e.g. schedule=Revolve(length, snapshots)"
-        )
-    try:
-        table = schedule.table
-    except AttributeError:
-        raise VlccValueError(
-            f"checkpointed_scan: this {type(schedule).__name__} schedule has no table yet; an Online schedule "
-            "used with scan knows its length: give Online(length, snapshots=c)"
-        ) from None
-    del table
-    if schedule.n_steps != n:
-        raise VlccValueError(
-            f"checkpointed_scan: the schedule is for {schedule.n_steps} steps but the "
-            f"scan has length {n}; build it for this length, e.g. "
-            f"{type(schedule).__name__}({n}, ...)"
-        )
-    return compile_program(schedule, host=host)
 
 
 def _batched(x) -> bool:
@@ -184,7 +82,7 @@ def _batched(x) -> bool:
 
 def _tracer_kinds(x) -> list[str]:
     """The tracer types `x` is wrapped in, outermost first (a best-effort walk)."""
-    kinds = []
+    kinds: list[str] = []
     while isinstance(x, jax.core.Tracer) and len(kinds) < 32:
         kinds.append(type(x).__name__)
         x = getattr(x, "primal", getattr(x, "val", None))
@@ -220,6 +118,7 @@ def _describe(path) -> str:
 
 
 def _check_carry(init, carry_out) -> None:
+    in_tree: Any  # a PyTreeDef (jaxlib ships no type stubs for it)
     in_leaves, in_tree = jax.tree_util.tree_flatten_with_path(init)
     out_leaves, out_tree = tree_flatten(carry_out)
     if in_tree != out_tree:
@@ -337,19 +236,16 @@ def checkpointed_scan(
     """
     if not callable(f):
         raise VlccTypeError(f"checkpointed_scan: `f` must be callable, got {f!r}")
-    if isinstance(unroll, bool):
-        unroll = 0 if unroll else 1  # as lax.scan: True unrolls fully
-    unroll = _static_int(unroll, "unroll", "give a Python int")
-    if unroll < 0:
-        raise VlccValueError(f"checkpointed_scan: `unroll` must be >= 1, got {unroll}")
+    unroll = check_unroll(unroll)
+    check_schedule(schedule, snapshots)
     xs_leaves, xs_tree = tree_flatten(xs)
-    n = _infer_length(xs_leaves, length)
+    n = scan_length(xs_leaves, length)
     if n == 0 or _forward_mode([*tree_flatten(init)[0], *xs_leaves]):
         # Nothing to checkpoint (no steps, or forward mode, which stores
         # nothing per step); a schedule must still fit.
         if n == 0 and schedule is not None:
-            _resolve_program(n, schedule, snapshots)
-        return lax.scan(f, init, xs, length=n, reverse=bool(reverse), unroll=unroll or True)
+            resolve_program(n, schedule, snapshots)
+        return lax.scan(f, init, xs, length=n, reverse=bool(reverse), unroll=unroll)
     if reverse:
         # lax.scan's reverse=True is the forward scan of the reversed inputs,
         # with the outputs reversed back.
@@ -365,11 +261,12 @@ def checkpointed_scan(
             segment=segment,
         )
         return carry, jax.tree.map(lambda y: jnp.flip(y, 0), ys)
-    if not (
-        isinstance(segment, (int, np.integer)) and not isinstance(segment, bool) and segment == 1
-    ):
-        segment = check_segment(segment, n, schedule)
-    if unroll == 0:  # unroll=True: fully, as lax.scan
+    blocks = (
+        1
+        if isinstance(segment, (int, np.integer)) and not isinstance(segment, bool) and segment == 1
+        else check_segment(segment, n, schedule)
+    )
+    if unroll == 0:  # unroll=True or 0: fully, as lax.scan
         unroll = n
     xs_leaves = [jnp.asarray(x) for x in xs_leaves]
 
@@ -395,26 +292,27 @@ def checkpointed_scan(
         )
         return tree_flatten(c)[0], tree_flatten(y)[0]
 
-    if segment == "auto":
-        snapshots = _slot_count(n, snapshots)
-        state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in init_leaves)
-        segment, snapshots = choose_segment(
+    if blocks == "auto":
+        snapshots = slot_count(n, snapshots)
+        state_bytes = tree_nbytes(init_leaves)
+        blocks, snapshots = choose_segment(
             n, snapshots, state_bytes, residual_bytes(step, init_leaves, xs_leaves, consts)
         )
-    if segment > 1:
+    assert isinstance(blocks, int)
+    if blocks > 1:
         return segmented_scan(
             checkpointed_scan,
             f,
             init,
             xs,
             n,
-            segment,
+            blocks,
             schedule=schedule,
             snapshots=snapshots,
             store=store,
             unroll=unroll,
         )
-    program = _resolve_program(n, schedule, snapshots, host=store is not None)
+    program = resolve_program(n, schedule, snapshots, host=store is not None)
 
     host = None
     if program.levels > 1:
@@ -425,8 +323,8 @@ def checkpointed_scan(
                 "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
                 "over the batch"
             )
-        plan = io_plan(schedule)  # the future reads: drives the read-ahead
-        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=plan)
+        # The schedule's future reads (program.plan) drive the read-ahead.
+        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=program.plan)
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
 
     run = _make_custom_vjp(program, step, n, unroll, y_avals, host)
@@ -440,16 +338,7 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
     """The custom_vjp function of ``(init_leaves, xs_leaves, const_leaves)``."""
 
     def plain(init, xs, consts, remat=False):
-        def body(c, x):
-            return step(c, [] if x is None else x, consts)
-
-        return lax.scan(
-            jax.checkpoint(body) if remat else body,
-            init,
-            xs if xs else None,
-            length=n,
-            unroll=unroll,
-        )
+        return scan_leaves(step, init, xs, consts, n, unroll, remat)
 
     @jax.custom_vjp
     def run(init, xs, consts):
@@ -472,8 +361,8 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
         ys = [jnp.zeros((n,) + a.shape, a.dtype) for a in y_avals]
         cur, buf, ys, _ = interp.forward(list(init), xs, consts, ys, buf)
         if program.split_kind == SPLIT_AT_REVERSE:
-            final, y_last = step(cur, _index(xs, n - 1), consts)
-            ys = _update(ys, y_last, n - 1)
+            final, y_last = step(cur, index_rows(xs, n - 1), consts)
+            ys = update_rows(ys, y_last, n - 1)
         else:
             final = cur
         static = _Static((c_pert, x_pert, k_pert, False))
@@ -535,7 +424,7 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
 
         def adjoint(i, cur, consts_, state):
             lam, xs_bar, k_bar = state
-            x_i = _index(xs, i)
+            x_i = index_rows(xs, i)
 
             def g(cd, xd, kd):
                 c = _merge(cd, cur, c_diff)
@@ -553,8 +442,8 @@ def _make_custom_vjp(program: Program, step: Callable, n: int, unroll: int, y_av
                 [v for v, d in zip(x_i, x_diff) if d],
                 [v for v, d in zip(consts_, k_diff) if d],
             )
-            dc, dx, dk = pullback((lam, _index(ys_bar, i)))
-            xs_bar = _update(xs_bar, dx, i)
+            dc, dx, dk = pullback((lam, index_rows(ys_bar, i)))
+            xs_bar = update_rows(xs_bar, dx, i)
             k_bar = [a + b for a, b in zip(k_bar, dk)]
             return dc, xs_bar, k_bar
 

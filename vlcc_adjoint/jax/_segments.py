@@ -43,6 +43,7 @@ SIAM 2008, Ch. 12.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,22 +52,33 @@ from jax import lax
 
 from ..errors import VlccTypeError, VlccValueError
 from ..schedules import binomial_forward_count
+from ._interpret import Step, scan_leaves
 
-__all__ = ["choose_segment", "residual_bytes", "segmented_forward_count"]
+__all__ = [
+    "check_segment",
+    "choose_segment",
+    "residual_bytes",
+    "segmented_forward_count",
+    "segmented_scan",
+    "tree_nbytes",
+]
 
 #: The longest segment the automatic choice considers.
 MAX_SEGMENT = 4096
 
 
-def _nbytes(tree) -> int:
+def tree_nbytes(tree: Any) -> int:
+    """The bytes of the arrays (or abstract values: tracers,
+    ``jax.ShapeDtypeStruct``) in the pytree `tree`, from their shapes and
+    dtypes: nothing is computed or transferred."""
     return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def residual_bytes(step: Callable, init_leaves, xs_leaves, consts) -> int:
+def residual_bytes(step: Step, init_leaves, xs_leaves, consts) -> int:
     """Bytes of residuals that reverse mode keeps per step of ``lax.scan(step)``.
 
-    **Arguments:** `step` as in :class:`~vlcc_adjoint.jax._interpret.Interpreter`
-    (``step(carry_leaves, x_leaves, const_leaves)``); the carry's leaves,
+    **Arguments:** `step` on flat leaves
+    (:data:`~vlcc_adjoint.jax._interpret.Step`); the carry's leaves,
     the per-step inputs (with their leading axis) and the closure's arrays.
 
     **Returns:** the residual bytes of a three-step scan minus those of a
@@ -82,7 +94,7 @@ def residual_bytes(step: Callable, init_leaves, xs_leaves, consts) -> int:
         ]
 
         def run(c, xs, k):
-            return lax.scan(lambda c, x: step(c, x, k), c, xs if xs else None, length=length)
+            return scan_leaves(step, c, xs, k, length)
 
         def pullback(c, xs, k):
             diff = [_inexact(v) for v in (*c, *k)]
@@ -90,7 +102,7 @@ def residual_bytes(step: Callable, init_leaves, xs_leaves, consts) -> int:
                 return []
             return jax.vjp(run, c, xs, k)[1]
 
-        return _nbytes(jax.eval_shape(pullback, shapes, xs_s, consts_s))
+        return tree_nbytes(jax.eval_shape(pullback, shapes, xs_s, consts_s))
 
     return max(0, kept(3) - kept(2))
 

@@ -6,7 +6,9 @@ the way :func:`vlcc_adjoint.torch.register_providers` teaches it torch's:
 ``jax.Array``
     One numpy leaf, ``np.asarray(x)`` (a zero-copy, read-only host view on
     the CPU backend), tagged ``{"jax": true}`` in the spec and rebuilt with
-    ``jnp.asarray`` on the default device.  Typed PRNG keys have no numpy
+    ``jnp.asarray`` on the default device, and described (dtype and shape
+    for structure checks and byte counts) from its metadata, without a
+    transfer.  Typed PRNG keys have no numpy
     dtype: their key data is stored, tagged ``{"jax": "key", "impl":
     name}``, and rebuilt with ``jax.random.wrap_key_data``.  These tags are
     the on-disk format of every checkpoint written so far.
@@ -31,6 +33,9 @@ unflattened after JAX was imported, or a spec holds a ``"jax"`` tag.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +56,24 @@ def _to_numpy(x) -> tuple[np.ndarray, dict]:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         return np.asarray(jax.random.key_data(x)), {TAG: "key", "impl": str(jax.random.key_impl(x))}
     return np.asarray(x), {TAG: True}
+
+
+@functools.lru_cache(maxsize=256)
+def _key_data_aval(shape: tuple[int, ...], dtype: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape of ``key_data`` of keys of `shape` and key `dtype`
+    (traced abstractly: no key is read)."""
+    out = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+    return np.dtype(out.dtype), tuple(out.shape)
+
+
+def _describe(x) -> tuple[np.dtype, tuple[int, ...], dict]:
+    """What :func:`_to_numpy` returns of `x`, from its metadata alone: no
+    transfer from the device (the structure checks and byte counts of
+    :class:`vlcc_adjoint.state.Structure` ask this)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        dtype, shape = _key_data_aval(tuple(x.shape), x.dtype)
+        return dtype, shape, {TAG: "key", "impl": str(jax.random.key_impl(x))}
+    return np.dtype(x.dtype), tuple(x.shape), {TAG: True}
 
 
 def _from_numpy(leaf: np.ndarray, node: dict):
@@ -96,6 +119,7 @@ PROVIDER = _vstate.LeafProvider(
     immutable=True,
     rebuilt=True,
     tree_node=_tree_node,
+    describe=_describe,
 )
 
 

@@ -4,7 +4,8 @@ A schedule is a table of actions (:data:`ACTION_DTYPE`) that says, for a loop
 of ``n`` steps and a storage hierarchy, which states to store where, what to
 recompute and when each adjoint step runs.  :func:`simulate` checks and counts
 a schedule; :func:`io_plan` derives its future reads for prefetch and
-eviction; :class:`Machine` runs its rows against a client (the executor,
+eviction; :func:`assign_slots` maps a level's records to the slots of a
+fixed buffer; :class:`Machine` runs its rows against a client (the executor,
 the torch and JAX integrations, a solver asking "what next?").
 """
 
@@ -24,6 +25,8 @@ from ._schedule import Schedule as Schedule
 from ._simulate import InvalidScheduleError as InvalidScheduleError
 from ._simulate import ScheduleStats as ScheduleStats
 from ._simulate import simulate as simulate
+from ._slots import SlotMap as SlotMap
+from ._slots import assign_slots as assign_slots
 from ._trace import Trace as Trace
 from ._trace import table_trace as table_trace
 from .actions import ACTION_DTYPE as ACTION_DTYPE

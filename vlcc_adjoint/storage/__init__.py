@@ -1,7 +1,8 @@
 """Where checkpoints live: tiers, codecs and the asynchronous engine.
 
 A :class:`Tier` is one storage level (memory, compressed memory, zarr on
-disk); :class:`TieredStore` runs them as a hierarchy, capturing behind the
+disk, or the device slots of an accelerator integration, :class:`DeviceTier`);
+:class:`TieredStore` runs them as a hierarchy, capturing behind the
 computation and prefetching ahead of it from a schedule's
 :func:`~vlcc_adjoint.schedules.io_plan`.
 
@@ -27,6 +28,7 @@ from ._checksum import make_record as make_record
 from ._checksum import step_of as step_of
 from ._checksum import verify_leaves as verify_leaves
 from ._compressed import CompressedMemoryTier as CompressedMemoryTier
+from ._device import DeviceTier as DeviceTier
 from ._engine import PlanMismatchError as PlanMismatchError
 from ._engine import TieredStore as TieredStore
 from ._memory import MemoryTier as MemoryTier
@@ -65,6 +67,7 @@ __all__ = [
     "BufferPool",
     "CompressedMemoryTier",
     "CorruptCheckpointError",
+    "DeviceTier",
     "MemoryTier",
     "PlanMismatchError",
     "Record",

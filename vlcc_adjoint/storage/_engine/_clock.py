@@ -149,6 +149,11 @@ class PlanClock:
     def mark(self):
         return self.cursor, self.now
 
+    def restart(self) -> None:
+        """Back to the plan's first action (lock held by the caller): the
+        schedule runs again from its start."""
+        self.cursor, self.now = 0, -1
+
     def rewind(self, mark) -> None:
         """Undo a plan step whose call failed before changing anything."""
         with self._lock:

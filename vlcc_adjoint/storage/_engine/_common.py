@@ -234,6 +234,10 @@ class Shared:
       (``fresh_gets`` and ``reads_into``; a subclass that defines its own
       ``get`` without declaring them again has neither, see
       :class:`~vlcc_adjoint.storage.Tier`).
+    - `payloads`: its records are the caller's opaque payloads
+      (``holds_payloads``, a :class:`~vlcc_adjoint.storage.DeviceTier`):
+      kept as given, never flattened, copied, checksummed or read as
+      bytes (:mod:`._device`).
 
     With `threadsafe` ``False`` (no workers), `lock` is a :class:`NoLock`,
     `changed` and `work` are :class:`NoCondition` and `mutex` is ``None``;
@@ -252,6 +256,7 @@ class Shared:
         self.direct = [bool(t.retains_references and t.serves_put_arrays) for t in tiers]
         self.fresh = [bool(t.fresh_gets) for t in tiers]
         self.reads_into = [bool(t.fresh_gets and t.reads_into) for t in tiers]
+        self.payloads = [bool(getattr(t, "holds_payloads", False)) for t in tiers]
         self.prefetch_levels = prefetch_levels
         self.threadsafe = threadsafe
         self.lock: threading.Lock | NoLock

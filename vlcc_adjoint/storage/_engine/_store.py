@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import VlccTypeError, VlccValueError
@@ -35,6 +35,7 @@ from ._common import (
     snapshot,
     tier_name,
 )
+from ._device import DevicePath
 from ._inline import InlinePath
 from ._jobs import Jobs
 from ._placement import Placement
@@ -45,6 +46,9 @@ __all__ = ["TieredStore"]
 
 _MiB = 1 << 20
 
+#: ``move``'s `state` when not given (``None`` is a state).
+_UNSET: Any = object()
+
 
 class TieredStore:
     """The asynchronous checkpoint store over a hierarchy of tiers.
@@ -54,7 +58,11 @@ class TieredStore:
     - `tiers`: the storage levels, fastest first (``tiers[k]`` is schedule
       level ``k``): :class:`~vlcc_adjoint.storage.MemoryTier`,
       :class:`~vlcc_adjoint.storage.CompressedMemoryTier`,
-      :class:`~vlcc_adjoint.storage.ZarrTier` or any :class:`Tier`.
+      :class:`~vlcc_adjoint.storage.ZarrTier` or any :class:`Tier`; tier 0
+      may be a :class:`~vlcc_adjoint.storage.DeviceTier`, the device slots
+      of an accelerator integration (its records are the integration's
+      payloads; see :mod:`vlcc_adjoint.storage._device` for the contract,
+      and :meth:`move` for the data a ``Move`` to or from it carries).
     - `plan`: the schedule's :class:`~vlcc_adjoint.schedules.IOPlan`
       (``io_plan(schedule)``), *not* the
       :class:`~vlcc_adjoint.budget.BudgetPlan` that
@@ -130,6 +138,13 @@ class TieredStore:
                     f"tiers[{k}] is a {type(tier).__name__}, not a Tier; use "
                     "MemoryTier, CompressedMemoryTier, ZarrTier or a Tier subclass"
                 )
+        for k, tier in enumerate(tiers):
+            if k > 0 and getattr(tier, "holds_payloads", False):
+                raise VlccValueError(
+                    f"tiers[{k}] is a {type(tier).__name__}, whose records stay on the device: it "
+                    "can only be level 0 (the fastest); put it first, e.g. "
+                    "TieredStore([DeviceTier(), MemoryTier(), ...])"
+                )
         if policy not in ("raise", "spill"):
             raise VlccValueError(f"policy must be 'raise' or 'spill', got {policy!r}")
         if not threadsafe:
@@ -159,6 +174,11 @@ class TieredStore:
         bad = [k for k in prefetching if not 0 <= k < nlv]
         if bad:
             raise VlccValueError(f"prefetch_levels {bad} are not levels of these {nlv} tiers")
+        if any(getattr(tiers[k], "holds_payloads", False) for k in prefetching):
+            raise VlccValueError(
+                "prefetch_levels include level 0, a device level: its records stay on the "
+                "device and cannot be read ahead; leave it out (the default: levels 1 ..)"
+            )
         self.tiers = tiers
         self.policy = policy
         self.dedup = dedup
@@ -204,6 +224,7 @@ class TieredStore:
         self._inline = InlinePath(
             sh, self._clock, self._capture, self._placement, self._jobs, self._writer, self._cache
         )
+        self._device = DevicePath(sh, self._clock, self._cache, self._register, self._unregister)
         self._capture.held = self._held
         self._verify = self._restore.verify
         self._retaining = [t for t, r in zip(tiers, sh.retains) if r]
@@ -268,7 +289,9 @@ class TieredStore:
 
         - `step`: the step of the state.
         - `state`: anything :func:`vlcc_adjoint.state.flatten` accepts.  The
-          caller may modify it as soon as ``save`` returns.
+          caller may modify it as soon as ``save`` returns.  On a device
+          level (a :class:`~vlcc_adjoint.storage.DeviceTier`): the
+          integration's payload, any object, kept as given.
         - `level`: the storage level (an index into ``tiers``).
 
         On a memory level the record is complete when ``save`` returns
@@ -285,12 +308,7 @@ class TieredStore:
         if api is not None:
             api.acquire()
         try:
-            sh, clock, capture, placement = (
-                self._shared,
-                self._clock,
-                self._capture,
-                self._placement,
-            )
+            sh = self._shared
             if sh.closed or self._jobs.failures:
                 self._enter()
             if type(step) is not int or step < 0:
@@ -304,55 +322,69 @@ class TieredStore:
                 )
             if self._inline.save(step, state, level):
                 return
-            leaves, spec, traits = capture.flatten(state)
-            spec["step"] = step
-            mark = clock.mark()
-            record = clock.follow(SAVE, step, level)
-            how, nbytes, copy_bytes = capture.classify(leaves, traits)
-            try:
-                if not sh.inline[level]:  # memory levels stage nothing
-                    placement.wait_staging(copy_bytes)
-                tier, reserved = placement.place(step, level, nbytes)
-                if not sh.inline[tier] and sh.inline[level]:  # spilled to a slow level
-                    try:
-                        placement.wait_staging(copy_bytes)
-                    except BaseException:
-                        placement.unreserve(tier, reserved)
-                        raise
-            except BaseException:
-                clock.rewind(mark)
-                raise
-            inline = sh.inline[tier]
-            t0 = time.perf_counter()
-            out, owned, digests, sums, copied, referenced = capture.capture(leaves, how, inline)
-            leaves = None
-            t1 = time.perf_counter()
-            entry = Entry(step, level, tier, next(sh.seq), spec, nbytes, record)
-            entry.leaves, entry.owned, entry.checksums, entry.digests = out, owned, sums, digests
-            entry.reserved, entry.reserved_tier = reserved, tier
-            layout = capture.layout
-            if layout is not None and spec["tree"] is layout.tree:  # a state of that layout
-                entry.shape = self._inline.shape_of(layout)
-            out = None
-            with sh.lock:
-                sh.t["capture"] += t1 - t0
-                sh.n["saves"] += 1
-                sh.n["captured"] += copied
-                sh.n["referenced"] += referenced
-                self._register(entry)
-                if inline:
-                    self._jobs.tier_jobs[tier] += 1
-                else:
-                    entry.staged_bytes = copied
-                    placement.stage(copied)
-                    self._jobs.submit("write", entry, clock.priority(entry))
-                self._cache.pump()
-            if inline:
-                self._writer.write_inline(entry)
-            self._jobs.after_inline()
+            if sh.payloads[level]:
+                self._device.save(step, state, level)
+                return
+            self._capture_save(step, state, level)
         finally:
             if api is not None:
                 api.release()
+
+    def _capture_save(self, step: int, state: Any, level: int, src: int = -1) -> None:
+        """API lock held, step and level validated and not stored there: the
+        general path of ``save`` (`src` < 0), or of the ``Move`` of a device
+        record from level `src` to `level`, which captures `state`, the
+        record's data the caller brought from the device."""
+        sh, clock, capture, placement = self._shared, self._clock, self._capture, self._placement
+        leaves, spec, traits = capture.flatten(state)
+        spec["step"] = step
+        mark = clock.mark()
+        if src < 0:
+            record = clock.follow(SAVE, step, level)
+        else:
+            record = clock.follow(MOVE, step, src, level)
+        how, nbytes, copy_bytes = capture.classify(leaves, traits)
+        try:
+            if not sh.inline[level]:  # memory levels stage nothing
+                placement.wait_staging(copy_bytes)
+            tier, reserved = placement.place(step, level, nbytes)
+            if not sh.inline[tier] and sh.inline[level]:  # spilled to a slow level
+                try:
+                    placement.wait_staging(copy_bytes)
+                except BaseException:
+                    placement.unreserve(tier, reserved)
+                    raise
+        except BaseException:
+            clock.rewind(mark)
+            raise
+        inline = sh.inline[tier]
+        t0 = time.perf_counter()
+        out, owned, digests, sums, copied, referenced = capture.capture(leaves, how, inline)
+        leaves = None
+        t1 = time.perf_counter()
+        entry = Entry(step, level, tier, next(sh.seq), spec, nbytes, record)
+        entry.leaves, entry.owned, entry.checksums, entry.digests = out, owned, sums, digests
+        entry.reserved, entry.reserved_tier = reserved, tier
+        layout = capture.layout
+        if layout is not None and spec["tree"] is layout.tree:  # a state of that layout
+            entry.shape = self._inline.shape_of(layout)
+        out = None
+        with sh.lock:
+            sh.t["capture"] += t1 - t0
+            sh.n["saves" if src < 0 else "moves"] += 1
+            sh.n["captured"] += copied
+            sh.n["referenced"] += referenced
+            self._register(entry)
+            if inline:
+                self._jobs.tier_jobs[tier] += 1
+            else:
+                entry.staged_bytes = copied
+                placement.stage(copied)
+                self._jobs.submit("write", entry, clock.priority(entry))
+            self._cache.pump()
+        if inline:
+            self._writer.write_inline(entry)
+        self._jobs.after_inline()
 
     def load(self, step: int, level: int | None = None, out: Any = None, copy: bool = True) -> Any:
         """The stored ``u_step``.
@@ -379,6 +411,7 @@ class TieredStore:
         **Returns:** the state.  Without `out` and with ``copy=True`` its
         arrays are the caller's own (from 1 MiB on, page-aligned views of a
         block of their own): changing them never changes the stored record.
+        On a device level: the payload ``save`` was given (the same object).
 
         A record on a memory level is verified while it is copied out (one
         pass over it); if it turns out corrupt, the arrays of `out` may
@@ -409,6 +442,8 @@ class TieredStore:
                 # A memory record of a known structure: the short path.
                 self._clock.follow(LOAD, entry.step, entry.level)
                 return self._inline.load(entry, self._verify)
+            if self._shared.payloads[entry.tier]:
+                return self._device.load(entry, out)
             state, lease = self._restore_entry(entry, out, copy)
             if lease is not None:  # views lent: their lease ends with the record
                 if entry.leases is None:
@@ -441,6 +476,12 @@ class TieredStore:
         """
         with self._api:
             entry = self._find(step, level)
+            if self._shared.payloads[entry.tier]:
+                raise VlccValueError(
+                    f"step {entry.step} on level {entry.level} is a device record: its payload "
+                    "is the caller's own object, with no store memory to lend; use "
+                    "load(step, level)"
+                )
             state, lease = self._restore_entry(entry, None, False, lend=True)
             return StateLease(state, lease)
 
@@ -477,35 +518,76 @@ class TieredStore:
             if entry.state == STORED and sh.inline[entry.tier] and entry.slot is None:
                 self._inline.delete(entry)  # now, in the caller: buffers back to the pool
                 return
-            with sh.lock:
-                sh.n["deletes"] += 1
-                self._unregister(entry)
-                # A stored record on a memory level is deleted here and now:
-                # its buffers go back to the pool for the next save.
-                now = entry.state == STORED and sh.inline[entry.tier]
-                if now:
-                    self._cache.drop_slot(entry)
-                else:
-                    self._writer.retire(entry)
-                self._cache.pump()
-            end_leases(entry)
-            if now:
-                try:
-                    self._writer.run_delete(entry, notify=False)
-                except Exception as exc:
-                    with sh.lock:
-                        self._jobs.record("delete", entry, exc)
-                    self._jobs.raise_failures()
-            self._jobs.after_inline()
+            if sh.payloads[entry.tier]:
+                self._device.delete(entry)
+                return
+            self._delete_general(entry)
         finally:
             if api is not None:
                 api.release()
 
-    def move(self, step: int, src: int, dst: int) -> None:
+    def _delete_general(self, entry: Entry, counter: str = "deletes") -> None:
+        """API lock held, the plan followed: the record `entry` leaves the
+        store (``delete``'s general path; and the source of a ``Move`` to a
+        device level, once read, counted as the move, `counter`)."""
+        sh = self._shared
+        with sh.lock:
+            sh.n[counter] += 1
+            self._unregister(entry)
+            # A stored record on a memory level is deleted here and now:
+            # its buffers go back to the pool for the next save.
+            now = entry.state == STORED and sh.inline[entry.tier]
+            if now:
+                self._cache.drop_slot(entry)
+            else:
+                self._writer.retire(entry)
+            self._cache.pump()
+        end_leases(entry)
+        if now:
+            try:
+                self._writer.run_delete(entry, notify=False)
+            except Exception as exc:
+                with sh.lock:
+                    self._jobs.record("delete", entry, exc)
+                self._jobs.raise_failures()
+        self._jobs.after_inline()
+
+    def move(
+        self,
+        step: int,
+        src: int,
+        dst: int,
+        state: Any = _UNSET,
+        *,
+        fetch: Callable[[Any], Any] | None = None,
+        place: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """Relocate the stored ``u_step`` from level `src` to level `dst`.
 
-        Returns at once; the copy runs in the background (a ``load`` from
-        `dst` meanwhile is served from RAM or waits for it).
+        Between host levels it returns at once; the copy runs in the
+        background (a ``load`` from `dst` meanwhile is served from RAM or
+        waits for it).
+
+        A move to or from a device level (a
+        :class:`~vlcc_adjoint.storage.DeviceTier`, level 0) carries the
+        record's data across, which only one side can reach:
+
+        - from the device (``move(i, 0, k, state=leaves)``): the caller
+          supplies `state`, the record's data brought to the host (anything
+          ``save`` accepts), or `fetch`, a function of the device record's
+          payload that returns it (``fetch=lambda clones: [c.to_host() for
+          c in clones]``, in the device library's words); the store captures it onto level `dst` as
+          ``save`` would, and ends the device record.
+        - to the device (``move(i, k, 0, place=fn)``): the store reads the
+          record of level `src` (from its read-ahead cache when the plan
+          prefetched it; the wait counts as a stall), deletes it there, and
+          **returns** what it read, the caller's own arrays; the new device
+          record holds ``fn(state)`` as its payload (``None`` without
+          `place`).
+
+        **Returns:** the state read for a move to a device level, else
+        ``None``.  (The read of a move to a device level counts among the
+        store's loads, as well as a move.)
         """
         with self._api:
             self._enter()
@@ -518,6 +600,40 @@ class TieredStore:
                     f"step {step} is already stored on level {dst}; delete it there first"
                 )
             old = self._lookup(step, src)
+            if sh.payloads[src]:
+                if (state is _UNSET) == (fetch is None):
+                    raise VlccValueError(
+                        f"move({step}, {src}, {dst}) from a device level needs the record's data "
+                        "brought to the host, as state= or as fetch= (a function of the "
+                        "payload), one of them: the store cannot read a device"
+                    )
+                if fetch is not None:
+                    state = fetch(sh.tiers[src].payload(old.key))
+                self._capture_save(step, state, dst, src=src)
+                self._device.remove(old)
+                return None
+            if state is not _UNSET or fetch is not None:
+                raise VlccValueError(
+                    f"move({step}, {src}, {dst}): state= and fetch= give the data of a record "
+                    "moved off a device level; the store reads a host level's records itself"
+                )
+            if sh.payloads[dst]:
+                mark = clock.mark()
+                state, _ = self._restore_entry(old, None, True, MOVE, dst)
+                plan = clock.plan
+                record = -1 if plan is None else int(plan.record_of_action[clock.now])
+                try:
+                    self._device.add(step, dst, None if place is None else place(state), record)
+                except BaseException:
+                    clock.rewind(mark)
+                    raise
+                self._delete_general(old, "moves")
+                return state
+            if place is not None:
+                raise VlccValueError(
+                    f"move({step}, {src}, {dst}): place= makes the payload of a record moved "
+                    f"onto a device level; level {dst} is a host level"
+                )
             mark = clock.mark()
             record = clock.follow(MOVE, step, src, dst)
             try:
@@ -539,6 +655,32 @@ class TieredStore:
                 self._jobs.submit("write", new, clock.priority(new))
                 self._cache.pump()
             self._jobs.after_inline()
+            return None
+
+    def restart(self) -> None:
+        """Run the plan again from its start: delete every record the store
+        holds, without following the plan, and put the plan's clock back to
+        its first action.
+
+        A schedule is run more than once on one store when an integration
+        differentiates the same loop at every training step (a compiled
+        gradient called again and again); a run may also be abandoned
+        halfway (a forward pass whose backward pass never ran), leaving its
+        records behind.  The integration calls ``restart`` where a new run
+        begins.  Without a plan it only deletes the records.  Background
+        deletes are queued like any other; records being written are
+        cancelled.
+        """
+        with self._api:
+            self._enter()
+            sh = self._shared
+            for entry in list(sh.index.values()):
+                if sh.payloads[entry.tier]:
+                    self._device.delete(entry)
+                else:
+                    self._delete_general(entry)
+            with sh.lock:
+                self._clock.restart()
 
     def sync(self, action_index: int) -> None:
         """Tell a planned store that the executor is at schedule action
@@ -724,9 +866,10 @@ class TieredStore:
             level = self._check_level(level)
         return sh.index.get((step, level)) or self._lookup(step, level)
 
-    def _restore_entry(self, entry, out, copy, lend=False):
+    def _restore_entry(self, entry, out, copy, kind=LOAD, dst=-1, lend=False):
         """API lock held: the load of `entry` on every path but the short one
-        (plan followed; rewound if the load fails before it changes anything).
+        (plan followed, a ``Load``, or the ``Move`` to `dst` for a `kind` of
+        ``MOVE``; rewound if the load fails before it changes anything).
         ``(state, lease)``: the pool lease of views lent (``copy=False``; for
         `lend` always, for ``load`` where the record's buffers may go back
         to the pool before its deletion)."""
@@ -738,7 +881,7 @@ class TieredStore:
             )
         targets = None if out is None else self._restore.targets(out, entry.spec)
         mark = clock.mark()
-        clock.follow(LOAD, entry.step, entry.level)
+        clock.follow(kind, entry.step, entry.level, dst)
         try:
             if (
                 entry.state == STORED
