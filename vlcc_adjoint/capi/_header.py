@@ -18,9 +18,13 @@ __all__ = ["FORTRAN_SOURCE", "HEADER", "SOURCE", "constant"]
 
 _HERE = Path(__file__).resolve().parent
 
-#: The C header, the C library's source and the Fortran module's source.
+#: The C header ``vlcc.h``: the interface, and the one definition of its numbers.
 HEADER = _HERE / "vlcc.h"
+
+#: The C library's source ``vlcc.c`` (``libvlcc``, built by :func:`~vlcc_adjoint.capi.build`).
 SOURCE = _HERE / "vlcc.c"
+
+#: The Fortran module's source ``vlcc.f90`` (``module vlcc``, built with ``--fflags``).
 FORTRAN_SOURCE = _HERE / "vlcc.f90"
 
 # ``NAME = 12`` inside an enum, or ``#define NAME 12``.
