@@ -22,14 +22,20 @@ are a few flops).  Each repeat runs the adjoint twice, interleaved:
 through ``vlcc_run_next``, and as a *bare C loop*: the same solver calls
 in the same order, the answers read from an array recorded in the first
 run (what a program that knew the schedule in advance would do).  Both
-loops read the clock around each answer (``clock_gettime``,
-``CLOCK_MONOTONIC``), so their totals differ by the interface only.
+loops read the clocks around each answer (``clock_gettime``: the wall
+clock ``CLOCK_MONOTONIC`` and the thread's CPU time
+``CLOCK_THREAD_CPUTIME_ID``), so their totals differ by the interface only.
 Reported per answer, in microseconds:
 
-* ``no_copy_us``: the median and the mean time of the ``vlcc_run_next``
-  calls that perform no storage action (no save, load, delete or move),
-  minus the same clock reading of the bare loop (its median per answer):
-  the cost the goal bounds (<= 2 us).  Which calls copy nothing is found
+* ``no_copy_cpu_us`` and ``no_copy_us``: the mean, median and tail of the
+  thread CPU time (wall time) of the ``vlcc_run_next`` calls that perform
+  no storage action (no save, load, delete or move), minus the same clock
+  readings of the bare loop (their median per answer): the cost the goal
+  bounds (<= 2 us).  The goal is judged on the mean CPU time: every call's
+  cost, the interpreter's garbage collections included, but not the time
+  the thread waited for a core that another process held (on a shared
+  machine the wall clock's mean carries those waits, its median does not;
+  both are reported).  Which calls copy nothing is found
   by running the same schedule through the one action machine
   (:class:`vlcc_adjoint.schedules.Machine`, pull mode) with a client that
   counts the storage rows before each answer; the answers the C interface
@@ -89,6 +95,15 @@ static int64_t now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* this thread's CPU time: what the call cost, without the time the thread was
+   descheduled (another process ran) */
+static int64_t cpu_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 static void check(int rc, const char *what)
 {
     if (rc != VLCC_OK) {
@@ -122,15 +137,17 @@ static void compute(const vlcc_action *a, double *u, double *lam, int64_t n)
 
 /* (a) answers: bench answers CONFIG ELEMENTS REPEATS OUT
    OUT gets, per repeat, "total_vlcc_ns total_bare_ns answers", then the answers of
-   the last repeat: "kind from to ns_vlcc ns_bare" (the clocked part of each). */
+   the last repeat: "kind from to ns_vlcc ns_bare cpu_vlcc cpu_bare" (the clocked
+   part of each, wall and thread CPU time). */
 static int answers(const char *config, int64_t n, int repeats, const char *out)
 {
     double *u = calloc((size_t)n, sizeof(double)), *lam = calloc((size_t)n, sizeof(double));
     size_t cap = 1 << 20, count = 0;
     vlcc_action *rec = malloc(cap * sizeof *rec);
     int64_t *ns_v = malloc(cap * sizeof *ns_v), *ns_b = malloc(cap * sizeof *ns_b);
+    int64_t *cpu_v = malloc(cap * sizeof *cpu_v), *cpu_b = malloc(cap * sizeof *cpu_b);
     FILE *f = fopen(out, "w");
-    if (!u || !lam || !rec || !ns_v || !ns_b || !f)
+    if (!u || !lam || !rec || !ns_v || !ns_b || !cpu_v || !cpu_b || !f)
         return 1;
     for (int r = 0; r < repeats; r++) {
         vlcc_run *run;
@@ -142,14 +159,15 @@ static int answers(const char *config, int64_t n, int repeats, const char *out)
         count = 0;
         int64_t t0 = now_ns();
         for (;;) {
-            int64_t a0 = now_ns();
+            int64_t c0 = cpu_ns(), a0 = now_ns();
             check(vlcc_run_next(run, &a), "vlcc_run_next");
-            int64_t a1 = now_ns();
+            int64_t a1 = now_ns(), c1 = cpu_ns();
             if (count == cap) {
                 fprintf(stderr, "too many answers\n");
                 return 1;
             }
             rec[count] = a;
+            cpu_v[count] = c1 - c0;
             ns_v[count++] = a1 - a0;
             if (a.kind == VLCC_DONE)
                 break;
@@ -163,10 +181,11 @@ static int answers(const char *config, int64_t n, int repeats, const char *out)
             u[i] = 1.0 + (double)i;
         int64_t b0 = now_ns();
         for (size_t k = 0;; k++) {
-            int64_t a0 = now_ns();
+            int64_t c0 = cpu_ns(), a0 = now_ns();
             a = rec[k];
-            int64_t a1 = now_ns();
+            int64_t a1 = now_ns(), c1 = cpu_ns();
             ns_b[k] = a1 - a0;
+            cpu_b[k] = c1 - c0;
             if (a.kind == VLCC_DONE)
                 break;
             compute(&a, u, lam, n);
@@ -176,8 +195,9 @@ static int answers(const char *config, int64_t n, int repeats, const char *out)
         fprintf(f, "%lld %lld %zu\n", (long long)(t1 - t0), (long long)(b1 - b0), count);
     }
     for (size_t k = 0; k < count; k++)
-        fprintf(f, "%d %lld %lld %lld %lld\n", (int)rec[k].kind, (long long)rec[k].from,
-                (long long)rec[k].to, (long long)ns_v[k], (long long)ns_b[k]);
+        fprintf(f, "%d %lld %lld %lld %lld %lld %lld\n", (int)rec[k].kind,
+                (long long)rec[k].from, (long long)rec[k].to, (long long)ns_v[k],
+                (long long)ns_b[k], (long long)cpu_v[k], (long long)cpu_b[k]);
     fclose(f);
     return 0;
 }
@@ -348,19 +368,28 @@ def bench_answers(exe: Path, workdir: Path, steps: int, snapshots: int, repeats:
     labels = label_answers(answers, Revolve(steps, snapshots))
     no_copy = np.array([lab == (0, 0, 0) for lab in labels])
     ns_v, ns_b = rows[:, 3].astype(float), rows[:, 4].astype(float)
-    clock = float(np.median(ns_b))  # reading the clock pair and an array element
+    cpu_v, cpu_b = rows[:, 5].astype(float), rows[:, 6].astype(float)
+    clock = float(np.median(ns_b))  # reading the clocks and an array element
+    cpu_clock = float(np.median(cpu_b))
     per_answer_all = (totals[:, 0] - totals[:, 1]) / totals[:, 2] / 1e3
+
+    def stats(times: np.ndarray, floor: float) -> dict:
+        return {
+            "median": float(np.median(times) - floor) / 1e3,
+            "mean": float(np.mean(times) - floor) / 1e3,
+            "p90": float(np.percentile(times, 90) - floor) / 1e3,
+            "p99": float(np.percentile(times, 99) - floor) / 1e3,
+        }
+
     result = {
         "schedule": f"Revolve({steps}, {snapshots})",
         "state": "one float64 region of 4 elements",
         "answers": int(len(rows)),
         "answers_without_storage": int(no_copy.sum()),
         "bare_clocked_ns_median": clock,
-        "no_copy_us": {
-            "median": float(np.median(ns_v[no_copy]) - clock) / 1e3,
-            "mean": float(np.mean(ns_v[no_copy]) - clock) / 1e3,
-            "p90": float(np.percentile(ns_v[no_copy], 90) - clock) / 1e3,
-        },
+        "bare_clocked_cpu_ns_median": cpu_clock,
+        "no_copy_us": stats(ns_v[no_copy], clock),
+        "no_copy_cpu_us": stats(cpu_v[no_copy], cpu_clock),
         "with_copy_us_median": float(np.median(ns_v[~no_copy & (rows[:, 0] != C_DONE)]) - clock)
         / 1e3,
         "all_us_per_repeat": per_answer_all.tolist(),
@@ -368,8 +397,15 @@ def bench_answers(exe: Path, workdir: Path, steps: int, snapshots: int, repeats:
         "total_vlcc_s": (totals[:, 0] / 1e9).tolist(),
         "total_bare_s": (totals[:, 1] / 1e9).tolist(),
     }
-    worst = max(result["no_copy_us"]["median"], result["no_copy_us"]["mean"])
-    result["goal"] = {"no_copy_us_at_most": GOAL_NO_COPY_US, "met": bool(worst <= GOAL_NO_COPY_US)}
+    result["goal"] = {
+        "no_copy_us_at_most": GOAL_NO_COPY_US,
+        # the mean of the thread's CPU time per call: every call's cost (the
+        # interpreter's garbage collections included), not the time another
+        # process held the core
+        "met": bool(result["no_copy_cpu_us"]["mean"] <= GOAL_NO_COPY_US),
+        "met_by_wall_median": bool(result["no_copy_us"]["median"] <= GOAL_NO_COPY_US),
+        "met_by_wall_mean": bool(result["no_copy_us"]["mean"] <= GOAL_NO_COPY_US),
+    }
     return result
 
 
@@ -464,13 +500,16 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(args.out, "bench_capi.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    nc = answers["no_copy_us"]
+    nc, cpu, goal = answers["no_copy_us"], answers["no_copy_cpu_us"], answers["goal"]
     print(
         f"{answers['schedule']}, tiny state: {answers['answers']} answers, "
         f"{answers['answers_without_storage']} without storage actions\n"
-        f"  vlcc_run_next above the bare loop, no copy: median {nc['median']:.2f} us, "
-        f"mean {nc['mean']:.2f} us, p90 {nc['p90']:.2f} us (goal <= {GOAL_NO_COPY_US} us: "
-        f"{'met' if answers['goal']['met'] else 'MISSED'})\n"
+        f"  vlcc_run_next above the bare loop, no copy (goal <= {GOAL_NO_COPY_US} us):\n"
+        f"    thread CPU time: mean {cpu['mean']:.2f} us, median {cpu['median']:.2f} us, "
+        f"p99 {cpu['p99']:.2f} us ({'met' if goal['met'] else 'MISSED'})\n"
+        f"    wall clock: mean {nc['mean']:.2f} us, median {nc['median']:.2f} us, "
+        f"p99 {nc['p99']:.2f} us (mean {'met' if goal['met_by_wall_mean'] else 'MISSED'}, "
+        f"median {'met' if goal['met_by_wall_median'] else 'MISSED'})\n"
         f"  every answer, copies included: {answers['all_us']:.2f} us per answer\n"
         f"64 MiB state, memory level: save {copies['save_gbps']:.2f} GB/s, "
         f"load {copies['load_gbps']:.2f} GB/s; memcpy {copies['memcpy_to_gbps']:.2f} / "

@@ -91,6 +91,8 @@ def fortran_program(fortran_build, tmp_path_factory) -> Callable[[Path], Path]:
                     "-std=f2018",
                     "-Wall",
                     "-Werror",
+                    "-J",  # the .mod files of the program's own modules: not in the cwd
+                    str(bindir),
                     str(source),
                     *fortran_build.cflags(),
                     *fortran_build.libs(),

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from capi_support import EXAMPLES, PROGRAMS, SCHEDULES, run_program
+from capi_support import EXAMPLES, PROGRAMS, ROOT, SCHEDULES, run_program
 
 from vlcc_adjoint.lineage import History
 
@@ -56,6 +56,7 @@ def test_the_fortran_example_gradients_are_bitwise_those_of_store_all_and_pass_t
     assert "Multistage(memory 3 + zarr disk 12) gradient bitwise equal to store-all: yes" in out
     assert "Taylor test passed: yes" in out
     assert (tmp_path / "heat_checkpoints_f.zarr").is_dir()
+    assert list(ROOT.glob("*.mod")) == []  # the compiler's module files went elsewhere
 
 
 #: name -> (code, a part of the message); 1 argument, 2 handle, 3 state.
