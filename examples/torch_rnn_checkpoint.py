@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from vlcc_adjoint import Level, Multistage, simulate
+from vlcc_adjoint import Level, Multistage, io_plan, simulate
 from vlcc_adjoint.cli import Integer, Parser
-from vlcc_adjoint.storage import TieredStore, ZarrTier
+from vlcc_adjoint.storage import DeviceTier, TieredStore, ZarrTier
 from vlcc_adjoint.torch import checkpoint_sequence, plan_sequence
 
 
@@ -97,16 +97,29 @@ def main(argv=None) -> dict:
 
     schedule = Multistage(n, [Level(8, 0, 0), Level(16, 2, 2)])
     print("multistage:", simulate(schedule).peak_slots, "slots per level")
+    # The store holds every level of the schedule and follows its plan: level 0
+    # the tensors' own slots, level 1 the disk; restores from disk are read ahead.
     with (
         tempfile.TemporaryDirectory(prefix="vlcc-example-") as d,
-        TieredStore([ZarrTier(d)]) as store,
+        TieredStore([DeviceTier(), ZarrTier(d)], plan=io_plan(schedule)) as store,
     ):
         train(
             "Multistage: 8 in memory + 16 on disk",
             lambda: checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store),
         )
-        disk = store.stats().tiers[0]
-        print("disk level:", disk.puts, "writes,", disk.gets, "reads")
+        stats = store.stats()
+        disk = stats.tiers[1]
+        print(
+            "disk level:",
+            disk.puts,
+            "writes,",
+            disk.gets,
+            "reads,",
+            stats.prefetch_hits + stats.staged_hits,
+            "restores read ahead,",
+            stats.prefetch_misses,
+            "waited for",
+        )
     return {"difference": difference, "disk_writes": disk.puts, "disk_reads": disk.gets}
 
 

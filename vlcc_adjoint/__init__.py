@@ -42,6 +42,10 @@ from .solver import timestep as timestep
 _state.register_lazy_provider(
     "jax", tags=("jax",), load="vlcc_adjoint.jax._state:register_provider"
 )
+# torch tensors likewise (vlcc_adjoint/torch/_state.py).
+_state.register_lazy_provider(
+    "torch", tags=("torch",), load="vlcc_adjoint.torch._state:register_providers"
+)
 
 
 def _run_spmd(*args, **kwargs):

@@ -67,9 +67,7 @@ def _covering(factors: dict, allowed) -> list[dict]:
     ]
 
     def pairs(case):
-        return {
-            (a, repr(case[a]), b, repr(case[b])) for a, b in itertools.combinations(names, 2)
-        }
+        return {(a, repr(case[a]), b, repr(case[b])) for a, b in itertools.combinations(names, 2)}
 
     uncovered = set().union(*(pairs(c) for c in combos))
     cases = []

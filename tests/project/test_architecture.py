@@ -48,7 +48,6 @@ PKG = ROOT / "vlcc_adjoint"
 LAYERS = {
     "schedules": 0,
     "errors": 0,
-    "_files": 1,
     "state": 1,
     "_providers": 1,
     "_layout": 1,
@@ -227,6 +226,14 @@ def unlayered_parts(pkg: Path, layers: dict[str, int]) -> list[str]:
     """The top-level parts of the package that have no layer."""
     parts = {_part(m) for m in modules(pkg)}
     return [f"{pkg.name}/{p}: no layer (add it to LAYERS)" for p in sorted(parts - set(layers))]
+
+
+def stale_layers(pkg: Path, layers: dict[str, int]) -> list[str]:
+    """The layers that name no part of the package (a part moved or gone)."""
+    parts = {_part(m) for m in modules(pkg)}
+    return [
+        f"{pkg.name}/{p}: in LAYERS but not in the package" for p in sorted(set(layers) - parts)
+    ]
 
 
 def upward_imports(pkg: Path, layers: dict[str, int]) -> list[str]:
@@ -409,6 +416,11 @@ def test_every_part_of_the_package_has_a_layer():
     assert not bad, _report("parts without a layer", bad)
 
 
+def test_every_layer_names_a_part_of_the_package():
+    bad = stale_layers(PKG, LAYERS)
+    assert not bad, _report("layers of parts that do not exist", bad)
+
+
 def test_dependencies_point_one_way():
     bad = upward_imports(PKG, LAYERS)
     assert not bad, _report("imports from a layer above", bad)
@@ -509,6 +521,12 @@ def test_checks_pass_a_clean_package(tmp_path):
 def test_a_part_without_a_layer_is_found(tmp_path):
     pkg = _write(tmp_path, {"pkg/__init__.py": "", "pkg/new.py": ""})
     assert unlayered_parts(pkg, {"__init__": 0}) == ["pkg/new: no layer (add it to LAYERS)"]
+
+
+def test_a_layer_of_a_part_that_is_gone_is_found(tmp_path):
+    pkg = _write(tmp_path, {"pkg/__init__.py": "", "pkg/new.py": ""})
+    layers = {"__init__": 0, "new": 0, "old": 1}
+    assert stale_layers(pkg, layers) == ["pkg/old: in LAYERS but not in the package"]
 
 
 def test_an_upward_import_inside_a_function_is_found(tmp_path):

@@ -11,12 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vlcc_adjoint.schedules import (
+    Advance,
     Delete,
     Level,
     Load,
     Move,
     Multistage,
     Periodic,
+    Reverse,
     Revolve,
     Save,
     Schedule,
@@ -191,6 +193,7 @@ class SlowTier(Tier):
         self.fail_put = set(fail_put)
         self.block = block
         self.gets = 0
+        self.get_threads = []  # the thread of each get, in order
 
     @property
     def used_bytes(self):
@@ -205,6 +208,7 @@ class SlowTier(Tier):
     def get(self, key):
         time.sleep(self.latency)
         self.gets += 1
+        self.get_threads.append(threading.get_ident())
         return self.inner.get(key)
 
     def delete(self, key):
@@ -300,31 +304,39 @@ def test_moves_through_a_disk_tier(tmp_path):
         assert store.stats().moves == sum(isinstance(a, Move) for a in schedule)
 
 
-def test_prefetch_hides_a_slow_tier_in_the_backward_pass():
+def test_prefetch_reads_every_restore_ahead_by_the_plan():
+    # What the plan decides is counted, not timed: how much read time the
+    # read-ahead hides depends on the machine's load (the store benchmarks
+    # measure it). The forward's writes finish before the backward starts,
+    # so no restore is served from a capture still being written.
     n = 24
     schedule = StoreAll(n, level=1)
     results = {}
     for budget in (0, 4 * NBYTES):
-        tiers = [MemoryTier(), SlowTier(latency=0.004)]
-        with TieredStore(tiers, plan=io_plan(schedule), prefetch_bytes=budget) as store:
+        slow = SlowTier(latency=0.002)
+        with TieredStore(
+            [MemoryTier(), slow], plan=io_plan(schedule), prefetch_bytes=budget
+        ) as store:
             current = state(0)
             for action in schedule:
                 if isinstance(action, Save):
                     store.save(action.step, current, 1)
                 elif isinstance(action, Load):
                     assert same(store.load(action.step, 1), state(action.step))
-                    time.sleep(0.006)  # the adjoint step: time to read the next one
                 elif isinstance(action, Delete):
                     store.delete(action.step, 1)
-                elif type(action).__name__ == "Advance":
+                elif isinstance(action, Reverse) and action.step == n - 1:
+                    store.wait()
+                elif isinstance(action, Advance):
                     current = state(action.stop)
-            results[budget] = store.stats()
-    off, on = results[0], results[4 * NBYTES]
-    assert off.prefetch_issued == 0 and off.prefetch_misses > 0
-    # Timing-dependent (a shared 2-core VM): generous margins.
-    assert on.prefetch_hits >= n // 2 and on.prefetch_misses <= n // 3
+            results[budget] = (store.stats(), list(slow.get_threads))
+    (off, off_threads), (on, _) = results[0], results[4 * NBYTES]
+    loads = n - 1  # StoreAll restores every step but the last from its record
+    assert off.prefetch_issued == 0 and off.prefetch_misses == loads and off.prefetch_hits == 0
+    assert off_threads == [threading.get_ident()] * loads  # every read in load(), on the caller
+    assert on.prefetch_issued > 0 and on.prefetch_hits == loads and on.prefetch_misses == 0
+    assert on.staged_hits == 0
     assert on.peak_cache_bytes <= 4 * NBYTES
-    assert on.stall_seconds < 0.7 * off.stall_seconds
 
 
 def test_records_past_their_last_read_leave_the_cache_at_once():
@@ -422,12 +434,19 @@ def test_jax_arrays_are_kept_by_reference_and_come_back_as_jax_arrays():
 
 
 def test_reads_of_a_record_still_being_written_are_served_from_the_staged_copy():
-    slow = SlowTier(block=0.3)
+    gate = threading.Event()
+
+    class Gated(SlowTier):
+        def put(self, key, record):
+            gate.wait(20)  # held until the load has returned
+            super().put(key, record)
+
+    slow = Gated()
     with TieredStore([MemoryTier(), slow]) as store:
         store.save(1, state(1), 1)
-        t0 = time.perf_counter()
         assert same(store.load(1, 1), state(1))
-        assert time.perf_counter() - t0 < 0.2  # did not wait for the put
+        assert list(slow.keys()) == []  # the load did not wait for the put
+        gate.set()
         assert store.stats().staged_hits == 1 and slow.gets == 0
 
 
@@ -550,9 +569,7 @@ def test_close_flushes_a_briefly_blocking_tier_and_never_hangs():
     store = TieredStore([slow], staging_bytes=10 * NBYTES)
     for i in range(4):
         store.save(i, state(i))
-    t0 = time.perf_counter()
-    store.close(timeout=10)
-    assert time.perf_counter() - t0 < 5
+    store.close(timeout=60)  # raises if the flush does not end in time
     assert len(list(slow.keys())) == 4  # flushed
     assert all(not th.is_alive() for th in store._threads)
     store.close()  # idempotent
@@ -563,15 +580,13 @@ def test_close_with_timeout_gives_up_on_a_hanging_tier():
 
     class Hanging(SlowTier):
         def put(self, key, record):
-            gate.wait(5)
+            gate.wait(60)
             super().put(key, record)
 
     store = TieredStore([Hanging()], workers=1)
     store.save(0, state(0))
-    t0 = time.perf_counter()
     with pytest.raises(StorageError, match="timed out|gave up"):
         store.close(timeout=0.3)
-    assert time.perf_counter() - t0 < 2
     gate.set()
 
 

@@ -483,6 +483,30 @@ def test_crafted_metadata_is_refused(tmp_path, edit, match):
         dcp.load({"w": torch.empty(10), "n": 0}, storage_reader=reader)
 
 
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda text: text.replace('{"format"', '{"format": "x", "format"', 1), "duplicate key"),
+        (lambda text: text.replace('"items"', '"nan": NaN, "items"', 1), "NaN"),
+    ],
+)
+def test_metadata_that_is_not_strict_json_is_refused(tmp_path, edit, match):
+    path = tmp_path / "run.vlcc"
+    dcp.save({"w": torch.arange(10.0)}, storage_writer=VlccWriter(path))
+    with History(path) as h:
+        (v,) = h.log()
+        text = zlib.decompress(h.read_leaf(v.id, 0).tobytes()).decode()
+        assert text.startswith('{"format"') and '"items"' in text
+        state = h.load(v.id)
+        state["dcp_metadata"] = np.frombuffer(zlib.compress(edit(text).encode()), np.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h.commit(state, branch="crafted", meta=v.meta)
+        h.wait()
+    with pytest.raises(CorruptCheckpointError, match=match):
+        VlccReader(path, ref="crafted")
+
+
 def test_stateful_app_state_with_get_state_dict_round_trips(tmp_path):
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.checkpoint.stateful import Stateful

@@ -13,9 +13,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vlcc_adjoint import Level, Multistage, Revolve, StoreAll, simulate  # noqa: E402
+from vlcc_adjoint import Level, Multistage, Revolve, StoreAll, io_plan, simulate  # noqa: E402
 from vlcc_adjoint import state as vstate  # noqa: E402
-from vlcc_adjoint.storage import CorruptCheckpointError, MemoryTier, TieredStore, ZarrTier  # noqa: E402
+from vlcc_adjoint.storage import (  # noqa: E402
+    CorruptCheckpointError,
+    DeviceTier,
+    MemoryTier,
+    TieredStore,
+    ZarrTier,
+)
 from vlcc_adjoint.torch import (  # noqa: E402
     VlccCheckpointEngine,
     checkpoint_sequence,
@@ -71,10 +77,12 @@ def _plain_rnn(cell, xs, h0, n):
 
 
 def _multilevel(n, tmp_path):
+    """A three-level schedule and its store: the tensors' device slots, memory, disk."""
     schedule = Multistage(n, [Level(2, 0, 0), Level(2, 0.5, 0.5), Level(3, 2.0, 2.0)])
     peaks = simulate(schedule).peak_slots
     assert peaks[1] > 0 and peaks[2] > 0  # all three levels are used
-    store = TieredStore([MemoryTier(), ZarrTier(tmp_path / "zarr")])
+    plan = io_plan(schedule)
+    store = TieredStore([DeviceTier(), MemoryTier(), ZarrTier(tmp_path / "zarr")], plan=plan)
     return schedule, store
 
 
@@ -99,9 +107,12 @@ def test_checkpoint_sequence_rnn_gradients_equal_autograd(kind, tmp_path):
     got = [h0.grad, xs.grad] + [p.grad for p in cell.parameters()]
     assert all(_close(a, b) for a, b in zip(got, want))
     if store is not None:
-        reads = [t.gets for t in store.stats().tiers]
-        assert reads[0] > 0 and reads[1] > 0  # memory and disk levels were read
-        assert store.steps(0) == [] and store.steps(1) == []  # the run cleaned up
+        # Every level's Saves and Loads went through the store (device, memory, disk;
+        # restores may be served by its read-ahead instead of the tier).
+        stats, want_io = store.stats(), simulate(schedule)
+        assert [t.puts for t in stats.tiers] == list(want_io.writes)
+        assert stats.loads == sum(want_io.reads) and stats.tiers[0].gets == want_io.reads[0]
+        assert store.steps(0) == store.steps(1) == store.steps(2) == []  # the run cleaned up
         store.close()
 
 
@@ -258,16 +269,90 @@ def test_bad_arguments_say_what_to_do():
         checkpoint_sequence(torch.tanh, {"u": x}, 3)
     with pytest.raises(ValueError, match="same shapes and dtypes"):
         checkpoint_sequence(lambda u: u.sum(), x, 3)
+    three = Multistage(6, [Level(1), Level(1, 1, 1), Level(2, 2, 2)])
+    two = Multistage(6, [Level(1), Level(3, 1, 1)])
+    with TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(two)) as store:
+        with pytest.raises(ValueError, match=r"levels 0..2.*give it 3 tiers"):
+            checkpoint_sequence(torch.tanh, x, 6, store=store, schedule=three)
+    with TieredStore([DeviceTier(), MemoryTier(), MemoryTier()], plan=io_plan(three)) as store:
+        with pytest.raises(ValueError, match="plan is for"):
+            checkpoint_sequence(torch.tanh, x, 6, store=store, schedule=Revolve(6, 2))
+    with TieredStore([DeviceTier(), MemoryTier()]) as store:
+        with pytest.raises(ValueError, match=r"runs the schedule's plan.*io_plan\(schedule\)"):
+            checkpoint_sequence(torch.tanh, x, 6, store=store)
+    with TieredStore([MemoryTier()], plan=io_plan(Revolve(6, 2))) as store:
+        with pytest.raises(ValueError, match="no DeviceTier for level 0"):
+            checkpoint_sequence(torch.tanh, x, 6, store=store, schedule=Revolve(6, 2))
+    with pytest.raises(TypeError, match="must be a vlcc_adjoint.storage.TieredStore"):
+        checkpoint_sequence(torch.tanh, x, 6, store=[MemoryTier()])
+    # The earlier form (host tiers, no plan, tier k - 1 = level k) with too few tiers.
     store = TieredStore([MemoryTier()], plan=None)
-    with pytest.raises(ValueError, match="levels 1..2"):
-        checkpoint_sequence(
-            torch.tanh,
-            x,
-            6,
-            store=store,
-            schedule=Multistage(6, [Level(1), Level(1, 1, 1), Level(2, 2, 2)]),
-        )
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="levels 1..2"):
+        checkpoint_sequence(torch.tanh, x, 6, store=store, schedule=three)
     store.close()
+
+
+def test_the_earlier_store_form_warns_and_its_tiers_hold_the_host_levels(tmp_path):
+    n = 31
+    cell, xs, h0 = _rnn_problem(n)
+    want = torch.autograd.grad(_plain_rnn(cell, xs, h0, n).sum(), [h0, *cell.parameters()])
+    schedule = Multistage(n, [Level(2, 0, 0), Level(3, 1.0, 1.0)])
+    assert simulate(schedule).writes[1] > 0
+    disk = ZarrTier(tmp_path / "zarr")
+    puts = []
+    real_put = disk.put
+
+    def put(key, record):
+        puts.append(key)
+        return real_put(key, record)
+
+    disk.put = put
+    store = TieredStore([disk])  # tier k - 1 holds level k, no plan
+    with pytest.warns(DeprecationWarning, match=r"deprecated.*plan=io_plan\(schedule\)"):
+        out = checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store)
+    got = torch.autograd.grad(out.sum(), [h0, *cell.parameters()])
+    assert all(_close(a, b) for a, b in zip(got, want))
+    assert len(puts) == simulate(schedule).writes[1]  # level 1 went to the caller's tier
+    assert list(disk.keys()) == []  # ... and the run deleted what it wrote there
+    store.save(0, {"still": torch.ones(2)}, 0)  # the caller's store is still open
+    store.close()
+
+
+def test_one_planned_store_serves_run_after_run_and_reads_restores_ahead(tmp_path):
+    n = 40
+    cell, xs, h0 = _rnn_problem(n)
+    want = torch.autograd.grad(_plain_rnn(cell, xs, h0, n).sum(), [h0, *cell.parameters()])
+    schedule = Multistage(n, [Level(2, 0, 0), Level(6, 2.0, 2.0)])
+    reads = simulate(schedule).reads[1]
+    assert reads > 0
+    with TieredStore(
+        [DeviceTier(), ZarrTier(tmp_path / "disk")], plan=io_plan(schedule), workers=2
+    ) as store:
+        # A forward pass whose backward never runs leaves records behind ...
+        checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store)
+        assert store.steps(0) or store.steps(1)
+        for _ in range(2):  # ... which the next run's restart of the plan deletes.
+            out = checkpoint_sequence(cell, h0, n, inputs=xs, schedule=schedule, store=store)
+            got = torch.autograd.grad(out.sum(), [h0, *cell.parameters()])
+            assert all(_close(a, b) for a, b in zip(got, want))
+            assert store.steps(0) == store.steps(1) == []
+        stats = store.stats()
+    assert stats.prefetch_hits + stats.staged_hits > 0  # the plan read restores ahead
+
+
+def test_a_kept_state_changed_in_place_is_refused_at_its_load():
+    armed = [False]
+
+    def step(u):
+        if armed[0] and not torch.is_grad_enabled():
+            u.mul_(1.0)  # changes its argument in place, during a recomputation
+        return torch.tanh(u)
+
+    x = torch.randn(3, dtype=torch.double, requires_grad=True)
+    out = checkpoint_sequence(step, x, 10, schedule=Revolve(10, 2))
+    armed[0] = True
+    with pytest.raises(RuntimeError, match=r"snapshot of step \d+ was modified in place"):
+        out.sum().backward()
 
 
 # -- saved-tensor offload ---------------------------------------------------------------
@@ -478,6 +563,53 @@ def test_unrepresentable_objects_are_refused_with_their_path():
         vstate.flatten({"f": torch.nn.Linear(2, 2)})  # a module, not its state_dict
 
 
+def test_tensors_are_leaves_described_without_a_copy(monkeypatch):
+    import vlcc_adjoint.torch._state as tstate
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    leaves, spec = vstate.flatten(state)
+    assert spec["tree"]["items"][1] == {"leaf": 1, "torch": "bfloat16", "device": "cpu"}
+
+    def no_copy(t):
+        raise AssertionError("the structure of a tensor state brought a tensor to the host")
+
+    monkeypatch.setattr(tstate, "tensor_to_numpy", no_copy)
+    structure = vstate.Structure.of(state)
+    assert vstate.state_nbytes(state) == 6 * 4 + 4 * 2 == structure.nbytes
+    assert structure.matches({"w": torch.zeros(2, 3), "b": torch.zeros(4, dtype=torch.bfloat16)})
+    assert not structure.matches({"w": torch.zeros(2, 3), "b": torch.zeros(4)})
+    assert "state['b']" in structure.mismatch({"w": torch.zeros(2, 3), "b": torch.zeros(5)})
+
+
+def test_checkpoints_written_when_tensors_were_containers_still_read():
+    import numpy as np
+
+    old = {
+        "format": "vlcc-state/1",
+        "tree": {
+            "dict": ["b", "p"],
+            "items": [
+                {
+                    "type": "torch.Tensor",
+                    "aux": {"dtype": "bfloat16", "device": "cpu"},
+                    "items": [{"leaf": 0}],
+                },
+                {
+                    "type": "torch.nn.Parameter",
+                    "aux": {"dtype": "float32", "device": "cpu", "requires_grad": True},
+                    "items": [{"leaf": 1}],
+                },
+            ],
+        },
+        "leaves": [{"dtype": "<i2", "shape": [2]}, {"dtype": "<f4", "shape": [3]}],
+    }
+    ones = torch.ones(2, dtype=torch.bfloat16).view(torch.int16).numpy()
+    back = vstate.unflatten(old, [ones, np.arange(3, dtype="<f4")])
+    assert torch.equal(back["b"], torch.ones(2, dtype=torch.bfloat16))
+    assert type(back["p"]) is torch.nn.Parameter and back["p"].requires_grad
+    assert torch.equal(back["p"].detach(), torch.arange(3.0))
+
+
 # -- files from elsewhere never execute ----------------------------------------------------
 
 MARKER = "vlcc_pwned_marker"
@@ -499,15 +631,21 @@ def _edit_json(path, fn):
         json.dump(doc, f)
 
 
-def _rename_type(node, old, new):
+def _craft_type(node, name):
+    """Turn every torch tensor leaf node of a spec into a registered-type node
+    named `name` around the same leaf (a crafted spec naming a dangerous type)."""
     if isinstance(node, dict):
-        if node.get("type") == old:
-            node["type"] = new
-        for v in node.values():
-            _rename_type(v, old, new)
+        for key, value in list(node.items()):
+            if isinstance(value, dict) and "leaf" in value and "torch" in value:
+                node[key] = {"type": name, "aux": None, "items": [{"leaf": value["leaf"]}]}
+            else:
+                _craft_type(value, name)
     elif isinstance(node, list):
-        for v in node:
-            _rename_type(v, old, new)
+        for i, value in enumerate(node):
+            if isinstance(value, dict) and "leaf" in value and "torch" in value:
+                node[i] = {"type": name, "aux": None, "items": [{"leaf": value["leaf"]}]}
+            else:
+                _craft_type(value, name)
 
 
 def _reseal(doc):
@@ -527,14 +665,14 @@ def test_crafted_files_never_execute_code(tmp_path):
     payload = pickle.dumps(_Exploit(str(marker)))
     state = {"w": torch.arange(4.0), "b": torch.ones(2, dtype=torch.bfloat16)}
 
-    # 1. A ZarrTier record whose spec names os.system instead of torch.Tensor.
+    # 1. A ZarrTier record whose spec names os.system instead of torch's leaves.
     z = tmp_path / "z"
     with TieredStore([ZarrTier(z)]) as store:
         store.save(0, state, 0)
     (key,) = [d for d in os.listdir(z) if not d.startswith(".") and d != "zarr.json"]
     # Edited without resealing: the record's digest refuses it.
     original = (z / key / "zarr.json").read_bytes()
-    _edit_json(z / key / "zarr.json", lambda doc: _rename_type(doc, "torch.Tensor", "posix:system"))
+    _edit_json(z / key / "zarr.json", lambda doc: _craft_type(doc, "posix:system"))
     with pytest.raises(CorruptCheckpointError, match="zarr.json"):
         with ZarrTier(z, mode="r") as tier:
             tier.get(key)
@@ -542,7 +680,7 @@ def test_crafted_files_never_execute_code(tmp_path):
     (z / key / "zarr.json").write_bytes(original)
     _edit_json(
         z / key / "zarr.json",
-        lambda doc: (_rename_type(doc, "torch.Tensor", "posix:system"), _reseal(doc)),
+        lambda doc: (_craft_type(doc, "posix:system"), _reseal(doc)),
     )
     with TieredStore([ZarrTier(z)]) as store:
         tier = store.tiers[0]
@@ -569,7 +707,7 @@ def test_crafted_files_never_execute_code(tmp_path):
         vid = h.commit(state)
     _edit_json(
         hq / "versions" / vid / "zarr.json",
-        lambda doc: _rename_type(doc, "torch.Tensor", "builtins:eval"),
+        lambda doc: _craft_type(doc, "builtins:eval"),
     )
     with (
         History(hq, mode="r") as h,
@@ -649,3 +787,86 @@ def test_engine_saves_pointers_and_loads_the_state_back(tmp_path, defer):
         _same(want["optimizer"]["state"], got["optimizer"]["state"])
         assert got["global_steps"] in (1, 3)
     reader.close()
+
+
+def test_a_pointer_is_read_only_from_a_small_regular_file(tmp_path):
+    good = tmp_path / "good.pt"
+    doc = {"format": "vlcc-deepspeed-pointer/1", "history": "h", "version": "v1"}
+    good.write_text(json.dumps(doc))
+    assert VlccCheckpointEngine.read_pointer(str(good)) == doc
+    link = tmp_path / "link.pt"
+    link.symlink_to(good)
+    with pytest.raises(CorruptCheckpointError, match=r"link\.pt.*symbolic link") as info:
+        VlccCheckpointEngine.read_pointer(str(link))
+    assert info.value.path == str(link)
+    big = tmp_path / "big.pt"
+    big.write_text(json.dumps(dict(doc, note="x" * (64 << 10))))
+    with pytest.raises(ValueError, match=r"big\.pt is not a checkpoint pointer"):
+        VlccCheckpointEngine.read_pointer(str(big))
+    duplicated = tmp_path / "dup.pt"
+    duplicated.write_text(json.dumps(doc)[:-1] + ', "version": "v2"}')
+    with pytest.raises(ValueError, match=r"dup\.pt is not a checkpoint pointer"):
+        VlccCheckpointEngine.read_pointer(str(duplicated))
+
+
+def test_pointers_and_latest_are_written_atomically_without_following_links(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched")
+    (tmp_path / "latest").symlink_to(target)
+    engine = VlccCheckpointEngine(tmp_path / "h")
+    engine.create(_Info("global_step1", str(tmp_path)))
+    path = str(tmp_path / "global_step1" / "mp_rank_00_model_states.pt")
+    engine.makedirs(tmp_path / "global_step1", exist_ok=True)
+    engine.save({"w": torch.ones(2)}, path)
+    engine.close()
+    assert target.read_text() == "untouched"  # the link was replaced, not written through
+    assert not (tmp_path / "latest").is_symlink()
+    assert (tmp_path / "latest").read_text() == "global_step1"
+    assert VlccCheckpointEngine.read_pointer(path)["format"] == "vlcc-deepspeed-pointer/1"
+
+
+def test_a_torch_state_saves_and_loads_without_importing_the_torch_integration():
+    """The package registers a lazy hook for torch, as for JAX: a state of
+    tensors is checkpointed, and a spec with torch leaves loads, in processes
+    that never import vlcc_adjoint.torch themselves."""
+    import subprocess
+
+    code = """
+import sys, numpy as np
+import vlcc_adjoint
+from vlcc_adjoint.storage import MemoryTier, TieredStore
+from vlcc_adjoint.state import flatten
+assert "vlcc_adjoint.torch" not in sys.modules and "torch" not in sys.modules
+import torch
+x = torch.arange(6.0).reshape(2, 3)
+with TieredStore([MemoryTier()]) as store:
+    store.save(0, {"x": x})
+    got = store.load(0)
+assert isinstance(got["x"], torch.Tensor) and torch.equal(got["x"], x)
+leaves, spec = flatten({"x": x})
+assert "torch" in spec["tree"]["items"][0], spec
+print("ok", "vlcc_adjoint.torch._state" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok", "True"]
+    load = """
+import json, sys, numpy as np
+from vlcc_adjoint.state import unflatten
+spec = json.loads(sys.argv[1])
+assert "torch" not in sys.modules
+out = unflatten(spec, [np.arange(6.0).reshape(2, 3)])
+import torch
+assert isinstance(out["x"], torch.Tensor) and out["x"].shape == (2, 3)
+print("ok")
+"""
+    import json
+
+    from vlcc_adjoint.state import flatten
+
+    _, spec = flatten({"x": torch.arange(6.0, dtype=torch.float64).reshape(2, 3)})
+    out = subprocess.run(
+        [sys.executable, "-c", load, json.dumps(spec)], capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"

@@ -616,3 +616,51 @@ def test_both_drop_ins_follow_moves_between_every_pair_of_levels():
     for a, b, c in zip(want, got, got2):
         torch.testing.assert_close(b, a)
         torch.testing.assert_close(c, a)
+
+
+def test_both_drop_ins_follow_a_forward_sweep_that_reaches_the_last_state():
+    """The sweep advances to u_n before its first Reverse (as an Online sweep
+    may): the output comes from the sweep, and every block is re-taped."""
+    from vlcc_adjoint.schedules import Schedule, actions_to_table, simulate
+    from vlcc_adjoint.schedules.actions import Advance, Delete, Load, Reverse, Save
+    from vlcc_adjoint.torch import checkpoint_sequence
+
+    n = 3
+    acts = [Save(0, 0), Advance(0, 3), Load(0, 0), Advance(0, 2), Reverse(2)]
+    acts += [Load(0, 0), Advance(0, 1), Reverse(1), Load(0, 0), Reverse(0), Delete(0, 0)]
+    schedule = Schedule(actions_to_table(acts), n)
+    simulate(schedule)
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    layers = nn.Sequential(*[nn.Sequential(lin, nn.Tanh()) for _ in range(n)])
+    want = torch.autograd.grad(layers(x).sum(), [x, *lin.parameters()])
+    out = checkpoint_sequential(layers, n, x, use_reentrant=False, schedule=schedule)
+    got = torch.autograd.grad(out.sum(), [x, *lin.parameters()])
+    out2 = checkpoint_sequence(lambda u: torch.tanh(lin(u)), x, n, schedule=schedule)
+    got2 = torch.autograd.grad(out2.sum(), [x, *lin.parameters()])
+    for a, b, c in zip(want, got, got2):
+        torch.testing.assert_close(b, a)
+        torch.testing.assert_close(c, a)
+
+
+def test_a_planned_store_holds_every_level_also_for_a_second_backward():
+    from vlcc_adjoint.schedules import io_plan
+    from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore
+
+    model = _mlp()
+    x = torch.randn(2, 100, requires_grad=True)
+    plain = _grads(model, x, model)
+    schedule = Multistage(6, levels=[Level(1, 0.0, 0.0), Level(3, 1.0, 1.0)])
+    assert simulate(schedule).writes[1] > 0
+    with TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(schedule)) as store:
+        model.zero_grad(set_to_none=True)
+        out = checkpoint_sequential(
+            model, 6, x, use_reentrant=False, schedule=schedule, store=store
+        )
+        out.sum().backward(retain_graph=True)
+        out.sum().backward()  # the schedule runs again: the plan restarts
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, 2 * plain[2][n])
+        assert store.steps(0) == store.steps(1) == []
+        assert store.stats().tiers[1].puts == 2 * simulate(schedule).writes[1]

@@ -343,7 +343,7 @@ def run_adjoint(
             )
             commit_seconds, committed = 0.0, 0
             if shared is not None:
-                shared._finish()
+                shared.finish()
                 commit_seconds, committed = shared.commit_seconds, len(shared.committed)
             nlevels = len(getattr(result.store_stats, "tiers", ()) or ())
             reduced = _reduce(guard, result, commit_seconds, committed, nlevels)

@@ -263,8 +263,10 @@ class DistributedStore:
         self.commit_seconds += time.perf_counter() - t0
         return names
 
-    def _finish(self, timeout: float | None = 600.0) -> None:
-        """Final commit and local close; the guard stays open."""
+    def finish(self, timeout: float | None = 600.0) -> None:
+        """Commit (collective) and close this rank's store, keeping the guard
+        open: a run that still reduces its results over the guard finishes
+        its store first, then closes the guard itself.  Idempotent."""
         if self._finished:
             return
         self._finished = True
@@ -287,7 +289,7 @@ class DistributedStore:
                 self._finished = True
                 self.local.close(timeout)
             return
-        self._finish(timeout)
+        self.finish(timeout)
         self.guard.close()
 
     def __enter__(self) -> DistributedStore:

@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from ..errors import VlccTypeError, VlccValueError
-from ._state import _DTYPES, _NAME_OF
+from ._state import DTYPES, dtype_name
 
 __all__ = [
     "FORMAT",
@@ -207,7 +207,7 @@ def encode_metadata(
             continue
         if not isinstance(entry, TensorStorageMetadata):
             raise VlccTypeError(f"unknown DCP storage metadata {type(entry).__name__} for {fqn!r}")
-        name = _NAME_OF.get(entry.properties.dtype)
+        name = dtype_name(entry.properties.dtype)
         if name is None:
             raise VlccTypeError(
                 f"{fqn!r} has dtype {entry.properties.dtype}, which VlccWriter does "
@@ -293,7 +293,7 @@ def decode_metadata(
         if it.get("kind") != "tensor":
             raise VlccValueError(f"item {fqn!r} has an unknown kind")
         name = it.get("dtype")
-        dtype = _DTYPES.get(name) if isinstance(name, str) else None
+        dtype = DTYPES.get(name) if isinstance(name, str) else None
         if dtype is None:
             raise VlccValueError(f"item {fqn!r} has an unknown dtype {it.get('dtype')!r:.40}")
         size = _ints(it.get("size"), f"the size of {fqn!r}")

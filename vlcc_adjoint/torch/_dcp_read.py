@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import os
 import uuid
@@ -23,18 +22,15 @@ from torch.futures import Future
 
 from ..errors import VlccFileNotFoundError, VlccKeyError, VlccValueError
 from ..lineage import CorruptCheckpointError, History
+from ..storage import format as SF
 from ._dcp_meta import FORMAT, META_KEY, decode_metadata
-from ._state import _storage_dtype, numpy_to_tensor
+from ._state import numpy_to_tensor, storage_dtype
 
 __all__ = ["VlccReader", "read_document"]
 
 
 #: The largest metadata document read (about 200 bytes per stored tensor chunk).
 MAX_DOCUMENT_BYTES = 1 << 30
-
-
-def _no_constant(name: str):
-    raise VlccValueError(f"{name} is not strict JSON")
 
 
 def _inflate(packed: bytes) -> bytes:
@@ -81,7 +77,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
         text = raw.tobytes()
         if mark.get("document") == "zlib":
             text = _inflate(text)
-        doc = json.loads(text, parse_constant=_no_constant)
+        doc = SF.parse_json(text, manifest)  # strict: no NaN, no duplicate keys
         md, storage, leaf_keys = decode_metadata(doc, len(infos))
         # Every chunk's leaf must hold what the metadata says (reads are sized by it).
         for index, info in storage.items():
@@ -90,7 +86,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
             _, i, dtype, sizes, offset = info
             leaf = infos[i]
             stored = np.dtype(leaf.dtype)
-            want = _storage_dtype(dtype)
+            want = storage_dtype(dtype)
             if offset is not None:  # a run of bytes in a pack leaf
                 end = offset + math.prod(sizes) * want.itemsize
                 if stored != np.uint8 or len(leaf.shape) != 1 or end > leaf.shape[0]:
@@ -104,7 +100,7 @@ def read_document(h: History, vid: str) -> tuple[Metadata, dict, list[str]]:
                     f"metadata says {index.fqn!r} is {dtype}{list(sizes)} there"
                 )
         return md, storage, leaf_keys
-    except (ValueError, TypeError, RecursionError, zlib.error) as err:
+    except (ValueError, TypeError, RecursionError, zlib.error, CorruptCheckpointError) as err:
         raise CorruptCheckpointError(
             f"version {vid} of {h.path}: its DCP metadata is invalid ({err}); load another version",
             key=vid,
@@ -303,19 +299,19 @@ class VlccReader(StorageReader):
         spans = []
         for req, (_, _, dtype, sizes, offset) in reqs:
             _check_request(req, sizes)
-            spans.append((offset, offset + math.prod(sizes) * _storage_dtype(dtype).itemsize))
+            spans.append((offset, offset + math.prod(sizes) * storage_dtype(dtype).itemsize))
         lo = min(a for a, _ in spans)
         hi = max(b for _, b in spans)
         raw = self._history.read_leaf(self.version, leaf, rows=(lo, hi))
         self._check_array(leaf, raw, torch.uint8, (hi - lo,), (hi - lo,))
         for (req, (_, _, dtype, sizes, _)), (a, b) in zip(reqs, spans):
-            arr = raw[a - lo : b - lo].view(_storage_dtype(dtype)).reshape(sizes)
+            arr = raw[a - lo : b - lo].view(storage_dtype(dtype)).reshape(sizes)
             _copy_out(numpy_to_tensor(arr, dtype), req, 0, planner)
 
     def _check_array(
         self, leaf: int, arr: np.ndarray, dtype: torch.dtype, want: tuple, sizes: tuple
     ) -> None:
-        if arr.shape != want or arr.dtype.newbyteorder("=") != _storage_dtype(dtype).newbyteorder(
+        if arr.shape != want or arr.dtype.newbyteorder("=") != storage_dtype(dtype).newbyteorder(
             "="
         ):
             raise CorruptCheckpointError(

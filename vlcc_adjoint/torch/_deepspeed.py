@@ -85,6 +85,8 @@ import torch
 
 from .. import state as _vstate
 from ..errors import VlccFileNotFoundError, VlccRuntimeError, VlccTypeError, VlccValueError
+from ..storage import CorruptCheckpointError
+from ..storage import format as SF
 from ._deepspeed_state import register_deepspeed_providers
 from ._state import register_providers
 
@@ -112,13 +114,6 @@ class _Job:
         self.meta = meta
         self.vid = self.error = None
         self.done = threading.Event()
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 class VlccCheckpointEngine:
@@ -459,13 +454,23 @@ class VlccCheckpointEngine:
 
     @staticmethod
     def read_pointer(path: str) -> dict:
-        """The pointer JSON at `path`, validated; a clear error for anything else."""
-        with open(path, "rb") as f:
-            raw = f.read(_POINTER_MAX + 1)
+        """The pointer JSON at `path`, validated; a clear error for anything else.
+
+        Read through the format layer: a link or anything but a regular file
+        is refused (``CorruptCheckpointError`` naming it), at most 64 KiB are
+        read, and the text must be strict JSON; a file that is no pointer
+        (too large, or a ``torch.save`` pickle) raises ``ValueError`` naming
+        it and what to do.
+        """
+        fd = SF.open_regular(path)
+        try:
+            raw = os.read(fd, _POINTER_MAX + 1)
+        finally:
+            os.close(fd)
         try:
             if len(raw) > _POINTER_MAX:
-                raise VlccValueError("too large")
-            doc = json.loads(raw.decode("utf-8"))
+                raise VlccValueError(f"it has more than {_POINTER_MAX} bytes")
+            doc = SF.parse_json(raw, path)
             if not (
                 isinstance(doc, dict)
                 and doc.get("format") == POINTER_FORMAT
@@ -473,7 +478,7 @@ class VlccCheckpointEngine:
                 and isinstance(doc.get("version"), str)
             ):
                 raise VlccValueError("not a vlcc pointer")
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, CorruptCheckpointError):
             hint = ""
             if raw[:2] == b"PK" or raw[:1] == b"\x80":
                 hint = (
@@ -503,7 +508,7 @@ class VlccCheckpointEngine:
             "note": "a VlccCheckpointEngine checkpoint: the state is version `version` "
             "of the vlcc lineage History at `history` (relative to this file)",
         }
-        _write_atomic(path, json.dumps(doc, indent=1).encode())
+        SF.write_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)
 
     def _reader(self, hist_path: str):
         if self._history is not None and os.path.abspath(self._history.path) == hist_path:
@@ -579,7 +584,9 @@ class VlccCheckpointEngine:
                 if seq < self._latest_done:
                     return
                 self._latest_done = seq
-            _write_atomic(os.path.join(info.save_dir, "latest"), str(info.tag).encode())
+            SF.write_atomic(
+                os.path.join(info.save_dir, "latest"), str(info.tag).encode(), durable=False
+            )
 
     def _publish_loop(self) -> None:
         while True:

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 
 from ..errors import VlccRuntimeError, VlccValueError
-from ._state import _NAME_OF, numpy_to_tensor, register_providers, tensor_to_numpy
+from ._state import dtype_name, numpy_to_tensor, register_providers, tensor_to_numpy
 
 if TYPE_CHECKING:
     from ..storage import Tier
@@ -327,7 +327,7 @@ class offload_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             or t.is_quantized
             or t.is_nested
             or t.device.type == "meta"
-            or t.dtype not in _NAME_OF
+            or dtype_name(t.dtype) is None
         ):
             return False
         if t.numel() * t.element_size() < self.threshold:

@@ -10,44 +10,51 @@
 * The random generators (:func:`rng_devices`, :func:`get_rng`,
   :func:`set_rng`): recorded with the states a schedule keeps and restored
   before a recomputation, so dropout draws the same masks.
-* The store of levels ``>= 1`` (:func:`schedule_store`, :func:`check_store`,
-  :func:`close_quietly`).
-* The dispatch of a schedule table's rows to the interpreter's actions
-  (:func:`dispatch`).
+* The store of a run (:func:`planned_store`, :func:`close_quietly`): every
+  level, level 0 included, in one planned
+  :class:`~vlcc_adjoint.storage.TieredStore`.
+
+The engine that runs a schedule over the blocks is :mod:`._engine`.
 """
 
 from __future__ import annotations
 
 import functools
 import types
+import warnings
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import VlccTypeError, VlccValueError
-from ..schedules import ActionKind
+from ..schedules import IOPlan, Schedule, io_plan, simulate
+from ..storage import DeviceTier, MemoryTier, Tier, TieredStore
 
 __all__ = [
-    "check_store",
+    "NEW_FORM",
     "close_quietly",
     "collect_params",
-    "dispatch",
     "foreign_leaf",
     "get_rng",
+    "planned_store",
     "rng_devices",
-    "schedule_store",
+    "schedule_plan",
     "set_rng",
     "with_cotangent",
 ]
-
-_ADVANCE, _SAVE, _LOAD = int(ActionKind.ADVANCE), int(ActionKind.SAVE), int(ActionKind.LOAD)
-_DELETE, _MOVE, _REVERSE = int(ActionKind.DELETE), int(ActionKind.MOVE), int(ActionKind.REVERSE)
 
 
 def _tensors_in(obj, out: list, depth: int = 0) -> None:
     """Tensors that require grad reachable from `obj`: a tensor, a module, a short
     container of them, or a function / bound method / ``functools.partial`` whose
-    closure, owner or arguments hold them (a few levels deep)."""
+    closure, owner or arguments hold them (a few levels deep).
+
+    A walk of *code*, not of a state: closures, bound methods, globals named
+    by a function and modules' parameters, the tensors autograd would not
+    see as inputs of the Function.  The state model describes data and has
+    no notion of any of these, so this walk is the torch integration's own;
+    the autograd graph walk of :func:`foreign_leaf` is too."""
     if depth > 3:
         return
     if isinstance(obj, torch.Tensor):
@@ -190,70 +197,98 @@ def close_quietly(store):
         pass
 
 
-def check_store(store, levels: int):
+#: The store form the drop-ins take (levels numbered as in the schedule).
+NEW_FORM = "TieredStore([DeviceTier(), MemoryTier(), ...], plan=io_plan(schedule))"
+
+
+@functools.lru_cache(maxsize=32)
+def schedule_plan(schedule: Schedule) -> tuple[IOPlan, int, int]:
+    """``(io_plan(schedule), the most level-0 records at once, the number of
+    levels)``, computed once per schedule object (a training loop runs one
+    schedule at every step); :func:`~vlcc_adjoint.schedules.simulate`
+    validates the schedule on the way.
+
+    The device tier counts level-0 records against the schedule's peak; it
+    needs no slot map: a record's clones are its own tensors, not rows of a
+    preallocated buffer."""
+    peaks = simulate(schedule).peak_slots
+    return io_plan(schedule), int(peaks[0]), len(peaks)
+
+
+def _same_table(a: Schedule, b: Schedule) -> bool:
+    return a.n_steps == b.n_steps and len(a) == len(b) and np.array_equal(a.table, b.table)
+
+
+def planned_store(schedule: Schedule, store: Any, name: str) -> tuple[TieredStore, bool]:
+    """The store that holds every level of a run of `schedule` and follows
+    its plan: tier 0 a :class:`~vlcc_adjoint.storage.DeviceTier` (the kept
+    tensors on their own devices), tier ``k`` level ``k``.
+
+    **Arguments:**
+
+    - `schedule`: the run's schedule (valid).
+    - `store`: the caller's store, or ``None``.  The store form is
+      :data:`NEW_FORM`, with the plan of this schedule; the earlier form, a
+      store of host tiers without a plan whose tier ``k - 1`` holds level
+      ``k``, still works: its tiers are adopted below a ``DeviceTier`` in a
+      planned store of the run's own (which leaves them open), with a
+      ``DeprecationWarning`` naming the new form.
+    - `name`: the drop-in's name, which starts the messages.
+
+    **Returns:** ``(store, own)``: `own` when the store was made for the run
+    (the run closes it); a caller's store of the new form is returned as
+    is.  A ``TypeError``/``ValueError`` names what is wrong and the fix.
+    """
+    plan, slots, levels = schedule_plan(schedule)
+    if store is None:
+        own: list[Tier] = [DeviceTier(slots)]
+        own += [MemoryTier() for _ in range(1, levels)]
+        return TieredStore(own, plan=plan, threadsafe=False), True
     tiers = getattr(store, "tiers", None)
-    if tiers is None or not all(hasattr(store, m) for m in ("save", "load", "delete", "move")):
+    if tiers is None or not all(
+        hasattr(store, m) for m in ("save", "load", "delete", "move", "restart", "plan")
+    ):
         raise VlccTypeError(
-            f"checkpoint_sequence: store must be a vlcc_adjoint.storage.TieredStore, "
-            f"got {type(store).__name__}"
+            f"{name}: store must be a vlcc_adjoint.storage.TieredStore, got {type(store).__name__}"
         )
+    if tiers and getattr(tiers[0], "holds_payloads", False):
+        if len(tiers) < levels:
+            raise VlccValueError(
+                f"{name}: the schedule uses levels 0..{levels - 1}, but the store has "
+                f"{len(tiers)} tier(s); store.tiers[k] holds level k, so give it {levels} tiers "
+                "(a DeviceTier and one host tier per level below the device)"
+            )
+        if store.plan is None:
+            raise VlccValueError(
+                f"{name}: a store with a DeviceTier runs the schedule's plan: build it as "
+                f"{NEW_FORM}, with the schedule given to {name}"
+            )
+        planned = getattr(store.plan, "schedule", None)
+        if planned is not None and planned is not schedule and not _same_table(planned, schedule):
+            raise VlccValueError(
+                f"{name}: the store's plan is for {planned!r}, not for the schedule being run, "
+                f"{schedule!r}; build the store with plan=io_plan(schedule) of the schedule "
+                f"passed to {name}"
+            )
+        return store, False
+    if store.plan is not None:
+        raise VlccValueError(
+            f"{name}: this store has a plan but no DeviceTier for level 0; the store owns every "
+            f"level of the schedule: build it as {NEW_FORM}"
+        )
+    warnings.warn(
+        f"{name}(store=TieredStore(host tiers)) without a plan, store.tiers[k - 1] holding "
+        f"level k, is deprecated: give the store every level and the plan, {NEW_FORM}, levels "
+        "numbered as in the schedule; the store then reads restores ahead, evicts with "
+        "foresight and checks the plan on every level",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of the drop-in
+    )
     if len(tiers) < levels - 1:
         raise VlccValueError(
-            f"checkpoint_sequence: the schedule uses levels 1..{levels - 1} below "
-            f"the tensors' own slots, but the store has {len(tiers)} tier(s); "
-            f"store.tiers[k - 1] holds level k, so give TieredStore({levels - 1} "
-            "tiers)"
+            f"{name}: the schedule uses levels 1..{levels - 1} below the device, but the store "
+            f"has {len(tiers)} tier(s); in this (deprecated) form store.tiers[k - 1] holds level "
+            f"k; better, give the store every level: {NEW_FORM}"
         )
-    if getattr(store, "plan", None) is not None:
-        raise VlccValueError(
-            "checkpoint_sequence: build the TieredStore without plan=; its levels "
-            "are the schedule's levels >= 1 (level 0 stays in tensor slots), which "
-            "an io_plan of the whole schedule does not describe"
-        )
-
-
-def schedule_store(stats, store):
-    """The store a run of a schedule uses for its levels ``>= 1``.
-
-    **Arguments:** `stats` is :func:`~vlcc_adjoint.schedules.simulate` of the
-    schedule; `store` the caller's :class:`~vlcc_adjoint.storage.TieredStore`
-    or ``None``.
-
-    **Returns:** ``(store, own)``: the caller's store (checked), or, when the
-    schedule keeps states at a level ``>= 1`` and none was given, one
-    unbounded ``MemoryTier`` per level (``own`` is then ``True``: the run
-    closes it); the store is ``None`` when the schedule has level 0 only.
-    """
-    levels = len(stats.peak_slots)
-    own = False
-    if levels > 1 and any(stats.peak_slots[1:]):
-        if store is None:
-            from ..storage import MemoryTier, TieredStore
-
-            store = TieredStore([MemoryTier() for _ in range(levels - 1)])
-            own = True
-        else:
-            check_store(store, levels)
-    elif store is not None:
-        check_store(store, 1)
-    return (store if (own or levels > 1) else None), own
-
-
-def dispatch(run, kind, a, b, level, dst):
-    """One row of a schedule table: the interpreter's ``_advance(a, b)``,
-    ``_save(a, level)``, ``_load(a, level)``, ``_delete(a, level)``,
-    ``_move(a, level, dst)`` or ``_reverse(a)``."""
-    if kind == _ADVANCE:
-        run._advance(a, b)
-    elif kind == _SAVE:
-        run._save(a, level)
-    elif kind == _LOAD:
-        run._load(a, level)
-    elif kind == _DELETE:
-        run._delete(a, level)
-    elif kind == _MOVE:
-        run._move(a, level, dst)
-    elif kind == _REVERSE:
-        run._reverse(a)
-    else:  # pragma: no cover
-        raise VlccValueError(f"unknown action kind {kind} in the schedule table")
+    adopted = TieredStore([DeviceTier(slots), *tiers], plan=plan, close_tiers=False)
+    return adopted, True

@@ -7,22 +7,11 @@ for the backward pass; each segment is re-run, with grad, when the backward
 pass reaches it.  :func:`checkpoint_sequential` takes the same arguments,
 returns the same values and gradients, and adds ``schedule=``: a
 :mod:`vlcc_adjoint.schedules` table over the ``segments`` blocks of layers,
-interpreted by the same machine as :func:`~vlcc_adjoint.torch.checkpoint_sequence`
-(the semantics of :mod:`vlcc_adjoint.schedules.actions`):
-
-=====================  ====================================================
-action                 what it does here
-=====================  ====================================================
-``Advance(a, b)``      run blocks ``a .. b-1`` under ``no_grad``
-``Save(i, 0)``         keep the state between blocks ``i - 1`` and ``i``
-``Save(i, k >= 1)``    ``store.save(i, tensors, k - 1)``
-``Load(i, k)``         make a kept state the one in hand
-``Delete``, ``Move``   free a kept state / move it between levels
-``Reverse(i)``         re-run block ``i`` with grad from a detached copy
-                       of its input and ``torch.autograd.grad`` the
-                       incoming cotangent to the input and the block's
-                       parameters
-=====================  ====================================================
+run by the engine of :func:`~vlcc_adjoint.torch.checkpoint_sequence`
+(:mod:`vlcc_adjoint.torch._engine`, the semantics of
+:mod:`vlcc_adjoint.schedules.actions`): a block is a segment of layers,
+kept states are the inputs of blocks, and a ``Reverse`` differentiates the
+block w.r.t. its input and its layers' parameters.
 
 The forward pass runs the table up to its first ``Reverse`` and then the
 last block with grad (its tape serves ``Reverse(m - 1)``).  Without
@@ -70,28 +59,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import VlccRuntimeError, VlccTypeError, VlccValueError
-from ..schedules import ActionKind, Online, Schedule, StoreAll, simulate
-from ._recompute import (
-    close_quietly,
-    collect_params,
-    dispatch,
-    foreign_leaf,
-    get_rng,
-    rng_devices,
-    schedule_store,
-    set_rng,
-    with_cotangent,
-)
-from ._slots import Slots
+from ..errors import VlccTypeError, VlccValueError
+from ..schedules import Online, Schedule, StoreAll
+from ._engine import Chain, Checkpointed, Recompute
+from ._recompute import close_quietly, collect_params, planned_store
 from ._state import register_providers
 
 if TYPE_CHECKING:
     from ..storage import TieredStore
 
 __all__ = ["checkpoint_sequential"]
-
-_REVERSE = int(ActionKind.REVERSE)
 
 _REENTRANT_GRAPH = (
     "checkpoint_sequential(use_reentrant=True) cannot differentiate its gradient "
@@ -104,7 +81,18 @@ _REENTRANT_GRAPH = (
 
 
 def _flatten(obj, tensors: list, depth: int = 0):
-    """A tree description of `obj` whose tensors are appended to `tensors`."""
+    """A tree of `obj` whose tensors are appended to `tensors`, by reference.
+
+    This is a *carry*, not a description: it hands the live tensors between
+    layers to autograd and the engine and puts them back in place, with every
+    other value (a mask, a module, a config object) travelling as the object
+    it is.  The state model (:mod:`vlcc_adjoint.state`) describes states to
+    *store*: its walk brings each leaf to numpy and refuses objects no
+    provider knows, and it has no walk that keeps a leaf provider's objects
+    by reference.  What is stored of a layer state goes through the model:
+    the tensors of a kept state are saved as a list (the ``"torch"`` leaf
+    provider describes them), the tree stays with the engine.
+    """
     if depth > 32:
         raise VlccValueError(
             "checkpoint_sequential: the state between layers is nested more than 32 levels deep"
@@ -138,257 +126,58 @@ def _unflatten(tree, tensors):
     return _rebuild(tree, iter(tensors))
 
 
-def _differentiable(t: torch.Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
+# -- the layers as a chain of blocks ----------------------------------------------------
 
 
-# -- the interpreter -------------------------------------------------------------------
+class LayerChain(Chain):
+    """The blocks of :func:`checkpoint_sequential`: segments of layers, each
+    taking the previous one's output, the state between them any tree of
+    tensors and other values (its shapes change from layer to layer).
 
+    Layers may work in place (``nn.ReLU(inplace=True)``), so they are handed
+    copies of kept states (``protect``); each block closes over its own
+    layers' parameters and is checked once; a second backward pass sweeps
+    again (``retain_graph=True``, as torch allows).
+    """
 
-class _Layers:
-    """One forward/backward of a sequence of layers under a schedule table."""
+    name = "checkpoint_sequential"
+    protect = True
+    repeatable = True
 
-    def __init__(
-        self,
-        functions,
-        bounds,
-        schedule,
-        store,
-        own_store,
-        params,
-        block_params,
-        preserve_rng,
-        reentrant,
-    ):
+    def __init__(self, functions, bounds, params, block_params, reentrant) -> None:
         self.functions = functions
         self.bounds = bounds  # block j = layers bounds[j] .. bounds[j+1]-1
-        self.m = len(bounds) - 1
-        self.table = schedule.table
-        self.store = store
-        self.own_store = own_store
+        self.blocks = len(bounds) - 1
+        self.extras = []
         self.params = params  # every parameter, the Function's inputs after the state
-        self.block_params = block_params  # per block: indices into params
-        self.preserve = preserve_rng
-        self.reentrant = reentrant
-        self.devices: list[int] = []
-        self.calls = 0
-        self.out_tree = None
-        self.used = False
-        self.checked: set[int] = set()
+        self.mine = block_params  # per block: indices into params
+        self.graph_error = _REENTRANT_GRAPH if reentrant else None
 
-    # -- running layers ------------------------------------------------------------
+    def block_params(self, j: int) -> Sequence[int]:
+        return self.mine[j]
 
-    def _run_block(self, j: int, state):
-        for k in range(self.bounds[j], self.bounds[j + 1]):
-            state = self.functions[k](state)
-            self.calls += 1
-        return state
-
-    def _advance(self, a: int, b: int):
-        if self.preserve:
-            set_rng(self.rng, self.devices)
-        # A kept state is copied before layers see it: a first layer that works in
-        # place (ReLU(inplace=True)) must not change what a later Load returns.
-        cur = [t.clone() for t in self.cur] if self.cur_kept else self.cur
-        state = _unflatten(self.tree, cur)
-        self.cur_kept = False
-        with torch.no_grad():
-            for j in range(a, b):
-                state = self._run_block(j, state)
-        self.cur = []
-        self.tree = _flatten(state, self.cur)
-        self.cur_step = b
-        if self.preserve:
-            self.rng = get_rng(self.devices)
-
-    def _tape(self, j: int):
-        """Block j with grad from detached copies of the state in hand:
-        ``(input tensors, output tensors, output tree)``."""
-        if self.preserve:
-            set_rng(self.rng, self.devices)
-        with torch.enable_grad():
-            xin = [t.detach().requires_grad_(_differentiable(t)) for t in self.cur]
-            # Layers see copies (exact, and the identity for the gradient): an in-place
-            # first layer neither modifies a leaf that requires grad nor a kept state.
-            state = self._run_block(j, _unflatten(self.tree, [t.clone() for t in xin]))
-        out: list = []
-        tree = _flatten(state, out)
-        return xin, out, tree
-
-    # -- storage ---------------------------------------------------------------------
-
-    def _save(self, i: int, level: int):
-        if self.cur_step != i:  # pragma: no cover - simulate() validated the table
-            raise VlccRuntimeError(f"Save({i}, {level}) without the input of block {i} in hand")
-        self.slots.save(i, level, self.cur)
-        self.kept[(i, level)] = (self.tree, [t.device for t in self.cur], self.rng)
-
-    def _load(self, i: int, level: int):
-        self.tree, devices, self.rng = self.kept[(i, level)]
-        self.cur = self.slots.load(
-            i,
-            level,
-            lambda loaded: [t.to(d) for t, d in zip(loaded, devices)],
+    def modified(self, i: int) -> str:
+        return (
             f"checkpoint_sequential: the kept input of layer {self.bounds[i]} was modified in "
-            "place; a layer must not modify its input in place",
-        )
-        self.cur_step = i
-        self.cur_kept = True
-
-    def _delete(self, i: int, level: int):
-        self.slots.delete(i, level)
-        del self.kept[(i, level)]
-
-    def _move(self, i: int, src: int, dst: int):
-        devices = self.kept[(i, src)][1]
-        self.slots.move(i, src, dst, lambda loaded: [t.to(d) for t, d in zip(loaded, devices)])
-        self.kept[(i, dst)] = self.kept.pop((i, src))
-
-    # -- the passes --------------------------------------------------------------------
-
-    def _rows(self, start: int, stop: int):
-        t = self.table[start:stop]
-        return zip(
-            t["kind"].tolist(),
-            t["a"].tolist(),
-            t["b"].tolist(),
-            t["level"].tolist(),
-            t["dst"].tolist(),
+            "place; a layer must not modify its input in place"
         )
 
-    _dispatch = dispatch
-
-    def sweep(self, tree, leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The forward part of the table, then the last block with grad; returns the
-        output's tensors (detached)."""
-        self.slots = Slots(self.store)  # level 0 and the store
-        self.kept: dict[tuple[int, int], tuple] = {}  # (step, level) -> (tree, devices, rng)
-        self.tree, self.cur, self.cur_step = tree, [t.detach() for t in leaves], 0
-        self.cur_kept = True  # the caller's input: never modified by a layer here
-        self.rng = self.rng0
-        kinds = self.table["kind"]
-        rev = (kinds == _REVERSE).nonzero()[0]
-        self.split = int(rev[0]) if len(rev) else len(self.table)
-        for row in self._rows(0, self.split):
-            self._dispatch(*row)
-        if self.cur_step != self.m - 1:  # pragma: no cover - simulate() validated the table
-            raise VlccRuntimeError("the schedule's forward sweep does not end at the last block")
-        xin, out, tree = self._tape(self.m - 1)
-        self.tape = (self.m - 1, xin, out)
-        self.out_tree = tree
-        return [t.detach() for t in out]
-
-    def forward(self, tree, leaves):
-        self.devices = rng_devices(leaves)
-        self.rng0 = get_rng(self.devices) if self.preserve else None
-        return self.sweep(tree, leaves)
-
-    def backward(self, tree, leaves, grads):
-        with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
-            if self.used:  # a second backward (retain_graph=True): sweep again
-                self.sweep(tree, leaves)
-            self.used = True
-            self.lam = list(grads)
-            self.grad_params = [None] * len(self.params)
-            for row in self._rows(self.split, len(self.table)):
-                self._dispatch(*row)
-        self.finish()
-        return self.lam, self.grad_params
-
-    def _reverse(self, j: int):
-        if self.tape is not None and self.tape[0] == j:
-            _, xin, out = self.tape
-            self.tape = None
-        else:
-            if self.cur_step != j:  # pragma: no cover - simulate() validated the table
-                raise VlccRuntimeError(f"Reverse({j}) without the input of block {j} in hand")
-            xin, out, _ = self._tape(j)
-        self.cur, self.cur_step = None, -1
-        outs, cots = with_cotangent(out, self.lam)
-        mine = [self.params[p] for p in self.block_params[j]]
-        wrt = [t for t in xin if t.requires_grad]
-        if not outs:  # the cotangent is zero from here back
-            self.lam = [None] * len(xin)
-            return
-        if j not in self.checked:
-            self._check_closure(j, outs, xin, mine)
-            self.checked.add(j)
-        got = torch.autograd.grad(outs, wrt + mine, cots, allow_unused=True)
-        it = iter(got[: len(wrt)])
-        self.lam = [next(it) if t.requires_grad else None for t in xin]
-        for p, g in zip(self.block_params[j], got[len(wrt) :]):
-            if g is not None:
-                acc = self.grad_params[p]
-                self.grad_params[p] = g if acc is None else acc + g
-
-    def _check_closure(self, j, outs, xin, mine):
-        """Raise if block j's tape reaches a leaf that requires grad and is not an input."""
-        ours = {id(t) for t in xin} | {id(p) for p in self.params}
-        stops = {p.grad_fn for p in mine if p.grad_fn is not None}
-        var = foreign_leaf(outs, ours, stops)
-        if var is not None:
-            raise VlccValueError(
-                f"checkpoint_sequential: layer {self.bounds[j]}..{self.bounds[j + 1] - 1} "
-                f"uses a tensor of shape {tuple(var.shape)} that requires grad but is "
-                "neither a parameter of the layers nor reachable from their closures, so "
-                "it would get no gradient; make it an nn.Parameter of a layer (or pass the "
-                "layer as an nn.Module that owns it)"
-            )
-
-    def double_backward(self, tree, leaves, grads):
-        """The gradient as a differentiable function of the inputs, the parameters and
-        the cotangent: the whole sequence again with grad, from the saved inputs."""
-        if self.reentrant:
-            raise VlccRuntimeError(_REENTRANT_GRAPH)
-        with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
-            if self.preserve:
-                set_rng(self.rng0, self.devices)
-            state = _unflatten(tree, leaves)
-            for j in range(self.m):
-                state = self._run_block(j, state)
-        out: list = []
-        _flatten(state, out)
-        outs, cots = with_cotangent(out, grads)
-        wrt = [t for t in leaves if t.requires_grad]
-        if not outs:
-            return [None] * len(leaves), [None] * len(self.params)
-        got = torch.autograd.grad(
-            outs, wrt + self.params, cots, allow_unused=True, create_graph=True
+    def foreign(self, j: int, var: torch.Tensor) -> Exception:
+        return VlccValueError(
+            f"checkpoint_sequential: layer {self.bounds[j]}..{self.bounds[j + 1] - 1} "
+            f"uses a tensor of shape {tuple(var.shape)} that requires grad but is "
+            "neither a parameter of the layers nor reachable from their closures, so "
+            "it would get no gradient; make it an nn.Parameter of a layer (or pass the "
+            "layer as an nn.Module that owns it)"
         )
-        it = iter(got[: len(wrt)])
-        return [next(it) if t.requires_grad else None for t in leaves], list(got[len(wrt) :])
 
-    def finish(self):
-        if self.store is None:
-            return
-        self.slots.release()
-
-
-class _Sequential(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, run, tree, n_leaves, *tensors):
-        ctx.set_materialize_grads(False)
-        leaves = tensors[:n_leaves]
-        out = run.forward(tree, leaves)
-        ctx.run, ctx.tree, ctx.n_leaves = run, tree, n_leaves
-        ctx.save_for_backward(*tensors)
-        for t in out:
-            if not _differentiable(t):
-                ctx.mark_non_differentiable(t)
-        return tuple(out)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        run = ctx.run
-        tensors = ctx.saved_tensors
-        leaves = tensors[: ctx.n_leaves]
-        if torch.is_grad_enabled():  # create_graph=True
-            lam, grad_params = run.double_backward(ctx.tree, leaves, grads)
-            run.used = True  # a later backward (retain_graph=True) sweeps again
-            run.finish()
-        else:
-            lam, grad_params = run.backward(ctx.tree, leaves, grads)
-        return (None, None, None, *lam, *grad_params)
+    def run(self, a: int, b: int, tree, tensors: list, xs: list | None):
+        state = _unflatten(tree, tensors)
+        for k in range(self.bounds[a], self.bounds[b]):
+            state = self.functions[k](state)
+        out: list[torch.Tensor] = []
+        tree = _flatten(state, out)
+        return tree, out
 
 
 def _blocks(n_layers: int, segments: int) -> list[int]:
@@ -446,9 +235,10 @@ def checkpoint_sequential(
       `segments` steps (``Revolve(segments, snapshots)``,
       ``Multistage``, ...).  Default: ``StoreAll(segments)``, torch's
       segment checkpointing.
-    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` (without
-      ``plan=``) whose tier ``k - 1`` holds the schedule's level ``k >= 1``;
-      default: unbounded memory tiers.
+    - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` of every level,
+      ``TieredStore([DeviceTier(), MemoryTier(), ...], plan=io_plan(schedule))``
+      (as for :func:`~vlcc_adjoint.torch.checkpoint_sequence`); default:
+      unbounded memory tiers.
     - `preserve_rng_state`: restore the random generators before every
       recomputation (torch's keyword).
     - `kwargs`: any other keyword raises ``ValueError``, as in torch.
@@ -527,25 +317,16 @@ def checkpoint_sequential(
         for f in layers:
             state = f(state)
         return state
-    store, own_store = schedule_store(simulate(schedule), store)
-    run = _Layers(
-        layers,
-        bounds,
-        schedule,
-        store,
-        own_store,
-        params,
-        block_params,
-        preserve_rng_state,
-        use_reentrant,
-    )
+    store, own_store = planned_store(schedule, store, "checkpoint_sequential")
+    chain = LayerChain(layers, bounds, params, block_params, use_reentrant)
+    engine = Recompute(chain, schedule, store, own_store, preserve_rng_state)
     try:
-        out = _Sequential.apply(run, tree, len(leaves), *leaves, *params)
+        out = Checkpointed.apply(engine, tree, len(leaves), *leaves, *params)
     except BaseException:
-        run.finish()
+        engine.finish()
         if own_store:
             store.close()
         raise
     if own_store:
-        weakref.finalize(run, close_quietly, store)
-    return _unflatten(run.out_tree, list(out))
+        weakref.finalize(engine, close_quietly, store)
+    return _unflatten(engine.final_tree, list(out))

@@ -16,16 +16,33 @@ Types and how they are stored
 -----------------------------
 
 ``torch.Tensor`` / ``torch.nn.Parameter``
-    One numpy leaf, bit-exact.  Dtypes numpy has (``float64/32/16``,
-    ``int8..64``, ``uint8..64``, ``bool``, ``complex64/128``) are stored as
-    themselves (zero-copy ``Tensor.numpy()`` on CPU).  Dtypes numpy lacks
+    One numpy leaf, bit-exact, through the *leaf provider* :data:`PROVIDER`
+    (tag ``"torch"``).  Dtypes numpy has (``float64/32/16``, ``int8..64``,
+    ``uint8..64``, ``bool``, ``complex64/128``) are stored as themselves
+    (zero-copy ``Tensor.numpy()`` on CPU).  Dtypes numpy lacks
     (``bfloat16``, the ``float8`` family, ``complex32``) are stored as the
     signed integer of the same width, through ``Tensor.view(int16)`` and
-    friends, with the real dtype in the JSON aux: a bit-for-bit copy that any
-    zarr reader can open, and that :func:`numpy_to_tensor` views back.  The
-    aux also records the device (informational: tensors are rebuilt on the
-    CPU; ``load_state_dict`` copies them where the parameters live, as
-    ``torch.load(map_location="cpu")`` would) and ``requires_grad``.
+    friends, with the real dtype in the leaf's spec node: a bit-for-bit copy
+    that any zarr reader can open, and that :func:`numpy_to_tensor` views
+    back.  The node is ``{"leaf": i, "torch": dtype name, "device": ...}``
+    plus ``"parameter": true`` for a ``Parameter`` and
+    ``"requires_grad": true`` when it is set.  The device is
+    informational: tensors are rebuilt on the CPU (``load_state_dict``
+    copies them where the parameters live, as
+    ``torch.load(map_location="cpu")`` would).
+
+    The provider *describes* a tensor from its metadata (dtype, shape, the
+    node's fields) without bringing it to the host, so structure checks and
+    byte counts (:class:`vlcc_adjoint.state.Structure`,
+    :func:`vlcc_adjoint.state.state_nbytes`) of a state of CUDA tensors copy
+    nothing.  A tensor is mutable and may live on a device, so its leaves
+    are neither ``immutable`` (a store copies them at ``save``) nor written
+    in place by a restore (``rebuilt``: ``load(out=)`` makes new tensors).
+
+    Checkpoints written before tensors were leaves hold them as registered
+    types, ``{"type": "torch.Tensor", "aux": {"dtype", "device",
+    "requires_grad"}, "items": [leaf]}`` (and ``"torch.nn.Parameter"``):
+    those names stay registered for reading (:func:`register_providers`).
 ``collections.OrderedDict``
     Its keys and values, and the ``_metadata`` attribute that
     ``Module.state_dict()`` attaches (per-submodule versions that
@@ -61,9 +78,14 @@ from ..errors import VlccTypeError, VlccValueError
 from ._deepspeed_state import register_deepspeed_providers
 
 __all__ = [
+    "DTYPES",
+    "PROVIDER",
+    "TAG",
+    "dtype_name",
     "numpy_to_tensor",
     "register_providers",
     "restore_training_state",
+    "storage_dtype",
     "tensor_to_numpy",
     "training_state",
 ]
@@ -92,8 +114,17 @@ _DTYPE_NAMES = [
     "float8_e5m2fnuz",
     "float8_e8m0fnu",
 ]
-_DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n)}
-_NAME_OF = {d: n for n, d in _DTYPES.items()}
+#: The torch dtypes a checkpoint may name, by name (an allow-list: a name
+#: read from a file is looked up here, never evaluated).
+DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n)}
+_NAME_OF = {d: n for n, d in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str | None:
+    """The allow-listed name of `dtype` (``"bfloat16"``), or ``None`` when a
+    checkpoint cannot hold tensors of it."""
+    return _NAME_OF.get(dtype)
+
 
 # Dtypes that Tensor.numpy() converts as themselves; the others travel as
 # the signed integer of their width (a bit-exact view, both ways).
@@ -119,8 +150,9 @@ _NP_INT_OF_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _DEVICE = re.compile(r"[a-z_]{1,16}(:[0-9]{1,4})?")
 
 
-def _storage_dtype(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype a tensor of `dtype` is stored as."""
+def storage_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a tensor of `dtype` is stored as: itself where numpy has
+    it, else the signed integer of its width (``bfloat16`` -> ``int16``)."""
     if dtype in _NUMPY_OF:
         return np.dtype(_NUMPY_OF[dtype])
     return np.dtype(_NP_INT_OF_SIZE[dtype.itemsize])
@@ -171,7 +203,7 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 def numpy_to_tensor(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """The inverse of :func:`tensor_to_numpy`: a CPU tensor of `dtype` over `arr`'s
     bytes (zero-copy when `arr` is writeable, aligned and native-endian)."""
-    want = _storage_dtype(dtype)
+    want = storage_dtype(dtype)
     if not isinstance(arr, np.ndarray) or arr.dtype.newbyteorder("=") != want.newbyteorder("="):
         got = getattr(arr, "dtype", type(arr).__name__)
         raise VlccValueError(f"a {dtype} tensor is stored as {want}, the checkpoint holds {got}")
@@ -184,17 +216,79 @@ def numpy_to_tensor(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 # -- providers --------------------------------------------------------------------------
 
 
-def _flatten_tensor(t):
-    aux = {"dtype": _NAME_OF.get(t.dtype, str(t.dtype)), "device": str(t.device)}
+#: The tag of torch's leaves in a spec (``{"leaf": i, "torch": "float32", ...}``).
+TAG = "torch"
+
+
+def _claims(cls: type) -> bool:
+    # Exactly these two: tensor subclasses (DTensor, FakeTensor, ...) carry
+    # more than their data and are refused as unknown types.
+    return cls is torch.Tensor or cls is torch.nn.Parameter
+
+
+def _fields(t: torch.Tensor) -> dict:
+    """The spec node's fields of the tensor `t` (its dtype by name first)."""
+    _check_plain(t)
+    fields: dict[str, Any] = {TAG: _NAME_OF[t.dtype], "device": str(t.device)}
+    if type(t) is torch.nn.Parameter:
+        fields["parameter"] = True
     if t.requires_grad:
-        aux["requires_grad"] = True
-    return [tensor_to_numpy(t)], aux
+        fields["requires_grad"] = True
+    return fields
+
+
+def _describe(t: torch.Tensor) -> tuple[np.dtype, tuple[int, ...], dict]:
+    """``(stored dtype, shape, fields)`` from `t`'s metadata: no copy, no transfer."""
+    fields = _fields(t)
+    return storage_dtype(t.dtype), tuple(t.shape), fields
+
+
+def _to_numpy(t: torch.Tensor) -> tuple[np.ndarray, dict]:
+    return tensor_to_numpy(t), _fields(t)
+
+
+def _from_numpy(arr: np.ndarray, node: dict) -> torch.Tensor:
+    name = node.get(TAG)
+    dtype = DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise VlccValueError(f"unknown torch dtype {name!r:.40} in checkpoint metadata")
+    t = numpy_to_tensor(arr, dtype)
+    grad = node.get("requires_grad") is True and (t.is_floating_point() or t.is_complex())
+    if node.get("parameter") is True:
+        return torch.nn.Parameter(t, requires_grad=grad)
+    if grad:
+        t.requires_grad_(True)
+    return t
+
+
+#: The leaf provider of ``torch.Tensor`` and ``torch.nn.Parameter``.
+PROVIDER = _vstate.LeafProvider(
+    tag=TAG,
+    claims=_claims,
+    to_numpy=_to_numpy,
+    from_numpy=_from_numpy,
+    immutable=False,
+    rebuilt=True,
+    describe=_describe,
+)
+
+
+# -- the container form of checkpoints written before tensors were leaves --------------
+
+
+class _TensorBefore:
+    """The type the old ``"torch.Tensor"`` name is registered for: never
+    instantiated, so no tensor is flattened as a container again."""
+
+
+class _ParameterBefore:
+    """The same for ``"torch.nn.Parameter"``."""
 
 
 def _rebuild_tensor(aux, children) -> torch.Tensor:
     if not (isinstance(aux, dict) and isinstance(aux.get("dtype"), str) and len(children) == 1):
         raise VlccValueError(f"malformed torch tensor entry {aux!r:.80} in checkpoint metadata")
-    dtype = _DTYPES.get(aux["dtype"])
+    dtype = DTYPES.get(aux["dtype"])
     if dtype is None:
         raise VlccValueError(f"unknown torch dtype {aux['dtype']!r:.40} in checkpoint metadata")
     t = numpy_to_tensor(children[0], dtype)
@@ -210,6 +304,10 @@ def _unflatten_tensor(aux, children):
 def _unflatten_parameter(aux, children):
     t = _rebuild_tensor(aux, children)
     return torch.nn.Parameter(t.detach(), requires_grad=bool(aux.get("requires_grad", False)))
+
+
+def _refuse(obj):  # pragma: no cover - the placeholder types are never instantiated
+    raise VlccTypeError("torch tensors are leaves of the 'torch' provider, not containers")
 
 
 def _flatten_ordered_dict(d):
@@ -240,9 +338,9 @@ def _unflatten_size(aux, children):
 
 
 def _unflatten_dtype(aux, children):
-    if not isinstance(aux, str) or aux not in _DTYPES or children:
+    if not isinstance(aux, str) or aux not in DTYPES or children:
         raise VlccValueError(f"unknown torch dtype {aux!r:.40} in checkpoint metadata")
-    return _DTYPES[aux]
+    return DTYPES[aux]
 
 
 def _flatten_device(dev):
@@ -261,10 +359,12 @@ _REGISTERED = False
 def register_providers() -> None:
     """Teach :mod:`vlcc_adjoint.state` the torch types (idempotent).
 
-    Registers ``torch.Tensor``, ``torch.nn.Parameter``, ``torch.Size``,
-    ``torch.dtype``, ``torch.device`` and ``collections.OrderedDict`` (which
-    ``Module.state_dict()`` returns) under stable names (``"torch.Tensor"``,
-    ...), and the DeepSpeed checkpoint objects (loss scalers,
+    Registers the leaf provider of ``torch.Tensor`` and
+    ``torch.nn.Parameter`` (:data:`PROVIDER`, tag ``"torch"``), the
+    container types ``torch.Size``, ``torch.dtype``, ``torch.device`` and
+    ``collections.OrderedDict`` (which ``Module.state_dict()`` returns)
+    under stable names (``"torch.Size"``, ...), the names older checkpoints
+    gave tensors (``"torch.Tensor"``, ``"torch.nn.Parameter"``, read only), and the DeepSpeed checkpoint objects (loss scalers,
     ``fragment_address``, ``ZeroStageEnum``) when DeepSpeed is imported
     (:mod:`vlcc_adjoint.torch._deepspeed_state`).  Called when :mod:`vlcc_adjoint.torch` is imported; a process
     that *loads* torch checkpoints imports it first.
@@ -273,9 +373,11 @@ def register_providers() -> None:
     register_deepspeed_providers()  # the DeepSpeed classes already imported (cheap, idempotent)
     if _REGISTERED:
         return
+    _vstate.register_leaf_provider(PROVIDER)
     reg = _vstate.register
-    reg(torch.Tensor, _flatten_tensor, _unflatten_tensor, name="torch.Tensor")
-    reg(torch.nn.Parameter, _flatten_tensor, _unflatten_parameter, name="torch.nn.Parameter")
+    # The names checkpoints written before tensors were leaves use: read only.
+    reg(_TensorBefore, _refuse, _unflatten_tensor, name="torch.Tensor")
+    reg(_ParameterBefore, _refuse, _unflatten_parameter, name="torch.nn.Parameter")
     reg(torch.Size, lambda s: ([], list(s)), _unflatten_size, name="torch.Size")
     reg(torch.dtype, lambda d: ([], _NAME_OF[d]), _unflatten_dtype, name="torch.dtype")
     reg(torch.device, _flatten_device, _unflatten_device, name="torch.device")
