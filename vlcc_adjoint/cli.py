@@ -1,5 +1,6 @@
 """The ``vlcc`` command line: ``vlcc plan``, ``vlcc demo``, and the lineage commands
-``vlcc log | show | diff | gc | inspect | export | import`` (:mod:`vlcc_adjoint.lineage`).
+``vlcc log | show | diff | gc | inspect | verify | export | import``
+(:mod:`vlcc_adjoint.lineage`).
 
 Its conventions, shared with the scripts in ``examples/``: :class:`Parser`
 reports a bad option in one line and exits with status 2 before any work;
@@ -288,7 +289,7 @@ def _add_lineage(sub) -> dict:
     """The lineage subcommands (``vlcc log PATH`` ...); see ``vlcc_adjoint._lineage._cli``."""
     from ._lineage._cli import add_commands
 
-    return add_commands(sub)
+    return add_commands(sub, Integer, Number)
 
 
 def _bench(rest) -> int:
