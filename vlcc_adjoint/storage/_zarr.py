@@ -115,7 +115,7 @@ import numpy as np
 from ..errors import VlccKeyError, VlccValueError
 from ..state import byte_view
 from . import format as F
-from ._checksum import check_capacity, check_record, step_of, verify_leaves
+from ._checksum import check_capacity, check_record, leaf_checksum, step_of, verify_leaves
 from ._tier import CorruptCheckpointError, Record, StorageError, Tier, TierFullError, check_key
 from ._zarr_record import ATTRS, FORMAT, Kind, Layout, Stored, encode, load, read_root
 
@@ -641,7 +641,23 @@ class ZarrTier(Tier):
                 ) from err
             leaves.append(out)
         checksums = tuple(info[4] for info in stored.leaves)
-        verify_leaves(leaves, checksums, key, self.name, step)
+        try:
+            verify_leaves(leaves, checksums, key, self.name, step)
+        except CorruptCheckpointError:
+            # Name the damaged file: the chunk of the first leaf that differs.
+            for i, (leaf, want) in enumerate(zip(leaves, checksums)):
+                got = leaf_checksum(leaf)
+                if got != want:
+                    path = f"{record_dir}/{i}/{stored.leaves[i][3]}"
+                    raise CorruptCheckpointError.in_record(
+                        f"leaf {i}: the chunk file {path} has checksum {got}, the record says "
+                        f"{want}",
+                        key,
+                        self.name,
+                        step,
+                        path,
+                    ) from None
+            raise
         return Record(spec, tuple(leaves), checksums)
 
     def delete(self, key: str) -> None:
