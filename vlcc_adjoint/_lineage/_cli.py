@@ -244,14 +244,14 @@ def verify(args) -> int:
             return _verify_history(path)
         return _verify_store(path)
     except CorruptCheckpointError as err:
-        # The root or the graph, which opening reads first: nothing is readable.
+        # What opening reads first (the root, the graph, the top-level
+        # directories): nothing else is readable without it.
         what = "version" if history else "record"
         where = err.path or os.path.join(path, "zarr.json")
         print(f"damaged: {where}: breaks every {what} ({_one_line(err)})")
         print(
-            f"{path} is damaged: its {'graph or root' if history else 'root'} metadata "
-            f"{where} breaks every {what}; restore it from a copy (the other files are "
-            "checked once it reads)"
+            f"{path} is damaged: {where} breaks every {what}; restore it from a copy "
+            "(the other files are checked once it reads)"
         )
         return 1
     except (StorageError, ValueError, TypeError, OSError) as err:

@@ -16,8 +16,8 @@ which it builds and wires together:
 
 This module adds the life cycle (``wait``, ``close``, forks), the public
 reads (``checkout``, ``load``, ``log``, ``draw``...) and the entry points of
-diff/compare (:mod:`._compare`), gc (:mod:`._gc`) and export/import
-(:mod:`._transfer`).
+diff/compare (:mod:`._compare`), gc (:mod:`._gc`), verification
+(:mod:`._verify`) and export/import (:mod:`._transfer`).
 
 A ``History`` object is safe to share between threads: the state of all its
 parts is guarded by one lock (the repository's), and installed graphs are
