@@ -78,8 +78,10 @@ def test_ctrl_c_while_planning_raises_keyboard_interrupt(case):
 
 
 CLI = """
+import signal
 import sys
-from vlcc_adjoint.budget import SolveProgress
+# As an interactive shell starts it (see SCRIPT).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from vlcc_adjoint.cli import build_parser, main
 from vlcc_adjoint.schedules import Level, Multistage
 Multistage(50, [Level(3), Level(4, 2.0, 2.0)])  # compiled (or loaded from the cache) before the clock starts
@@ -98,15 +100,16 @@ def test_ctrl_c_during_vlcc_plan_multistage_exits_130_with_one_line():
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            # as an interactive shell starts it (see SCRIPT)
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(1.0 + 0.3 * attempt)
         proc.send_signal(signal.SIGINT)
         t0 = time.perf_counter()
         out, err = proc.communicate(timeout=120)
-        assert "n_steps" not in out, "the interrupt came too late to test anything"
+        if "n_steps" in out:
+            continue  # the solve ended before the interrupt came: try again
         assert proc.returncode == 130, err
         assert err.rstrip().endswith("vlcc: interrupted") and "Traceback" not in err, err
         assert time.perf_counter() - t0 < 20
+        return
+    pytest.fail("the solve always ended before the interrupt: nothing was tested")
