@@ -809,7 +809,7 @@ def _compile_leaves(children, items, infos, collect) -> Callable[..., bool]:
 # -- building the state a tree describes -------------------------------------------------
 
 
-def build(node: Any, leaves: Sequence[Any]) -> Any:
+def build(node: Any, leaves: Sequence[Any], *, objects: bool = False) -> Any:
     """The state that the spec tree `node` describes, around `leaves` (each
     already checked against the spec by the caller: ``unflatten``).
 
@@ -817,28 +817,20 @@ def build(node: Any, leaves: Sequence[Any]) -> Any:
     are never imported); a leaf provider's array by its provider, found by
     its tag.  Raises ``ValueError`` for a malformed node and
     :class:`UnknownStateTypeError` for a type this process has not
-    registered.
+    registered.  The same as ``compile_build(node, objects=objects)(leaves)``.
     """
-    if type(node) is not dict:
-        raise VlccValueError(f"malformed state spec node {node!r}")
-    if "leaf" in node:
-        leaf = leaves[node["leaf"]]
-        if len(node) > 1:  # a leaf provider's array
-            return leaf_provider_of_node(node).from_numpy(leaf, node)
-        return leaf
-    if "value" in node:
-        return node["value"]
-    if "dict" in node:
-        return {k: build(v, leaves) for k, v in zip(node["dict"], node["items"], strict=True)}
-    if "list" in node:
-        return [build(v, leaves) for v in node["list"]]
-    if "tuple" in node:
-        return tuple(build(v, leaves) for v in node["tuple"])
-    if "type" in node:
-        provider = CONTAINERS.by_name.get(node["type"])
-        if provider is None:
-            raise missing_type(node["type"])
-        return provider.unflatten(node["aux"], [build(v, leaves) for v in node["items"]])
+    return compile_build(node, objects=objects)(leaves)
+
+
+def inline_value(node: Any) -> Any:
+    """The Python value of an inline spec node (a value, or a dict key's
+    node): :func:`build` without leaves."""
+    return build(node, ())
+
+
+def _constant(node: dict) -> Any:
+    """The value of an inline node other than ``{"value": ...}``: a
+    non-finite float, a complex number, a numpy scalar or bytes."""
     if "float" in node:
         text = node["float"]
         if text not in ("nan", "inf", "-inf"):
@@ -855,62 +847,83 @@ def build(node: Any, leaves: Sequence[Any]) -> Any:
                 f"numpy scalar of dtype {dtype} with {len(raw)} bytes in state spec"
             )
         return np.frombuffer(raw, dtype=dtype)[0]
-    if "bytes" in node:
-        return bytes.fromhex(node["bytes"])
-    if "mapping" in node:
-        out = {}
-        for k, v in zip(node["mapping"], node["items"], strict=True):
-            key = inline_value(k)
-            if type(key) is list:  # pragma: no cover - tuples are tagged, lists never keys
-                raise VlccValueError("list as dict key in state spec")
-            out[key] = build(v, leaves)
-        return out
-    raise VlccValueError(f"malformed state spec node {node!r}")
+    return bytes.fromhex(node["bytes"])
 
 
-def inline_value(node: Any) -> Any:
-    """The Python value of an inline spec node (a value, or a dict key's
-    node): :func:`build` without leaves."""
-    return build(node, ())
+def _children(node: dict, key: str) -> tuple[Any, ...]:
+    """The child nodes of a dict, mapping or registered type node, one per
+    key (or aux entry) it names."""
+    items = node.get("items")
+    if type(items) is not list or (key != "type" and len(items) != len(node[key])):
+        raise VlccValueError(f"malformed state spec node {node!r}")
+    return tuple(items)
 
 
-def compile_build(node: Any) -> Callable[[Sequence[Any]], Any]:
-    """``build(leaves) -> state`` for a spec tree of a layout (numpy leaves,
-    dicts with string keys, lists, tuples and registered container types):
-    the dispatch of :func:`build` on each node done once, here.  A
-    registered type's provider is looked up by name at every call, as
-    :func:`build` does (``register`` may replace it)."""
+def compile_build(node: Any, *, objects: bool = False) -> Callable[[Sequence[Any]], Any]:
+    """``build(leaves) -> state`` for the spec tree `node`: the dispatch on
+    each node's kind, the inline values and the dict keys worked out once,
+    here, so that a :class:`~vlcc_adjoint.state.Layout` rebuilds state after
+    state at the cost of the containers alone.  Providers are looked up by
+    name or tag at every call, as ``register`` may replace them.  With
+    `objects`, a tree of :func:`~vlcc_adjoint.state.split_leaves`: its
+    ``{"object": obj}`` nodes are the objects they carry (a spec read back
+    from JSON never has one).  Raises ``ValueError`` for a malformed node
+    (when compiled)."""
+    if type(node) is not dict:
+        raise VlccValueError(f"malformed state spec node {node!r}")
     if "leaf" in node:
         i = node["leaf"]
+        if len(node) > 1:  # a leaf provider's array
+
+            def build_provider_leaf(leaves):
+                return leaf_provider_of_node(node).from_numpy(leaves[i], node)
+
+            return build_provider_leaf
         return lambda leaves: leaves[i]
-    if "dict" in node:
-        keys = tuple(node["dict"])
-        subs = tuple(compile_build(v) for v in node["items"])
-        if all("leaf" in v for v in node["items"]):
-            idx = tuple(v["leaf"] for v in node["items"])
+    if "dict" in node or "mapping" in node:
+        kind = "dict" if "dict" in node else "mapping"
+        items = _children(node, kind)
+        keys = tuple(node["dict"]) if kind == "dict" else tuple(map(inline_value, node[kind]))
+        if any(type(k) is list for k in keys):  # pragma: no cover - lists are never keys
+            raise VlccValueError("list as dict key in state spec")
+        subs = tuple(compile_build(v, objects=objects) for v in items)
+        if all("leaf" in v and len(v) == 1 for v in items):
+            idx = tuple(v["leaf"] for v in items)
             return lambda leaves: {k: leaves[i] for k, i in zip(keys, idx)}
         return lambda leaves: {k: sub(leaves) for k, sub in zip(keys, subs)}
     if "list" in node or "tuple" in node:
         seq = list if "list" in node else tuple
-        subs = tuple(compile_build(v) for v in node[seq.__name__])
+        subs = tuple(compile_build(v, objects=objects) for v in node[seq.__name__])
         return lambda leaves: seq([sub(leaves) for sub in subs])
-    name, aux = node["type"], node["aux"]
-    subs = tuple(compile_build(v) for v in node["items"])
-    if all("leaf" in v for v in node["items"]):
-        idx = tuple(v["leaf"] for v in node["items"])
+    if "type" in node and "aux" in node:
+        name, aux = node["type"], node["aux"]
+        items = _children(node, "type")
+        subs = tuple(compile_build(v, objects=objects) for v in items)
+        if all("leaf" in v and len(v) == 1 for v in items):
+            idx = tuple(v["leaf"] for v in items)
 
-        def build_type_of_leaves(leaves):
+            def build_type_of_leaves(leaves):
+                provider = CONTAINERS.by_name.get(name)
+                if provider is None:
+                    raise missing_type(name)
+                return provider.unflatten(aux, [leaves[i] for i in idx])
+
+            return build_type_of_leaves
+
+        def build_type(leaves):
             provider = CONTAINERS.by_name.get(name)
             if provider is None:
                 raise missing_type(name)
-            return provider.unflatten(aux, [leaves[i] for i in idx])
+            return provider.unflatten(aux, [sub(leaves) for sub in subs])
 
-        return build_type_of_leaves
-
-    def build_type(leaves):
-        provider = CONTAINERS.by_name.get(name)
-        if provider is None:
-            raise missing_type(name)
-        return provider.unflatten(aux, [sub(leaves) for sub in subs])
-
-    return build_type
+        return build_type
+    if "value" in node:
+        value = node["value"]
+        return lambda leaves: value
+    if objects and "object" in node:  # carried by reference (state.split_leaves)
+        obj = node["object"]
+        return lambda leaves: obj
+    if "float" in node or "complex" in node or "npscalar" in node or "bytes" in node:
+        constant = _constant(node)
+        return lambda leaves: constant
+    raise VlccValueError(f"malformed state spec node {node!r}")
