@@ -67,9 +67,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-# --threads 1 (the default) runs XLA's CPU kernels on one thread: CPU time
-# then measures the work alone, unaffected by other jobs on a shared machine
-# and by idle threads spinning.  Must be set before JAX is imported.
+# --threads 1 (the default) asks XLA to run its CPU kernels on one thread, so
+# that CPU time measures the work with less noise from other jobs on a shared
+# machine.  It is not one thread in all: XLA's runtime still keeps the second
+# core busy (the recorded runs spend 1.8-2.0x their wall time in CPU time, for
+# every contender alike).  Must be set before JAX is imported.
 _THREADS = "1"
 for _i, _arg in enumerate(sys.argv):
     if _arg == "--threads" and _i + 1 < len(sys.argv):
