@@ -20,7 +20,11 @@ contenders, all differentiating the same step function in one process:
 * ``nested remat``: two levels, ``sqrt(n)`` blocks of ``sqrt(n)`` steps:
   ``lax.scan`` over ``jax.checkpoint(lax.scan(step))`` blocks;
 * ``equinox K``: ``equinox.internal.scan(kind="checkpointed",
-  checkpoints=K)`` (the loop under diffrax's ``RecursiveCheckpointAdjoint``);
+  checkpoints=K)``;
+* ``equinox while K``: ``equinox.internal.while_loop(kind="checkpointed",
+  checkpoints=K, max_steps=n)`` over the same steps, the traces written into
+  a buffer: the loop diffrax's ``RecursiveCheckpointAdjoint`` runs, so the
+  peer diffrax's users have;
 * ``ours K``: ``vlcc_adjoint.jax.checkpointed_scan(snapshots=K)``
   (Revolve with ``K`` device slots);
 * ``ours K segments``: ``checkpointed_scan(snapshots=K, segment="auto")``:
@@ -63,9 +67,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-# --threads 1 (the default) runs XLA's CPU kernels on one thread: CPU time
-# then measures the work alone, unaffected by other jobs on a shared machine
-# and by idle threads spinning.  Must be set before JAX is imported.
+# --threads 1 (the default) asks XLA to run its CPU kernels on one thread, so
+# that CPU time measures the work with less noise from other jobs on a shared
+# machine.  It is not one thread in all: XLA's runtime still keeps the second
+# core busy (the recorded runs spend 1.8-2.0x their wall time in CPU time, for
+# every contender alike).  Must be set before JAX is imported.
 _THREADS = "1"
 for _i, _arg in enumerate(sys.argv):
     if _arg == "--threads" and _i + 1 < len(sys.argv):
@@ -131,6 +137,36 @@ def make_contenders(problem, observed, n, ks):
     def equinox_k(K):
         return lambda f, init: eqxi.scan(f, init, xs, kind="checkpointed", checkpoints=K)
 
+    def equinox_while_k(K):
+        # diffrax's RecursiveCheckpointAdjoint: a checkpointed while loop of n
+        # steps whose outputs go into a buffer equinox updates in place.
+        def loop(f, init):
+            x0 = jax.tree.map(lambda a: a[0], xs)
+            y0 = jax.eval_shape(lambda: f(init, x0)[1])
+            ys = jax.tree.map(lambda s: jnp.zeros((n,) + s.shape, s.dtype), y0)
+
+            def body(state):
+                i, carry, ys = state
+                carry, y = f(carry, jax.tree.map(lambda a: a[i], xs))
+                # ys's leaves are equinox's buffers (in-place writes), not arrays.
+                ys = jax.tree.map(
+                    lambda b, v: b.at[i].set(v), ys, y, is_leaf=lambda b: hasattr(b, "at")
+                )
+                return i + 1, carry, ys
+
+            _, carry, ys = eqxi.while_loop(
+                lambda state: state[0] < n,
+                body,
+                (jnp.asarray(0), init, ys),
+                max_steps=n,
+                buffers=lambda state: state[2],
+                kind="checkpointed",
+                checkpoints=K,
+            )
+            return carry, ys
+
+        return loop
+
     def ours_k(K):
         schedule = Revolve(n, K)
         return lambda f, init: checkpointed_scan(f, init, xs, schedule=schedule)
@@ -160,6 +196,7 @@ def make_contenders(problem, observed, n, ks):
     for K in ks:
         if eqxi is not None:
             out[f"equinox K={K}"] = misfit(equinox_k(K))
+            out[f"equinox while K={K}"] = misfit(equinox_while_k(K))
         out[f"ours K={K}"] = misfit(ours_k(K))
         if K >= 100:
             out[f"ours Multistage K={K}"] = misfit(ours_multistage(K))
@@ -649,6 +686,7 @@ def main(argv=None):
         "memory_method": "compiled.memory_analysis().temp_size_in_bytes",
         "time_method": "median of interleaved rounds; CPU = time.process_time (all threads)",
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "memory_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }

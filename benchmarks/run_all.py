@@ -32,6 +32,11 @@ and the others still run.  Progress goes to stdout,
 one line when a benchmark starts (``[i/N] bench_<name> ...``) and one when
 it ends (its status, its wall time and the time since the run started).
 
+The claims the README and the paper make about a result are records in
+the results files (``"claims"``, see ``benchmarks/claims.py``); a run
+copies them from ``benchmarks/results/`` into the files it rewrites, so
+their values and verdicts follow the new measurements.
+
 The benchmarks that write only JSON get their figure from
 ``benchmarks/figures.py`` right after they ran cleanly; the run's record in
 ``run_all.json`` says so under ``"figure"`` (``{"status": 0, "path": ...}``).
@@ -55,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
+import claims  # noqa: E402  (benchmarks/claims.py)
 from figures import FIGURES, default_out, draw  # noqa: E402  (benchmarks/figures.py)
 
 #: name -> extra arguments at (quick, full) size.  Order: foundations first.
@@ -318,6 +324,7 @@ def main(argv=None, prog: str | None = None) -> int:
         )
     failed = 0
     start = time.perf_counter()
+    records = claims.tracked()  # before a run with --update-results rewrites the files
     for i, name in enumerate(names, 1):
         quick, full = BENCHMARKS[name]
         tag = f"[{i}/{len(names)}] bench_{name}"
@@ -330,6 +337,7 @@ def main(argv=None, prog: str | None = None) -> int:
         print(f"{tag} ... (run time {_clock(time.perf_counter() - start)})", flush=True)
         record = run_one(name, full if args.full else quick, args.out, args.timeout)
         index["runs"].append(record)
+        claims.attach(args.out, record["written"], records)
         drawn = draw_figure(record, args.out)
         ok = record["status"] == 0 and drawn
         failed += not ok

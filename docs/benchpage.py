@@ -6,6 +6,9 @@ One section per results file stem (``bench_<name>.json`` and its figures
 reproducing commands from that script's docstring, the figures, and the
 numbers, each with its file and JSON pointer (RFC 6901):
 
+- the claims the file records (``benchmarks/claims.py``: what is claimed,
+  its value or range, the peer and its setup, the goal and whether it was
+  met), evaluated at build time;
 - the numbers README.md and paper/paper.md quote from the file (their
   ``<!-- file.json#/pointer -->`` sources), read from the file at build time;
 - the benchmark's own summary lines (a ``summary`` list or string);
@@ -24,10 +27,14 @@ import json
 import math
 import re
 import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import claims  # noqa: E402  (benchmarks/claims.py: the claim records and their verdicts)
+
 QUOTING = {"README.md": ROOT / "README.md", "paper": ROOT / "paper" / "paper.md"}
 SOURCE = re.compile(r"([-+]?[\d][\d,]*(?:\.\d+)?\s*[x%]?)<!--\s*(.*?)\s*-->", re.S)
 MAX_ROWS = 150  # leaves listed per file under "Every number"
@@ -85,7 +92,7 @@ def quoted_sources() -> dict[str, list[dict]]:
         if not path.exists():
             continue
         for quoted, source in SOURCE.findall(path.read_text()):
-            if source.startswith(("external:", "target:")):
+            if source.startswith(("external:", "target:", "given:", "claim:")):
                 continue
             unit = None
             m = re.search(r"\s+in\s+(KiB|MiB|GiB|kB|MB|GB)$", source)
@@ -211,6 +218,25 @@ def commands(script: Path, doc: str) -> list[str]:
     return found or [f"python benchmarks/{script.name}"]
 
 
+def claim_row(c: claims.Claim) -> str:
+    """One claim as a table row: id, what it says, value or range, peer, goal."""
+    value = (
+        fmt(c.value) if len(c.values) == 1 else f"{fmt(c.low)} to {fmt(c.high)} over {c.set_name}"
+    )
+    against = ""
+    if c.comparison:
+        setup = c.comparison.get("peer_setup")
+        against = c.comparison["peer"] + (f" ({setup})" if setup else "")
+        against += f"; ours {c.direction()} ({c.comparison['better']} is better)"
+    goal = ""
+    if c.goal:
+        kind = next(k for k in claims.GOALS if k in c.goal)
+        goal = f"{kind} {fmt(c.goal[kind])}: **{c.verdict()}** ({c.goal['why']})"
+    return (
+        f"| `{c.id}` | {cell(c.says)} | {cell(value)} {c.unit} | {cell(against)} | {cell(goal)} |"
+    )
+
+
 def section(stem: str, figdir: Path, quoted: list[dict]) -> list[str]:
     json_path = RESULTS / f"{stem}.json"
     doc = json.loads(json_path.read_text()) if json_path.exists() else None
@@ -240,6 +266,16 @@ def section(stem: str, figdir: Path, quoted: list[dict]) -> list[str]:
         parts += ["This benchmark has a figure but no JSON results file.", ""]
     else:
         name = f"{stem}.json"
+        records = claims.claims(name, RESULTS)
+        if records:
+            parts += [
+                f'**Claims recorded in `{name}`** (`"claims"`; value, direction and '
+                "verdict computed when this page was built):\n",
+                "| claim | says | value | against | goal |",
+                "|---|---|---|---|---|",
+            ]
+            parts += [claim_row(c) for c in records]
+            parts.append("")
         if quoted:
             parts += [
                 f"**Numbers README.md and the paper quote from `{name}`**, read from the "

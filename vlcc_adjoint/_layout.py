@@ -809,7 +809,7 @@ def _compile_leaves(children, items, infos, collect) -> Callable[..., bool]:
 # -- building the state a tree describes -------------------------------------------------
 
 
-def build(node: Any, leaves: Sequence[Any]) -> Any:
+def build(node: Any, leaves: Sequence[Any], *, objects: bool = False) -> Any:
     """The state that the spec tree `node` describes, around `leaves` (each
     already checked against the spec by the caller: ``unflatten``).
 
@@ -817,9 +817,9 @@ def build(node: Any, leaves: Sequence[Any]) -> Any:
     are never imported); a leaf provider's array by its provider, found by
     its tag.  Raises ``ValueError`` for a malformed node and
     :class:`UnknownStateTypeError` for a type this process has not
-    registered.  The same as ``compile_build(node)(leaves)``.
+    registered.  The same as ``compile_build(node, objects=objects)(leaves)``.
     """
-    return compile_build(node)(leaves)
+    return compile_build(node, objects=objects)(leaves)
 
 
 def inline_value(node: Any) -> Any:
@@ -859,13 +859,16 @@ def _children(node: dict, key: str) -> tuple[Any, ...]:
     return tuple(items)
 
 
-def compile_build(node: Any) -> Callable[[Sequence[Any]], Any]:
+def compile_build(node: Any, *, objects: bool = False) -> Callable[[Sequence[Any]], Any]:
     """``build(leaves) -> state`` for the spec tree `node`: the dispatch on
     each node's kind, the inline values and the dict keys worked out once,
     here, so that a :class:`~vlcc_adjoint.state.Layout` rebuilds state after
     state at the cost of the containers alone.  Providers are looked up by
-    name or tag at every call, as ``register`` may replace them.  Raises
-    ``ValueError`` for a malformed node (when compiled)."""
+    name or tag at every call, as ``register`` may replace them.  With
+    `objects`, a tree of :func:`~vlcc_adjoint.state.split_leaves`: its
+    ``{"object": obj}`` nodes are the objects they carry (a spec read back
+    from JSON never has one).  Raises ``ValueError`` for a malformed node
+    (when compiled)."""
     if type(node) is not dict:
         raise VlccValueError(f"malformed state spec node {node!r}")
     if "leaf" in node:
@@ -883,19 +886,19 @@ def compile_build(node: Any) -> Callable[[Sequence[Any]], Any]:
         keys = tuple(node["dict"]) if kind == "dict" else tuple(map(inline_value, node[kind]))
         if any(type(k) is list for k in keys):  # pragma: no cover - lists are never keys
             raise VlccValueError("list as dict key in state spec")
-        subs = tuple(compile_build(v) for v in items)
+        subs = tuple(compile_build(v, objects=objects) for v in items)
         if all("leaf" in v and len(v) == 1 for v in items):
             idx = tuple(v["leaf"] for v in items)
             return lambda leaves: {k: leaves[i] for k, i in zip(keys, idx)}
         return lambda leaves: {k: sub(leaves) for k, sub in zip(keys, subs)}
     if "list" in node or "tuple" in node:
         seq = list if "list" in node else tuple
-        subs = tuple(compile_build(v) for v in node[seq.__name__])
+        subs = tuple(compile_build(v, objects=objects) for v in node[seq.__name__])
         return lambda leaves: seq([sub(leaves) for sub in subs])
     if "type" in node and "aux" in node:
         name, aux = node["type"], node["aux"]
         items = _children(node, "type")
-        subs = tuple(compile_build(v) for v in items)
+        subs = tuple(compile_build(v, objects=objects) for v in items)
         if all("leaf" in v and len(v) == 1 for v in items):
             idx = tuple(v["leaf"] for v in items)
 
@@ -917,6 +920,9 @@ def compile_build(node: Any) -> Callable[[Sequence[Any]], Any]:
     if "value" in node:
         value = node["value"]
         return lambda leaves: value
+    if objects and "object" in node:  # carried by reference (state.split_leaves)
+        obj = node["object"]
+        return lambda leaves: obj
     if "float" in node or "complex" in node or "npscalar" in node or "bytes" in node:
         constant = _constant(node)
         return lambda leaves: constant

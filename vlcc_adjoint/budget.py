@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -51,7 +52,7 @@ from .state import Structure, state_nbytes
 if TYPE_CHECKING:
     from .storage import Tier, TieredStore
 
-__all__ = ["BudgetPlan", "plan", "slots_within"]
+__all__ = ["BudgetPlan", "SolveProgress", "plan", "slots_within"]
 
 #: Largest ``n * (m + 1) * (d + 1)`` handed to the exact two-level program.
 MAX_MULTISTAGE_STATES = 3 * 10**7
@@ -374,6 +375,138 @@ def _time_disk(
     return float(np.median(writes)), float(np.median(reads))
 
 
+#: A solve estimated to take longer than this many seconds says so, with how to
+#: plan faster, and then shows its progress; a shorter one stays quiet.
+LONG_SOLVE_SECONDS = 10.0
+
+#: Seconds a solve runs before its duration is estimated, and the window its
+#: rate is measured over (the most recent seconds: the first lengths of the
+#: Multistage program are cheaper than the rest, so the rate from the start
+#: would promise too little time).
+ESTIMATE_AFTER_SECONDS = 2.0
+RATE_WINDOW_SECONDS = 1.0
+
+#: Seconds between two progress lines where no bar can be drawn (not a terminal).
+PROGRESS_LINE_SECONDS = 10.0
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in words a person reads at a glance: 40 s, 2.5 min, 1.2 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class SolveProgress:
+    """Shows how far a long schedule solve has come: a `progress` callable of
+    :class:`~vlcc_adjoint.schedules.Multistage`, called with ``(done,
+    total)`` lengths from a helper thread while the solve runs.
+
+    A short solve stays quiet.  After :data:`ESTIMATE_AFTER_SECONDS`, the
+    time left is estimated from the rate over the last
+    :data:`RATE_WINDOW_SECONDS`; when the whole solve will take longer than
+    :data:`LONG_SOLVE_SECONDS`, one line says what is being solved, about how
+    long it will take, that Ctrl-C stops it, and how to plan faster
+    (`advice`); then a ``tqdm`` bar on `stream` shows the progress where
+    `stream` is a terminal, or a line every :data:`PROGRESS_LINE_SECONDS`
+    says how far it is and how long is left; the end says how long it took.
+
+    **Arguments:**
+
+    - `what`: what is being solved, as the lines name it.
+    - `advice`: how to make such a request faster (a clause after "to plan
+      faster, ").
+    - `say`: where the lines go (default: `stream`, one line each).
+    - `stream`: the bar's stream (default: standard error); the bar is
+      drawn only where it is a terminal and `say` is not given.
+    - `clock`: seconds, from any origin (default: ``time.perf_counter``).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        advice: str,
+        say: Callable[[str], None] | None = None,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.what = what
+        self.advice = advice
+        self.stream = sys.stderr if stream is None else stream
+        self.say = say or self._print
+        isatty = getattr(self.stream, "isatty", None)
+        self.use_bar = say is None and callable(isatty) and bool(isatty())
+        self.clock = clock
+        self.start = clock()
+        self.samples: list[tuple[float, int]] = []  # (seconds, done) over the rate window
+        self.announced = False
+        self.decided = False  # whether the estimate has been made
+        self.last_line = 0.0
+        self.bar: Any = None
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def _left(self, now: float, done: int, total: int) -> float | None:
+        """Seconds left at the recent rate (None: no progress seen yet)."""
+        self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_SECONDS:
+            self.samples.pop(0)
+        t0, d0 = self.samples[0]
+        if done <= d0 or now <= t0:
+            return None
+        return (total - done) * (now - t0) / (done - d0)
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock() - self.start
+        left = self._left(now, done, total)
+        if done >= total:
+            if self.bar is not None:
+                self.bar.update(total - self.bar.n)
+            self.close()
+            if self.announced:
+                self.announced = False
+                self.say(f"{self.what}: solved in {_duration(now)}")
+            return
+        if not self.decided:
+            if now < ESTIMATE_AFTER_SECONDS or left is None:
+                return
+            self.decided = True
+            if now + left <= LONG_SOLVE_SECONDS:
+                return
+            self.announced = True
+            self.say(
+                f"{self.what} will take about {_duration(now + left)} ({done:,} of {total:,} "
+                f"lengths solved in {_duration(now)}; Ctrl-C stops it); to plan faster, "
+                f"{self.advice}"
+            )
+            if self.use_bar:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(
+                    total=total, initial=done, unit="length", desc=self.what, file=self.stream
+                )
+            self.last_line = now
+            return
+        if not self.announced:
+            return
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+        elif now - self.last_line >= PROGRESS_LINE_SECONDS:
+            self.last_line = now
+            about = f", about {_duration(left)} left" if left is not None else ""
+            self.say(f"{self.what}: {done:,} of {total:,} lengths ({done / total:.0%}){about}")
+
+    def close(self) -> None:
+        """Close the bar, if one is drawn (after a solve that was interrupted
+        too: call it in a ``finally``)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def plan(
     steps: int,
     memory_bytes: int,
@@ -392,6 +525,7 @@ def plan(
     calibration_steps: int = 3,
     verbose: bool | Callable[[str], None] = False,
     gradient_rtol: float | None = None,
+    progress: bool | Callable[[int, int], None] = True,
 ) -> BudgetPlan:
     """Choose a schedule for `steps` steps within memory and disk budgets.
 
@@ -429,6 +563,16 @@ def plan(
       lossy (error-bounded compression); run with
       ``run_adjoint(..., store=bp.make_store(),
       gradient_rtol=bp.gradient_rtol)``, which chooses its bound.
+    - `progress`: the exact two-level program can take minutes (its time
+      grows with `steps` and faster than the disk slots).  ``True``
+      (default): a solve that will take longer than
+      :data:`LONG_SOLVE_SECONDS` says so after a few seconds, with how to
+      plan faster, and shows its progress (:class:`SolveProgress`: a bar on
+      standard error where it is a terminal, else lines; through `verbose`
+      when it is a callable); ``False``: nothing is shown; a callable:
+      ``progress(done, total)``, called from a helper thread while the
+      program runs (see :class:`~vlcc_adjoint.schedules.Multistage`).
+      Ctrl-C stops the solve promptly with ``KeyboardInterrupt``.
 
     Measured costs are rounded to powers of ``2^(1/4)`` forward steps
     (:func:`round_cost`) before the schedule is chosen and its time
@@ -576,11 +720,29 @@ def plan(
                     "slots, to keep planning fast"
                 )
             levels = [Level(m, copy_cost, copy_cost), Level(disk, write_cost, read_cost)]
-            say(f"solving the two-level schedule: Multistage({n}, memory {m} + disk {disk})")
-            weigh(
-                f"Multistage({n}, memory {m} + disk {disk})",
-                Multistage(n, levels, forward_cost=1.0, adjoint_cost=adjoint_model),
-            )
+            name = f"Multistage({n}, memory {m} + disk {disk})"
+            say(f"solving the two-level schedule: {name}")
+            reporter: SolveProgress | None = None
+            report: Callable[[int, int], None] | None = None
+            if callable(progress):
+                report = progress
+            elif progress:
+                report = reporter = SolveProgress(
+                    f"plan: solving {name}",
+                    "give a smaller disk_bytes (fewer disk slots) or fewer steps, or "
+                    "disk_bytes=0 (Revolve on memory alone, planned at once)",
+                    say=(lambda line: verbose(line)) if callable(verbose) else None,
+                )
+            started = time.perf_counter()
+            try:
+                two_level = Multistage(
+                    n, levels, forward_cost=1.0, adjoint_cost=adjoint_model, progress=report
+                )
+            finally:
+                if reporter is not None:
+                    reporter.close()
+            notes.append(f"{name} was solved in {time.perf_counter() - started:.3g} s")
+            weigh(name, two_level)
     best = min(candidates, key=lambda k: candidates[k][1])
     schedule, predicted = candidates[best]
     for name, (_, seconds) in candidates.items():

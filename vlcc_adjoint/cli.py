@@ -1,5 +1,6 @@
 """The ``vlcc`` command line: ``vlcc plan``, ``vlcc demo``, and the lineage commands
-``vlcc log | show | diff | gc | inspect | export | import`` (:mod:`vlcc_adjoint.lineage`).
+``vlcc log | show | diff | gc | inspect | verify | export | import``
+(:mod:`vlcc_adjoint.lineage`).
 
 Its conventions, shared with the scripts in ``examples/``: :class:`Parser`
 reports a bad option in one line and exits with status 2 before any work;
@@ -201,10 +202,25 @@ def _make_schedule(args):
     if args.schedule == "revolve":
         return s.Revolve(args.steps, args.snapshots)
     if args.schedule == "multistage":
+        from .budget import SolveProgress
+
         levels = [s.Level(args.snapshots)]
         if args.disk:
             levels.append(s.Level(args.disk, args.disk_write, args.disk_read))
-        return s.Multistage(args.steps, levels, args.forward_cost, args.adjoint_cost)
+        # A long solve says so after a few seconds, and shows its progress on
+        # standard error (stdout keeps the statistics alone).
+        reporter = SolveProgress(
+            f"vlcc plan: solving Multistage({args.steps:,} steps, slots "
+            f"{[level.slots for level in levels]})",
+            "give fewer --disk slots or fewer --steps, or use vlcc plan revolve "
+            "(one level, planned at once)",
+        )
+        try:
+            return s.Multistage(
+                args.steps, levels, args.forward_cost, args.adjoint_cost, progress=reporter
+            )
+        finally:
+            reporter.close()
     if args.schedule == "online":
         return s.Online(args.steps, snapshots=args.snapshots)
     if args.schedule == "periodic":
@@ -273,7 +289,7 @@ def _add_lineage(sub) -> dict:
     """The lineage subcommands (``vlcc log PATH`` ...); see ``vlcc_adjoint._lineage._cli``."""
     from ._lineage._cli import add_commands
 
-    return add_commands(sub)
+    return add_commands(sub, Integer, Number)
 
 
 def _bench(rest) -> int:

@@ -119,6 +119,15 @@ sweeps it.  Moving or copying the directory (``cp -r``, ``rsync -H``,
 ``vlcc export``/``vlcc import``) moves the repository: nothing in it names an
 absolute path.
 
+**Verification.**  Damage is otherwise found when a version is read.
+``History.verify()`` (``vlcc verify PATH``, like ``git fsck``) reads and
+checks every byte a read depends on, now: the root, the graph, every
+manifest, every chunk of every version (delta chunks with their bases) and
+the files plain zarr reads, and names every damaged file with the versions
+it breaks (:class:`Verification`).  ``export`` verifies what it archives
+and ``import`` what it unpacks: a damaged file is refused by name, and
+nothing half-imported stays.
+
 **Versions written by several processes.**  ``History.stage(arrays)`` writes
 the chunks of one process's arrays (nothing visible yet) and returns small
 JSON leaf entries; one process then publishes every process's entries as
@@ -148,12 +157,15 @@ from ._lineage._history import LeafInfo as LeafInfo
 from ._lineage._history import Usage as Usage
 from ._lineage._history import export_history as export_history
 from ._lineage._history import import_history as import_history
+from ._lineage._verify import Damage as Damage
+from ._lineage._verify import Verification as Verification
 from .storage import CorruptCheckpointError as CorruptCheckpointError
 from .storage import StorageError as StorageError
 
 __all__ = [
     "Comparison",
     "CorruptCheckpointError",
+    "Damage",
     "Diff",
     "GCReport",
     "History",
@@ -162,6 +174,7 @@ __all__ = [
     "LeafInfo",
     "StorageError",
     "Usage",
+    "Verification",
     "Version",
     "export_history",
     "import_history",

@@ -154,12 +154,14 @@ __all__ = [
     "flatten_traits",
     "immutable_array",
     "is_registered",
+    "join_leaves",
     "leaf_digest",
     "leaf_paths",
     "register",
     "register_lazy_provider",
     "register_leaf_provider",
     "spec_nodes",
+    "split_leaves",
     "state_nbytes",
     "unflatten",
 ]
@@ -261,6 +263,9 @@ class _Sink:
         node.update(fields)
         return node
 
+    def unknown(self, obj: Any) -> dict:
+        return {"opaque": type(obj)}
+
 
 class _Describe:
     """Where :func:`_flatten` puts the leaves of a structure: each leaf's
@@ -286,6 +291,37 @@ class _Describe:
         node = {"leaf": len(self.infos) - 1}
         node.update(fields)
         return node
+
+    def unknown(self, obj: Any) -> dict:
+        return {"opaque": type(obj)}
+
+
+class _Objects:
+    """Where :func:`_flatten` puts the leaves of :func:`split_leaves`: the
+    objects themselves, by reference, those that `is_leaf` picks as leaves
+    and every other array and object as an ``{"object": obj}`` node."""
+
+    __slots__ = ("leaves", "is_leaf", "opaque")
+
+    def __init__(self, is_leaf: Callable[[Any], bool]) -> None:
+        self.leaves: list[Any] = []
+        self.is_leaf = is_leaf
+        self.opaque = True
+
+    def take(self, obj: Any) -> dict:
+        if self.is_leaf(obj):
+            self.leaves.append(obj)
+            return {"leaf": len(self.leaves) - 1}
+        return {"object": obj}
+
+    def array(self, arr: np.ndarray) -> dict:
+        return self.take(arr)
+
+    def provided(self, obj: Any, provider: LeafProvider) -> dict:
+        return self.take(obj)
+
+    def unknown(self, obj: Any) -> dict:
+        return self.take(obj)
 
 
 class _PathError(Exception):
@@ -344,7 +380,7 @@ def _flatten(obj, sink) -> Any:
         provider = automatic_provider(cls)
         if provider is None:
             if sink.opaque:
-                return {"opaque": cls}
+                return sink.unknown(obj)
             raise _unknown(obj, cls)
     # split() normalises a user provider's aux through JSON; the automatic
     # providers' flatten returns what the spec records.
@@ -459,6 +495,36 @@ def flatten_opaque(state: Any) -> tuple[list[np.ndarray], dict]:
 
 
 # -- unflatten --------------------------------------------------------------------
+
+
+def split_leaves(state: Any, is_leaf: Callable[[Any], bool]) -> tuple[list[Any], dict]:
+    """The objects of `state` that `is_leaf` picks, by reference, and the
+    tree that :func:`join_leaves` puts them (or others in their place) back
+    into: the one walk of a state, for code that carries live objects
+    rather than storing them (an integration's live arrays between the
+    steps of a recomputation, handed to its autodiff).
+
+    **Arguments:**
+
+    - `state`: any nest of the supported containers (see the module
+      docstring).
+    - `is_leaf`: called on every array, leaf provider's object and object no
+      provider knows; those for which it is true are the leaves.
+
+    **Returns:** ``(leaves, tree)``: the leaves in depth-first order, and a
+    spec tree in which every other array or object is an ``{"object": obj}``
+    node that travels as the object it is.  Such a tree is not JSON and is
+    never written anywhere.
+    """
+    sink = _Objects(is_leaf)
+    tree = _walk(state, sink)
+    return sink.leaves, tree
+
+
+def join_leaves(tree: dict, leaves: Sequence[Any]) -> Any:
+    """The state that `tree` (from :func:`split_leaves`) describes, around
+    `leaves`, each taken as it is."""
+    return build(tree, leaves, objects=True)
 
 
 def unflatten(spec: dict, leaves: Sequence[np.ndarray], *, copy: bool = False) -> Any:

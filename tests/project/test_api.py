@@ -58,6 +58,7 @@ BUILTIN_BASE = {
     "VlccIndexError": IndexError,
     "VlccImportError": ImportError,
     "VlccFileNotFoundError": FileNotFoundError,
+    "CallOrderError": RuntimeError,
 }
 
 

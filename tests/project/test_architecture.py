@@ -69,6 +69,7 @@ LAYERS = {
     "_lineage": 4,
     "devito": 4,
     "_examples": 4,
+    "capi": 5,
     "cli": 5,
     "__main__": 5,
     "__init__": 5,

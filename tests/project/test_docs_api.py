@@ -32,6 +32,7 @@ PUBLIC_MODULES = {
     "vlcc_adjoint.torch.dcp": "torch.md",
     "vlcc_adjoint.mpi": "mpi.md",
     "vlcc_adjoint.devito": "devito.md",
+    "vlcc_adjoint.capi": "capi.md",
 }
 DIRECTIVE = re.compile(r"^:::\s+([\w.]+)\s*$", re.M)
 LINK = re.compile(r"\[`?(\w+)`?\]\[([\w.]+)\]")

@@ -19,6 +19,9 @@ import pytest
 
 CASES = {
     "multistage": "Multistage(20_000, [Level(30), Level(60, 10.0, 10.0)])",
+    # plan() solving Multistage(20_000, memory 20 + disk 60) with its progress shown
+    "plan": "plan(20_000, 23_000, 60 * 21_480, state_bytes=1000, step_seconds=1.0, "
+    "copy_seconds=0.0, write_seconds=10.0, read_seconds=10.0)",
     "revolve": "[Revolve(10_000_000, 20) for _ in range(1000)]",
     # simulate() remembers a schedule's result: replay fresh wrappers of one table.
     "simulate": "[simulate(Schedule(rows, table.n_steps, table.levels)) for _ in range(1000)]",
@@ -30,6 +33,7 @@ import sys
 # A shell starts background jobs with SIGINT ignored, and children inherit it:
 # restore Python's own handler, the one an interactive run has.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+from vlcc_adjoint import plan
 from vlcc_adjoint.schedules import Level, Multistage, Revolve, Schedule, simulate
 table = Revolve(2_000_000, 10) if sys.argv[1] == "simulate" else None
 rows = table.table if table is not None else None  # built before the clock starts
@@ -71,3 +75,41 @@ def test_ctrl_c_while_planning_raises_keyboard_interrupt(case):
         assert result.stderr.rstrip().endswith("KeyboardInterrupt"), result.stderr
         assert result.returncode in (1, -signal.SIGINT), result.returncode
         assert seconds < 20, f"took {seconds:.1f} s to stop"
+
+
+CLI = """
+import signal
+import sys
+# As an interactive shell starts it (see SCRIPT).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from vlcc_adjoint.cli import build_parser, main
+from vlcc_adjoint.schedules import Level, Multistage
+Multistage(50, [Level(3), Level(4, 2.0, 2.0)])  # compiled (or loaded from the cache) before the clock starts
+build_parser()  # the lineage commands' modules imported before it starts, too
+print("ready", flush=True)
+sys.exit(main(["plan", "multistage", "--steps", "20000", "--snapshots", "30", "--disk", "60"]))
+"""
+
+
+def test_ctrl_c_during_vlcc_plan_multistage_exits_130_with_one_line():
+    """``vlcc plan multistage`` stops on Ctrl-C within seconds, with its one
+    line and the shell's status for an interrupt, not a traceback."""
+    for attempt in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CLI],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0 + 0.3 * attempt)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.perf_counter()
+        out, err = proc.communicate(timeout=120)
+        if "n_steps" in out:
+            continue  # the solve ended before the interrupt came: try again
+        assert proc.returncode == 130, err
+        assert err.rstrip().endswith("vlcc: interrupted") and "Traceback" not in err, err
+        assert time.perf_counter() - t0 < 20
+        return
+    pytest.fail("the solve always ended before the interrupt: nothing was tested")

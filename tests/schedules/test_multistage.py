@@ -265,3 +265,36 @@ def test_ten_thousand_steps_give_a_valid_schedule_with_the_predicted_cost():
     assert stats.peak_slots[0] <= 3 and stats.peak_slots[1] <= 4
     ram_only = Multistage(n, [Level(3)], forward_cost=3, adjoint_cost=1).optimal_time
     assert schedule.optimal_time < ram_only
+
+
+def test_progress_reports_the_lengths_solved_and_leaves_the_schedule_unchanged():
+    """``progress(done, total)`` sees the lengths solved rise to ``total = n``
+    (the last call is ``(n, n)``), and watching the solve changes nothing in
+    its result."""
+    n, levels = 3000, [Level(6), Level(12, 5.0, 5.0)]
+    calls = []
+    watched = Multistage(n, levels, forward_cost=2, progress=lambda d, t: calls.append((d, t)))
+    plain = Multistage(n, levels, forward_cost=2)
+    assert calls and calls[-1] == (n, n)
+    assert all(total == n and 0 <= done <= n for done, total in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    assert watched.optimal_time == plain.optimal_time
+    np.testing.assert_array_equal(watched.table, plain.table)
+
+
+def test_an_error_raised_by_progress_stops_the_solve_and_is_raised():
+    """A caller's `progress` may cancel a solve: what it raises stops the
+    dynamic program (through the kernel's stop flag) and reaches the caller,
+    long before the solve would have ended."""
+    seen = []
+
+    class Enough(Exception):
+        pass
+
+    def cancel(done, total):
+        seen.append(done)
+        raise Enough(f"stop at {done} of {total}")
+
+    with pytest.raises(Enough, match="stop at"):
+        Multistage(20_000, [Level(30), Level(60, 10.0, 10.0)], progress=cancel)
+    assert len(seen) == 1 and seen[0] < 20_000

@@ -379,3 +379,74 @@ def test_plain_zarr_lists_the_store_without_unknown_objects_while_a_writer_holds
             group = zarr.open_group(str(tmp_path / "s"), mode="r")
             assert "r" in set(group.group_keys())
             np.testing.assert_array_equal(group["r"]["0"][...], _record().leaves[0])
+
+
+# -- ZarrTier.verify and vlcc verify -------------------------------------------------------
+
+
+def _flip(path, at=None) -> None:
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2 if at is None else at] ^= 1
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+
+
+def _three(path):
+    with ZarrTier(path) as tier:
+        for k in range(3):
+            tier.put(f"r{k}", _record(step=k))
+
+
+@pytest.mark.parametrize(
+    "file", ["r1/0/c.0", "r1/zarr.json", "r1/0/zarr.json", "r1/1/c.0", "r1/1/zarr.json"]
+)
+def test_verify_names_a_flipped_byte_in_any_record_file_and_its_record(tmp_path, capsys, file):
+    from vlcc_adjoint.cli import main as vlcc
+
+    path = tmp_path / "s"
+    _three(path)
+    with ZarrTier(path, mode="r") as tier:
+        assert tier.verify() == []
+        _flip(path / file)
+        found = tier.verify()
+    assert [(e.path, e.key) for e in found] == [(str(path / file), "r1")]
+    assert vlcc(["verify", str(path)]) == 1
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert err == "" and len(lines) == 2
+    assert lines[0].startswith(f"damaged: {path / file}: breaks record r1 (")
+    assert "1 damaged file breaks 1 of 3 records" in lines[1]
+
+
+def test_verify_of_a_clean_store_and_of_a_damaged_root(tmp_path, capsys):
+    from vlcc_adjoint.cli import main as vlcc
+
+    path = tmp_path / "s"
+    _three(path)
+    assert vlcc(["verify", str(path)]) == 0
+    out, _ = capsys.readouterr()
+    assert out.strip().splitlines() == [
+        f"verified ZarrTier store {path}: 3 records ({out.split('(')[1].split(')')[0]}), no damage"
+    ]
+    with ZarrTier(path, mode="r") as tier:
+        root = (path / "zarr.json").read_bytes()
+        _flip(path / "zarr.json", root.index(b'"format":2') + 9)  # the one value read
+        found = tier.verify()
+    assert [e.path for e in found] == [str(path / "zarr.json")]
+    assert vlcc(["verify", str(path)]) == 1
+    out, _ = capsys.readouterr()
+    assert out.startswith(f"damaged: {path / 'zarr.json'}: breaks every record")
+
+
+def test_verify_names_a_missing_chunk_file_and_several_damaged_records(tmp_path):
+    path = tmp_path / "s"
+    _three(path)
+    os.unlink(path / "r0" / "1" / "c.0")
+    _flip(path / "r2" / "zarr.json")
+    with ZarrTier(path, mode="r") as tier:
+        found = tier.verify()
+    assert sorted((e.key, os.path.relpath(e.path, path)) for e in found) == [
+        ("r0", "r0/1/c.0"),
+        ("r2", "r2/zarr.json"),
+    ]
+    assert "missing" in str(found[0])

@@ -17,6 +17,7 @@ a link) before a file in it is read or written (:meth:`ChunkStore.chunk_path`).
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import shutil
@@ -88,6 +89,15 @@ class ChunkStore:
             raise VlccValueError("deltas=True needs mode='a' (it records the setting in the root)")
         repo.write_root({**attrs, "deltas": True})
         return True
+
+    def uncached(self) -> ChunkStore:
+        """A chunk store of the same repository and delta setting that has read
+        nothing yet (no checked directories, an empty resolver cache), so that
+        every chunk it resolves is read from disk: ``vlcc verify``'s."""
+        other = copy.copy(self)
+        other._dirs = set()
+        other.resolver = _delta.Resolver(other)
+        return other
 
     # -- paths -----------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
-"""The lineage commands of ``vlcc``: log, show, diff, gc, inspect, export, import.
+"""The lineage commands of ``vlcc``: log, show, diff, gc, inspect, verify, export, import.
 
-``vlcc_adjoint.cli`` declares the arguments and calls these functions; each
-returns the process exit status (0 ok, 1 ``diff --exit-code`` found a
-difference, 2 an error, printed as one line naming the remedy).
+:func:`add_commands` declares their arguments on ``vlcc_adjoint.cli``'s
+parser, which calls these functions; each returns the process exit status
+(0 ok, 1 ``diff --exit-code`` found a difference or ``verify`` found damage,
+2 an error, printed as one line naming the remedy).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 import tarfile
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import VlccValueError
@@ -175,7 +177,7 @@ def gc(args) -> int:
 def export(args) -> int:
     from ._history import export_history
 
-    out = export_history(args.path, args.out)
+    out = export_history(args.path, args.out, force=args.force)
     print(f"exported {args.path} to {out} ({human_bytes(os.path.getsize(out))})")
     return 0
 
@@ -225,6 +227,94 @@ def inspect(args) -> int:
     return 0
 
 
+def verify(args) -> int:
+    """``vlcc verify PATH``: every damaged file of a history or a ZarrTier store,
+    one line each with what it breaks, then a one-line summary; exit 1 if any."""
+    from ..storage import CorruptCheckpointError
+
+    path = args.path
+    history = _is_history(path)
+    try:
+        if not history and not os.path.lexists(os.path.join(path, "zarr.json")):
+            raise StorageError(
+                f"{path} is neither a lineage history nor a ZarrTier store (no zarr.json); "
+                "check the path"
+            )
+        if history:
+            return _verify_history(path)
+        return _verify_store(path)
+    except CorruptCheckpointError as err:
+        # What opening reads first (the root, the graph, the top-level
+        # directories): nothing else is readable without it.
+        what = "version" if history else "record"
+        where = err.path or os.path.join(path, "zarr.json")
+        print(f"damaged: {where}: breaks every {what} ({_one_line(err)})")
+        print(
+            f"{path} is damaged: {where} breaks every {what}; restore it from a copy "
+            "(the other files are checked once it reads)"
+        )
+        return 1
+    except (StorageError, ValueError, TypeError, OSError) as err:
+        return _fail(err)
+
+
+def _is_history(path: str) -> bool:
+    """Whether `path` holds a history (else a ZarrTier store, or nothing), by its
+    root, or by its layout when the root does not read."""
+    from ..storage import CorruptCheckpointError
+
+    root = os.path.join(path, "zarr.json")
+    try:
+        if SF.open_group(root, F.ROOT_KEY) is not None:
+            return True
+        if SF.open_group(root, "vlcc_adjoint") is not None:
+            return False
+    except (CorruptCheckpointError, OSError):
+        pass
+    return all(os.path.isdir(os.path.join(path, d)) for d in (F.GRAPH, F.CHUNKS, F.VERSIONS))
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
+def _verify_history(path: str) -> int:
+    with _open(path) as h:
+        report = h.verify()
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _verify_store(path: str) -> int:
+    from ..storage import ZarrTier
+
+    with ZarrTier(path, mode="r") as tier:
+        errors = tier.verify()
+        records = len(tier)
+        nbytes = tier.used_bytes
+    by_file: dict[str, tuple[str, set[str]]] = {}
+    for err in errors:
+        entry = by_file.setdefault(err.path or path, (_one_line(err), set()))
+        if err.key is not None:
+            entry[1].add(err.key)
+    broken: set[str] = set()
+    for file, (problem, keys) in sorted(by_file.items()):
+        broken |= keys
+        which = ", ".join(sorted(keys)) if keys else "the store"
+        print(f"damaged: {file}: breaks record{'s' * (len(keys) != 1)} {which} ({problem})")
+    checked = f"{records} record{'s' * (records != 1)} ({human_bytes(nbytes)})"
+    if not by_file:
+        print(f"verified ZarrTier store {os.path.abspath(path)}: {checked}, no damage")
+        return 0
+    n = len(by_file)
+    print(
+        f"ZarrTier store {os.path.abspath(path)} is damaged: {n} damaged file"
+        f"{'s' * (n != 1)} break{'s' * (n == 1)} {len(broken)} of {checked}; delete the "
+        "broken records (or rerun the steps that wrote them)"
+    )
+    return 1
+
+
 def _inspect_other(path: str) -> int:
     """Summarise a ZarrTier directory, read-only (opening a ZarrTier would clean its scratch)."""
     try:
@@ -263,8 +353,16 @@ def _inspect_other(path: str) -> int:
     return 0
 
 
-def add_commands(sub) -> dict:
+def add_commands(
+    sub,
+    integer: Callable[..., Callable[[str], int]],
+    number: Callable[..., Callable[[str], float]],
+) -> dict:
     """Declare the lineage subcommands on an argparse subparsers object.
+
+    **Arguments:** `sub`, the subparsers; `integer`, `number`: the bounded
+    option types of ``vlcc_adjoint.cli`` (``Integer``, ``Number``), passed
+    in because that module imports this one.
 
     **Returns:** ``{command name: function(args) -> exit status}``.
     """
@@ -276,7 +374,7 @@ def add_commands(sub) -> dict:
     )
     p.add_argument("path", help="the history directory")
     p.add_argument("--branch", help="only this branch (or tag, version) and its ancestors")
-    p.add_argument("-n", type=int, default=None, help="at most N versions")
+    p.add_argument("-n", type=integer(1), default=None, metavar="N", help="at most N versions")
 
     p = sub.add_parser(
         "show",
@@ -300,8 +398,12 @@ def add_commands(sub) -> dict:
     p.add_argument("path", help="the history directory")
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--rtol", type=float, default=0.0)
-    p.add_argument("--atol", type=float, default=0.0)
+    p.add_argument(
+        "--rtol", type=number(0.0), default=0.0, help="relative tolerance (>= 0, default 0)"
+    )
+    p.add_argument(
+        "--atol", type=number(0.0), default=0.0, help="absolute tolerance (>= 0, default 0)"
+    )
     p.add_argument(
         "--exit-code",
         action="store_true",
@@ -318,7 +420,7 @@ def add_commands(sub) -> dict:
     p.add_argument("path", help="the history directory")
     p.add_argument(
         "--keep-last",
-        type=int,
+        type=integer(0),
         default=None,
         metavar="N",
         help="keep the last N versions of every branch",
@@ -344,15 +446,30 @@ def add_commands(sub) -> dict:
         "export",
         help="archive a lineage history into a tar file",
         description="Write every version, the refs and the deduplicated chunks "
-        "into one tar file (.tar.gz/.tgz: compressed), to move or suspend a run.",
+        "into one tar file (.tar.gz/.tgz: compressed), to move or suspend a run.  "
+        "Everything archived is verified first (a damaged file is refused by name); "
+        "an existing file is replaced only with --force.",
     )
     p.add_argument("path", help="the history directory")
     p.add_argument("out", help="the archive to write")
+    p.add_argument("--force", action="store_true", help="replace an existing archive file")
+
+    p = sub.add_parser(
+        "verify",
+        help="check every byte of a lineage history or a ZarrTier store",
+        description="Like git fsck: read and check every file a read depends on "
+        "(a history's root, graph, manifests, every chunk of every version with "
+        "its delta bases; every record of a ZarrTier store), and name every "
+        "damaged file with the versions (records) it breaks.  Exit status 0: "
+        "intact, 1: damage found, 2: not a history or a store.  Reads only.",
+    )
+    p.add_argument("path", help="a history directory or a ZarrTier store")
 
     p = sub.add_parser(
         "import",
         help="unpack an exported history into a new directory",
-        description="Recreate a history from `vlcc export`'s archive.",
+        description="Recreate a history from `vlcc export`'s archive, verified (an "
+        "archive with a damaged file is refused by name, and nothing of it stays).",
     )
     p.add_argument("archive")
     p.add_argument("path", help="a new (or empty) directory")
@@ -363,6 +480,7 @@ def add_commands(sub) -> dict:
         "diff": diff,
         "gc": gc,
         "inspect": inspect,
+        "verify": verify,
         "export": export,
         "import": import_,
     }

@@ -16,8 +16,8 @@ which it builds and wires together:
 
 This module adds the life cycle (``wait``, ``close``, forks), the public
 reads (``checkout``, ``load``, ``log``, ``draw``...) and the entry points of
-diff/compare (:mod:`._compare`), gc (:mod:`._gc`) and export/import
-(:mod:`._transfer`).
+diff/compare (:mod:`._compare`), gc (:mod:`._gc`), verification
+(:mod:`._verify`) and export/import (:mod:`._transfer`).
 
 A ``History`` object is safe to share between threads: the state of all its
 parts is guarded by one lock (the repository's), and installed graphs are
@@ -55,12 +55,20 @@ from ._parts import commit_staged, stage
 from ._read import Reader
 from ._refs import Ref, Refs
 from ._repo import Repository
-from ._transfer import unpack_archive, write_archive
+from ._transfer import check_import_target, discard_import, unpack_archive, write_archive
+from ._verify import Verification, check_intact, verify
 
 if TYPE_CHECKING:
     from ..storage.codecs import Codec
 
-__all__ = ["History", "LeafInfo", "Usage", "export_history", "import_history"]
+__all__ = [
+    "History",
+    "LeafInfo",
+    "Usage",
+    "Verification",
+    "export_history",
+    "import_history",
+]
 
 _OPEN: weakref.WeakSet[History] = weakref.WeakSet()
 
@@ -660,20 +668,40 @@ class History:
         with self._repo.lock:
             return dict(self._commits.stats)
 
-    def export(self, out: str | os.PathLike) -> str:
+    def export(self, out: str | os.PathLike, *, force: bool = False) -> str:
         """Write the repository (every version, refs, deduplicated chunks) to a tar file.
 
         **Arguments:**
 
         - `out`: the archive path; ``.tar.gz``/``.tgz`` compress it.
+        - `force`: replace an existing file `out` (else
+          :class:`~vlcc_adjoint.storage.StorageError`).
 
         **Returns:** `out`.  ``import_history(out, path)`` recreates the
         repository elsewhere (another machine, after a suspension).  Hard
         links are kept as tar hard links, so the archive holds each chunk once.
+        What is archived is verified first (:meth:`verify`): a damaged
+        repository raises :class:`~vlcc_adjoint.storage.CorruptCheckpointError`
+        naming every damaged file, and nothing is written.
         """
         out = os.fspath(out)
-        write_archive(self._reader, self._sync(), out)
+        write_archive(self._reader, self._sync(), out, force)
         return out
+
+    def verify(self) -> Verification:
+        """Read and check every byte a read of any version depends on (``git fsck``).
+
+        The root and the graph file, every version's manifest, every chunk of
+        every version (delta chunks with their bases) and the files plain
+        zarr reads, all read from disk now through the checked read paths
+        (:mod:`._verify`).  Nothing is changed.
+
+        **Returns:** a :class:`~vlcc_adjoint.lineage.Verification`, truthy
+        when nothing is damaged; else its ``damaged`` lists every damaged file
+        with the versions it breaks (``str()``: one line each and a summary).
+        """
+        self.wait()
+        return verify(self._reader)
 
     def __repr__(self) -> str:
         n = len(self._repo.graph)
@@ -683,17 +711,20 @@ class History:
         return f"History({self.path!r}, versions={n}, head={head})"
 
 
-def export_history(history: History | str | os.PathLike, out: str | os.PathLike) -> str:
+def export_history(
+    history: History | str | os.PathLike, out: str | os.PathLike, *, force: bool = False
+) -> str:
     """Archive a repository (a :class:`History` or its path) into a tar file.
 
     A consistent snapshot: the graph is read once, and only the versions it
     lists and the chunks they use are archived (commits published meanwhile
-    are not).  See :meth:`History.export`.
+    are not), verified first; an existing `out` is replaced only with
+    `force`.  See :meth:`History.export`.
     """
     if isinstance(history, History):
-        return history.export(out)
+        return history.export(out, force=force)
     with History(history, mode="r") as h:
-        return h.export(out)
+        return h.export(out, force=force)
 
 
 def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
@@ -702,9 +733,21 @@ def import_history(archive: str | os.PathLike, path: str | os.PathLike) -> str:
     The archive is checked first: only the repository's own top-level names,
     regular files, directories and hard links inside it (tarfile's ``data``
     filter: no absolute paths, ``..``, devices or links leaving the
-    directory).  **Returns:** `path`, a repository ``History(path)`` opens.
+    directory).  What it unpacks is then verified (:meth:`History.verify`):
+    an archive with a damaged file is refused with
+    :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming it (as a
+    member of the archive), and whatever failed to import is removed:
+    nothing half-imported stays.  **Returns:** `path`, a repository
+    ``History(path)`` opens.
     """
     path = os.path.abspath(os.fspath(path))
-    unpack_archive(archive, path)
-    History(path, mode="a").close()  # validates, and adds the locks/ and scratch/ groups
+    existed = check_import_target(path)
+    try:
+        unpack_archive(archive, path)
+        # Opening validates the root and the graph, and adds locks/ and scratch/.
+        with History(path, mode="a") as h:
+            check_intact(h.verify(), f"importing {os.fspath(archive)}", os.fspath(archive))
+    except BaseException:
+        discard_import(path, existed)
+        raise
     return path

@@ -295,6 +295,16 @@ class Repository:
                 path=path,
             ) from None
 
+    def read_graph(self) -> Graph:
+        """The graph file read and verified now, whatever is installed (``vlcc
+        verify`` reads every byte from disk); not installed.  Damage raises
+        :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming the file."""
+        return self._parse_graph()[0]
+
+    def graph_path(self) -> str:
+        """The graph file's path."""
+        return self._graph_file()
+
     def refresh(self) -> Graph:
         """The current graph, re-read if another process (or object) replaced it."""
         stamp = self._graph_stamp()

@@ -29,31 +29,57 @@ from ..storage import format as SF
 from . import _format as F
 from ._graph import Graph, graph_file
 from ._read import Reader
+from ._verify import check_intact, verify
 
-__all__ = ["unpack_archive", "write_archive"]
+__all__ = ["check_import_target", "discard_import", "unpack_archive", "write_archive"]
 
 _TOP = {"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH}
 
 
-def write_archive(reader: Reader, g: Graph, out: str) -> None:
+def write_archive(reader: Reader, g: Graph, out: str, force: bool = False) -> None:
     """Archive the repository of `reader` as of graph `g` into the tar file `out`
     (``.tar.gz``/``.tgz``: compressed): only the versions `g` lists and the
-    chunks they use (delta bases included), chunks first.  A partial archive
-    is never left behind."""
-    created = False
-    try:
-        with reader.reading():
+    chunks they use (delta bases included), chunks first.
+
+    What is archived is verified first (:func:`._verify.verify` of the
+    versions of `g`): a damaged repository is refused with
+    :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming every
+    damaged file, and no archive is written.  An existing `out` is replaced
+    only with `force` (else :class:`~vlcc_adjoint.storage.StorageError`);
+    the archive is written beside it and renamed into place when complete,
+    so a failed export leaves no partial archive and the old file intact.
+    """
+    _check_target(out, force)
+    with reader.reading():
+        check_intact(verify(reader, g), f"exporting {reader.repo.path}")
+        work = f"{out}.{F.token()}.partial"
+        try:
             if out.endswith((".tar.gz", ".tgz")):
-                tar = tarfile.open(out, "w:gz")
+                tar = tarfile.open(work, "x:gz")
             else:
-                tar = tarfile.open(out, "w")
-            created = True
+                tar = tarfile.open(work, "x")
             with tar:
                 _archive(reader, g, tar)
-    except BaseException:
-        if created and os.path.lexists(out):  # no partial archive is left behind
-            os.unlink(out)
-        raise
+            _check_target(out, force)  # created meanwhile by someone else
+            os.replace(work, out)
+        finally:
+            if os.path.lexists(work):  # no partial archive is left behind
+                os.unlink(work)
+
+
+def _check_target(out: str, force: bool) -> None:
+    """Refuse to replace an existing `out` unless `force` (and never a directory)."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise StorageError(f"{out} is a directory; give the path of the archive file to write")
+    if not force:
+        raise StorageError(
+            f"{out} exists; give another path, or replace it with --force "
+            "(History.export(out, force=True))"
+        )
 
 
 def _archive(reader: Reader, g: Graph, tar: tarfile.TarFile) -> None:
@@ -100,6 +126,28 @@ def _check_regular(path: str, directory: bool) -> None:
             _check_regular(entry.path, entry.is_dir(follow_symlinks=False))
 
 
+def check_import_target(path: str) -> bool:
+    """Refuse an import into `path` unless it is new or an empty directory;
+    return whether it exists."""
+    if os.path.lexists(path):
+        if os.path.islink(path) or not os.path.isdir(path) or os.listdir(path):
+            raise StorageError(
+                f"{path} exists and is not an empty directory; import into a new path"
+            )
+        return True
+    return False
+
+
+def discard_import(path: str, existed: bool) -> None:
+    """Remove what a failed import put into `path` (the directory too, unless it
+    `existed` before, empty): nothing half-imported stays."""
+    if not existed:
+        SF.remove_tree(path, os.path.dirname(path))
+        return
+    for entry in os.scandir(path):
+        SF.remove_tree(entry.path, path)
+
+
 def unpack_archive(archive: str | os.PathLike, path: str) -> None:
     """Extract an archive made by :func:`write_archive` into the new directory `path`.
 
@@ -108,8 +156,7 @@ def unpack_archive(archive: str | os.PathLike, path: str) -> None:
     filter: no absolute paths, ``..``, devices or links leaving the
     directory).  The caller opens the result to validate it.
     """
-    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-        raise StorageError(f"{path} exists and is not an empty directory; import into a new path")
+    check_import_target(path)
     archive = os.fspath(archive)
     try:
         tar = tarfile.open(archive, "r:*")

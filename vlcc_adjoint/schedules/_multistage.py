@@ -111,7 +111,8 @@ and the dominance between levels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -204,11 +205,15 @@ def _dominance(slots, strides, write, read, valid):
 
 
 @njit(cache=True, nogil=True)
-def _solve(n, slots, write, read, fwd, qh, stop):
+def _solve(n, slots, write, read, fwd, qh, stop, progress=None):
     """The table ``F[k P + a, l]`` for ``l = 0 .. n`` and the slope summaries
     (``_emit`` re-runs splits along the optimal path with them).  Returns
     early, with the table filled up to some ``l``, once ``stop[0] != 0``
-    (:mod:`._interrupt`)."""
+    (:mod:`._interrupt`).  ``progress[0]``, when `progress` is given, is the
+    length up to which the table is filled, for another thread to read while
+    this runs (a compiled kernel cannot call Python): the work per length is about the same once the
+    first few hundred lengths are done, so it measures how far the solve has
+    come."""
     L = slots.shape[0]
     strides = np.empty(L, np.int64)
     P = 1
@@ -341,6 +346,8 @@ def _solve(n, slots, write, read, fwd, qh, stop):
                 F[s, l] = best
         for e in range(pa.shape[0]):
             pmin[e] = min(pmin[e], F[pa[e], l] - F[pb[e], l])
+        if progress is not None:
+            progress[0] = l  # the table is filled up to this length
         if l < n:  # slope d(l - 1) is needed from length l + 1 on
             need = 0
             for s in range(S):
@@ -379,6 +386,53 @@ def _solve(n, slots, write, read, fwd, qh, stop):
     return F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax
 
 
+#: Seconds between two calls of a :class:`Multistage`'s `progress` callable.
+PROGRESS_INTERVAL = 0.25
+
+
+def _solve_watched(
+    n: int, args: tuple, progress: Callable[[int, int], None] | None
+) -> tuple[np.ndarray, ...]:
+    """``_solve(n, *args)`` on a worker thread (Ctrl-C stops it cleanly, see
+    :mod:`._interrupt`), with `progress` called while it runs.
+
+    The kernel writes the length it has reached into a one-element array; a
+    helper thread reads it every :data:`PROGRESS_INTERVAL` seconds and calls
+    ``progress(done, n)`` (on that thread), and once more with ``done == n``
+    when the table is complete.  An exception raised by `progress` stops the
+    solve (through the kernel's stop flag) and is raised here once the kernel
+    has returned: a caller's callable may cancel a solve that takes too long.
+    """
+    stop = stop_flag()
+    if progress is None:
+        return call_kernel(_solve, n, *args, stop, stop=stop)
+    reached = np.zeros(1, np.int64)
+    report = progress  # bound for the closure (mypy: not None)
+    finished = threading.Event()
+    failure: list[BaseException] = []
+
+    def watch() -> None:
+        while not finished.wait(PROGRESS_INTERVAL):
+            try:
+                report(int(reached[0]), n)
+            except BaseException as error:  # raised on the caller's thread below
+                failure.append(error)
+                stop[0] = 1
+                return
+
+    watcher = threading.Thread(target=watch, name="vlcc-multistage-progress", daemon=True)
+    watcher.start()
+    try:
+        result = call_kernel(_solve, n, *args, stop, reached, stop=stop)
+    finally:
+        finished.set()
+        watcher.join()
+    if failure:
+        raise failure[0]
+    progress(n, n)
+    return result
+
+
 def _quantum(n: int, values) -> float:
     """A ``q = 2**-e`` of which every cost is an exact multiple, with all sums of
     them exact in float64 up to the no-save cost of ``n`` steps; 0 if none."""
@@ -400,6 +454,15 @@ class Multistage(Schedule):
       with a finite number of slots (>= 1).
     - `forward_cost`, `adjoint_cost`: time of one forward / adjoint step, in
       the unit of the levels' costs.
+    - `max_table_bytes`: the largest cost table the dynamic program may
+      allocate.
+    - `progress`: ``progress(done, total)``, called about every
+      :data:`PROGRESS_INTERVAL` seconds from a helper thread while the
+      dynamic program runs (``done`` of ``total = steps`` lengths solved;
+      the time per length is about constant past the first few hundred), and
+      once with ``done == total``; it may raise to cancel the solve.  Nothing
+      here prints: ``vlcc_adjoint.plan`` and ``vlcc plan`` show it
+      (:class:`vlcc_adjoint.budget.SolveProgress`).
 
     **Optimality:** exact for the cost model in the module docstring, over all
     schedules of ``Advance / Save / Load / Delete / Reverse``;
@@ -407,9 +470,11 @@ class Multistage(Schedule):
     the dynamic program's value of it.
 
     **Cost:** measured in the module docstring (two levels at ``n = 10^5``
-    in seconds to tens of seconds); memory about ``8.5 n L P`` bytes with
-    ``P = prod(slots + 1)``; a ``ValueError`` is raised beforehand when that
-    table would exceed `max_table_bytes`.
+    in seconds to tens of seconds); the time grows with ``n`` and faster
+    than ``P = prod(slots + 1)`` (many slots on a slow level take minutes);
+    memory about ``8.5 n L P`` bytes; a ``ValueError`` is raised beforehand
+    when that table would exceed `max_table_bytes`.  Ctrl-C stops the solve
+    within a length and raises ``KeyboardInterrupt``.
     """
 
     def __init__(
@@ -420,6 +485,7 @@ class Multistage(Schedule):
         adjoint_cost: float = 1.0,
         *,
         max_table_bytes: int = 4 * 2**30,
+        progress: Callable[[int, int], None] | None = None,
     ):
         n = check_positive_int(steps, "steps")
         levels = tuple(levels)
@@ -455,10 +521,8 @@ class Multistage(Schedule):
         write = np.array([lv.write_cost for lv in levels])
         read = np.array([lv.read_cost for lv in levels])
         q = _quantum(n, [fwd, *write, *read])
-        # On a worker thread, so that Ctrl-C stops it cleanly (see _interrupt).
-        stop = stop_flag()
-        F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax = call_kernel(
-            _solve, n, slots, write, read, fwd, q / 2, stop, stop=stop
+        F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax = _solve_watched(
+            n, (slots, write, read, fwd, q / 2), progress
         )
         P = states
         full = int(np.sum(slots * strides))

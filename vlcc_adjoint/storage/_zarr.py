@@ -115,7 +115,7 @@ import numpy as np
 from ..errors import VlccKeyError, VlccValueError
 from ..state import byte_view
 from . import format as F
-from ._checksum import check_capacity, check_record, step_of, verify_leaves
+from ._checksum import check_capacity, check_record, leaf_checksum, step_of, verify_leaves
 from ._tier import CorruptCheckpointError, Record, StorageError, Tier, TierFullError, check_key
 from ._zarr_record import ATTRS, FORMAT, Kind, Layout, Stored, encode, load, read_root
 
@@ -338,6 +338,83 @@ class ZarrTier(Tier):
         """The listed records that cannot be read, each with what is wrong (and where)."""
         with self._lock:
             return {k: str(s.error) for k, s in self._index.items() if s.error is not None}
+
+    def verify(self) -> list[CorruptCheckpointError]:
+        """Read and check every record of the store, from disk, now (``vlcc verify``).
+
+        The root ``zarr.json``; every record directory under the root (those
+        written since this tier was opened by another opening too): its
+        sealed group ``zarr.json`` (:func:`._zarr_record.load`), every leaf's
+        chunk file (size, then its checksum: the checked read of
+        :meth:`get`), and every leaf's array ``zarr.json``, which plain zarr
+        reads (it must be the metadata the leaf's dtype and shape give).
+        Nothing is changed, and :meth:`damaged` keeps what was found at open.
+
+        **Returns:** one :class:`CorruptCheckpointError` per damaged file,
+        each naming the file (``path``) and the record it breaks (``key``);
+        an empty list when every record is intact.
+        """
+        found: list[CorruptCheckpointError] = []
+        root_meta = os.path.join(self.path, "zarr.json")
+        try:
+            read_root(self.path, root_meta)
+        except CorruptCheckpointError as err:
+            found.append(CorruptCheckpointError(str(err), tier=self.name, path=err.path))
+        except FileNotFoundError:
+            found.append(F.corrupt_file(root_meta, "is missing: the store's root is gone"))
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if entry.name.startswith(".") or entry.name == "zarr.json":
+                continue
+            try:
+                check_key(entry.name)
+            except ValueError:
+                continue  # no key names it: not a record
+            found.extend(self._verify_record(entry.name, entry.path))
+        return found
+
+    def _verify_record(self, key: str, record_dir: str) -> list[CorruptCheckpointError]:
+        """The damaged files of the record `key` in `record_dir` (see :meth:`verify`)."""
+        try:
+            stored = load(key, record_dir)
+        except CorruptCheckpointError as err:
+            return [CorruptCheckpointError.in_record(str(err), key, self.name, None, err.path)]
+        found = []
+        step = step_of(stored.spec())
+
+        def damaged(problem: str, path: str) -> None:
+            found.append(CorruptCheckpointError.in_record(problem, key, self.name, step, path))
+
+        missing = False
+        for i, (shape, dtype, _, chunk, _) in enumerate(stored.leaves):
+            meta = f"{record_dir}/{i}/zarr.json"
+            try:
+                expected = F.array_metadata(dtype, shape)[0]
+                raw = F.read_limited(meta, F.MAX_METADATA_BYTES)
+                # Byte-equal as written; a record of an older writer may format
+                # it otherwise: then its content must be equal.
+                if raw != expected and F.parse_json(raw, meta) != F.parse_json(expected, meta):
+                    raise F.corrupt_file(
+                        meta,
+                        f"is not the zarr array metadata of leaf {i} ({dtype.str}"
+                        f"{list(shape)}): plain zarr would read the leaf wrong",
+                    )
+            except FileNotFoundError:
+                if chunk is not None:  # a leaf with data has its array
+                    damaged(f"the zarr array metadata {meta} of leaf {i} is missing", meta)
+            except CorruptCheckpointError as err:
+                damaged(str(err), err.path or meta)
+            if chunk is not None and not os.path.lexists(f"{record_dir}/{i}/{chunk}"):
+                missing = True
+                path = f"{record_dir}/{i}/{chunk}"
+                damaged(f"the chunk file {path} of leaf {i} is missing", path)
+        if not missing:
+            try:
+                self._read(key, stored, None)
+            except CorruptCheckpointError as err:
+                found.append(err)
+            except VlccKeyError as err:  # a chunk file removed meanwhile
+                damaged(str(err), record_dir)
+        return found
 
     def put(self, key: str, record: Record) -> None:
         """Write `record` as the zarr group ``<path>/<key>``, visible only once complete.
@@ -564,7 +641,23 @@ class ZarrTier(Tier):
                 ) from err
             leaves.append(out)
         checksums = tuple(info[4] for info in stored.leaves)
-        verify_leaves(leaves, checksums, key, self.name, step)
+        try:
+            verify_leaves(leaves, checksums, key, self.name, step)
+        except CorruptCheckpointError:
+            # Name the damaged file: the chunk of the first leaf that differs.
+            for i, (leaf, want) in enumerate(zip(leaves, checksums)):
+                got = leaf_checksum(leaf)
+                if got != want:
+                    path = f"{record_dir}/{i}/{stored.leaves[i][3]}"
+                    raise CorruptCheckpointError.in_record(
+                        f"leaf {i}: the chunk file {path} has checksum {got}, the record says "
+                        f"{want}",
+                        key,
+                        self.name,
+                        step,
+                        path,
+                    ) from None
+            raise
         return Record(spec, tuple(leaves), checksums)
 
     def delete(self, key: str) -> None:

@@ -61,6 +61,7 @@ import torch
 
 from ..errors import VlccTypeError, VlccValueError
 from ..schedules import Online, Schedule, StoreAll
+from ..state import join_leaves, split_leaves
 from ._engine import Chain, Checkpointed, Recompute
 from ._recompute import close_quietly, collect_params, planned_store
 from ._state import register_providers
@@ -80,50 +81,28 @@ _REENTRANT_GRAPH = (
 # -- the state between layers: tensors and the structure around them -------------------
 
 
-def _flatten(obj, tensors: list, depth: int = 0):
-    """A tree of `obj` whose tensors are appended to `tensors`, by reference.
+def _is_tensor(obj) -> bool:
+    return isinstance(obj, torch.Tensor)
 
-    This is a *carry*, not a description: it hands the live tensors between
-    layers to autograd and the engine and puts them back in place, with every
-    other value (a mask, a module, a config object) travelling as the object
-    it is.  The state model (:mod:`vlcc_adjoint.state`) describes states to
-    *store*: its walk brings each leaf to numpy and refuses objects no
-    provider knows, and it has no walk that keeps a leaf provider's objects
-    by reference.  What is stored of a layer state goes through the model:
-    the tensors of a kept state are saved as a list (the ``"torch"`` leaf
-    provider describes them), the tree stays with the engine.
+
+def _flatten(obj, tensors: list) -> dict:
+    """The tree of `obj`, its tensors appended to `tensors` by reference.
+
+    A *carry*, not a record: the live tensors between layers go to autograd
+    and the engine and come back in place (:func:`vlcc_adjoint.state.
+    split_leaves`, the state model's one walk), every other value (a mask, a
+    module, a config object) travelling as the object it is.  What is
+    stored of a layer state goes through the model as a record: the tensors
+    of a kept state are saved as a list (the ``"torch"`` leaf provider
+    describes them), the tree stays with the engine.
     """
-    if depth > 32:
-        raise VlccValueError(
-            "checkpoint_sequential: the state between layers is nested more than 32 levels deep"
-        )
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return ("t",)
-    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
-        return ("n", type(obj), [_flatten(x, tensors, depth + 1) for x in obj])
-    if type(obj) in (tuple, list):
-        return (type(obj), [_flatten(x, tensors, depth + 1) for x in obj])
-    if type(obj) is dict:
-        return ("d", list(obj), [_flatten(v, tensors, depth + 1) for v in obj.values()])
-    return ("c", obj)  # any other value travels as is
+    leaves, tree = split_leaves(obj, _is_tensor)
+    tensors.extend(leaves)
+    return tree
 
 
-def _rebuild(tree, it):
-    tag = tree[0]
-    if tag == "t":
-        return next(it)
-    if tag == "c":
-        return tree[1]
-    if tag == "n":
-        return tree[1](*[_rebuild(x, it) for x in tree[2]])
-    if tag == "d":
-        return {k: _rebuild(v, it) for k, v in zip(tree[1], tree[2])}
-    return tag(_rebuild(x, it) for x in tree[1])
-
-
-def _unflatten(tree, tensors):
-    return _rebuild(tree, iter(tensors))
+def _unflatten(tree: dict, tensors) -> object:
+    return join_leaves(tree, tensors)
 
 
 # -- the layers as a chain of blocks ----------------------------------------------------
