@@ -154,7 +154,21 @@ class History:
         self.max_pending_bytes = int(max_pending_bytes)
         self._pid = os.getpid()
         self._closed = False
-        self._repo = Repository(self.path, mode, self.durable, threading.RLock())
+        self._ranks: RankGroup | None = None
+        if comm is None:
+            self._open(deltas)
+        else:
+            # Rank 0 opens (creates) the repository first, then the others.
+            self._ranks = RankGroup(comm, timeout)
+            self._ranks.in_turn(
+                f"opening the history at {self.path}", lambda: self._open(deltas), self._shut
+            )
+            self._ranks.attach(self._commits)
+        _OPEN.add(self)
+
+    def _open(self, deltas: bool | None) -> None:
+        """Build the parts on the repository (created if missing)."""
+        self._repo = Repository(self.path, self.mode, self.durable, threading.RLock())
         try:
             self._chunks = ChunkStore(self._repo, deltas)
         except BaseException:
@@ -167,20 +181,16 @@ class History:
             self._chunks,
             self._reader,
             self._refs,
-            chunk_bytes=chunk_bytes,
-            codec=codec,
-            capture=capture,
+            chunk_bytes=self.chunk_bytes,
+            codec=self.codec,
+            capture=self.capture,
             max_pending_bytes=self.max_pending_bytes,
         )
-        self._ranks: RankGroup | None = None
-        if comm is not None:
-            try:
-                self._ranks = RankGroup(comm, self._commits, timeout)
-            except BaseException:
-                self._commits.close()
-                self._repo.close()
-                raise
-        _OPEN.add(self)
+
+    def _shut(self) -> None:
+        """Undo :meth:`_open` (another rank failed to open the repository)."""
+        self._commits.close()
+        self._repo.close()
 
     # -- housekeeping ------------------------------------------------------------------
 

@@ -286,31 +286,64 @@ class RankGroup:
     **Arguments:**
 
     - `comm`: an mpi4py intra-communicator (every rank opens the History).
-    - `pipeline`: the History's :class:`~._commit.CommitPipeline` (its
-      repository, chunk store, reader and refs).
     - `timeout`: the most seconds a collective step waits for the other
       ranks (:class:`~vlcc_adjoint.mpi.Guard`).
 
     Creating one is collective (the guard duplicates the communicator).
-    See the module docstring for the protocol.
+    :meth:`attach` then gives it the History's commit pipeline.  See the
+    module docstring for the protocol.
     """
 
-    def __init__(self, comm: Any, pipeline: CommitPipeline, timeout: float | None) -> None:
+    def __init__(self, comm: Any, timeout: float | None) -> None:
         self.guard = Guard(comm, timeout=timeout)
         self.rank = self.guard.rank
         self.size = self.guard.size
-        self.pipeline = pipeline
+        self._pipeline: CommitPipeline | None = None
+
+    def attach(self, pipeline: CommitPipeline) -> None:
+        """Work on `pipeline` (the History's: its repository, chunk store, reader, refs)."""
+        self._pipeline = pipeline
+
+    @property
+    def pipeline(self) -> CommitPipeline:
+        if self._pipeline is None:
+            raise VlccValueError("this rank group has no History attached")
+        return self._pipeline
 
     @property
     def reader(self) -> Reader:
         return self.pipeline.reader
 
+    def in_turn(self, what: str, fn: Callable[[], None], undo: Callable[[], None]) -> None:
+        """`fn` on rank 0, then on the others (opening, and so creating, a
+        repository); a failure anywhere raises the same
+        :class:`~vlcc_adjoint.mpi.AgreedError` on every rank, after `undo` on
+        the ranks where `fn` succeeded.  Collective."""
+        error: BaseException | None = None
+        if self.rank == 0:
+            try:
+                fn()
+            except Exception as err:
+                error = err
+        self.guard.agree(error, what)
+        if self.rank != 0:
+            try:
+                fn()
+            except Exception as err:
+                error = err
+        try:
+            self.guard.agree(error, what)
+        except BaseException:
+            if error is None:
+                undo()
+            raise
+
     # -- sharing bytes ---------------------------------------------------------------
 
     def share(self, data: bytes | None, what: str) -> bytes:
         """Rank 0's `data` on every rank (any length)."""
-        n = np.array([len(data) if self.rank == 0 and data is not None else 0], np.int64)
-        n = int(self.guard.allreduce(n, "max", what)[0])
+        mine = np.array([len(data) if self.rank == 0 and data is not None else 0], np.int64)
+        n = int(self.guard.allreduce(mine, "max", what)[0])
         buf = np.zeros(n, np.uint8)
         if self.rank == 0 and data:
             buf[:] = np.frombuffer(data, np.uint8)
