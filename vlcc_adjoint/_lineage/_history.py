@@ -714,6 +714,10 @@ class History:
             decode=json.loads,
         )
         report["removed"] = tuple(report["removed"])
+        if not report["dry_run"]:  # rank 0's gc forgot them there; here too
+            self._reader.forget(set(report["removed"]))
+            for vid in report["removed"]:
+                self._refs.forget_version(vid)
         return GCReport(**report)
 
     def _collective(self, what: str, change: Any, *args: Any, **kwargs: Any) -> Any:
