@@ -174,3 +174,10 @@ def test_a_crafted_blocks_node_is_corrupt_not_assembled(tmp_path):
         h.load(ids["v2"])  # the others are intact
     proc, _ = _mpiexec(2, SCRIPT, "load", path)
     assert proc.returncode != 0 and "CorruptCheckpointError" in proc.stderr
+
+
+def test_a_version_committed_on_1_rank_loads_on_2(tmp_path):
+    path = tmp_path / "h"
+    _commit(path, 1)
+    proc, _ = _mpiexec(2, SCRIPT, "load", path)
+    assert [r["verified"] for r in _lines(proc)] == [["v1", "v2", "v3"]] * 2
