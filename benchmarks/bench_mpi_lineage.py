@@ -32,6 +32,10 @@ file system, counted by wrapping those functions of ``os`` and
 ``builtins`` in the worker).  The machine may be oversubscribed (more ranks
 than cores): read the counts, which do not depend on it, before the times.
 
+Loads: the newest version on the ``P`` ranks that wrote it, and the
+first version (an ancestor) on ``Q = P - 1`` ranks (a sub-communicator),
+each the slowest rank's best of three.
+
 **The model** (printed, and in the JSON's ``model``).  With ``S`` bytes per
 rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
 
@@ -182,8 +186,34 @@ def worker(a) -> None:
                 ),
             }
         )
+    # loads: the newest version on the P ranks that wrote it, the first (an
+    # ancestor) on Q = P - 1 ranks (a sub-communicator), best of three each
+    with History(a.dir, comm=comm) as h:
+        ids = [v.id for v in h.log()]
+        times = []
+        for _ in range(3):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            h.load(ids[0])
+            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        load_newest = min(times)
+    load_ancestor = None
+    if size > 1:
+        sub = comm.Split(0 if rank < size - 1 else 1, rank)
+        if rank < size - 1:
+            with History(a.dir, comm=sub) as h:
+                times = []
+                for _ in range(3):
+                    sub.Barrier()
+                    t0 = time.perf_counter()
+                    h.load(ids[-1])
+                    times.append(sub.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+                load_ancestor = min(times)
+        sub.Free()
     if rank == 0:
         out = {
+            "load_newest_on_P_s": load_newest,
+            "load_ancestor_on_P_minus_1_s": load_ancestor,
             "ranks": size,
             "bytes_per_rank": int(local.nbytes),
             "chunk_bytes": a.chunk_bytes,
@@ -297,6 +327,13 @@ def main(argv=None) -> None:
                 f"{r['ranks']:>3} {c['commit']:>12} {c['blocked_s']:>10.4f} "
                 f"{c['blocked_s'] / r['memcpy_s']:>9.1f} {c['files_created']:>6} "
                 f"{c['chunk_files']:>6} {c['metadata_ops_total']:>7} {c['metadata_ops_rank0']:>6}"
+            )
+    for r in runs:
+        if r["load_ancestor_on_P_minus_1_s"] is not None:
+            ratio = r["load_ancestor_on_P_minus_1_s"] / r["load_newest_on_P_s"]
+            print(
+                f"P={r['ranks']}: load newest on P {r['load_newest_on_P_s']:.4f} s, "
+                f"ancestor on P-1 {r['load_ancestor_on_P_minus_1_s']:.4f} s ({ratio:.2f}x)"
             )
     m = model(runs, a)
     print("model:", json.dumps(m["assumptions"]))

@@ -68,7 +68,6 @@ from ._mpi._comm import Guard as Guard
 from ._mpi._comm import RankFailedError as RankFailedError
 from ._mpi._comm import active_guard as active_guard
 from ._mpi._comm import ensure_initialized as ensure_initialized
-from ._mpi._decomp import DISTRIBUTED_TYPE as DISTRIBUTED_TYPE
 from ._mpi._decomp import Decomposition as Decomposition
 from ._mpi._decomp import DistributedArray as DistributedArray
 from ._mpi._decomp import storage_layout as storage_layout
@@ -85,7 +84,6 @@ from ._mpi._zarr import list_checkpoints as list_checkpoints
 from ._mpi._zarr import read_checkpoint as read_checkpoint
 
 __all__ = [
-    "DISTRIBUTED_TYPE",
     "AgreedError",
     "CollectiveTimeoutError",
     "Decomposition",

@@ -8,13 +8,14 @@ import pytest
 
 from vlcc_adjoint._lineage._ranks import (
     BLOCKS_TYPE,
+    DISTRIBUTED_TYPE,
     Blocks,
     assemble,
     reader_decomposition,
     regroup,
 )
 from vlcc_adjoint.errors import VlccValueError
-from vlcc_adjoint.mpi import DISTRIBUTED_TYPE, Decomposition, DistributedArray
+from vlcc_adjoint.mpi import Decomposition, DistributedArray
 from vlcc_adjoint.state import flatten, unflatten
 
 

@@ -82,17 +82,27 @@ import numpy as np
 import xxhash
 
 from ..errors import VlccTypeError, VlccValueError
-from ..mpi import DISTRIBUTED_TYPE, Decomposition, Guard
-from ..state import flatten, register, spec_nodes, unflatten
+from ..mpi import Decomposition, DistributedArray, Guard
+from ..state import CONTAINERS, flatten, register, spec_nodes, unflatten
 from ._commit import CommitPipeline
 from ._format import Manifest
 from ._parts import commit_staged, stage
 from ._read import Reader
 
-__all__ = ["BLOCKS_TYPE", "Blocks", "RankGroup", "assemble", "reader_decomposition"]
+__all__ = [
+    "BLOCKS_TYPE",
+    "DISTRIBUTED_TYPE",
+    "Blocks",
+    "RankGroup",
+    "assemble",
+    "reader_decomposition",
+]
 
 #: The name the state specs of distributed versions give :class:`Blocks` nodes.
 BLOCKS_TYPE = "vlcc_adjoint.lineage:Blocks"
+
+#: The name state specs give a :class:`~vlcc_adjoint.mpi.DistributedArray` (a rank's block).
+DISTRIBUTED_TYPE = CONTAINERS.by_type[DistributedArray].name
 
 
 # -- every rank's block of one global array ----------------------------------------------
