@@ -23,8 +23,8 @@ step, time and ``kappa`` every rank holds alike) as one version of a
 * **Branch with another parameter and compare.**  ``--branch alt --at REF
   --kappa 0.05`` starts branch ``alt`` at version ``REF`` with another
   diffusivity; ``--diff main alt`` (serial, no MPI) prints how the fields of
-  the two branches' tips differ, block by block (so compare versions
-  committed on the same number of ranks)::
+  the two branches' tips differ (block by block when both were committed on
+  the same ranks, as whole fields otherwise)::
 
       mpiexec -n 3 python examples/mpi_heat_lineage.py /tmp/heat.vlcc --branch alt \\
           --at main~2 --kappa 0.05 --steps 60

@@ -181,3 +181,16 @@ def test_a_version_committed_on_1_rank_loads_on_2(tmp_path):
     _commit(path, 1)
     proc, _ = _mpiexec(2, SCRIPT, "load", path)
     assert [r["verified"] for r in _lines(proc)] == [["v1", "v2", "v3"]] * 2
+
+
+def test_versions_of_different_rank_counts_compare_their_global_arrays(committed, tmp_path):
+    path4, out4 = committed
+    path2 = tmp_path / "h"
+    ids2, ids4 = _commit(path2, 2)["ids"], out4["ids"]
+    with History(path4, mode="r") as h4, History(path2, mode="r") as h2:
+        same = h4.compare(ids4["v1"], ids2["v1"], other=h2)
+        assert same and same.bitwise, same.reason
+        assert [leaf.path for leaf in same.diff.leaves][:2] == ["state['c']", "state['u']"]
+        other = h4.compare(ids4["v1"], ids2["v2"], other=h2)
+        assert not other and other.first_leaf == "state['u']"
+        assert other.first.n_changed == 5 * 7 and other.max_abs == 1.0

@@ -94,6 +94,7 @@ __all__ = [
     "DISTRIBUTED_TYPE",
     "Blocks",
     "RankGroup",
+    "blocks_of",
     "assemble",
     "reader_decomposition",
 ]
@@ -167,6 +168,25 @@ def _unflatten_blocks(aux: Any, children: list) -> np.ndarray:
 
 
 register(Blocks, _flatten_blocks, _unflatten_blocks, name=BLOCKS_TYPE)
+
+
+def blocks_of(spec: dict) -> dict[str, tuple[Decomposition, list[int]]]:
+    """``{path: (decomposition, leaf indices)}`` of the :class:`Blocks` nodes of a
+    state spec (a distributed version's), by the path of the array in the
+    state; ``{}`` for any other spec.  Malformed nodes are left out (a load
+    reports them)."""
+    out = {}
+    for kind, path, node in spec_nodes(spec.get("tree")):
+        if kind != "type" or node.get("type") != BLOCKS_TYPE:
+            continue
+        try:
+            d = Decomposition.from_json(node["aux"]["decomposition"])
+            leaves = [item["leaf"] for item in node["items"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if len(leaves) == d.nranks and all(type(i) is int for i in leaves):
+            out[path] = (d, leaves)
+    return out
 
 
 def reader_decomposition(
