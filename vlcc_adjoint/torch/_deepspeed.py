@@ -67,6 +67,7 @@ plain ``torch.optim.Optimizer``.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import copy
 import dataclasses
@@ -268,11 +269,20 @@ class VlccCheckpointEngine:
         """A checkpoint (``info.tag`` in ``info.save_dir``) is about to be saved."""
         self._raise_error()
         if self._info is not None and self._pending:
-            self.commit(self._info)  # a previous tag was never committed: finish it first
+            self._commit(self._info, agree=False)  # a previous tag was never committed
         self._info = info
         self._ds_info = None
         if self._history_path is None:
             self._history_path = os.path.abspath(os.path.join(info.save_dir, "vlcc-history"))
+        # Every rank calls create: open the history here, so that a rank that
+        # cannot stops every rank (a rank failing alone would leave the others
+        # waiting in DeepSpeed's next collective).
+        error: BaseException | None = None
+        try:
+            self.history()
+        except Exception as err:
+            error = err
+        _agree(error, f"opening the history {self._history_path}")
 
     def makedirs(self, path: str | os.PathLike, exist_ok: bool = False) -> None:
         os.makedirs(path, exist_ok=exist_ok)
@@ -308,6 +318,7 @@ class VlccCheckpointEngine:
             with self._lock:
                 self._jobs.append(job)
                 if self._thread is None:
+                    _close_at_exit(self)
                     self._thread = threading.Thread(
                         target=self._capture_loop, name="vlcc-ds-capture", daemon=True
                     )
@@ -352,13 +363,25 @@ class VlccCheckpointEngine:
         """Wait until the pending checkpoints are captured (and, with
         ``wait_on_commit="written"``, on disk); then ``latest`` is written
         (when ``info.save_latest``) as soon as they are on disk.  DeepSpeed
-        calls it before the optimizer step."""
+        calls it before the optimizer step, on every rank.
+
+        Under DeepSpeed (after :meth:`create`) in a process group of several
+        ranks, the ranks agree here: a capture that failed on any rank raises
+        on every rank (one all-gather of a flag), so no rank trains on while
+        another stopped."""
+        return self._commit(info, agree=self._info is not None)
+
+    def _commit(self, info: CheckpointCommitInfo | None, agree: bool) -> bool:
         t0 = time.perf_counter()
         if info is None or info is self._ds_info:
             info = self._info
         jobs, self._pending = self._pending, []
         for job in jobs:
             job.done.wait()
+        if agree:
+            with self._lock:
+                error, self._error = self._error, None
+            _agree(error, "capturing the checkpoint")
         self._raise_error()
         if jobs:
             item = (next(self._latest_seq), info, jobs)
@@ -368,6 +391,7 @@ class VlccCheckpointEngine:
                 with self._lock:
                     self._publish.append(item)
                     if self._publisher is None:
+                        _close_at_exit(self)
                         self._publisher = threading.Thread(
                             target=self._publish_loop, name="vlcc-ds-publish", daemon=True
                         )
@@ -415,7 +439,7 @@ class VlccCheckpointEngine:
         """Block until every checkpoint saved so far is committed, captured and
         written (and ``latest`` updated)."""
         if self._pending:
-            self.commit(self._info)
+            self._commit(self._info, agree=False)
         with self._lock:
             jobs = [j for j in self._jobs if j is not None]
         for job in jobs + self._pending:
@@ -435,7 +459,7 @@ class VlccCheckpointEngine:
             return
         try:
             if self._pending:
-                self.commit(self._info)
+                self._commit(self._info, agree=False)
             self.wait()
         finally:
             self._closed = True
@@ -496,7 +520,7 @@ class VlccCheckpointEngine:
 
     def _commit_hook(self) -> None:
         if self._pending:
-            self.commit()
+            self._commit(None, agree=False)
 
     def _write_pointer(self, path: str, vid: str, tag) -> None:
         rel = os.path.relpath(self.history().path, os.path.dirname(path))
@@ -554,7 +578,7 @@ class VlccCheckpointEngine:
         while True:
             with self._lock:
                 while not self._jobs:
-                    self._lock.wait(0.1)
+                    self._lock.wait()
                 job = self._jobs[0]
             if job is None:
                 return
@@ -592,7 +616,7 @@ class VlccCheckpointEngine:
         while True:
             with self._lock:
                 while not self._publish:
-                    self._lock.wait(0.1)
+                    self._lock.wait()
                 item = self._publish[0]
             if item is None:
                 return
@@ -614,6 +638,73 @@ class VlccCheckpointEngine:
                 f"VlccCheckpointEngine: a checkpoint capture failed: {err!r}; "
                 "that checkpoint was not stored"
             ) from err
+
+
+#: Engines whose threads run; closed at interpreter exit (see :func:`_close_at_exit`).
+_LIVE: weakref.WeakSet[VlccCheckpointEngine] = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+
+
+def _close_at_exit(engine: VlccCheckpointEngine) -> None:
+    """Close `engine` at interpreter exit unless it is closed before.
+
+    Its capture and publish threads are daemons (a training script that never
+    closes the engine still exits), and a daemon thread still alive when the
+    interpreter finalizes is ended by ``pthread_exit`` the next time it takes
+    the GIL: unwinding it through torch's C++ frames calls ``std::terminate``,
+    and the process ends in SIGABRT ("terminate called without an active
+    exception") after the training succeeded.  So the engine finishes its
+    writes and joins its threads in an ``atexit`` hook, registered when the
+    first thread starts: after the lineage module's own hook (which closes
+    the Histories nobody closed), hence run before it (``atexit`` runs
+    last-in, first-out)."""
+    _LIVE.add(engine)
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_close_live_engines)
+
+
+def _close_live_engines() -> None:
+    for engine in list(_LIVE):
+        try:
+            engine.close()
+        except Exception as err:  # reported; the exit goes on
+            print(f"VlccCheckpointEngine: at exit: {err}", file=sys.stderr)
+
+
+def _agree(error: BaseException | None, what: str) -> None:
+    """Raise on every rank of the default process group when `error` is set on any.
+
+    Every rank calls it at the same point (DeepSpeed's ``create`` and
+    ``commit``, called on all ranks); one all-gather of a flag, on the CPU for
+    gloo and MPI groups, on the current CUDA device otherwise.  Without a
+    process group (or with one rank) `error` is raised as it is.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        if error is not None:
+            raise error
+        return
+    backend = str(dist.get_backend())
+    device = (
+        torch.device("cpu")
+        if "gloo" in backend or "mpi" in backend
+        else torch.device("cuda", torch.cuda.current_device())
+    )
+    flags = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, torch.tensor([int(error is not None)], dtype=torch.int32, device=device))
+    failed = [r for r, f in enumerate(flags) if int(f.item())]
+    if error is not None:
+        raise VlccRuntimeError(
+            f"VlccCheckpointEngine: {what} failed on rank {dist.get_rank()}: {error!r}; "
+            "that checkpoint was not stored (every rank stops here); fix the cause "
+            "(space, permissions, path) and save again"
+        ) from error
+    if failed:
+        raise VlccRuntimeError(
+            f"VlccCheckpointEngine: {what} failed on rank(s) {failed} (their logs say why); "
+            "that checkpoint was not stored on any rank; fix the cause and save again"
+        )
 
 
 def _shutdown(lock, jobs, publish):
