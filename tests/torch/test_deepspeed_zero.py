@@ -135,30 +135,32 @@ def _assert_same_state(a, b, path="state"):
 
 
 @pytest.mark.parametrize(
-    "stage, zero, precision",
+    "stage, zero, precision, wait_on_commit",
     [
-        (0, {}, "fp32"),
-        (1, {}, "fp32"),
-        (2, {}, "fp32"),
-        (2, {"round_robin_gradients": True}, "fp32"),
-        (3, {}, "fp32"),
-        (0, {}, "fp16"),
-        (1, {}, "fp16"),
-        (3, {}, "fp16"),
-        (0, {}, "bf16"),
-        (2, {}, "bf16"),
-        (3, {}, "bf16"),
+        (0, {}, "fp32", "captured"),
+        (1, {}, "fp32", "captured"),
+        (2, {}, "fp32", "captured"),
+        (2, {"round_robin_gradients": True}, "fp32", "captured"),
+        (3, {}, "fp32", "captured"),
+        (0, {}, "fp16", "captured"),
+        (1, {}, "fp16", "captured"),
+        (3, {}, "fp16", "captured"),
+        (0, {}, "bf16", "captured"),
+        (2, {}, "bf16", "captured"),
+        (3, {}, "bf16", "captured"),
+        (1, {}, "fp32", "written"),  # chunks written from the live tensors, no copy
+        (3, {}, "bf16", "written"),
     ],
 )
 def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(
-    ds_env, tmp_path, stage, zero, precision
+    ds_env, tmp_path, stage, zero, precision, wait_on_commit
 ):
     batches = _batches(5)
     run = _engine(stage, precision=precision, **zero)
     _train(run, batches[:2])
     client = {"epoch": 3, "note": "warmup", "rng": torch.get_rng_state()}
     run.save_checkpoint(str(tmp_path / "torch"), tag="t", client_state=client)  # the default
-    vlcc = VlccCheckpointEngine.attach(run)
+    vlcc = VlccCheckpointEngine.attach(run, wait_on_commit=wait_on_commit)
     run.save_checkpoint(str(tmp_path / "vlcc"), tag="t", client_state=client)
     vlcc.wait()
     saved_loaded = _loaded(run)

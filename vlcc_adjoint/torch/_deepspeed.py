@@ -308,7 +308,11 @@ class VlccCheckpointEngine:
                 if isinstance(state_dict.get(key), int):
                     meta[key] = state_dict[key]
         if not self.defer:
-            vid = history.commit(state_dict, message=message, meta=meta)
+            if self.wait_on_commit == "written":
+                leaves, spec = _vstate.flatten(state_dict)
+                vid = self._store(spec, leaves, message, meta)
+            else:
+                vid = history.commit(state_dict, message=message, meta=meta)
             self._write_pointer(path, vid, tag)
             job = _Job(None, path, tag, message, meta)
             job.vid = vid
@@ -584,8 +588,7 @@ class VlccCheckpointEngine:
                 return
             try:
                 spec, leaves = job.state
-                state = _vstate.unflatten(spec, leaves)
-                job.vid = self.history().commit(state, message=job.message, meta=job.meta)
+                job.vid = self._store(spec, leaves, job.message, job.meta)
                 self._write_pointer(job.path, job.vid, job.tag)
             except BaseException as err:  # raised by the next call of the engine
                 job.error = err
@@ -597,6 +600,23 @@ class VlccCheckpointEngine:
                     self._jobs.popleft()
                     self._lock.notify_all()
                 job.done.set()
+
+    def _store(self, spec: dict, leaves: list, message: str, meta: dict) -> str:
+        """Make `leaves` (with `spec`, as :func:`vlcc_adjoint.state.flatten` gives
+        them) a version of the history; its id.
+
+        With ``wait_on_commit="captured"`` the History copies the leaves
+        (``capture="copy"``) and hashes and writes the copy in the background.
+        With ``"written"`` the optimizer step waits until the version is on disk
+        anyway, so the copy would buy nothing: the chunks are hashed and written
+        straight from the leaves (``History.stage``, then ``commit_staged``), one
+        pass over the bytes fewer.
+        """
+        history = self.history()
+        if self.wait_on_commit == "written":
+            entries = history.stage(leaves)
+            return history.commit_staged(spec, entries, message, meta)
+        return history.commit(_vstate.unflatten(spec, leaves), message=message, meta=meta)
 
     def _publish_now(self, seq, info, jobs) -> None:
         """Wait until `jobs` are on disk; then write ``latest`` (unless a newer
