@@ -46,6 +46,23 @@ the weights.  So:
 
 The training loop is blocked for the capture in ``save`` (with ``defer=True`` only
 the eager small tensors) plus what is left of the deferred copies at the next step.
+With ``wait_on_commit="written"`` there is no copy: the capture thread hashes and
+writes the chunks straight from the live tensors (``History.stage``, then
+``commit_staged``) while the forward and backward passes run, and the step waits
+for what is left of the write: one pass over the bytes fewer (the CPU of
+DeepSpeed's default engine, which blocks for the whole write in
+``save_checkpoint``; ``benchmarks/bench_training.py``).
+
+Several processes
+-----------------
+
+The ranks of a job open one History together (its creation tolerates
+concurrent creators).  DeepSpeed calls ``create`` and ``commit`` on every
+rank; there the ranks agree (one all-gather of a flag): a history that one
+rank cannot open, or a capture that failed on one rank, raises on every rank,
+naming the failed ranks, instead of leaving the others waiting in DeepSpeed's
+next collective.  The capture and publish threads are joined at interpreter
+exit when the engine was never closed (see :func:`_close_at_exit`).
 
 Loading never unpickles: ``load(path)`` reads the pointer (JSON), opens the
 History and rebuilds the state from its zarr chunks with the torch state
@@ -134,7 +151,8 @@ class VlccCheckpointEngine:
       `optimizer` is given).
     - `wait_on_commit`: ``"captured"`` (commit waits until the state is
       copied; the write continues in the background) or ``"written"``
-      (until the versions are on disk).
+      (until the versions are on disk; they are written from the live
+      tensors, without a copy).
     - `chunk_bytes`, `codec`, `durable`: passed to a ``History`` this engine
       opens.
 
