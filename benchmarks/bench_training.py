@@ -266,7 +266,9 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="CI size")
-    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "vlcc-bench-results"))
+    p.add_argument(
+        "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
+    )
     p.add_argument("--update-results", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
