@@ -83,6 +83,7 @@ BENCHMARKS = {
     "executor": (["--steps", "20000", "--rounds", "1"], ["--rounds", "3"]),
     "capi": (["--quick"], []),
     "mpi_lineage": (["--quick"], []),
+    "training": (["--quick"], []),
     "jax_ooc": (
         ["--out-of-core", "--skip-scan", "--ooc-grid", "128", "--ooc-steps", "400"],
         ["--out-of-core", "--skip-scan"],
