@@ -11,11 +11,15 @@ from vlcc_adjoint._lineage._ranks import (
     DISTRIBUTED_TYPE,
     Blocks,
     assemble,
-    reader_decomposition,
     regroup,
 )
-from vlcc_adjoint.errors import VlccValueError
-from vlcc_adjoint.mpi import Decomposition, DistributedArray
+from vlcc_adjoint.errors import VlccTypeError, VlccValueError
+from vlcc_adjoint.mpi import (
+    Decomposition,
+    DistributedArray,
+    box_intersection,
+    reader_decomposition,
+)
 from vlcc_adjoint.state import flatten, unflatten
 
 
@@ -77,12 +81,24 @@ def test_regroup_refuses_a_node_whose_leaves_are_not_consecutive():
 
 def test_the_readers_decomposition_defaults_to_the_stored_one_then_to_slabs():
     stored = Decomposition.split((10, 4), (2, 2))
-    assert reader_decomposition(None, stored, 4) == stored
-    assert reader_decomposition(None, stored, 3) == Decomposition.split((10, 4), 3)
+    shape = stored.global_shape
+    assert reader_decomposition(None, shape, 4, stored) == stored
+    assert reader_decomposition(None, shape, 3, stored) == Decomposition.split((10, 4), 3)
+    assert reader_decomposition(None, shape, 3) == Decomposition.split((10, 4), 3)
+    assert reader_decomposition(None, shape, 1).local_shape(0) == (10, 4)  # the whole array
+    assert reader_decomposition(None, (), 1).local_shape(0) == ()  # a 0-d array, one rank
     mine = Decomposition.split((10, 4), (1, 3))
-    assert reader_decomposition(mine, stored, 3) == mine
-    assert reader_decomposition(lambda s: Decomposition.split(s, 5), stored, 5).nranks == 5
+    assert reader_decomposition(mine, shape, 3, stored) == mine
+    assert reader_decomposition(lambda s: Decomposition.split(s, 5), shape, 5).nranks == 5
     with pytest.raises(VlccValueError, match="has 3 ranks but 2 ranks read"):
-        reader_decomposition(mine, stored, 2)
+        reader_decomposition(mine, shape, 2, stored)
     with pytest.raises(VlccValueError, match="does not decompose the stored global shape"):
-        reader_decomposition(Decomposition.split((9, 4), 3), stored, 3)
+        reader_decomposition(Decomposition.split((9, 4), 3), shape, 3, stored)
+    with pytest.raises(VlccTypeError, match="must be a vlcc_adjoint.mpi.Decomposition"):
+        reader_decomposition("slabs", shape, 3)
+
+
+def test_boxes_share_their_common_part_or_nothing():
+    assert box_intersection(((0, 4), (2, 6)), ((3, 8), (0, 3))) == ((3, 4), (2, 3))
+    assert box_intersection(((0, 4),), ((4, 8),)) is None  # touching is not sharing
+    assert box_intersection((), ()) == ()  # 0-d arrays: their one element

@@ -81,8 +81,14 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import VlccTypeError, VlccValueError
-from ..mpi import Decomposition, DistributedArray, Guard
+from ..errors import VlccValueError
+from ..mpi import (
+    Decomposition,
+    DistributedArray,
+    Guard,
+    box_intersection,
+    reader_decomposition,
+)
 from ..state import CONTAINERS, flatten, register, spec_nodes, unflatten
 from ._commit import CommitPipeline
 from ._format import Manifest
@@ -96,7 +102,6 @@ __all__ = [
     "RankGroup",
     "blocks_of",
     "assemble",
-    "reader_decomposition",
 ]
 
 #: The name the state specs of distributed versions give :class:`Blocks` nodes.
@@ -187,46 +192,6 @@ def blocks_of(spec: dict) -> dict[str, tuple[Decomposition, list[int]]]:
         if len(leaves) == d.nranks and all(type(i) is int for i in leaves):
             out[path] = (d, leaves)
     return out
-
-
-def reader_decomposition(
-    decomposition: Decomposition | Callable | None, stored: Decomposition, size: int
-) -> Decomposition:
-    """The decomposition a reader on `size` ranks loads a stored leaf in.
-
-    **Arguments:**
-
-    - `decomposition`: the reader's choice: a
-      :class:`~vlcc_adjoint.mpi.Decomposition` (of the leaf's global shape),
-      a callable ``global_shape -> Decomposition`` (states holding fields of
-      several shapes), or ``None``: the stored one when it has `size` ranks,
-      else slabs along axis 0 (:meth:`~vlcc_adjoint.mpi.Decomposition.split`).
-    - `stored`: the decomposition the leaf was committed in.
-    - `size`: the number of reading ranks.
-    """
-    shape = stored.global_shape
-    if decomposition is None:
-        d = stored if stored.nranks == size else Decomposition.split(shape, size)
-    elif isinstance(decomposition, Decomposition):
-        d = decomposition
-    elif callable(decomposition):
-        d = decomposition(shape)
-    else:
-        raise VlccTypeError(
-            "decomposition must be a vlcc_adjoint.mpi.Decomposition, a callable "
-            f"global_shape -> Decomposition, or None, got {type(decomposition).__name__}"
-        )
-    if not isinstance(d, Decomposition) or d.global_shape != shape:
-        raise VlccValueError(
-            f"the reader's decomposition {d!r} does not decompose the stored global shape "
-            f"{shape}; pass a callable global_shape -> Decomposition for states of several shapes"
-        )
-    if d.nranks != size:
-        raise VlccValueError(
-            f"the reader's decomposition has {d.nranks} ranks but {size} ranks read; "
-            "decompose over the reader's communicator"
-        )
-    return d
 
 
 # -- rewriting a spec between its committed and its per-rank form --------------------------
@@ -536,7 +501,7 @@ class RankGroup:
     def load(self, vid: str, decomposition: Decomposition | Callable | None) -> Any:
         """This rank's part of version `vid`: every :class:`Blocks` leaf as a
         :class:`~vlcc_adjoint.mpi.DistributedArray` of the reader's decomposition
-        (see :func:`reader_decomposition`), replicated values whole.  Local: each
+        (see :func:`vlcc_adjoint.mpi.reader_decomposition`), replicated values whole.  Local: each
         rank reads only the rows of the stored blocks that overlap its own."""
         reader = self.reader
         m = reader.manifest(vid)
@@ -556,7 +521,10 @@ class RankGroup:
                 ) from None
             key = json.dumps(stored.to_json())
             if key not in targets:
-                targets[key] = (stored, reader_decomposition(decomposition, stored, self.size))
+                targets[key] = (
+                    stored,
+                    reader_decomposition(decomposition, stored.global_shape, self.size, stored),
+                )
         by_old: dict[int, tuple[list[int], Decomposition, Decomposition]] = {}
 
         def to_local(node: dict, old: list[int], entries: list[dict]) -> tuple[dict, list[dict]]:
@@ -623,8 +591,8 @@ class RankGroup:
         origin = target.offsets(self.rank)
         for s in stored.ranks_overlapping(mine):
             theirs = stored.block(s)
-            box = [(max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(mine, theirs)]
-            if any(hi <= lo for lo, hi in box):
+            box = box_intersection(mine, theirs)
+            if box is None:
                 continue
             at = stored.offsets(s)
             if not box:  # a 0-d array: one block
