@@ -81,6 +81,9 @@ BENCHMARKS = {
     "lineage_delta": (["--mb", "8"], []),
     "dcp": (["--quick"], ["--train-repeats", "5"]),
     "executor": (["--steps", "20000", "--rounds", "1"], ["--rounds", "3"]),
+    "capi": (["--quick"], []),
+    "mpi_lineage": (["--quick"], []),
+    "training": (["--quick"], []),
     "jax_ooc": (
         ["--out-of-core", "--skip-scan", "--ooc-grid", "128", "--ooc-steps", "400"],
         ["--out-of-core", "--skip-scan"],

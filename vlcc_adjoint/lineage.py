@@ -138,6 +138,27 @@ rows, without the rest of the version.  The ``torch.distributed.checkpoint``
 backend (:mod:`vlcc_adjoint.torch.dcp`) is built on these
 (:mod:`vlcc_adjoint._lineage._parts`).
 
+**Versions of MPI codes.**  ``History(path, comm=comm)`` (every rank
+opens it) commits a state holding
+:class:`~vlcc_adjoint.mpi.DistributedArray` leaves collectively::
+
+    with History("run.vlcc", comm=MPI.COMM_WORLD) as h:
+        state = {"u": DistributedArray(u_block, decomposition, rank), "step": 0}
+        vid = h.commit(state, message="step 0")        # the same id on every rank
+        ...
+    # later, on any number of ranks, any block layout:
+    state = h.checkout("main", decomposition=Decomposition.split(shape, (size, 1)))
+    # or serially: History("run.vlcc").load("main")["u"] is the global array
+
+Each rank stages its blocks through the chunk store (deduplicated, deltas
+per block), rank 0 publishes one version whose spec names every rank's
+block and the decomposition (``commit_staged``, all or nothing); a failing
+rank fails the commit on every rank with the same
+:class:`~vlcc_adjoint.mpi.AgreedError`, and nothing is added.  ``branch``,
+``tag`` and ``gc`` are collective; reads are local.  See
+:mod:`vlcc_adjoint._lineage._ranks` and ``examples/mpi_heat_lineage.py``
+(restart on another rank count, suspend on a signal, branch and diff).
+
 Costs: a commit blocks the caller for a hash of the state plus a copy of its
 new chunks; space grows with the chunks that change, not with the versions;
 the graph file is rewritten whole at every publication (a few hundred bytes

@@ -67,9 +67,11 @@ from ._mpi._comm import CollectiveTimeoutError as CollectiveTimeoutError
 from ._mpi._comm import Guard as Guard
 from ._mpi._comm import RankFailedError as RankFailedError
 from ._mpi._comm import active_guard as active_guard
+from ._mpi._comm import box_intersection as box_intersection
 from ._mpi._comm import ensure_initialized as ensure_initialized
 from ._mpi._decomp import Decomposition as Decomposition
 from ._mpi._decomp import DistributedArray as DistributedArray
+from ._mpi._decomp import reader_decomposition as reader_decomposition
 from ._mpi._decomp import storage_layout as storage_layout
 from ._mpi._halo import HaloExchange as HaloExchange
 from ._mpi._run import DistributedAdjointResult as DistributedAdjointResult
@@ -97,9 +99,11 @@ __all__ = [
     "ScheduleMismatchError",
     "SharedZarrTier",
     "active_guard",
+    "box_intersection",
     "ensure_initialized",
     "list_checkpoints",
     "read_checkpoint",
+    "reader_decomposition",
     "run_adjoint",
     "schedule_fingerprint",
     "storage_layout",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
 import warnings
 
@@ -585,6 +586,42 @@ def test_concurrent_commits_from_two_processes_keep_every_version(tmp_path):
             assert [v.meta["k"] for v in mine] == list(range(n))
             for v in mine:
                 assert h.load(v.id)["x"][0] == 1000.0 * proc + v.meta["k"]
+
+
+def test_histories_opened_at_once_on_a_new_directory_all_open_it(tmp_path):
+    # Ranks of a job open one history together: each may see the others'
+    # scratch files (".zarr.json.<pid>-<hex>.tmp") before the root exists.
+    for k in range(5):
+        path = tmp_path / f"h{k}"
+        start = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def open_it():
+            start.wait()
+            try:
+                History(path).close()
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=open_it) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with History(path, mode="r") as h:
+            assert len(h) == 0
+    half_made = tmp_path / "half"
+    half_made.mkdir()
+    (half_made / ".zarr.json.4242-0123abcd.tmp").write_bytes(b"{")  # a creator died here
+    History(half_made).close()
+    with History(half_made, mode="r") as h:
+        assert len(h) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".notes.json.4242-0123abcd.tmp").write_bytes(b"{")  # no file of a history
+    with pytest.raises(StorageError, match="not empty and not a lineage history"):
+        History(other)
 
 
 _KILLED = textwrap.dedent("""

@@ -70,3 +70,44 @@ def test_deepspeed_save_and_load_checkpoint_through_the_engine(ds_env, tmp_path)
         assert torch.equal(v, model_ref[k]), k
     engine.destroy()
     fresh.destroy()
+
+
+_NEVER_CLOSED = """
+import atexit, sys, threading
+atexit.register(lambda: print("alive at exit:", sorted(t.name for t in threading.enumerate())))
+import torch
+from vlcc_adjoint.torch import VlccCheckpointEngine
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+engine = VlccCheckpointEngine(sys.argv[1], model=model)  # deferred capture: threads
+engine.guard(opt)
+for k in range(3):
+    engine.save({"w": model.weight, "k": k}, sys.argv[2] + str(k))
+    model(torch.randn(2, 64)).sum().backward()
+    opt.step()  # commits the save first
+    opt.zero_grad()
+torch.save(model.weight.detach().clone(), sys.argv[2] + "ref")
+# no close(): the engine's threads are joined at exit, the last version written
+"""
+
+
+def test_an_engine_never_closed_finishes_its_writes_and_joins_its_threads_at_exit(tmp_path):
+    import subprocess
+    import sys
+
+    pointer = str(tmp_path / "ckpt")
+    out = subprocess.run(
+        [sys.executable, "-c", _NEVER_CLOSED, str(tmp_path / "history"), pointer],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "alive at exit: ['MainThread']" in out.stdout, out.stdout
+    reader = VlccCheckpointEngine()
+    states = [reader.load(pointer + str(k)) for k in range(3)]
+    reader.close()
+    assert [s["k"] for s in states] == [0, 1, 2]
+    assert not torch.equal(states[1]["w"], states[2]["w"])  # each save before its step
+    final = torch.load(pointer + "ref", weights_only=True)
+    assert not torch.equal(states[2]["w"], final)

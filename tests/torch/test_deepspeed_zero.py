@@ -12,7 +12,10 @@ scheduler, ``load_module_only=True`` and ``load_optimizer_states=False``
 (not for ZeRO-3, where DeepSpeed reads the files with ``torch.load`` in
 ``deepspeed.utils.zero_to_fp32`` instead of through the checkpoint engine).
 
-fp32, a client ``torch.optim.Adam`` (no compiled ops), world size 1 on gloo.
+A client ``torch.optim.Adam`` (no compiled ops), world size 1 on gloo; in
+fp32, in fp16 (DeepSpeed's fp16 optimizers with their dynamic loss scaler,
+whose scale has grown from its initial value by the save) and in
+bf16.  Two processes: ``test_deepspeed_dist.py``.
 """
 
 import copy
@@ -31,7 +34,17 @@ from vlcc_adjoint.torch import VlccCheckpointEngine  # noqa: E402
 ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 
 
-def _engine(stage, seed=0, **zero):
+#: DeepSpeed's mixed-precision settings: fp16 with its dynamic loss scaler
+#: (a window of 2 steps, so that the scale has grown, and the scaler's state
+#: is not the initial one, when the checkpoint is saved) and bf16.
+PRECISIONS = {
+    "fp32": {},
+    "fp16": {"fp16": {"enabled": True, "initial_scale_power": 4, "loss_scale_window": 2}},
+    "bf16": {"bf16": {"enabled": True}},
+}
+
+
+def _engine(stage, seed=0, precision="fp32", **zero):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -39,6 +52,7 @@ def _engine(stage, seed=0, **zero):
         "train_batch_size": 4,
         "zero_optimization": {"stage": stage, **zero},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_max_lr": 1e-2}},
+        **PRECISIONS[precision],
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return engine
@@ -51,8 +65,10 @@ def _batches(n):
 
 def _train(engine, batches):
     losses = []
+    dtype = next(engine.module.parameters()).dtype  # fp16/bf16 modules take their dtype
     for x, y in batches:
-        loss = (engine(x) - y).square().mean()
+        x, y = x.to(dtype), y.to(dtype)
+        loss = (engine(x) - y).square().float().mean()
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
@@ -60,7 +76,10 @@ def _train(engine, batches):
 
 
 def _snapshot(engine):
-    """The full fp32 weights and Adam moments, per parameter name (any ZeRO stage)."""
+    """The full fp32 weights and Adam moments, per parameter name (any ZeRO stage);
+    without ZeRO in fp16, whose optimizer keeps the moments of its own fp32
+    master copies, the optimizer's state dict (master weights, moments, loss
+    scaler) instead of the moments."""
     out = {}
     opt = engine.optimizer
     for name, p in engine.module.named_parameters():
@@ -68,6 +87,9 @@ def _snapshot(engine):
         out[name] = (p.detach() if w is None else w).clone()
         for key in ADAM_KEYS:
             s = safe_get_full_optimizer_state(p, key)
+            if s is None and p not in opt.state:
+                out["optimizer"] = _clone(opt.state_dict())
+                continue
             out[f"{name}.{key}"] = (opt.state[p][key] if s is None else s).clone()
     return out
 
@@ -113,17 +135,32 @@ def _assert_same_state(a, b, path="state"):
 
 
 @pytest.mark.parametrize(
-    "stage, zero", [(0, {}), (1, {}), (2, {}), (2, {"round_robin_gradients": True}), (3, {})]
+    "stage, zero, precision, wait_on_commit",
+    [
+        (0, {}, "fp32", "captured"),
+        (1, {}, "fp32", "captured"),
+        (2, {}, "fp32", "captured"),
+        (2, {"round_robin_gradients": True}, "fp32", "captured"),
+        (3, {}, "fp32", "captured"),
+        (0, {}, "fp16", "captured"),
+        (1, {}, "fp16", "captured"),
+        (3, {}, "fp16", "captured"),
+        (0, {}, "bf16", "captured"),
+        (2, {}, "bf16", "captured"),
+        (3, {}, "bf16", "captured"),
+        (1, {}, "fp32", "written"),  # chunks written from the live tensors, no copy
+        (3, {}, "bf16", "written"),
+    ],
 )
 def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(
-    ds_env, tmp_path, stage, zero
+    ds_env, tmp_path, stage, zero, precision, wait_on_commit
 ):
     batches = _batches(5)
-    run = _engine(stage, **zero)
+    run = _engine(stage, precision=precision, **zero)
     _train(run, batches[:2])
     client = {"epoch": 3, "note": "warmup", "rng": torch.get_rng_state()}
     run.save_checkpoint(str(tmp_path / "torch"), tag="t", client_state=client)  # the default
-    vlcc = VlccCheckpointEngine.attach(run)
+    vlcc = VlccCheckpointEngine.attach(run, wait_on_commit=wait_on_commit)
     run.save_checkpoint(str(tmp_path / "vlcc"), tag="t", client_state=client)
     vlcc.wait()
     saved_loaded = _loaded(run)
@@ -145,7 +182,7 @@ def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(
     # Fresh engines (other initial weights) load, then train on: bit-equal throughout.
     resumed, module_only = {}, {}
     for kind in ("torch", "vlcc"):
-        fresh = _engine(stage, seed=1, **zero)
+        fresh = _engine(stage, seed=1, precision=precision, **zero)
         if kind == "vlcc":
             fresh.checkpoint_engine = VlccCheckpointEngine()
         path, got_client = fresh.load_checkpoint(str(tmp_path / kind), tag="t")
@@ -158,12 +195,11 @@ def test_zero_stage_saves_reloads_and_resumes_like_deepspeeds_own_engine(
         if kind == "vlcc":
             fresh.checkpoint_engine.close()
         fresh.destroy()
-    for k in resumed["torch"]:
-        assert torch.equal(resumed["vlcc"][k], resumed["torch"][k]), k
+    _assert_same_state(resumed["vlcc"], resumed["torch"], "resumed")
 
     # DeepSpeed's load_module_only / load_optimizer_states=False read the same.
     for kind in ("torch", "vlcc"):
-        fresh = _engine(stage, seed=2, **zero)
+        fresh = _engine(stage, seed=2, precision=precision, **zero)
         if kind == "vlcc":
             fresh.checkpoint_engine = VlccCheckpointEngine()
         fresh.load_checkpoint(str(tmp_path / kind), tag="t", load_module_only=True)

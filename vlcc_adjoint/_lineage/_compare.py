@@ -23,7 +23,15 @@ and shape, over their finite and non-finite values alike:
 
 Chunks with equal addresses are equal without being read, so comparing two
 versions of a large state that share most chunks reads only the chunks that
-differ.  Integers and booleans are compared as float64; other dtypes
+differ.
+
+Versions committed by several ranks (:mod:`._ranks`) hold a distributed
+array as every rank's block, one leaf each (``state['u'][2]``: rank 2's
+block).  Two such versions in the same decomposition compare block by
+block (chunks again); in different decompositions (another rank count, or
+another block layout) the blocks do not match, and the array is compared
+whole, as one leaf at its own path (``state['u']``), each side assembled
+from its blocks.  Integers and booleans are compared as float64; other dtypes
 (strings, structured, datetime) only for equality of their bytes.
 """
 
@@ -40,6 +48,7 @@ from ..errors import VlccKeyError
 from ..state import byte_view, dtype_from_json, flatten, inline_value, spec_nodes
 from ._format import Layout, Manifest
 from ._graph import Version
+from ._ranks import assemble, blocks_of
 
 
 class VersionSource(Protocol):
@@ -317,6 +326,25 @@ def diff_states(
     items_b = list(walk_spec(spec_b["tree"]))
     leaves_a = {p: i for k, p, i in items_a if k == "leaf"}
     leaves_b = {p: i for k, p, i in items_b if k == "leaf"}
+    # Distributed arrays stored in different decompositions, or as blocks on
+    # one side and whole on the other, are compared whole.
+    blocks_a, blocks_b = blocks_of(spec_a), blocks_of(spec_b)
+    whole: dict[str, tuple[Any, Any]] = {}
+    for p in blocks_a.keys() | blocks_b.keys():
+        if p in blocks_a and p in blocks_b:
+            if blocks_a[p][0] != blocks_b[p][0]:
+                whole[p] = (blocks_a[p], blocks_b[p])
+        elif p in blocks_a and p in leaves_b:
+            whole[p] = (blocks_a[p], leaves_b[p])
+        elif p in blocks_b and p in leaves_a:
+            whole[p] = (leaves_a[p], blocks_b[p])
+    for p, sides in whole.items():
+        for leaves, side in zip((leaves_a, leaves_b), sides):
+            if isinstance(side, int):
+                leaves.pop(p)
+            else:
+                for r in range(len(side[1])):
+                    leaves.pop(f"{p}[{r}]", None)
     values_a = {p: n for k, p, n in items_a if k == "value"}
     values_b = {p: n for k, p, n in items_b if k == "value"}
     order = list(leaves_a) + [p for p in leaves_b if p not in leaves_a]
@@ -325,6 +353,11 @@ def diff_states(
         for src in (src_a, src_b):
             if src[0] == "version":
                 held.enter_context(src[1].reading())
+        for path in sorted(whole):
+            side_a, side_b = whole[path]
+            arr_a = _assembled(src_a, side_a, path)
+            arr_b = _assembled(src_b, side_b, path)
+            out.append(_arrays_diff(path, arr_a, arr_b, rtol, atol))
         for path in order:
             out.append(
                 _leaf_diff(
@@ -393,14 +426,7 @@ def _leaf_diff(path, ia, ib, spec_a, spec_b, src_a, src_b, rtol, atol) -> LeafDi
                 same = ca == cb
                 acc.add(_as_items(ca, dta), _as_items(cb, dta), same)
     if not chunked:
-        arr_a = _whole(src_a, ia, path)
-        arr_b = _whole(src_b, ib, path)
-        ba, bb = byte_view(np.ascontiguousarray(arr_a)), byte_view(np.ascontiguousarray(arr_b))
-        acc.add(
-            np.ascontiguousarray(arr_a).reshape(-1),
-            np.ascontiguousarray(arr_b).reshape(-1),
-            ba == bb,
-        )
+        _add_whole(acc, _whole(src_a, ia, path), _whole(src_b, ib, path))
     max_abs, max_rel = acc.result()
     status = "same" if acc.bitwise else "changed"
     return LeafDiff(
@@ -416,6 +442,52 @@ def _leaf_diff(path, ia, ib, spec_a, spec_b, src_a, src_b, rtol, atol) -> LeafDi
         acc.close,
         acc.bitwise,
     )
+
+
+def _add_whole(acc: Accumulator, arr_a: np.ndarray, arr_b: np.ndarray) -> None:
+    """Add two whole arrays of one dtype and shape to `acc`."""
+    arr_a, arr_b = np.ascontiguousarray(arr_a), np.ascontiguousarray(arr_b)
+    acc.add(arr_a.reshape(-1), arr_b.reshape(-1), byte_view(arr_a) == byte_view(arr_b))
+
+
+def _arrays_diff(path, arr_a, arr_b, rtol, atol) -> LeafDiff:
+    """The :class:`LeafDiff` of two whole arrays (a distributed array assembled)."""
+    if arr_a.dtype != arr_b.dtype or arr_a.shape != arr_b.shape:
+        return LeafDiff(
+            path,
+            "reshaped",
+            arr_a.dtype.str,
+            arr_a.shape,
+            arr_b.dtype.str,
+            arr_b.shape,
+            close=False,
+            bitwise=False,
+        )
+    acc = Accumulator(arr_a.dtype, rtol, atol)
+    _add_whole(acc, arr_a, arr_b)
+    max_abs, max_rel = acc.result()
+    return LeafDiff(
+        path,
+        "same" if acc.bitwise else "changed",
+        arr_a.dtype.str,
+        arr_a.shape,
+        arr_b.dtype.str,
+        arr_b.shape,
+        max_abs,
+        max_rel,
+        acc.n_changed,
+        acc.close,
+        acc.bitwise,
+    )
+
+
+def _assembled(src, side: tuple | int, path: str) -> np.ndarray:
+    """The global array at `path`: leaf `side`, or assembled from the blocks
+    ``side = (decomposition, leaf indices)`` (``blocks_of``)."""
+    if isinstance(side, int):
+        return _whole(src, side, path)
+    decomposition, leaves = side
+    return assemble(decomposition, [_whole(src, i, f"{path}[{r}]") for r, i in enumerate(leaves)])
 
 
 def _whole(src, i, path) -> np.ndarray:

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
+import json
 import os
 import sys
 import threading
@@ -52,6 +54,7 @@ from ._gc import GCReport, KeepPolicy, collect, tree_bytes
 from ._graph import Graph, Version, render
 from ._info import LeafInfo, Usage, short
 from ._parts import commit_staged, stage
+from ._ranks import RankGroup
 from ._read import Reader
 from ._refs import Ref, Refs
 from ._repo import Repository
@@ -114,6 +117,15 @@ class History:
       process then writes deltas.  Such versions are no longer readable by
       plain zarr, only by ``History``.  ``None`` (default): as the repository
       says (new repositories: full chunks, readable by plain zarr).
+    - `comm`: an mpi4py communicator: every rank of it opens the History
+      (collectively) and ``commit``, ``branch``, ``tag``, their deletion and
+      ``gc`` become collective; a state's
+      :class:`~vlcc_adjoint.mpi.DistributedArray` leaves are committed as
+      every rank's blocks of one version, and ``load``/``checkout`` return
+      each rank's blocks under any decomposition, on any number of ranks
+      (:mod:`._ranks`).  ``None`` (default): this process alone.
+    - `timeout`: with `comm`, the most seconds a collective step waits for
+      the other ranks before :class:`~vlcc_adjoint.mpi.CollectiveTimeoutError`.
 
     Use it as a context manager, or call :meth:`close`, so pending commits
     are finished.  One ``History`` object is safe to share between threads;
@@ -131,6 +143,8 @@ class History:
         durable: bool = False,
         max_pending_bytes: int = 1 << 30,
         deltas: bool | None = None,
+        comm: Any = None,
+        timeout: float | None = 600.0,
     ) -> None:
         if mode not in ("a", "r"):
             raise VlccValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
@@ -148,7 +162,21 @@ class History:
         self.max_pending_bytes = int(max_pending_bytes)
         self._pid = os.getpid()
         self._closed = False
-        self._repo = Repository(self.path, mode, self.durable, threading.RLock())
+        self._ranks: RankGroup | None = None
+        if comm is None:
+            self._open(deltas)
+        else:
+            # Rank 0 opens (creates) the repository first, then the others.
+            self._ranks = RankGroup(comm, timeout)
+            self._ranks.in_turn(
+                f"opening the history at {self.path}", lambda: self._open(deltas), self._shut
+            )
+            self._ranks.attach(self._commits)
+        _OPEN.add(self)
+
+    def _open(self, deltas: bool | None) -> None:
+        """Build the parts on the repository (created if missing)."""
+        self._repo = Repository(self.path, self.mode, self.durable, threading.RLock())
         try:
             self._chunks = ChunkStore(self._repo, deltas)
         except BaseException:
@@ -161,12 +189,16 @@ class History:
             self._chunks,
             self._reader,
             self._refs,
-            chunk_bytes=chunk_bytes,
-            codec=codec,
-            capture=capture,
+            chunk_bytes=self.chunk_bytes,
+            codec=self.codec,
+            capture=self.capture,
             max_pending_bytes=self.max_pending_bytes,
         )
-        _OPEN.add(self)
+
+    def _shut(self) -> None:
+        """Undo :meth:`_open` (another rank failed to open the repository)."""
+        self._commits.close()
+        self._repo.close()
 
     # -- housekeeping ------------------------------------------------------------------
 
@@ -224,6 +256,8 @@ class History:
             self._closed = True
             if same_process:
                 self._commits.close()
+                if self._ranks is not None:
+                    self._ranks.close()
             self._repo.close()
         errors = self._commits.take_errors()
         if errors:
@@ -273,8 +307,18 @@ class History:
         The version's first parent is the branch's tip when the version is
         published, so several processes appending to one branch interleave.
         See :mod:`vlcc_adjoint._lineage._commit` for how.
+
+        With ``comm=``: collective; every rank passes its own blocks and the
+        same other values, and gets the same id once the version is visible
+        (or the same :class:`~vlcc_adjoint.mpi.AgreedError`: then no version
+        was added).  `merge` is not supported there.
         """
         self._check(write=True)
+        if self._ranks is not None:
+            if merge:
+                raise VlccValueError("merge= is not supported with comm=; commit without it")
+            self.wait()
+            return self._ranks.commit(state, message, meta, branch)
         merges = [merge] if isinstance(merge, (str, Version)) else list(merge)
         if merges:
             self.wait()  # merged refs may name this object's own pending commits
@@ -344,7 +388,7 @@ class History:
 
     # -- reads -------------------------------------------------------------------------
 
-    def checkout(self, ref: Ref = "HEAD") -> Any:
+    def checkout(self, ref: Ref = "HEAD", *, decomposition: Any = None) -> Any:
         """Restore a version; a branch also becomes the current branch (HEAD).
 
         **Arguments:**
@@ -352,6 +396,8 @@ class History:
         - `ref`: a branch (its tip is restored, and later commits append to
           it), or a tag, version id, ``"HEAD~n"``..., which *detaches* HEAD
           (commit then needs ``branch=``).
+        - `decomposition`: with ``comm=``, how this reader's ranks split each
+          distributed leaf (see :meth:`load`).
 
         **Returns:** the state, rebuilt with the types it was committed with
         (every chunk verified: :class:`~vlcc_adjoint.storage.CorruptCheckpointError`
@@ -359,13 +405,39 @@ class History:
         """
         g = self._sync()
         vid = self._refs.resolve(g, ref)
-        state = self._reader.load(vid)
+        state = self._read(vid, decomposition)
         self._refs.check_out(g, ref, vid)
         return state
 
-    def load(self, ref: Ref = "HEAD") -> Any:
-        """The state of a version, without moving HEAD (see :meth:`checkout`)."""
-        return self._reader.load(self._refs.resolve(self._sync(), ref))
+    def load(self, ref: Ref = "HEAD", *, decomposition: Any = None) -> Any:
+        """The state of a version, without moving HEAD (see :meth:`checkout`).
+
+        **Arguments:**
+
+        - `ref`: a ref (branch, tag, id, ``"main~2"``...).
+        - `decomposition`: with ``comm=``: a
+          :class:`~vlcc_adjoint.mpi.Decomposition` over this communicator for
+          the distributed leaves (a callable ``global_shape -> Decomposition``
+          for fields of several shapes), or ``None``: as committed when the
+          rank count is the same, else slabs along axis 0.  Each rank reads
+          only the parts of the stored blocks that overlap its own.
+
+        **Returns:** the state; a version committed with ``comm=`` holds each
+        distributed leaf as this rank's
+        :class:`~vlcc_adjoint.mpi.DistributedArray` with ``comm=``, and as the
+        global numpy array without.
+        """
+        return self._read(self._refs.resolve(self._sync(), ref), decomposition)
+
+    def _read(self, vid: str, decomposition: Any) -> Any:
+        if self._ranks is not None:
+            return self._ranks.load(vid, decomposition)
+        if decomposition is not None:
+            raise VlccValueError(
+                "decomposition= needs a History opened with comm=; without it a "
+                "version's distributed leaves load as global arrays"
+            )
+        return self._reader.load(vid)
 
     def read_leaf(self, ref: Ref, index: int, rows: tuple[int, int] | None = None) -> np.ndarray:
         """One leaf of a version (or a range of its rows), verified, without the others.
@@ -481,13 +553,15 @@ class History:
         """
         self._sync()
         self._check(write=True)
-        return self._refs.branch(name, at, force=force)
+        return self._collective(
+            f"creating branch {name!r}", self._refs.branch, name, at, force=force
+        )
 
     def delete_branch(self, name: str) -> None:
         """Remove branch `name` (its versions stay until a ``gc`` no longer keeps them)."""
         self._sync()
         self._check(write=True)
-        self._refs.delete_branch(name)
+        self._collective(f"deleting branch {name!r}", self._refs.delete_branch, name)
 
     def tag(self, name: str, version: Ref = "HEAD", *, force: bool = False) -> str:
         """Name a version (tags are kept by ``gc`` with ``KeepPolicy(tagged=True)``).
@@ -497,13 +571,15 @@ class History:
         """
         self._sync()
         self._check(write=True)
-        return self._refs.tag(name, version, force=force)
+        return self._collective(
+            f"creating tag {name!r}", self._refs.tag, name, version, force=force
+        )
 
     def delete_tag(self, name: str) -> None:
         """Remove tag `name` (the version stays)."""
         self._sync()
         self._check(write=True)
-        self._refs.delete_tag(name)
+        self._collective(f"deleting tag {name!r}", self._refs.delete_tag, name)
 
     # -- history queries ---------------------------------------------------------------
 
@@ -637,7 +713,32 @@ class History:
         """
         self._sync()
         self._check(write=True)
-        return collect(self._reader, self._refs, self._chunks, keep, dry_run)
+        if self._ranks is None:
+            return collect(self._reader, self._refs, self._chunks, keep, dry_run)
+        report = self._ranks.on_root(
+            "collecting garbage",
+            lambda: collect(self._reader, self._refs, self._chunks, keep, dry_run),
+            encode=lambda r: json.dumps(dataclasses.asdict(r)),
+            decode=json.loads,
+        )
+        report["removed"] = tuple(report["removed"])
+        if not report["dry_run"]:  # rank 0's gc forgot them there; here too
+            self._reader.forget(set(report["removed"]))
+            for vid in report["removed"]:
+                self._refs.forget_version(vid)
+        return GCReport(**report)
+
+    def _collective(self, what: str, change: Any, *args: Any, **kwargs: Any) -> Any:
+        """`change(*args, **kwargs)` of the refs: here, or with ``comm=`` on rank 0
+        with the outcome agreed and its result (text or ``None``) on every rank."""
+        if self._ranks is None:
+            return change(*args, **kwargs)
+        return self._ranks.on_root(
+            what,
+            lambda: change(*args, **kwargs),
+            encode=lambda r: json.dumps(r),
+            decode=json.loads,
+        )
 
     # -- usage, export -----------------------------------------------------------------
 

@@ -128,10 +128,13 @@ class Repository:
                 "check the path, or open with mode='a' to create it"
             )
         existing = set(os.listdir(self.path)) if st is not None else set()
-        if existing - TOP:
+        # The scratch files of a process creating the layout right now (or of one
+        # that died while creating it) are part of a repository being made.
+        foreign = {e for e in existing - TOP if SF.scratch_target(e) not in TOP}
+        if foreign:
             raise StorageError(
                 f"{self.path} is not empty and not a lineage history (it holds "
-                f"{sorted(existing - TOP)[:5]}); give History a new or empty directory"
+                f"{sorted(foreign)[:5]}); give History a new or empty directory"
             )
         # Create (or finish creating) the layout; the root zarr.json comes last and
         # is what makes the directory a repository.  Every file is created

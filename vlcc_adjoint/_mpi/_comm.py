@@ -519,7 +519,11 @@ def _message(error: BaseException) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _intersect(a, b):
+def box_intersection(
+    a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]
+) -> tuple[tuple[int, int], ...] | None:
+    """The box two boxes share (per axis ``(lo, hi)``, half-open), or
+    ``None`` if they share no element.  Boxes of 0-d arrays share ``()``."""
     box = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
     return box if all(hi > lo for lo, hi in box) else None
 
@@ -550,7 +554,7 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
         out = np.empty(dst.local_shape(rank), arr.dtype)
         outs.append(out)
         for q in dst.ranks_overlapping(mine_src):
-            box = _intersect(mine_src, dst.block(q))
+            box = box_intersection(mine_src, dst.block(q))
             if box is None:
                 continue
             part = arr[_rel(box, o_src)]
@@ -563,7 +567,7 @@ def redistribute(guard: Guard, arrays, src, dst) -> list[np.ndarray]:
         for q in src.ranks_overlapping(mine_dst):
             if q == rank:
                 continue
-            box = _intersect(mine_dst, src.block(q))
+            box = box_intersection(mine_dst, src.block(q))
             if box is None:
                 continue
             buf = np.empty(tuple(hi - lo for lo, hi in box), arr.dtype)

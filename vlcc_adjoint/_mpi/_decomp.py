@@ -326,6 +326,58 @@ def _dims(dims, ndim: int) -> tuple[int, ...]:
     return dims
 
 
+def reader_decomposition(
+    decomposition: Decomposition | Any,
+    global_shape: Sequence[int],
+    size: int,
+    stored: Decomposition | None = None,
+) -> Decomposition:
+    """The decomposition `size` reading ranks load a stored array in.
+
+    **Arguments:**
+
+    - `decomposition`: the reader's choice: a :class:`Decomposition` of the
+      array's global shape, a callable ``global_shape -> Decomposition``
+      (states holding fields of several shapes), or ``None``: `stored` when
+      it has `size` ranks, else slabs along axis 0 (:meth:`Decomposition.
+      split`; the whole array for one rank).
+    - `global_shape`: the stored array's global shape.
+    - `size`: the number of reading ranks.
+    - `stored`: the decomposition it was written in, where one was recorded.
+
+    Raises ``ValueError`` for a decomposition of another shape or another
+    number of ranks, ``TypeError`` for anything else.
+    """
+    shape = _as_shape(global_shape, "global_shape")
+    if decomposition is None:
+        if stored is not None and stored.nranks == size:
+            d = stored
+        elif size > 1:
+            d = Decomposition.split(shape, size)
+        else:
+            d = Decomposition(shape, tuple((0, n) for n in shape))
+    elif isinstance(decomposition, Decomposition):
+        d = decomposition
+    elif callable(decomposition):
+        d = decomposition(shape)
+    else:
+        raise VlccTypeError(
+            "decomposition must be a vlcc_adjoint.mpi.Decomposition, a callable "
+            f"global_shape -> Decomposition, or None, got {type(decomposition).__name__}"
+        )
+    if not isinstance(d, Decomposition) or d.global_shape != shape:
+        raise VlccValueError(
+            f"the reader's decomposition {d!r} does not decompose the stored global shape "
+            f"{shape}; pass a callable global_shape -> Decomposition for states of several shapes"
+        )
+    if d.nranks != size:
+        raise VlccValueError(
+            f"the reader's decomposition has {d.nranks} ranks but {size} ranks read; "
+            "decompose over the reader's communicator"
+        )
+    return d
+
+
 def storage_layout(
     decomposition: Decomposition, max_chunks_per_block: int = 4
 ) -> tuple[Decomposition, tuple[int, ...]]:

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import VlccKeyError, VlccTypeError, VlccValueError
+from ..errors import VlccKeyError, VlccValueError
 from ..state import byte_view, unflatten
 from ..storage import CorruptCheckpointError, StorageError, leaf_checksum
 from ..storage import format as F
-from ._decomp import Decomposition, distributed_nodes
+from ._decomp import Decomposition, distributed_nodes, reader_decomposition
 
 __all__ = ["FORMATS", "RECORD", "check_record", "list_checkpoints", "read_checkpoint"]
 
@@ -295,12 +295,7 @@ def read_checkpoint(
                 )
             leaves.append(arr)
             continue
-        target = _target(decomposition, shape, size)
-        if target.nranks != size:
-            raise VlccValueError(
-                f"the reader's decomposition of leaf {i} has {target.nranks} ranks, "
-                f"but {size} ranks read; decompose over the reader's ranks"
-            )
+        target = reader_decomposition(decomposition, shape, size)
         targets[i] = target
         chunk_shape = tuple(info["chunk_shape"])
         grid = _read_sums(record_dir, info, shape, chunk_shape, name, path, step_no, i)
@@ -344,29 +339,6 @@ def local_spec(global_spec: dict, targets: dict, rank: int) -> dict:
         node["aux"] = {"decomposition": d.to_json(), "rank": rank}
         out["leaves"][i]["shape"] = list(d.local_shape(rank))
     return out
-
-
-def _target(decomposition, shape, size) -> Decomposition:
-    if decomposition is None:
-        return (
-            Decomposition.split(shape, size)
-            if size > 1
-            else Decomposition(shape, tuple((0, n) for n in shape))
-        )
-    if isinstance(decomposition, Decomposition):
-        if decomposition.global_shape != tuple(shape):
-            raise VlccValueError(
-                f"the reader's decomposition is of shape "
-                f"{decomposition.global_shape}, the stored leaf {tuple(shape)}; pass "
-                "a callable global_shape -> Decomposition for states of several shapes"
-            )
-        return decomposition
-    if callable(decomposition):
-        return decomposition(tuple(shape))
-    raise VlccTypeError(
-        f"decomposition must be a Decomposition, a callable or None, got "
-        f"{type(decomposition).__name__}"
-    )
 
 
 def _read_sums(record_dir, info, shape, chunk_shape, key, tier, step, leaf) -> np.ndarray:

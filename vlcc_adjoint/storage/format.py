@@ -818,6 +818,18 @@ def scratch_name(path: str) -> str:
     return os.path.join(head, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
+_SCRATCH = re.compile(r"\.(?P<name>.+)\.[0-9]+-[0-9a-f]{8}\.tmp")
+
+
+def scratch_target(entry: str) -> str | None:
+    """The file name a scratch file named `entry` (a name made by
+    :func:`scratch_name`, without its directory) is written for, or ``None``
+    when `entry` is no scratch name.  A directory being created by another
+    process holds such files for a moment (``create_file``, ``write_atomic``)."""
+    m = _SCRATCH.fullmatch(entry)
+    return None if m is None else m.group("name")
+
+
 def write_atomic(
     path: str, data: bytes | bytearray | memoryview, durable: bool, *, scratch: str | None = None
 ) -> os.stat_result:

@@ -46,6 +46,23 @@ the weights.  So:
 
 The training loop is blocked for the capture in ``save`` (with ``defer=True`` only
 the eager small tensors) plus what is left of the deferred copies at the next step.
+With ``wait_on_commit="written"`` there is no copy: the capture thread hashes and
+writes the chunks straight from the live tensors (``History.stage``, then
+``commit_staged``) while the forward and backward passes run, and the step waits
+for what is left of the write: one pass over the bytes fewer (the CPU of
+DeepSpeed's default engine, which blocks for the whole write in
+``save_checkpoint``; ``benchmarks/bench_training.py``).
+
+Several processes
+-----------------
+
+The ranks of a job open one History together (its creation tolerates
+concurrent creators).  DeepSpeed calls ``create`` and ``commit`` on every
+rank; there the ranks agree (one all-gather of a flag): a history that one
+rank cannot open, or a capture that failed on one rank, raises on every rank,
+naming the failed ranks, instead of leaving the others waiting in DeepSpeed's
+next collective.  The capture and publish threads are joined at interpreter
+exit when the engine was never closed (see :func:`_close_at_exit`).
 
 Loading never unpickles: ``load(path)`` reads the pointer (JSON), opens the
 History and rebuilds the state from its zarr chunks with the torch state
@@ -67,6 +84,7 @@ plain ``torch.optim.Optimizer``.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import copy
 import dataclasses
@@ -133,7 +151,8 @@ class VlccCheckpointEngine:
       `optimizer` is given).
     - `wait_on_commit`: ``"captured"`` (commit waits until the state is
       copied; the write continues in the background) or ``"written"``
-      (until the versions are on disk).
+      (until the versions are on disk; they are written from the live
+      tensors, without a copy).
     - `chunk_bytes`, `codec`, `durable`: passed to a ``History`` this engine
       opens.
 
@@ -268,11 +287,20 @@ class VlccCheckpointEngine:
         """A checkpoint (``info.tag`` in ``info.save_dir``) is about to be saved."""
         self._raise_error()
         if self._info is not None and self._pending:
-            self.commit(self._info)  # a previous tag was never committed: finish it first
+            self._commit(self._info, agree=False)  # a previous tag was never committed
         self._info = info
         self._ds_info = None
         if self._history_path is None:
             self._history_path = os.path.abspath(os.path.join(info.save_dir, "vlcc-history"))
+        # Every rank calls create: open the history here, so that a rank that
+        # cannot stops every rank (a rank failing alone would leave the others
+        # waiting in DeepSpeed's next collective).
+        error: BaseException | None = None
+        try:
+            self.history()
+        except Exception as err:
+            error = err
+        _agree(error, f"opening the history {self._history_path}")
 
     def makedirs(self, path: str | os.PathLike, exist_ok: bool = False) -> None:
         os.makedirs(path, exist_ok=exist_ok)
@@ -298,7 +326,11 @@ class VlccCheckpointEngine:
                 if isinstance(state_dict.get(key), int):
                     meta[key] = state_dict[key]
         if not self.defer:
-            vid = history.commit(state_dict, message=message, meta=meta)
+            if self.wait_on_commit == "written":
+                leaves, spec = _vstate.flatten(state_dict)
+                vid = self._store(spec, leaves, message, meta)
+            else:
+                vid = history.commit(state_dict, message=message, meta=meta)
             self._write_pointer(path, vid, tag)
             job = _Job(None, path, tag, message, meta)
             job.vid = vid
@@ -308,6 +340,7 @@ class VlccCheckpointEngine:
             with self._lock:
                 self._jobs.append(job)
                 if self._thread is None:
+                    _close_at_exit(self)
                     self._thread = threading.Thread(
                         target=self._capture_loop, name="vlcc-ds-capture", daemon=True
                     )
@@ -352,13 +385,25 @@ class VlccCheckpointEngine:
         """Wait until the pending checkpoints are captured (and, with
         ``wait_on_commit="written"``, on disk); then ``latest`` is written
         (when ``info.save_latest``) as soon as they are on disk.  DeepSpeed
-        calls it before the optimizer step."""
+        calls it before the optimizer step, on every rank.
+
+        Under DeepSpeed (after :meth:`create`) in a process group of several
+        ranks, the ranks agree here: a capture that failed on any rank raises
+        on every rank (one all-gather of a flag), so no rank trains on while
+        another stopped."""
+        return self._commit(info, agree=self._info is not None)
+
+    def _commit(self, info: CheckpointCommitInfo | None, agree: bool) -> bool:
         t0 = time.perf_counter()
         if info is None or info is self._ds_info:
             info = self._info
         jobs, self._pending = self._pending, []
         for job in jobs:
             job.done.wait()
+        if agree:
+            with self._lock:
+                error, self._error = self._error, None
+            _agree(error, "capturing the checkpoint")
         self._raise_error()
         if jobs:
             item = (next(self._latest_seq), info, jobs)
@@ -368,6 +413,7 @@ class VlccCheckpointEngine:
                 with self._lock:
                     self._publish.append(item)
                     if self._publisher is None:
+                        _close_at_exit(self)
                         self._publisher = threading.Thread(
                             target=self._publish_loop, name="vlcc-ds-publish", daemon=True
                         )
@@ -415,7 +461,7 @@ class VlccCheckpointEngine:
         """Block until every checkpoint saved so far is committed, captured and
         written (and ``latest`` updated)."""
         if self._pending:
-            self.commit(self._info)
+            self._commit(self._info, agree=False)
         with self._lock:
             jobs = [j for j in self._jobs if j is not None]
         for job in jobs + self._pending:
@@ -435,7 +481,7 @@ class VlccCheckpointEngine:
             return
         try:
             if self._pending:
-                self.commit(self._info)
+                self._commit(self._info, agree=False)
             self.wait()
         finally:
             self._closed = True
@@ -496,7 +542,7 @@ class VlccCheckpointEngine:
 
     def _commit_hook(self) -> None:
         if self._pending:
-            self.commit()
+            self._commit(None, agree=False)
 
     def _write_pointer(self, path: str, vid: str, tag) -> None:
         rel = os.path.relpath(self.history().path, os.path.dirname(path))
@@ -554,14 +600,13 @@ class VlccCheckpointEngine:
         while True:
             with self._lock:
                 while not self._jobs:
-                    self._lock.wait(0.1)
+                    self._lock.wait()
                 job = self._jobs[0]
             if job is None:
                 return
             try:
                 spec, leaves = job.state
-                state = _vstate.unflatten(spec, leaves)
-                job.vid = self.history().commit(state, message=job.message, meta=job.meta)
+                job.vid = self._store(spec, leaves, job.message, job.meta)
                 self._write_pointer(job.path, job.vid, job.tag)
             except BaseException as err:  # raised by the next call of the engine
                 job.error = err
@@ -573,6 +618,23 @@ class VlccCheckpointEngine:
                     self._jobs.popleft()
                     self._lock.notify_all()
                 job.done.set()
+
+    def _store(self, spec: dict, leaves: list, message: str, meta: dict) -> str:
+        """Make `leaves` (with `spec`, as :func:`vlcc_adjoint.state.flatten` gives
+        them) a version of the history; its id.
+
+        With ``wait_on_commit="captured"`` the History copies the leaves
+        (``capture="copy"``) and hashes and writes the copy in the background.
+        With ``"written"`` the optimizer step waits until the version is on disk
+        anyway, so the copy would buy nothing: the chunks are hashed and written
+        straight from the leaves (``History.stage``, then ``commit_staged``), one
+        pass over the bytes fewer.
+        """
+        history = self.history()
+        if self.wait_on_commit == "written":
+            entries = history.stage(leaves)
+            return history.commit_staged(spec, entries, message, meta)
+        return history.commit(_vstate.unflatten(spec, leaves), message=message, meta=meta)
 
     def _publish_now(self, seq, info, jobs) -> None:
         """Wait until `jobs` are on disk; then write ``latest`` (unless a newer
@@ -592,7 +654,7 @@ class VlccCheckpointEngine:
         while True:
             with self._lock:
                 while not self._publish:
-                    self._lock.wait(0.1)
+                    self._lock.wait()
                 item = self._publish[0]
             if item is None:
                 return
@@ -614,6 +676,73 @@ class VlccCheckpointEngine:
                 f"VlccCheckpointEngine: a checkpoint capture failed: {err!r}; "
                 "that checkpoint was not stored"
             ) from err
+
+
+#: Engines whose threads run; closed at interpreter exit (see :func:`_close_at_exit`).
+_LIVE: weakref.WeakSet[VlccCheckpointEngine] = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+
+
+def _close_at_exit(engine: VlccCheckpointEngine) -> None:
+    """Close `engine` at interpreter exit unless it is closed before.
+
+    Its capture and publish threads are daemons (a training script that never
+    closes the engine still exits), and a daemon thread still alive when the
+    interpreter finalizes is ended by ``pthread_exit`` the next time it takes
+    the GIL: unwinding it through torch's C++ frames calls ``std::terminate``,
+    and the process ends in SIGABRT ("terminate called without an active
+    exception") after the training succeeded.  So the engine finishes its
+    writes and joins its threads in an ``atexit`` hook, registered when the
+    first thread starts: after the lineage module's own hook (which closes
+    the Histories nobody closed), hence run before it (``atexit`` runs
+    last-in, first-out)."""
+    _LIVE.add(engine)
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_close_live_engines)
+
+
+def _close_live_engines() -> None:
+    for engine in list(_LIVE):
+        try:
+            engine.close()
+        except Exception as err:  # reported; the exit goes on
+            print(f"VlccCheckpointEngine: at exit: {err}", file=sys.stderr)
+
+
+def _agree(error: BaseException | None, what: str) -> None:
+    """Raise on every rank of the default process group when `error` is set on any.
+
+    Every rank calls it at the same point (DeepSpeed's ``create`` and
+    ``commit``, called on all ranks); one all-gather of a flag, on the CPU for
+    gloo and MPI groups, on the current CUDA device otherwise.  Without a
+    process group (or with one rank) `error` is raised as it is.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        if error is not None:
+            raise error
+        return
+    backend = str(dist.get_backend())
+    device = (
+        torch.device("cpu")
+        if "gloo" in backend or "mpi" in backend
+        else torch.device("cuda", torch.cuda.current_device())
+    )
+    flags = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, torch.tensor([int(error is not None)], dtype=torch.int32, device=device))
+    failed = [r for r, f in enumerate(flags) if int(f.item())]
+    if error is not None:
+        raise VlccRuntimeError(
+            f"VlccCheckpointEngine: {what} failed on rank {dist.get_rank()}: {error!r}; "
+            "that checkpoint was not stored (every rank stops here); fix the cause "
+            "(space, permissions, path) and save again"
+        ) from error
+    if failed:
+        raise VlccRuntimeError(
+            f"VlccCheckpointEngine: {what} failed on rank(s) {failed} (their logs say why); "
+            "that checkpoint was not stored on any rank; fix the cause and save again"
+        )
 
 
 def _shutdown(lock, jobs, publish):

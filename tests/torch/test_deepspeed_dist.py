@@ -1,0 +1,169 @@
+"""VlccCheckpointEngine under DeepSpeed on 2 processes (gloo, CPU), ZeRO stages 1-3.
+
+ZeRO exists to shard the optimizer state (stage 1), the gradients (2) and the
+weights (3) across data-parallel ranks, so its checkpoints are written by
+several processes into one directory, and ours by several processes into one
+History.  Two processes (launched here as DeepSpeed's launcher would: ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``) train a tiny model and, for each
+stage, save with DeepSpeed's default ``torch.save`` engine and with ours; fresh
+engines load each checkpoint and train on.  Checked as in
+``test_deepspeed_zero.py``: every file holds the same objects (on rank 0), the
+reloaded weights and optimizer state are bit for bit those saved, and the next
+losses are the reference continuation's, on every rank.
+
+The processes never close the engine (a training script often does not):
+both must exit with status 0 (a background thread alive at interpreter exit
+used to end them in SIGABRT).  Last, a history that one rank cannot open
+stops both ranks with an error at ``save_checkpoint`` (no rank waits forever
+in DeepSpeed's next collective).
+
+This file is also the worker: ``python test_deepspeed_dist.py <out dir>``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+deepspeed = pytest.importorskip("deepspeed")
+
+STAGES = (1, 2, 3)
+WORLD = 2
+
+
+def _engine(stage: int, seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    config = {"train_batch_size": 4 * WORLD, "zero_optimization": {"stage": stage}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    return engine
+
+
+def _batches(n: int, rank: int):
+    g = torch.Generator().manual_seed(1 + rank)
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(n)]
+
+
+def _stage(stage: int, out: str, rank: int) -> None:
+    from test_deepspeed_zero import _assert_same_state, _loaded, _train
+
+    from vlcc_adjoint.torch import VlccCheckpointEngine
+
+    root = os.path.join(out, f"zero{stage}")
+    batches = _batches(4, rank)
+    run = _engine(stage)
+    _train(run, batches[:2])
+    run.save_checkpoint(os.path.join(root, "torch"), tag="t")  # DeepSpeed's default engine
+    VlccCheckpointEngine.attach(run)
+    run.save_checkpoint(os.path.join(root, "vlcc"), tag="t")
+    saved = _loaded(run)
+    losses = _train(run, batches[2:])  # the reference continuation (commits at its first step)
+    run.checkpoint_engine.wait()
+    torch.distributed.barrier()
+    if rank == 0:
+        files = sorted(os.listdir(os.path.join(root, "torch", "t")))
+        assert files == sorted(os.listdir(os.path.join(root, "vlcc", "t"))), files
+        assert sum("optim_states" in f for f in files) == WORLD, files
+        reader = VlccCheckpointEngine()
+        for f in files:
+            ours = reader.load(os.path.join(root, "vlcc", "t", f))
+            theirs = torch.load(os.path.join(root, "torch", "t", f), weights_only=False)
+            _assert_same_state(ours, theirs, f)
+        reader.close()
+    for kind in ("torch", "vlcc"):
+        fresh = _engine(stage, seed=1)
+        if kind == "vlcc":
+            fresh.checkpoint_engine = VlccCheckpointEngine()
+        path, _ = fresh.load_checkpoint(os.path.join(root, kind), tag="t")
+        assert path is not None, kind
+        _assert_same_state(_loaded(fresh), saved, f"zero{stage} {kind} rank {rank}")
+        got = _train(fresh, batches[2:])
+        assert got == losses, (stage, kind, rank, got, losses)
+    # `run` and its engine are left open: the exit must be clean all the same.
+
+
+def _one_rank_cannot_open(out: str, rank: int) -> None:
+    from vlcc_adjoint.errors import VlccRuntimeError
+    from vlcc_adjoint.torch import VlccCheckpointEngine
+
+    run = _engine(1)
+    _train_one(run, rank)
+    history = os.path.join(out, f"fail-history-{rank}")
+    if rank == 1:
+        with open(history, "w") as f:  # a file where the history's directory should be
+            f.write("not a directory")
+    run.checkpoint_engine = VlccCheckpointEngine(history)
+    try:
+        run.save_checkpoint(os.path.join(out, "fail"), tag="t")
+    except VlccRuntimeError as err:
+        text = str(err)
+        assert ("failed on rank(s) [1]" in text) if rank == 0 else ("on rank 1" in text), text
+    else:
+        raise AssertionError(f"rank {rank}: save_checkpoint did not fail")
+    run.checkpoint_engine.close()
+
+
+def _train_one(engine, rank: int) -> None:
+    from test_deepspeed_zero import _train
+
+    _train(engine, _batches(1, rank))
+
+
+def _worker(out: str) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # never compile it
+    rank = int(os.environ["RANK"])
+    for stage in STAGES:
+        _stage(stage, out, rank)
+    _one_rank_cannot_open(out, rank)
+    print(f"rank {rank} done", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_zero_1_2_3_on_two_processes_match_deepspeeds_engine_and_exit_cleanly(tmp_path):
+    env = dict(os.environ)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(WORLD))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(tmp_path)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=540)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, text) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{text[-4000:]}"
+        assert f"rank {r} done" in text, text[-4000:]
+        assert "terminate called" not in text, text[-4000:]
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
