@@ -348,8 +348,8 @@ def out_of_core_gradient(
     """The wave gradient with its checkpoints on device, host memory and a ZarrTier
     (`in_memory`: the same period, every checkpoint in device memory)."""
     from vlcc_adjoint.jax import host_io_stats
-    from vlcc_adjoint.schedules import simulate
-    from vlcc_adjoint.storage import MemoryTier, TieredStore, ZarrTier
+    from vlcc_adjoint.schedules import io_plan, simulate
+    from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore, ZarrTier
 
     problem = make_problem(grid, n)
     c0, init, step, xs = problem["c0"], problem["init"], problem["step"], problem["xs"]
@@ -362,7 +362,11 @@ def out_of_core_gradient(
 
         schedule = Periodic(n, max(2, math.isqrt(n)), level=0, buffer_level=0)
     stats = simulate(schedule)
-    with TieredStore([MemoryTier(), ZarrTier(path, mode="w")]) as store:
+    # Every level in one store with the whole schedule's plan: the device
+    # slots, host memory and the disk (restores read ahead by the plan).  The
+    # in-memory run's schedule has level 0 only: its store holds that level.
+    tiers = [DeviceTier()] if in_memory else [DeviceTier(), MemoryTier(), ZarrTier(path, mode="w")]
+    with TieredStore(tiers, plan=io_plan(schedule)) as store:
         host_io_stats(store, reset=True)
 
         def loss(c, u0):

@@ -4,10 +4,12 @@ Runs, in order, each as a subprocess of ``benchmarks/bench_jax.py``:
 
 1. the gradient comparison (``lax.scan``, nested remat, equinox, ours with
    and without segments) on the 2-D wave;
-2. the out-of-core gradient: checkpoints on the device, in host memory
-   (a ``MemoryTier`` reached by ``io_callback``; the read-ahead returns
-   host arrays that JAX copies to the device) and on disk (a ``ZarrTier``),
-   checked against ``lax.scan`` at a small size.
+2. the out-of-core gradient: one ``TieredStore`` with the schedule's plan
+   holds every level, the checkpoints on the device (tier 0, a
+   ``DeviceTier``: the slots stay on the device), in host memory (a
+   ``MemoryTier`` reached by ``io_callback``; the store's plan-driven
+   read-ahead returns host arrays that JAX copies to the device) and on
+   disk (a ``ZarrTier``), checked against ``lax.scan`` at a small size.
 
 and writes ``OUT/gpu_results.json`` with the device, both results and the
 wall time of each part.  ``--tiny`` runs both at a toy size (seconds, on

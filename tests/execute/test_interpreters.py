@@ -22,7 +22,7 @@ from vlcc_adjoint.schedules import (
     io_plan,
     table_trace,
 )
-from vlcc_adjoint.storage import MemoryTier, TieredStore
+from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore
 
 SCHEDULES = {
     "revolve-1": lambda: Revolve(9, 1),
@@ -119,8 +119,10 @@ def test_jax_backward_pass_follows_the_table_exactly(name):
     schedule = SCHEDULES[name]()
     store = None
     if len(schedule.levels) > 1:
-        # Level 0 lives on the device; the store holds levels 1.. as its tiers 0..
-        store = TieredStore([MemoryTier() for _ in schedule.levels[1:]])
+        # Every level in the store, with the schedule's plan: level 0 lives
+        # on the device (a DeviceTier follows its actions), levels 1.. in memory.
+        host = [MemoryTier() for _ in schedule.levels[1:]]
+        store = TieredStore([DeviceTier(), *host], plan=io_plan(schedule))
     expected = table_trace(schedule)
     jax_trace(schedule, store).assert_equal(expected)
     python_trace(schedule).assert_equal(jax_trace(schedule, store))

@@ -1,14 +1,17 @@
 """``checkpointed_scan``'s options in combination, against ``jax.lax.scan``.
 
-The options (``schedule`` / ``snapshots``, ``segment``, ``store``, ``xs=None``
-with ``length``, ``reverse``, ``unroll``, pytree or empty outputs) and the
+The options (``schedule`` / ``snapshots``, ``segment``, ``store`` in its
+planned form and in the deprecated one (host tiers, no plan), ``xs=None``
+with ``length``, ``length`` given or read from ``xs``, ``reverse``,
+``unroll``, pytree or empty outputs) and the
 transformations around the scan (``jax.grad``, ``jax.jit``, ``jax.vmap``)
 are tested here together: every *pair* of choices appears in at least one
 case (a covering array built greedily, Cohen et al., "The AETG system",
 IEEE TSE 23(7), 1997), each case comparing the value and the gradients with
 respect to the parameters, the initial carry and ``xs`` with those of plain
 ``lax.scan`` in float64 to rtol 1e-10.  Pairs that cannot work (a host
-level under ``jax.vmap``; ``segment="auto"`` with a given schedule) are
+level under ``jax.vmap``; ``segment="auto"`` with a given schedule;
+``xs=None`` without ``length``) are
 tested to raise a :class:`~vlcc_adjoint.errors.VlccError` naming the
 option and the fix.
 """
@@ -26,8 +29,8 @@ from jax import lax  # noqa: E402
 
 from vlcc_adjoint.errors import VlccError  # noqa: E402
 from vlcc_adjoint.jax import checkpointed_scan  # noqa: E402
-from vlcc_adjoint.schedules import Level, Multistage, Revolve, simulate  # noqa: E402
-from vlcc_adjoint.storage import MemoryTier, TieredStore  # noqa: E402
+from vlcc_adjoint.schedules import Level, Multistage, Revolve, io_plan, simulate  # noqa: E402
+from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("x64")
 
@@ -35,9 +38,10 @@ N = 13  # steps: with segment=3, four segments and a one-step tail
 BATCH = 2
 
 FACTORS = {
-    "plan": ["snapshots", "schedule", "default", "host"],
+    "plan": ["snapshots", "schedule", "default", "host", "legacy"],
     "segment": [1, 3, "auto"],
     "xs": ["pytree", "none"],
+    "length": ["given", "inferred"],
     "reverse": [False, True],
     "unroll": [1, 2, True],
     "ys": ["pytree", "none"],
@@ -47,10 +51,12 @@ FACTORS = {
 
 def _refused(case: dict) -> str | None:
     """Why `case` cannot work ("" when it can): the error it must raise."""
-    if case["plan"] in ("schedule", "host") and case["segment"] == "auto":
+    if case["plan"] in ("schedule", "host", "legacy") and case["segment"] == "auto":
         return "segment=B, an int"
-    if case["plan"] == "host" and "vmap" in case["transform"]:
+    if case["plan"] in ("host", "legacy") and "vmap" in case["transform"]:
         return "cannot run under jax.vmap"
+    if case["xs"] == "none" and case["length"] == "inferred":
+        return "with xs=None give `length`"
     return None
 
 
@@ -91,6 +97,10 @@ def _schedule(case: dict) -> dict:
     if case["plan"] == "host":
         schedule = Multistage(steps, [Level(1, 0.0, 0.0), Level(2, 0.5, 0.5)])
         assert simulate(schedule).writes[1] > 0  # the case does reach the host level
+        store = TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(schedule))
+        return {"schedule": schedule, "store": store}
+    if case["plan"] == "legacy":  # the deprecated form: host tiers, no plan, tier k - 1 = level k
+        schedule = Multistage(steps, [Level(1, 0.0, 0.0), Level(2, 0.5, 0.5)])
         return {"schedule": schedule, "store": TieredStore([MemoryTier()])}
     return {}
 
@@ -158,12 +168,14 @@ def _close(got, ref):
 def _ours(case: dict):
     options = _schedule(case)
 
+    length = {"length": N} if case["length"] == "given" else {}
+
     def scan(f, init, xs):
         return checkpointed_scan(
             f,
             init,
             xs,
-            length=N,
+            **length,
             reverse=case["reverse"],
             unroll=case["unroll"],
             segment=case["segment"],
@@ -181,7 +193,7 @@ def _plain(case: dict):
 
 
 def test_the_cases_cover_every_allowed_pair():
-    assert 16 <= len(CASES) <= 30  # plan x transform alone needs 14 (two refused pairs)
+    assert 16 <= len(CASES) <= 30  # plan x transform alone needs 16 (four refused pairs)
     for case in CASES:
         assert _refused(case) is None
 
@@ -193,10 +205,14 @@ def test_options_in_combination_equal_lax_scan(case):
     args = _data()
     ref = _transformed(_loss(_plain(case), case), case["transform"])(*args)
     scan, store = _ours(case)
-    got = _transformed(_loss(scan, case), case["transform"])(*args)
+    if case["plan"] == "legacy":
+        with pytest.warns(DeprecationWarning, match=r"TieredStore\(\[DeviceTier\(\), MemoryTier"):
+            got = _transformed(_loss(scan, case), case["transform"])(*args)
+    else:
+        got = _transformed(_loss(scan, case), case["transform"])(*args)
     _close(got, ref)
-    if store is not None:
-        assert store.steps(0) == []  # every host record deleted by the schedule
+    if store is not None:  # every record deleted by the schedule, on every level
+        assert all(store.steps(k) == [] for k in range(len(store.tiers)))
         store.close()
 
 
@@ -207,11 +223,14 @@ def test_options_in_combination_equal_lax_scan(case):
         dict(plan="host", segment="auto", transform="grad"),
         dict(plan="host", segment=1, transform="vmap-grad"),
         dict(plan="host", segment=3, transform="grad-vmap"),
+        dict(plan="legacy", segment="auto", transform="grad"),
+        dict(plan="legacy", segment=1, transform="grad-vmap"),
+        dict(plan="default", segment=3, xs="none", length="inferred", transform="grad"),
     ],
     ids=repr,
 )
 def test_combinations_that_cannot_work_name_the_option_and_the_fix(case):
-    case = {**dict(xs="pytree", reverse=False, unroll=1, ys="pytree"), **case}
+    case = {**dict(xs="pytree", length="given", reverse=False, unroll=1, ys="pytree"), **case}
     why = _refused(case)
     assert why
     scan, store = _ours(case)
@@ -254,3 +273,56 @@ def test_a_schedule_of_the_wrong_type_is_named_before_the_segment_reads_it():
         checkpointed_scan(f, 0.0, jnp.ones(6), schedule=[1, 2], segment=2)
     with pytest.raises(VlccError, match="not both"):
         checkpointed_scan(f, 0.0, jnp.ones(6), schedule=Revolve(3, 1), snapshots=2, segment=2)
+
+
+def _keyed_loss(scan):
+    """A loss of `w` through `scan` whose carry holds a typed PRNG key."""
+
+    def step(c, x):
+        key, u = c
+        key, sub = jax.random.split(key)
+        return (key, jnp.tanh(u * x) + 0.1 * jax.random.normal(sub, u.shape)), jnp.sum(u)
+
+    def loss(w):
+        (key, u), ys = scan(step, (jax.random.key(0), w * jnp.ones(3)), jnp.linspace(0.5, 1.0, N))
+        return jnp.sum(u**2) + jnp.sum(ys) + 0.0 * jnp.sum(jax.random.key_data(key))
+
+    return jax.value_and_grad(loss)
+
+
+@pytest.mark.parametrize("plan", ["snapshots", "auto-segments", "host", "legacy"])
+def test_a_prng_key_in_the_carry(plan):
+    """Typed PRNG keys have no numpy dtype: the automatic segment's byte
+    count and the host levels' callbacks use their key data (both raised
+    ``TypeError: Cannot interpret 'key<fry>' as a data type``)."""
+    options = {"snapshots": 3} if plan == "snapshots" else {"segment": "auto"}
+    if plan in ("host", "legacy"):
+        options = _schedule({"plan": plan, "segment": 1})
+    ref = _keyed_loss(lax.scan)(0.7)
+    scan = lambda f, c, xs: checkpointed_scan(f, c, xs, **options)  # noqa: E731
+    if plan == "legacy":
+        with pytest.warns(DeprecationWarning, match="is deprecated"):
+            got = _keyed_loss(scan)(0.7)
+    else:
+        got = _keyed_loss(scan)(0.7)
+    _close(got, ref)
+    if "store" in options:
+        assert all(options["store"].steps(k) == [] for k in range(len(options["store"].tiers)))
+        assert options["store"].stats().saves > 0  # the keys did reach a host level
+        options["store"].close()
+
+
+@pytest.mark.parametrize("segment", [1, 2, "auto"])
+def test_forward_mode_through_the_closure_alone(segment):
+    """``jax.jvp`` of a parameter the step closes over, the initial carry a
+    constant (the forward-mode check saw only the carry and ``xs``: JAX
+    refused ``jvp`` of the custom_vjp)."""
+
+    def run(scan):
+        def value(w):
+            return scan(lambda c, _: (jnp.sin(w * c) + 0.1, c), 1.0, None, length=N)[0]
+
+        return jax.jvp(value, (0.7,), (1.0,))
+
+    got = run(lambda *a, **k: checkpointed_scan(*a, **k, snapshots=3, segment=segment))
+    _close(got, run(lax.scan))

@@ -454,10 +454,14 @@ def test_error_schedule_for_another_length_or_not_static():
 # -- host levels through a TieredStore ----------------------------------------
 
 
-def _store(levels=1):
-    from vlcc_adjoint.storage import MemoryTier, TieredStore
+def _store(schedule):
+    """The store of `schedule`'s levels: the device slots and a memory tier
+    per host level, with the schedule's plan."""
+    from vlcc_adjoint.schedules import io_plan
+    from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore
 
-    return TieredStore([MemoryTier() for _ in range(levels)])
+    host = [MemoryTier() for _ in schedule.levels[1:]]
+    return TieredStore([DeviceTier(), *host], plan=io_plan(schedule))
 
 
 def test_host_level_gradients_equal_plain_scan_repeated_runs(x64):
@@ -465,7 +469,7 @@ def test_host_level_gradients_equal_plain_scan_repeated_runs(x64):
     n = 23
     schedule = Multistage(n, [Level(2, 0.0, 0.0), Level(4, 1.0, 1.0)])
     assert simulate(schedule).writes[1] > 0  # the plan does use the host level
-    store = _store()
+    store = _store(schedule)
     ref_val, ref = _reference(n)
     grad = jax.jit(
         jax.value_and_grad(
@@ -477,14 +481,41 @@ def test_host_level_gradients_equal_plain_scan_repeated_runs(x64):
         _close(val, ref_val)
         _close(got, ref)
     stats = store.stats()
-    assert stats.saves == 2 * simulate(schedule).writes[1]
-    assert store.steps(0) == []  # every host record deleted by the schedule
+    assert stats.tiers[1].puts == 2 * simulate(schedule).writes[1]
+    assert stats.tiers[0].puts == 2 * simulate(schedule).writes[0]  # level 0 seen by the store
+    assert store.steps(0) == store.steps(1) == []  # every record deleted by the schedule
+
+
+def test_host_tiers_without_a_plan_still_work_and_warn(x64):
+    """The earlier form of the store: host tiers only, no plan, tier k - 1
+    holding level k.  It warns, naming the new form, and gives the same
+    gradients (with no restore read ahead: the store has no plan)."""
+    from vlcc_adjoint.jax import host_io_stats
+    from vlcc_adjoint.storage import MemoryTier, TieredStore
+
+    n = 23
+    schedule = Multistage(n, [Level(2, 0.0, 0.0), Level(4, 1.0, 1.0)])
+    store = TieredStore([MemoryTier()])
+    ref_val, ref = _reference(n)
+    grad = jax.jit(
+        jax.value_and_grad(
+            _make_loss(_ours(schedule=schedule, store=store)), argnums=(0, 1, 2), allow_int=True
+        )
+    )
+    with pytest.warns(DeprecationWarning, match=r"TieredStore\(\[DeviceTier\(\), MemoryTier"):
+        val, got = grad(*_problem(n))
+    _close(val, ref_val)
+    _close(got, ref)
+    assert store.stats().saves == simulate(schedule).writes[1]
+    assert store.steps(0) == []
+    io = host_io_stats(store)
+    assert io.loads == simulate(schedule).reads[1] and io.prefetched == 0
 
 
 def test_host_level_abandoned_forward_is_cleaned_up(x64):
     n = 12
     schedule = StoreAll(n, level=1)
-    store = _store()
+    store = _store(schedule)
 
     def loss(w):
         c, _ = checkpointed_scan(
@@ -497,7 +528,7 @@ def test_host_level_abandoned_forward_is_cleaned_up(x64):
         return jnp.sum(c)
 
     jax.vjp(loss, jnp.asarray(0.3))  # forward only: host records stay behind
-    assert len(store.steps(0)) == n - 1
+    assert len(store.steps(1)) == n - 1
     g = jax.grad(loss)(jnp.asarray(0.3))  # the next run deletes them first
     _close(
         g,
@@ -507,7 +538,44 @@ def test_host_level_abandoned_forward_is_cleaned_up(x64):
             )
         )(jnp.asarray(0.3)),
     )
-    assert store.steps(0) == []
+    assert store.steps(1) == []
+
+
+def _moves_between_levels():
+    """A hand-written table with Moves device -> host -> disk and back."""
+    from vlcc_adjoint.schedules import (
+        Advance,
+        Delete,
+        Load,
+        Move,
+        Reverse,
+        Save,
+        Schedule,
+        actions_to_table,
+    )
+
+    actions = [
+        Save(0, 0),
+        Advance(0, 1),
+        Save(1, 0),
+        Move(0, 0, 1),
+        Move(0, 1, 2),
+        Advance(1, 2),
+        Save(2, 0),
+        Move(2, 0, 1),
+        Reverse(2),
+        Move(2, 1, 0),
+        Delete(2, 0),
+        Load(1, 0),
+        Reverse(1),
+        Delete(1, 0),
+        Move(0, 2, 1),
+        Move(0, 1, 0),
+        Load(0, 0),
+        Delete(0, 0),
+        Reverse(0),
+    ]
+    return Schedule(actions_to_table(actions), 3, levels=[Level(2), Level(1), Level(1)])
 
 
 @pytest.mark.parametrize(
@@ -516,36 +584,52 @@ def test_host_level_abandoned_forward_is_cleaned_up(x64):
         Multistage(40, [Level(2, 0, 0), Level(3, 0.5, 0.5), Level(10, 3, 3)]),
         Periodic(20, 5, level=1, buffer_level=0),
         StoreAll(9, level=1),
+        _moves_between_levels(),
     ],
     ids=repr,
 )
 def test_host_level_trace_equals_table_semantics(schedule):
     expected = table_trace(schedule)
-    store = _store(len(schedule.levels) - 1)
+    store = _store(schedule)
     jax_trace(schedule, store).assert_equal(expected)
     jax_trace(schedule, store).assert_equal(expected)  # a second run of the same store
 
 
 def test_host_level_errors():
-    schedule = Multistage(12, [Level(2), Level(3, 1.0, 1.0)])
+    from vlcc_adjoint.schedules import io_plan
+    from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore
+
     f = lambda c, x: (c * x, None)  # noqa: E731
     with pytest.raises(ValueError, match="cannot run under jax.vmap"):
         jax.vmap(
             lambda c: checkpointed_scan(
-                f, c, jnp.ones(12), schedule=StoreAll(12, level=1), store=_store()
+                f,
+                c,
+                jnp.ones(12),
+                schedule=StoreAll(12, level=1),
+                store=_store(StoreAll(12, level=1)),
             )[0]
         )(jnp.ones(3))
-    with pytest.raises(ValueError, match=r"store.tiers\[k - 1\] holds level k"):
-        checkpointed_scan(f, 1.0, jnp.ones(9), schedule=Periodic(9, 3, level=2), store=_store(1))
+    periodic = Periodic(9, 3, level=2)
+    with pytest.raises(ValueError, match=r"store.tiers\[k\] holds level k"):
+        short = TieredStore([DeviceTier(), MemoryTier()], plan=io_plan(Periodic(9, 3, level=1)))
+        checkpointed_scan(f, 1.0, jnp.ones(9), schedule=periodic, store=short)
     with pytest.raises(TypeError, match="TieredStore"):
         checkpointed_scan(f, 1.0, jnp.ones(12), schedule=StoreAll(12, level=1), store={})
-    from vlcc_adjoint.schedules import io_plan
-    from vlcc_adjoint.storage import MemoryTier, TieredStore
-
-    planned = TieredStore([MemoryTier()], plan=io_plan(StoreAll(12)))
-    with pytest.raises(ValueError, match="without plan="):
+    planned = TieredStore([MemoryTier(), MemoryTier()], plan=io_plan(StoreAll(12, level=1)))
+    with pytest.raises(ValueError, match="no DeviceTier for level 0"):
         checkpointed_scan(f, 1.0, jnp.ones(12), schedule=StoreAll(12, level=1), store=planned)
-    del schedule
+    unplanned = TieredStore([DeviceTier(), MemoryTier()])
+    with pytest.raises(ValueError, match=r"plan=io_plan\(schedule\)"):
+        checkpointed_scan(f, 1.0, jnp.ones(12), schedule=StoreAll(12, level=1), store=unplanned)
+    other = _store(StoreAll(12, level=1))
+    with pytest.raises(ValueError, match="the store's plan is for"):
+        checkpointed_scan(
+            f, 1.0, jnp.ones(12), schedule=Periodic(12, 4, level=1, buffer_level=0), store=other
+        )
+    # The earlier form, host tiers only (tier k - 1 holds level k): too few tiers.
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="tiers"):
+        checkpointed_scan(f, 1.0, jnp.ones(9), schedule=periodic, store=TieredStore([MemoryTier()]))
 
 
 def test_error_multilevel_schedule_needs_a_store():

@@ -12,7 +12,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from vlcc_adjoint.jax._state import PROVIDER  # noqa: E402
+from vlcc_adjoint.jax._state import PROVIDER, host_aval, leaf_nbytes  # noqa: E402
 from vlcc_adjoint.state import Structure, flatten, state_nbytes  # noqa: E402
 
 ARRAYS = {
@@ -47,3 +47,15 @@ def test_structure_and_bytes_of_a_jax_state_read_no_data():
         flatten(state)  # the data is gone ...
     assert Structure.of(state) == expected  # ... its description is not
     assert state_nbytes(state) == nbytes == expected.nbytes
+
+
+@pytest.mark.parametrize("name", list(ARRAYS))
+def test_host_aval_and_bytes_are_what_to_numpy_returns_also_of_abstract_values(name):
+    """The host's view of a leaf (a PRNG key's key data) from an array or
+    from its abstract value alone (traced shapes, residuals of eval_shape)."""
+    x = ARRAYS[name]()
+    arr, _ = PROVIDER.to_numpy(x)
+    for value in (x, jax.ShapeDtypeStruct(x.shape, x.dtype)):
+        aval = host_aval(value)
+        assert (np.dtype(aval.dtype), tuple(aval.shape)) == (arr.dtype, arr.shape)
+        assert leaf_nbytes(value) == arr.nbytes

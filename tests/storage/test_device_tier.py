@@ -17,7 +17,10 @@ import pytest
 from vlcc_adjoint.errors import VlccError
 from vlcc_adjoint.schedules import (
     ADVANCE,
+    DELETE,
+    LOAD,
     REVERSE,
+    SAVE,
     Advance,
     Delete,
     Level,
@@ -284,3 +287,44 @@ def test_restart_runs_the_plan_again_after_a_run_or_an_abandoned_one(tmp_path):
         device = Device(store)
         device.run(schedule)
         assert device.seen == list(range(11, -1, -1))
+
+
+def test_sync_with_device_records_the_device_levels_own_actions():
+    """An integration whose device runs level 0 itself (a compiled
+    program) reports progress instead of each action: sync(r, device=True)
+    records the level-0 actions before r, as their calls would."""
+    schedule = Periodic(12, 4, level=1, buffer_level=0)
+    table = schedule.table
+    host_rows = [r for r in range(len(table)) if table[r]["level"] == 1]
+    with _planned(schedule, MemoryTier()) as store:
+        first = host_rows[0]  # Save(0, 1), after nothing on level 0
+        store.sync(first, device=True)
+        store.save(0, _state(0), 1)
+        # Jump to the first Load of level 1: the level-0 rows before it (the
+        # forward sweep's saves of the last interval) are recorded ...
+        load = next(r for r in host_rows if table[r]["kind"] == LOAD)
+        skipped = [r for r in host_rows if first < r < load]
+        assert skipped  # ... but host Saves lie in between: refused, naming one
+        with pytest.raises(PlanMismatchError, match="was not performed"):
+            store.sync(load, device=True)
+        for r in skipped:
+            store.sync(r, device=True)
+            store.save(int(table[r]["a"]), _state(int(table[r]["a"])), 1)
+        store.sync(load, device=True)
+        saved = [int(r["a"]) for r in table[:load] if r["kind"] == SAVE and r["level"] == 0]
+        deleted = [int(r["a"]) for r in table[:load] if r["kind"] == DELETE and r["level"] == 0]
+        assert store.steps(0) == sorted(set(saved) - set(deleted))
+        assert store.stats().tiers[0].puts == len(saved)
+        # The rest of the run, device rows recorded at each host row.
+        for r in host_rows[host_rows.index(load) :]:
+            store.sync(r, device=True)
+            row = table[r]
+            if row["kind"] == LOAD:
+                store.load(int(row["a"]), 1)
+            else:
+                store.delete(int(row["a"]), 1)
+        store.sync(len(table), device=True)
+        assert store.steps(0) == store.steps(1) == []
+    with TieredStore([DeviceTier(), MemoryTier()]) as store:
+        with pytest.raises(VlccError, match="needs a plan"):
+            store.sync(3, device=True)

@@ -1,11 +1,14 @@
 """JAX integration: ``jax.lax.scan`` with a schedule-driven reverse mode.
 
 :func:`checkpointed_scan` has ``lax.scan``'s signature and semantics
-(``length=0`` and ``reverse=True`` included); its ``custom_vjp`` executes a checkpoint schedule's action table (Revolve by
-default, any :class:`~vlcc_adjoint.schedules.Schedule`) in compiled loops,
-with the checkpoints in a device buffer of the schedule's level-0 slots and,
-for multi-level schedules, the slower levels in a
-:class:`~vlcc_adjoint.storage.TieredStore` reached by ``io_callback``::
+(``length=0`` and ``reverse=True`` included); its ``custom_vjp`` executes a
+checkpoint schedule's action table (Revolve by default, any
+:class:`~vlcc_adjoint.schedules.Schedule`) in compiled loops, with the
+checkpoints in a device buffer of the schedule's level-0 slots and, for
+multi-level schedules, every level in a
+:class:`~vlcc_adjoint.storage.TieredStore` that runs the whole schedule's
+plan (tier 0 a :class:`~vlcc_adjoint.storage.DeviceTier` for the device
+slots, the slower levels reached by ``io_callback``)::
 
     from vlcc_adjoint.jax import checkpointed_scan
 
@@ -23,9 +26,9 @@ Forward mode (``jax.jvp``) runs as ``lax.scan``; second-order reverse mode
 Also :func:`checkpointed` (a decorator for step functions) and
 :func:`checkpointed_fori_loop`.  :func:`compile_program` shows what the
 backward pass will execute; :func:`host_io_stats` reports what the host
-levels did (restores read ahead, time the program stalled); :func:`jax_trace` records what the JAX interpreter
-ran, to compare with :func:`vlcc_adjoint.schedules.table_trace` (the
-schedule's semantics).
+levels did (restores read ahead, time the program stalled);
+:func:`jax_trace` records what the JAX interpreter ran, to compare with
+:func:`vlcc_adjoint.schedules.table_trace` (the schedule's semantics).
 
 Importing this module imports JAX; ``import vlcc_adjoint`` does not.
 """

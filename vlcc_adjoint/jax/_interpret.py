@@ -192,13 +192,7 @@ class Interpreter:
                 cur, buf = lax.cond(
                     hk >= 0,
                     lambda c, b: self.host.instruction(
-                        jnp.maximum(hk, 0),
-                        ins[C_HID],
-                        jnp.maximum(ins[C_HSLOT], 0),
-                        c,
-                        b,
-                        index_rows,
-                        update_rows,
+                        jnp.maximum(hk, 0), ins[C_HID], jnp.maximum(ins[C_HSLOT], 0), c, b
                     ),
                     lambda c, b: (list(c), list(b)),
                     list(cur),

@@ -185,7 +185,11 @@ def checkpointed_scan(
     differentiated itself, and a schedule's while loops cannot be; the scan
     then runs as ``lax.scan`` of a ``jax.checkpoint``-ed step, whose reverse
     mode stores one carry per step (``n`` states, not the schedule's slots)
-    and recomputes each step's intermediates.
+    and recomputes each step's intermediates.  ``jax.linearize`` traces
+    like reverse mode (JAX cannot tell them apart), and JAX refuses to
+    apply its linear map forward through a ``custom_vjp`` ("can't apply
+    forward-mode autodiff (jvp) to a custom_vjp function"): use
+    ``jax.jvp`` for forward-mode products, ``jax.vjp`` for reverse ones.
 
     Under reverse mode, the forward pass stores only the schedule's
     checkpoints, in a device buffer of ``(slots + 1, *leaf.shape)`` per carry
@@ -209,10 +213,25 @@ def checkpointed_scan(
       neither, ``vlcc_adjoint.schedules.default_snapshots(n, repetitions=2)``
       (each step recomputed at most twice; ``c ~ sqrt(2 n)``).
     - `store`: a :class:`~vlcc_adjoint.storage.TieredStore` for schedules
-      with levels >= 1 (e.g. ``Multistage`` with a host level): level 0 is
-      the device buffer, level ``k >= 1`` is ``store.tiers[k - 1]``.  Build
-      it without ``plan=``.  Reached by ordered ``io_callback`` at captures
-      and restores only; not under ``jax.vmap``.
+      with levels >= 1 (e.g. ``Multistage`` with a host level), holding
+      every level of the schedule and its plan::
+
+          TieredStore([DeviceTier(), MemoryTier(), ZarrTier(path)], plan=io_plan(schedule))
+
+      ``store.tiers[k]`` holds level ``k``: tier 0, a
+      :class:`~vlcc_adjoint.storage.DeviceTier`, stands for the device
+      buffer's slots (the checkpoints stay on the device; the store
+      follows their actions), the others are host levels.  The store reads
+      restores ahead by the plan while the device computes.  Reached by
+      ordered ``io_callback`` at captures and restores of host levels only;
+      not under ``jax.vmap`` (a clear error) nor inside ``jax.checkpoint``
+      (JAX refuses IO effects there: ``NotImplementedError: Effects not
+      supported in partial-eval of checkpoint``; leave the scan outside
+      the remat).  One store serves one loop at a time (each
+      run restarts its plan).  A store of host tiers alone, without a plan
+      (``store.tiers[k - 1]`` holding level ``k``, the earlier form), still
+      works, with a ``DeprecationWarning`` and no read-ahead.  A
+      device-only schedule ignores `store`.
     - `unroll`: forward steps per loop iteration, as in ``lax.scan``.
     - `reverse`: scan from the end, as ``lax.scan(..., reverse=True)``:
       step ``k`` reads ``xs[n - 1 - k]`` and writes ``ys[n - 1 - k]``.
@@ -227,9 +246,13 @@ def checkpointed_scan(
 
     **Returns:** ``(final_carry, ys)``.
 
-    **Raises:** ``ValueError`` / ``TypeError`` at trace time for a carry
-    that changes type, an `xs` / `length` mismatch, a schedule for another
-    length, a traced (non-static) schedule or `snapshots`.
+    **Raises:** :class:`~vlcc_adjoint.errors.VlccError` (``ValueError`` /
+    ``TypeError`` subclasses) at trace time for a carry that changes type,
+    an `xs` / `length` mismatch, a schedule for another length, a traced
+    (non-static) schedule, `snapshots`, `length` or `unroll`, options that
+    do not combine (`schedule` with `snapshots`; ``segment="auto"`` with a
+    `schedule`; host levels under ``jax.vmap``), a store that does not
+    hold the schedule's levels or plan.
 
     **References:** A. Griewank and A. Walther, Algorithm 799: revolve,
     ACM TOMS 26(1), 2000.
@@ -277,6 +300,10 @@ def checkpointed_scan(
 
     # Trace f once.  `consts` are its closed-over, possibly differentiated arrays.
     f_conv, consts = jax.closure_convert(f, init, x0)
+    if _forward_mode([*init_leaves, *xs_leaves, *consts]):
+        # Forward mode through the closure alone (``jax.jvp`` of a parameter
+        # that `f` closes over): as above, a plain scan.
+        return lax.scan(f, init, xs, length=n, unroll=unroll)
     out_shape = jax.eval_shape(f_conv, init, x0, *consts)
     if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
         raise VlccTypeError(
@@ -323,8 +350,7 @@ def checkpointed_scan(
                 "(IO effects in vmap-of-cond). Use a level-0 schedule under vmap, or loop "
                 "over the batch"
             )
-        # The schedule's future reads (program.plan) drive the read-ahead.
-        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves], plan=program.plan)
+        host = HostSession(program, store, [jax.typeof(x) for x in init_leaves])
     # (A device-only schedule ignores `store`: its checkpoints never leave the device.)
 
     run = _make_custom_vjp(program, step, n, unroll, y_avals, host)

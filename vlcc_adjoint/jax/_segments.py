@@ -53,6 +53,7 @@ from jax import lax
 from ..errors import VlccTypeError, VlccValueError
 from ..schedules import binomial_forward_count
 from ._interpret import Step, scan_leaves
+from ._state import leaf_nbytes
 
 __all__ = [
     "check_segment",
@@ -70,8 +71,9 @@ MAX_SEGMENT = 4096
 def tree_nbytes(tree: Any) -> int:
     """The bytes of the arrays (or abstract values: tracers,
     ``jax.ShapeDtypeStruct``) in the pytree `tree`, from their shapes and
-    dtypes: nothing is computed or transferred."""
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+    dtypes (PRNG keys: their ``key_data``): nothing is computed or
+    transferred."""
+    return sum(leaf_nbytes(x) for x in jax.tree.leaves(tree))
 
 
 def residual_bytes(step: Step, init_leaves, xs_leaves, consts) -> int:

@@ -43,7 +43,7 @@ import numpy as np
 from .. import state as _vstate
 from ..errors import VlccValueError
 
-__all__ = ["register_provider"]
+__all__ = ["host_aval", "is_key", "leaf_nbytes", "register_provider"]
 
 TAG = "jax"
 
@@ -53,7 +53,7 @@ def _claims(cls: type) -> bool:
 
 
 def _to_numpy(x) -> tuple[np.ndarray, dict]:
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    if is_key(x):
         return np.asarray(jax.random.key_data(x)), {TAG: "key", "impl": str(jax.random.key_impl(x))}
     return np.asarray(x), {TAG: True}
 
@@ -66,14 +66,35 @@ def _key_data_aval(shape: tuple[int, ...], dtype: Any) -> tuple[np.dtype, tuple[
     return np.dtype(out.dtype), tuple(out.shape)
 
 
+def is_key(x) -> bool:
+    """Whether the array, tracer or abstract value `x` holds typed PRNG keys
+    (no numpy dtype: stored and sent to the host as their ``key_data``)."""
+    return bool(jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
+
+
+def host_aval(x) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of `x` (an array, tracer or abstract value) as
+    the host holds it: itself, or for PRNG keys their ``key_data``."""
+    if is_key(x):
+        dtype, shape = _key_data_aval(tuple(x.shape), x.dtype)
+        return jax.ShapeDtypeStruct(shape, dtype)
+    return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
+
+
+def leaf_nbytes(x) -> int:
+    """The bytes of `x` (an array, tracer or abstract value) as the host
+    holds it (:func:`host_aval`), from its metadata: nothing is computed."""
+    aval = host_aval(x)
+    return int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+
+
 def _describe(x) -> tuple[np.dtype, tuple[int, ...], dict]:
     """What :func:`_to_numpy` returns of `x`, from its metadata alone: no
     transfer from the device (the structure checks and byte counts of
     :class:`vlcc_adjoint.state.Structure` ask this)."""
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        dtype, shape = _key_data_aval(tuple(x.shape), x.dtype)
-        return dtype, shape, {TAG: "key", "impl": str(jax.random.key_impl(x))}
-    return np.dtype(x.dtype), tuple(x.shape), {TAG: True}
+    aval = host_aval(x)
+    fields = {TAG: "key", "impl": str(jax.random.key_impl(x))} if is_key(x) else {TAG: True}
+    return np.dtype(aval.dtype), tuple(aval.shape), fields
 
 
 def _from_numpy(leaf: np.ndarray, node: dict):

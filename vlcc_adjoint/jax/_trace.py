@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..schedules import Schedule, Trace, io_plan
+from ..schedules import Schedule, Trace
 from ._host import HostSession
 from ._interpret import Interpreter
 from ._program import compile_program
@@ -31,8 +31,9 @@ __all__ = ["jax_trace"]
 def jax_trace(schedule: Schedule, store: TieredStore | None = None) -> Trace:
     """Run `schedule` through the JAX interpreter and return what it did.
 
-    **Arguments:** `schedule`; `store`, a ``TieredStore`` for its levels >= 1
-    (tier ``k - 1`` holds level ``k``), needed only if it uses them.
+    **Arguments:** `schedule`; `store`, a ``TieredStore`` for a schedule
+    with levels >= 1, as for :func:`checkpointed_scan`:
+    ``TieredStore([DeviceTier(), ...], plan=io_plan(schedule))``.
 
     **Returns:** a :class:`Trace` with `forward_steps` (every forward step the
     compiled advances ran, in order), `reverse_steps`, `reads` / `writes` of
@@ -43,11 +44,10 @@ def jax_trace(schedule: Schedule, store: TieredStore | None = None) -> Trace:
     n = program.n_steps
     host = None
     if program.levels > 1:
-        # With the read-ahead on: a restore collected from a read started
-        # early must still hand over the right state.
-        host = HostSession(
-            program, store, [jax.ShapeDtypeStruct((), jnp.int32)], plan=io_plan(schedule)
-        )
+        # With the store's read-ahead on (a planned store): a restore
+        # collected from a read started early must still hand over the
+        # right state.
+        host = HostSession(program, store, [jax.ShapeDtypeStruct((), jnp.int32)])
     i32 = jnp.int32
 
     def step(c, x, k):

@@ -224,7 +224,7 @@ class TieredStore:
         self._inline = InlinePath(
             sh, self._clock, self._capture, self._placement, self._jobs, self._writer, self._cache
         )
-        self._device = DevicePath(sh, self._clock, self._cache, self._register, self._unregister)
+        self._device = DevicePath(sh, self._clock, self._register, self._unregister)
         self._capture.held = self._held
         self._verify = self._restore.verify
         self._retaining = [t for t, r in zip(tiers, sh.retains) if r]
@@ -682,16 +682,33 @@ class TieredStore:
             with sh.lock:
                 self._clock.restart()
 
-    def sync(self, action_index: int) -> None:
+    def sync(self, action_index: int, *, device: bool = False) -> None:
         """Tell a planned store that the executor is at schedule action
         `action_index` (optional: the store follows its calls anyway).
 
-        Raises :class:`PlanMismatchError` if an I/O action before it was skipped.
+        **Arguments:**
+
+        - `action_index`: the index in the schedule of the action the
+          caller is about to run.
+        - `device`: the planned actions of the store's device levels (a
+          :class:`~vlcc_adjoint.storage.DeviceTier`) before `action_index`
+          were performed by the device itself, which does not call the
+          store for each (a compiled program): the store records them now,
+          in table order, as the calls ``save(i, None, k)``, ``load(i, k)``
+          and ``delete(i, k)`` would (records with no payload), at a
+          fraction of their cost.
+
+        Raises :class:`PlanMismatchError` if an I/O action before it (of a
+        host level, with `device`) was skipped.
         """
         with self._api:
             self._enter()
+            if device:
+                self._device.catch_up(action_index)
             with self._shared.lock:
-                if self._clock.sync(action_index):
+                # (After the device levels' actions alone the read-ahead has
+                # nothing new to do: they move the clock past no host read.)
+                if self._clock.sync(action_index) and not device:
                     self._cache.pump()
 
     def wait(self) -> None:
