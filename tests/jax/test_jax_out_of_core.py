@@ -9,15 +9,22 @@ while the device computes, collected at the restore's callback).
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 
-from vlcc_adjoint.jax import checkpointed_scan, host_io_stats, jax_trace
-from vlcc_adjoint.schedules import Level, Multistage, io_plan, simulate, table_trace
-from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore, ZarrTier
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+from vlcc_adjoint.jax import checkpointed_scan, host_io_stats, jax_trace  # noqa: E402
+from vlcc_adjoint.schedules import (  # noqa: E402
+    Level,
+    Multistage,
+    io_plan,
+    simulate,
+    table_trace,
+)
+from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore, ZarrTier  # noqa: E402
 
 
 def _step(c, x, w):

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 
-from vlcc_adjoint.jax import checkpointed, checkpointed_fori_loop, checkpointed_scan
-from vlcc_adjoint.jax._segments import choose_segment, residual_bytes, segmented_forward_count
-from vlcc_adjoint.schedules import Revolve, binomial_forward_count
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+from vlcc_adjoint.jax import (  # noqa: E402
+    checkpointed,
+    checkpointed_fori_loop,
+    checkpointed_scan,
+)
+from vlcc_adjoint.jax._segments import (  # noqa: E402
+    choose_segment,
+    residual_bytes,
+    segmented_forward_count,
+)
+from vlcc_adjoint.schedules import Revolve, binomial_forward_count  # noqa: E402
 
 
 def _step(c, x, w):
