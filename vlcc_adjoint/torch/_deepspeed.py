@@ -118,6 +118,16 @@ if TYPE_CHECKING:
 __all__ = ["VlccCheckpointEngine"]
 
 POINTER_FORMAT = "vlcc-deepspeed-pointer/1"
+#: Target raw bytes of a chunk in a History this engine opens (``chunk_bytes``).
+#: A training checkpoint changes every weight and every optimizer moment at every
+#: step, so the content addressing of 1 MiB chunks (the History's default) finds
+#: nothing to share between versions while each chunk costs a scratch file, two
+#: hard links and an unlink (measured: 48 files of 1 MiB cost ~25% more CPU to
+#: write than one file of 48 MiB).  At 16 MiB that per-file cost is below 2% of
+#: the write, an unchanged leaf (a frozen layer) still deduplicates whole, and a
+#: read still allocates at most one chunk at a time.  The chunk grid is recorded
+#: per leaf in the version's manifest: any reader reads any chunk size.
+CHUNK_BYTES = 16 << 20
 _POINTER_MAX = 64 << 10  # a pointer is a few hundred bytes; refuse to parse more
 
 
@@ -154,7 +164,10 @@ class VlccCheckpointEngine:
       (until the versions are on disk; they are written from the live
       tensors, without a copy).
     - `chunk_bytes`, `codec`, `durable`: passed to a ``History`` this engine
-      opens.
+      opens.  `chunk_bytes` defaults to :data:`CHUNK_BYTES` (16 MiB: few, large
+      files; see there); `codec` to ``None``: raw chunks (the mantissas of
+      trained float weights and moments are nearly random: lossless compression
+      saves little space for a pass of CPU over every byte).
 
     DeepSpeed's interface: ``create``, ``save``, ``load``, ``commit``,
     ``makedirs``, ``is_data_parallel_writer``, ``is_decoupled``,
@@ -171,7 +184,7 @@ class VlccCheckpointEngine:
         optimizer: torch.optim.Optimizer | None = None,
         defer: bool | None = None,
         wait_on_commit: str = "captured",
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int = CHUNK_BYTES,
         codec: Codec | None = None,
         durable: bool = False,
     ) -> None:
