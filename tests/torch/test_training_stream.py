@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from vlcc_adjoint.errors import VlccRuntimeError  # noqa: E402
 from vlcc_adjoint.lineage import History  # noqa: E402
 from vlcc_adjoint.torch import VlccCheckpointEngine  # noqa: E402
 
@@ -112,3 +113,32 @@ def test_streamed_capture_reuses_the_commit_copies_and_keeps_every_version(tmp_p
     for i, want in enumerate(wants):
         _check(reader.load(str(tmp_path / f"c{i}.pt")), want)
     reader.close()
+
+
+def test_a_commit_that_cannot_copy_publishes_no_torn_version(tmp_path, monkeypatch):
+    torch.manual_seed(6)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _train(model, opt)
+    engine = VlccCheckpointEngine(tmp_path / "h", model=model, optimizer=opt)
+    real_stage = History.stage
+
+    def stage(self, arrays, **kw):  # slow writes: the commit finds leaves unwritten
+        time.sleep(0.05)
+        return real_stage(self, arrays, **kw)
+
+    def take(dtype, shape):
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(History, "stage", stage)
+    monkeypatch.setattr(engine._copies, "take", take)
+    state = {"module": model.state_dict(), "optimizer": opt.state_dict()}
+    engine.save(state, str(tmp_path / "torn.pt"))
+    with pytest.raises(MemoryError):
+        engine.commit()
+    with pytest.raises(VlccRuntimeError, match="could not copy"):
+        engine.wait()
+    assert not (tmp_path / "torn.pt").exists()
+    with History(tmp_path / "h", mode="r") as h:
+        assert len(h.log()) == 0
+    engine.close()

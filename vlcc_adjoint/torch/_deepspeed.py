@@ -167,6 +167,7 @@ class _Job:
         "frozen",
         "copies",
         "captured",
+        "abandoned",
     )
 
     def __init__(self, state, path, tag, message, meta, streamed: bool = False):
@@ -189,6 +190,7 @@ class _Job:
         self.busy = self.frozen = False
         self.copies: dict[int, np.ndarray] = {}
         self.captured = threading.Event()
+        self.abandoned = False
 
 
 class VlccCheckpointEngine:
@@ -557,6 +559,7 @@ class VlccCheckpointEngine:
             for th in (self._thread, self._publisher):
                 if th is not None:
                     th.join()
+            self._copies.close()
             if self._own_history and self._history is not None:
                 self._history.close()
             for reader in self._readers.values():
@@ -734,6 +737,11 @@ class VlccCheckpointEngine:
                 job.busy = not frozen
             if frozen:
                 job.captured.wait()
+                if job.abandoned:
+                    raise VlccRuntimeError(
+                        "VlccCheckpointEngine: the commit could not copy the leaves not "
+                        "written yet (see its error); that checkpoint was not stored"
+                    )
             try:
                 entries[k] = history.stage([leaves[k]])[0]
             finally:
@@ -750,27 +758,41 @@ class VlccCheckpointEngine:
 
     def _freeze(self, jobs: list[_Job]) -> None:
         """The optimizer step is about to run: stop writing the live leaves of
-        streamed `jobs` and copy those not written yet (see :meth:`_stream`)."""
+        streamed `jobs` and copy those not written yet (see :meth:`_stream`).
+
+        If a copy fails (no memory), every streamed job not yet captured is
+        abandoned (its thread raises instead of writing leaves the step is
+        about to change: no torn version is published) and the error is raised.
+        """
         copied = 0
-        for job in jobs:
-            if not job.streamed:
-                continue
-            with self._lock:
-                job.frozen = True
-                while job.busy:
-                    self._lock.wait()
-                state = job.state
-                rest = job.order[job.position :]
-            if state is not None:  # else the job is finished (or failed)
-                _, leaves, live = state
-                for k in rest:
-                    if live[k]:
-                        buf = self._copies.take(leaves[k].dtype, leaves[k].shape)
-                        np.copyto(buf, leaves[k], casting="no")
-                        job.copies[k] = buf
-                        leaves[k] = buf
-                        copied += buf.nbytes
-            job.captured.set()
+        try:
+            for job in jobs:
+                if not job.streamed:
+                    continue
+                with self._lock:
+                    job.frozen = True
+                    while job.busy:
+                        self._lock.wait()
+                    state = job.state
+                    rest = job.order[job.position :]
+                if state is not None:  # else the job is finished (or failed)
+                    _, leaves, live = state
+                    for k in rest:
+                        if live[k]:
+                            buf = self._copies.take(leaves[k].dtype, leaves[k].shape)
+                            np.copyto(buf, leaves[k], casting="no")
+                            job.copies[k] = buf
+                            leaves[k] = buf
+                            copied += buf.nbytes
+                job.captured.set()
+        except BaseException:
+            for job in jobs:
+                if job.streamed and not job.captured.is_set():
+                    with self._lock:
+                        job.frozen = job.abandoned = True
+                    job.copies = {}
+                    job.captured.set()
+            raise
         # Free buffers kept for the next commit: at most one commit's copies.
         self._copies.max_free_bytes = max(self._copies.max_free_bytes, copied)
 
