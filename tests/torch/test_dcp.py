@@ -362,6 +362,40 @@ def test_staging_area_waits_for_the_save_that_uses_it():
     assert torch.equal(again["b"][0], sd["b"][0]) and area.reallocations == 1
 
 
+def test_staging_copies_every_kind_of_tensor_by_value():
+    # Contiguous plain tensors are copied as bytes; views whose bytes are not
+    # their values (conjugate, negative, transposed) go through copy_.
+    from vlcc_adjoint.torch._dcp_stage import StagingArea
+
+    torch.manual_seed(4)
+    z = torch.randn(5, dtype=torch.complex64)
+    sd = {
+        "f32": torch.randn(33, 7),
+        "bf16": torch.randn(9).to(torch.bfloat16),
+        "f16": torch.randn(4, 3).half(),
+        "i8": torch.arange(-5, 6, dtype=torch.int8),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.empty(0, 3),
+        "conj": z.conj(),
+        "neg": torch._neg_view(z),
+        "t": torch.randn(6, 4).t(),
+        "slice": torch.randn(10)[3:8],
+        "grad": torch.randn(3, requires_grad=True),
+    }
+    area = StagingArea()
+    for _ in range(2):  # a fresh area, then the reused one
+        staged = area.stage(sd)
+        for k, v in sd.items():
+            got = staged[k]
+            assert got.dtype == v.dtype and got.shape == v.shape, k
+            assert torch.equal(
+                got.resolve_conj().resolve_neg(), v.detach().resolve_conj().resolve_neg()
+            ), k
+        area.release()
+    assert area.reallocations == 1
+
+
 def test_a_failing_rank_write_commits_no_version(tmp_path):
     path = tmp_path / "run.vlcc"
     dcp.save({"w": torch.ones(4)}, storage_writer=VlccWriter(path))

@@ -15,7 +15,9 @@ The processes never close the engine (a training script often does not):
 both must exit with status 0 (a background thread alive at interpreter exit
 used to end them in SIGABRT).  Last, a history that one rank cannot open
 stops both ranks with an error at ``save_checkpoint`` (no rank waits forever
-in DeepSpeed's next collective).
+in DeepSpeed's next collective).  Then one process loads the weights of the
+ZeRO-1/2 checkpoints (``load_module_only``; DeepSpeed refuses to repartition the
+optimizer state onto another world size, with either engine).
 
 This file is also the worker: ``python test_deepspeed_dist.py <out dir>``.
 """
@@ -36,11 +38,11 @@ STAGES = (1, 2, 3)
 WORLD = 2
 
 
-def _engine(stage: int, seed: int = 0):
+def _engine(stage: int, seed: int = 0, world: int = WORLD):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    config = {"train_batch_size": 4 * WORLD, "zero_optimization": {"stage": stage}}
+    config = {"train_batch_size": 4 * world, "zero_optimization": {"stage": stage}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return engine
 
@@ -109,6 +111,39 @@ def _one_rank_cannot_open(out: str, rank: int) -> None:
     run.checkpoint_engine.close()
 
 
+def _one_process(out: str) -> None:
+    """Load the weights of the 2-process ZeRO-1/2 checkpoints on one process
+    (``load_module_only``: DeepSpeed refuses to repartition the optimizer state
+    onto another world size, with its own engine as with ours): through our
+    engine they are DeepSpeed's file's weights, bit for bit."""
+    import warnings
+
+    from vlcc_adjoint.torch import VlccCheckpointEngine
+
+    warnings.simplefilter("ignore")
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    for stage in (1, 2):
+        root = os.path.join(out, f"zero{stage}")
+        want = torch.load(
+            os.path.join(root, "torch", "t", "mp_rank_00_model_states.pt"), weights_only=False
+        )["module"]
+        for kind in ("torch", "vlcc"):
+            fresh = _engine(stage, seed=1, world=1)
+            if kind == "vlcc":
+                fresh.checkpoint_engine = VlccCheckpointEngine()
+            path, _ = fresh.load_checkpoint(
+                os.path.join(root, kind), tag="t", load_module_only=True
+            )
+            assert path is not None, (stage, kind)
+            got = fresh.module.state_dict()
+            assert sorted(got) == sorted(want), (stage, kind)
+            for k, v in want.items():
+                assert torch.equal(got[k], v), (stage, kind, k)
+            if kind == "vlcc":
+                fresh.checkpoint_engine.close()
+    print("one process done", flush=True)
+
+
 def _train_one(engine, rank: int) -> None:
     from test_deepspeed_zero import _train
 
@@ -163,7 +198,26 @@ def test_zero_1_2_3_on_two_processes_match_deepspeeds_engine_and_exit_cleanly(tm
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{text[-4000:]}"
         assert f"rank {r} done" in text, text[-4000:]
         assert "terminate called" not in text, text[-4000:]
+    # The weights of those checkpoints, on one process.
+    one = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), str(tmp_path), "one"],
+        env={
+            **env,
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_PORT": str(_free_port()),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert one.returncode == 0 and "one process done" in one.stdout, one.stdout[-4000:]
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1])
+    if sys.argv[2:] == ["one"]:
+        _one_process(sys.argv[1])
+    else:
+        _worker(sys.argv[1])

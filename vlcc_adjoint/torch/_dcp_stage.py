@@ -44,6 +44,7 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["StagingArea"]
@@ -58,6 +59,32 @@ def _dtensor_type():
     except ImportError:  # pragma: no cover - torch built without distributed
         return None
     return DTensor
+
+
+def _copy(raw: torch.Tensor, view: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy `src` into `view` (`raw`: the same bytes, as ``uint8``).
+
+    A contiguous CPU tensor whose bytes are its values (strided, not
+    quantized, no conjugate or negative bit) is copied as bytes by ``np.copyto``: one
+    ``memcpy``, faster than ``Tensor.copy_`` on one torch thread
+    (``copy_`` dispatches per dtype and splits the copy into TensorIterator
+    blocks).  Any other tensor (on a device, strided views,
+    conjugate views) goes through ``copy_``, which knows its semantics.
+    """
+    if (
+        src.device.type == "cpu"
+        and src.layout == torch.strided
+        and not src.is_quantized
+        and src.is_contiguous()
+        and not src.is_conj()
+        and not src.is_neg()
+        and src.dtype == view.dtype
+    ):
+        nbytes = raw.numel()
+        if nbytes:
+            np.copyto(raw.numpy(), src.reshape(-1).view(torch.uint8).numpy())
+        return
+    view.copy_(src)
 
 
 class StagingArea:
@@ -169,8 +196,9 @@ class StagingArea:
                 i = next(views)
                 local = tensors[i]
                 n = local.numel() * local.element_size()
-                view = buf[offsets[i] : offsets[i] + n].view(local.dtype).view(local.shape)
-                view.copy_(local.detach())
+                raw = buf[offsets[i] : offsets[i] + n]
+                view = raw.view(local.dtype).view(local.shape)
+                _copy(raw, view, local.detach())
                 out = view
                 if dtensor is not None and isinstance(obj, dtensor):
                     out = dtensor.from_local(

@@ -30,14 +30,19 @@ the weights.  So:
   copy; with ``defer=True`` (the default after ``attach``) it copies now
   only the tensors the next forward pass may change (BatchNorm statistics,
   anything that is not a parameter or optimizer state) and hands the rest
-  to a capture thread that copies them while the next forward and backward
+  to a capture thread that reads them while the next forward and backward
   passes run (they read the weights, they do not write them: the snapshot
-  of CheckFreq, Mohan et al., FAST 2021);
-* ``commit(info)``, at the next optimizer step, waits until every capture
-  of the tag is done, so the step may overwrite the weights.  With
-  ``wait_on_commit="captured"`` (the default) that is all: the History's
-  writer thread hashes and writes the chunks behind the training loop;
-  with ``"written"`` the step also waits until the versions are on disk;
+  of CheckFreq, Mohan et al., FAST 2021).  With ``wait_on_commit="captured"``
+  (the default) that thread hashes and writes them, leaf by leaf, straight
+  from the live tensors, without a copy (``History.stage``);
+* ``commit(info)``, at the next optimizer step, makes sure the step may
+  overwrite the weights.  With ``"captured"`` it copies the live leaves the
+  capture thread has not written yet (after the one it is writing), into
+  buffers reused from commit to commit, and the thread writes those copies
+  behind the training loop: a checkpoint costs one hash and one write of its
+  bytes plus a copy of what the forward and backward passes did not cover
+  (``_stream``).  With ``"written"`` the step waits until the versions are
+  on disk;
 * ``latest`` is written by this engine, once the tag's versions are
   published on disk (``get_commit_info`` hands DeepSpeed a copy of the
   commit info with ``save_latest=False``, so DeepSpeed does not write it
@@ -45,13 +50,14 @@ the weights.  So:
   at worst the one before the last.
 
 The training loop is blocked for the capture in ``save`` (with ``defer=True`` only
-the eager small tensors) plus what is left of the deferred copies at the next step.
-With ``wait_on_commit="written"`` there is no copy: the capture thread hashes and
-writes the chunks straight from the live tensors (``History.stage``, then
-``commit_staged``) while the forward and backward passes run, and the step waits
-for what is left of the write: one pass over the bytes fewer (the CPU of
-DeepSpeed's default engine, which blocks for the whole write in
-``save_checkpoint``; ``benchmarks/bench_training.py``).
+the eager small tensors) plus, at the next step, with ``"captured"``, the write of
+the leaf in progress and the copy of the live leaves not yet written (none when the
+forward and backward passes took longer than the write), with ``"written"`` what is
+left of the write.  Either way no byte is copied that the forward and backward
+passes gave time to write: the CPU of DeepSpeed's default engine, which blocks for
+the whole write in ``save_checkpoint`` (``benchmarks/bench_training.py``).  With
+``defer=False`` and ``"captured"``, ``save`` copies the whole state
+(``History(capture="copy")``) and the History's writer thread hashes and writes it.
 
 Several processes
 -----------------
@@ -103,7 +109,7 @@ import torch
 
 from .. import state as _vstate
 from ..errors import VlccFileNotFoundError, VlccRuntimeError, VlccTypeError, VlccValueError
-from ..storage import CorruptCheckpointError
+from ..storage import BufferPool, CorruptCheckpointError
 from ..storage import format as SF
 from ._deepspeed_state import register_deepspeed_providers
 from ._state import register_providers
@@ -118,20 +124,73 @@ if TYPE_CHECKING:
 __all__ = ["VlccCheckpointEngine"]
 
 POINTER_FORMAT = "vlcc-deepspeed-pointer/1"
+#: Target raw bytes of a chunk in a History this engine opens (``chunk_bytes``).
+#: A training checkpoint changes every weight and every optimizer moment at every
+#: step, so the content addressing of 1 MiB chunks (the History's default) finds
+#: nothing to share between versions while each chunk costs a scratch file, two
+#: hard links and an unlink (measured: 48 files of 1 MiB cost ~25% more CPU to
+#: write than one file of 48 MiB).  At 16 MiB that per-file cost is below 2% of
+#: the write, an unchanged leaf (a frozen layer) still deduplicates whole, and a
+#: read still allocates at most one chunk at a time.  The chunk grid is recorded
+#: per leaf in the version's manifest: any reader reads any chunk size.
+CHUNK_BYTES = 16 << 20
 _POINTER_MAX = 64 << 10  # a pointer is a few hundred bytes; refuse to parse more
 
 
 class _Job:
-    __slots__ = ("state", "path", "tag", "message", "meta", "vid", "done", "error")
+    """One file of a checkpoint (one ``save``) on its way into the history.
 
-    def __init__(self, state, path, tag, message, meta):
+    `state` is ``(spec, leaves, live)`` while the capture thread works on it:
+    ``live[i]`` says that ``leaves[i]`` is still the training's own tensor
+    (a parameter or optimizer state, deferred), else an owned copy.  A
+    *streamed* job (``wait_on_commit="captured"`` with deferred capture) is
+    written leaf by leaf from the live tensors, live leaves first
+    (`order`); `position` counts the leaves of `order` written, `busy` says
+    that one is being written now; `frozen` is set by the commit, which then
+    copies the live leaves not yet written into `copies` (leaf index ->
+    buffer) and sets `captured`.
+    """
+
+    __slots__ = (
+        "state",
+        "path",
+        "tag",
+        "message",
+        "meta",
+        "vid",
+        "done",
+        "error",
+        "streamed",
+        "order",
+        "position",
+        "busy",
+        "frozen",
+        "copies",
+        "captured",
+        "abandoned",
+    )
+
+    def __init__(self, state, path, tag, message, meta, streamed: bool = False):
         self.state = state
         self.path = path
         self.tag = tag
         self.message = message
         self.meta = meta
-        self.vid = self.error = None
+        self.vid: str | None = None
+        self.error: BaseException | None = None
         self.done = threading.Event()
+        self.streamed = streamed
+        self.order: list[int] = []
+        if streamed:
+            live = state[2]
+            self.order = [i for i, x in enumerate(live) if x] + [
+                i for i, x in enumerate(live) if not x
+            ]
+        self.position = 0
+        self.busy = self.frozen = False
+        self.copies: dict[int, np.ndarray] = {}
+        self.captured = threading.Event()
+        self.abandoned = False
 
 
 class VlccCheckpointEngine:
@@ -150,11 +209,15 @@ class VlccCheckpointEngine:
       during the next forward/backward pass (default: when `model` or
       `optimizer` is given).
     - `wait_on_commit`: ``"captured"`` (commit waits until the state is
-      copied; the write continues in the background) or ``"written"``
-      (until the versions are on disk; they are written from the live
-      tensors, without a copy).
+      written or copied; the write continues in the background) or
+      ``"written"`` (until the versions are on disk).  With `defer`, both
+      write from the live tensors; ``"captured"`` copies at the commit what
+      is not written by then.
     - `chunk_bytes`, `codec`, `durable`: passed to a ``History`` this engine
-      opens.
+      opens.  `chunk_bytes` defaults to :data:`CHUNK_BYTES` (16 MiB: few, large
+      files; see there); `codec` to ``None``: raw chunks (the mantissas of
+      trained float weights and moments are nearly random: lossless compression
+      saves little space for a pass of CPU over every byte).
 
     DeepSpeed's interface: ``create``, ``save``, ``load``, ``commit``,
     ``makedirs``, ``is_data_parallel_writer``, ``is_decoupled``,
@@ -171,7 +234,7 @@ class VlccCheckpointEngine:
         optimizer: torch.optim.Optimizer | None = None,
         defer: bool | None = None,
         wait_on_commit: str = "captured",
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int = CHUNK_BYTES,
         codec: Codec | None = None,
         durable: bool = False,
     ) -> None:
@@ -222,6 +285,9 @@ class VlccCheckpointEngine:
         self._closed = False
         self._error: BaseException | None = None
         self._hooks: list[Any] = []  # torch hook handles (removed on close)
+        # Buffers of the copies a commit makes of leaves not written yet (see
+        # _stream); reused by the next commit's copies (fresh pages are slow).
+        self._copies = BufferPool(0)
         self.timings: collections.defaultdict[str, float] = collections.defaultdict(float)
         # seconds spent in save and waiting in commit ("save", "commit_wait")
         self._finalizer = weakref.finalize(self, _shutdown, self._lock, self._jobs, self._publish)
@@ -336,7 +402,8 @@ class VlccCheckpointEngine:
             job.vid = vid
             job.done.set()
         else:
-            job = _Job(self._split(state_dict), path, tag, message, meta)
+            streamed = self.wait_on_commit == "captured"
+            job = _Job(self._split(state_dict), path, tag, message, meta, streamed)
             with self._lock:
                 self._jobs.append(job)
                 if self._thread is None:
@@ -398,8 +465,9 @@ class VlccCheckpointEngine:
         if info is None or info is self._ds_info:
             info = self._info
         jobs, self._pending = self._pending, []
+        self._freeze(jobs)
         for job in jobs:
-            job.done.wait()
+            (job.captured if job.streamed else job.done).wait()
         if agree:
             with self._lock:
                 error, self._error = self._error, None
@@ -491,6 +559,7 @@ class VlccCheckpointEngine:
             for th in (self._thread, self._publisher):
                 if th is not None:
                     th.join()
+            self._copies.close()
             if self._own_history and self._history is not None:
                 self._history.close()
             for reader in self._readers.values():
@@ -586,15 +655,18 @@ class VlccCheckpointEngine:
         return ptrs
 
     def _split(self, state_dict):
-        """The state with every tensor the next forward pass might change
-        copied now, the others (parameters, optimizer state) still live."""
+        """``(spec, leaves, live)``: the state with every tensor the next forward
+        pass might change copied now, the others (parameters, optimizer state)
+        still live (``live[i]``)."""
         leaves, spec = _vstate.flatten(state_dict)
-        live = self._deferrable()
+        deferrable = self._deferrable()
         mixed = []
+        live = []
         for leaf in leaves:
             ptr = leaf.__array_interface__["data"][0] if leaf.size else 0
-            mixed.append(leaf if ptr in live else np.array(leaf, copy=True))
-        return spec, mixed
+            live.append(ptr in deferrable)
+            mixed.append(leaf if live[-1] else np.array(leaf, copy=True))
+        return spec, mixed, live
 
     def _capture_loop(self) -> None:
         while True:
@@ -605,18 +677,23 @@ class VlccCheckpointEngine:
             if job is None:
                 return
             try:
-                spec, leaves = job.state
-                job.vid = self._store(spec, leaves, job.message, job.meta)
+                if job.streamed:
+                    job.vid = self._stream(job)
+                else:
+                    spec, leaves, _ = job.state
+                    job.vid = self._store(spec, leaves, job.message, job.meta)
                 self._write_pointer(job.path, job.vid, job.tag)
             except BaseException as err:  # raised by the next call of the engine
                 job.error = err
                 with self._lock:
                     self._error = err
             finally:
-                job.state = None
                 with self._lock:
+                    job.state = None
+                    job.busy = False
                     self._jobs.popleft()
                     self._lock.notify_all()
+                job.captured.set()
                 job.done.set()
 
     def _store(self, spec: dict, leaves: list, message: str, meta: dict) -> str:
@@ -636,9 +713,97 @@ class VlccCheckpointEngine:
             return history.commit_staged(spec, entries, message, meta)
         return history.commit(_vstate.unflatten(spec, leaves), message=message, meta=meta)
 
+    def _stream(self, job: _Job) -> str:
+        """Write a streamed job's leaves into the history and commit them as one
+        version; its id (the capture thread).
+
+        The live leaves go first, each hashed and written straight from the
+        training's tensor (``History.stage``: no copy) while the forward and
+        backward passes run.  When the commit comes (the optimizer step is
+        about to change the weights) before they are all written, it copies
+        the live leaves left (:meth:`_freeze`) and the thread writes those
+        copies.  So a checkpoint costs the CPU of one hash and one write of
+        its bytes, plus a copy of only what the forward and backward passes
+        did not cover; the step waits at most for the leaf being written and
+        the copy of the rest.  The owned leaves follow; then the version is
+        published (``History.commit_staged``).
+        """
+        history = self.history()
+        spec, leaves, _ = job.state
+        entries: list[Any] = [None] * len(leaves)
+        for p, k in enumerate(job.order):
+            with self._lock:
+                frozen = job.frozen
+                job.busy = not frozen
+            if frozen:
+                job.captured.wait()
+                if job.abandoned:
+                    raise VlccRuntimeError(
+                        "VlccCheckpointEngine: the commit could not copy the leaves not "
+                        "written yet (see its error); that checkpoint was not stored"
+                    )
+            try:
+                entries[k] = history.stage([leaves[k]])[0]
+            finally:
+                if not frozen:
+                    with self._lock:
+                        job.busy = False
+                        job.position = p + 1
+                        self._lock.notify_all()
+            buf = job.copies.pop(k, None)
+            if buf is not None:
+                leaves[k] = None
+                self._copies.recycle([buf])  # written: the next commit's copies reuse it
+        return history.commit_staged(spec, entries, job.message, job.meta)
+
+    def _freeze(self, jobs: list[_Job]) -> None:
+        """The optimizer step is about to run: stop writing the live leaves of
+        streamed `jobs` and copy those not written yet (see :meth:`_stream`).
+
+        If a copy fails (no memory), every streamed job not yet captured is
+        abandoned (its thread raises instead of writing leaves the step is
+        about to change: no torn version is published) and the error is raised.
+        """
+        copied = 0
+        try:
+            for job in jobs:
+                if not job.streamed:
+                    continue
+                with self._lock:
+                    job.frozen = True
+                    while job.busy:
+                        self._lock.wait()
+                    state = job.state
+                    rest = job.order[job.position :]
+                if state is not None:  # else the job is finished (or failed)
+                    _, leaves, live = state
+                    for k in rest:
+                        if live[k]:
+                            buf = self._copies.take(leaves[k].dtype, leaves[k].shape)
+                            np.copyto(buf, leaves[k], casting="no")
+                            job.copies[k] = buf
+                            leaves[k] = buf
+                            copied += buf.nbytes
+                job.captured.set()
+        except BaseException:
+            for job in jobs:
+                if job.streamed and not job.captured.is_set():
+                    with self._lock:
+                        job.frozen = job.abandoned = True
+                    job.copies = {}
+                    job.captured.set()
+            raise
+        # Free buffers kept for the next commit: at most one commit's copies.
+        self._copies.max_free_bytes = max(self._copies.max_free_bytes, copied)
+
     def _publish_now(self, seq, info, jobs) -> None:
         """Wait until `jobs` are on disk; then write ``latest`` (unless a newer
-        tag already did)."""
+        tag already did, or a job failed: its error is raised by the engine's
+        next call)."""
+        for job in jobs:
+            job.done.wait()
+        if any(job.error is not None for job in jobs):
+            return
         if self._history is not None:
             self._history.wait()
         if info is not None and getattr(info, "save_latest", False) and _is_rank0():
