@@ -14,16 +14,18 @@ the others are merged versions), ``branch``, ``message``, ``meta``,
 ``created``, ``nbytes`` (the state's bytes), ``new_bytes`` (bytes of the
 chunk files this version added when it was committed), ``digest`` (the
 seal of its manifest; ``null`` for versions written in format 1); edges run
-parent -> child.  The file is rebuilt into a ``networkx.DiGraph`` on open
-and after every change by another process; it is validated (ids, parents,
-refs, acyclicity) and never executed.
+parent -> child.  The file is read into a :class:`Graph` on open and after
+every change by another process; it is validated (ids, parents, refs,
+acyclicity) and never executed.  In memory each version is kept once, as
+its JSON text, beside a compact index of ids, ``seq`` and parents (see
+:class:`Graph`); the ``networkx.DiGraph`` is built from it when asked for.
 
 The graph file is sealed (:func:`graph_file`) by the digest of the
 bytes of its JSON text as written
 (:func:`vlcc_adjoint.storage.format.sealed_text_group`), not of a canonical
-re-encoding: a commit to a long history assembles the text from cached
-fragments (:meth:`Graph.dumps`), and re-encoding thousands of versions on
-every publication is what the fragments avoid.  The graph's format number
+re-encoding: a commit to a long history assembles the text from the
+versions' texts (:meth:`Graph.dumps`), and re-encoding thousands of
+versions on every publication is what keeping the texts avoids.  The graph's format number
 sits inside the hashed text and each node repeats its manifest's digest, so
 a sealed graph cannot pass for a format 1 one (which has no seal), nor a
 manifest be swapped for another well-sealed one, by a changed byte.
@@ -33,11 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -59,6 +62,7 @@ _NODE_KEYS = (
     "digest",
 )
 _DIGEST = re.compile(r"[0-9a-f]{32}")
+_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 def check_name(name: str, what: str) -> str:
@@ -125,38 +129,132 @@ class Version:
         )
 
 
+def _encode_node(vid: str, attrs: dict) -> str:
+    """The JSON text of one version in the graph file: its attributes, then ``"id"``.
+
+    `attrs` holds the keys of ``_NODE_KEYS`` in that order (as ``add`` and
+    ``from_json`` build them); ASCII, no NaN, no spaces.
+    """
+    return _ENCODE({**attrs, "id": vid})
+
+
+class NodeAttrs(Mapping[str, Any]):
+    """The attributes of one version, read from its JSON text on demand.
+
+    ``seq`` and ``parents`` come from the graph's index (no parsing); any other
+    key parses the version's text once per view.  A view is made by each
+    ``graph.nodes[vid]`` and holds no state of its own beyond that parse.
+    """
+
+    __slots__ = ("_attrs", "_graph", "_i")
+
+    def __init__(self, graph: Graph, i: int) -> None:
+        self._graph = graph
+        self._i = i
+        self._attrs: dict | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "seq":
+            return self._graph._seq[self._i]
+        if key == "parents":
+            return self._graph._parent_ids(self._i)
+        if self._attrs is None:
+            self._attrs = self._graph._attrs_at(self._i)
+        return self._attrs[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NODE_KEYS)
+
+    def __len__(self) -> int:
+        return len(_NODE_KEYS)
+
+    def __repr__(self) -> str:
+        return f"NodeAttrs({self._graph._ids[self._i]!r}, {dict(self)!r})"
+
+
+class NodeTable(Mapping[str, NodeAttrs]):
+    """``graph.nodes``: version id -> :class:`NodeAttrs`, in publication order (read only)."""
+
+    __slots__ = ("_graph",)
+
+    def __init__(self, graph: Graph) -> None:
+        self._graph = graph
+
+    def __getitem__(self, vid: str) -> NodeAttrs:
+        return NodeAttrs(self._graph, self._graph._pos[vid])
+
+    def __contains__(self, vid: object) -> bool:
+        return vid in self._graph._pos
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._graph._ids)
+
+    def __len__(self) -> int:
+        return len(self._graph._ids)
+
+
 class Graph:
     """The in-memory graph and refs of a repository.
 
-    Versions are kept in a plain dict (``nodes``: id -> attributes); the
-    ``networkx.DiGraph`` (``g``) is built from it on first use.  An installed
-    Graph is never changed: writers change a :meth:`clone`.  Attribute dicts
-    are shared between clones and never mutated (``remove`` replaces a
-    version's dict when its parents change), so cloning costs a dict copy
-    and serialising reuses each version's JSON text (``frags``, shared by
-    every graph of one ``History``): a commit to a history of thousands of
-    versions writes the graph file in milliseconds.
+    **One description per version.**  A version is held once, as its JSON
+    text inside the text of the file's ``nodes`` list (``_nodes_text``, the
+    fragments joined by ``,`` in publication order, with ``_starts`` the
+    offset of each); its edges likewise (``_edges_text``).  Beside the text,
+    a compact index serves navigation without parsing: the ids in
+    publication order (``_ids``, with ``_pos`` mapping an id to its
+    position), and in typed arrays the ``seq`` of each version and the
+    position of its first parent (``-1`` for a root), with the other parents
+    of merges in ``_more``.  Every other attribute (message, meta, digest,
+    ...) is parsed from the version's text when asked for (:attr:`nodes`,
+    :meth:`attrs`, :meth:`version`).  The index is derived from the same
+    input as the text, when a version is added or the file is read, and
+    neither changes afterwards, so they cannot disagree.
+
+    Per version this costs the text (about 250 bytes) and about 150 bytes of
+    index (the id string, its dict entry and position, 32 bytes of arrays),
+    where a dict of attributes per version, a cache of each version's text
+    and the joined text cost about three times as much (tested in
+    ``tests/lineage/test_lineage_memory.py``).
+
+    **Commit cost.**  Publication only appends: :meth:`add` encodes the one
+    new version and appends its text, so writing the graph file after a
+    commit never re-encodes the other versions (the file's bytes are the
+    cached texts, joined).  Reading the file (:meth:`from_json`) encodes each
+    version once; :meth:`remove` (gc) re-encodes the versions whose parents
+    change.
+
+    An installed Graph is never changed: writers change a :meth:`clone`,
+    which copies the index and shares the (immutable) texts.  The
+    ``networkx.DiGraph`` (:attr:`g`) is built on first use.
     """
 
-    def __init__(self, frags: dict | None = None):
-        self.nodes: dict[str, dict] = {}
+    def __init__(self) -> None:
         self.branches: dict[str, str] = {}
         self.tags: dict[str, str] = {}
         self.head = "main"
         self.next_seq = 0
-        self.frags: dict[tuple, str] = {} if frags is None else frags
+        self._ids: list[str] = []
+        self._pos: dict[str, int] = {}
+        self._seq = array("q")
+        self._first = array("q")  # position of the first parent; -1: a root
+        self._more: dict[int, tuple[int, ...]] = {}  # a merge's other parents' positions
+        self._starts = array("q")  # where each version's text begins in _nodes_text
+        self._nodes_text = ""
+        self._edges_text = ""
         self._nx: nx.DiGraph | None = None
-        # The JSON text of the first n versions (nodes, edges): publication only
-        # appends, so a commit serialises one version, not all of them.
-        self._text: tuple[int, str, str] = (0, "", "")
 
     def clone(self) -> Graph:
-        other = Graph(self.frags)
-        other.nodes = dict(self.nodes)
+        other = Graph()
         other.branches = dict(self.branches)
         other.tags = dict(self.tags)
         other.head, other.next_seq = self.head, self.next_seq
-        other._text = self._text
+        other._ids = list(self._ids)
+        other._pos = dict(self._pos)
+        other._seq = array("q", self._seq)
+        other._first = array("q", self._first)
+        other._more = dict(self._more)
+        other._starts = array("q", self._starts)
+        other._nodes_text, other._edges_text = self._nodes_text, self._edges_text
         return other
 
     @property
@@ -164,24 +262,68 @@ class Graph:
         """The DAG as networkx (edges parent -> child, the attributes on the nodes)."""
         if self._nx is None:
             g = nx.DiGraph()
-            for vid, attrs in sorted(self.nodes.items(), key=lambda kv: kv[1]["seq"]):
-                g.add_node(vid, **attrs)
-                for p in attrs["parents"]:
+            for i, vid in enumerate(self._ids):
+                g.add_node(vid, **self._attrs_at(i))
+                for p in self._parent_ids(i):
                     g.add_edge(p, vid)
             self._nx = g
         return self._nx
 
-    # -- JSON -----------------------------------------------------------------------
+    # -- the index and the texts ------------------------------------------------------
 
-    def _fragment(self, vid: str, attrs: dict) -> str:
-        key = (vid, tuple(attrs["parents"]))
-        text = self.frags.get(key)
-        if text is None:
-            if len(self.frags) > 4 * len(self.nodes) + 1024:
-                self.frags.clear()
-            text = json.dumps({**attrs, "id": vid}, allow_nan=False, separators=(",", ":"))
-            self.frags[key] = text
-        return text
+    def _parent_ids(self, i: int) -> list[str]:
+        first = self._first[i]
+        if first < 0:
+            return []
+        ids = self._ids
+        more = self._more.get(i)
+        return [ids[first]] if more is None else [ids[first], *(ids[j] for j in more)]
+
+    def _text_at(self, i: int) -> str:
+        end = self._starts[i + 1] - 1 if i + 1 < len(self._starts) else len(self._nodes_text)
+        return self._nodes_text[self._starts[i] : end]
+
+    def _attrs_at(self, i: int) -> dict:
+        attrs = json.loads(self._text_at(i))
+        del attrs["id"]
+        return attrs
+
+    def _append(self, vid: str, seq: int, parents: list[str], text: str) -> None:
+        """Index version `vid` (its parents indexed before it); its text is placed by the caller."""
+        if vid in self._pos:
+            raise VlccValueError(f"version {vid} is in the graph already")
+        pos = [self._pos[p] for p in parents]
+        i = len(self._ids)
+        self._ids.append(vid)
+        self._pos[vid] = i
+        self._seq.append(seq)
+        self._first.append(pos[0] if pos else -1)
+        if len(pos) > 1:
+            self._more[i] = tuple(pos[1:])
+
+    @staticmethod
+    def _edges_of(vid: str, parents: list[str]) -> str:
+        return ",".join(f'{{"source":"{p}","target":"{vid}"}}' for p in parents)
+
+    def _rebuild(self, versions: Iterable[tuple[str, int, list[str], str]]) -> None:
+        """Index and join `versions` (id, seq, parent ids, text; parents first) from scratch."""
+        self._ids, self._pos, self._more = [], {}, {}
+        self._seq, self._first, self._starts = array("q"), array("q"), array("q")
+        texts: list[str] = []
+        edges: list[str] = []
+        at = 0
+        for vid, seq, parents, text in versions:
+            self._append(vid, seq, parents, text)
+            self._starts.append(at)
+            at += len(text) + 1
+            texts.append(text)
+            if parents:
+                edges.append(self._edges_of(vid, parents))
+        self._nodes_text = ",".join(texts)
+        self._edges_text = ",".join(edges)
+        self._nx = None
+
+    # -- JSON -----------------------------------------------------------------------
 
     def dumps(self) -> str:
         """The graph's JSON text: ``networkx.node_link_data(g, edges="edges")`` plus refs.
@@ -189,18 +331,6 @@ class Graph:
         ``nodes`` is in publication order (its insertion order: parsing keeps the
         file's order, which is that order, and ``add`` appends).
         """
-        done, nodes, edges = self._text
-        if done < len(self.nodes):
-            new = list(itertools.islice(self.nodes.items(), done, None))
-            more = ",".join(self._fragment(vid, attrs) for vid, attrs in new)
-            more_edges = ",".join(
-                f'{{"source":"{p}","target":"{vid}"}}'
-                for vid, attrs in new
-                for p in attrs["parents"]
-            )
-            nodes = f"{nodes},{more}" if nodes and more else nodes or more
-            edges = f"{edges},{more_edges}" if edges and more_edges else edges or more_edges
-            self._text = (len(self.nodes), nodes, edges)
         refs = json.dumps(
             {
                 "format": GRAPH_FORMAT,
@@ -214,9 +344,9 @@ class Graph:
         return (
             refs[:-1]
             + ',"graph":{"directed":true,"multigraph":false,"graph":{},"nodes":['
-            + nodes
+            + self._nodes_text
             + '],"edges":['
-            + edges
+            + self._edges_text
             + "]}}"
         )
 
@@ -224,15 +354,18 @@ class Graph:
         return json.loads(self.dumps())
 
     @classmethod
-    def from_json(cls, doc, frags: dict | None = None) -> Graph:
+    def from_json(cls, doc: Any) -> Graph:
         """Rebuild and validate (``ValueError`` on anything inconsistent).
 
         Acyclicity is checked through the publication order: every parent
         must have a smaller ``seq`` than its child, which no cycle can satisfy.
+        Each version's text is encoded from its validated attributes (only
+        the keys of the format, in their order), so what the graph holds and
+        writes back is what was checked.
         """
         if not isinstance(doc, dict) or doc.get("format") not in (1, GRAPH_FORMAT):
             raise VlccValueError("unknown graph format")
-        self = cls(frags)
+        self = cls()
         data = doc.get("graph")
         if not (
             isinstance(data, dict)
@@ -240,7 +373,7 @@ class Graph:
             and isinstance(data.get("edges"), list)
         ):
             raise VlccValueError("no node-link graph")
-        nodes = self.nodes
+        nodes: dict[str, dict] = {}
         last_seq = -1
         for node in data["nodes"]:
             if not (
@@ -267,6 +400,8 @@ class Graph:
                 raise VlccValueError(f"bad attributes of version {node['id']}")
             if nodes and attrs["seq"] <= last_seq:
                 raise VlccValueError("versions are not listed in publication order")
+            if node["id"] in nodes:
+                raise VlccValueError(f"version {node['id']} is listed twice")
             last_seq = attrs["seq"]
             nodes[node["id"]] = attrs
         n_edges = 0
@@ -303,18 +438,41 @@ class Graph:
         if type(seq) is not int or any(a["seq"] >= seq for a in nodes.values()):
             raise VlccValueError("bad next_seq")
         self.next_seq = seq
+        self._rebuild(
+            (vid, attrs["seq"], attrs["parents"], _encode_node(vid, attrs))
+            for vid, attrs in nodes.items()
+        )
         return self
 
     # -- queries --------------------------------------------------------------------
 
     def __contains__(self, vid) -> bool:
-        return vid in self.nodes
+        return vid in self._pos
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self._ids)
+
+    @property
+    def nodes(self) -> NodeTable:
+        """Version id -> its attributes (``seq``, ``parents``, ``branch``, ``message``,
+        ``meta``, ``created``, ``nbytes``, ``new_bytes``, ``digest``), in publication
+        order; a read-only view (change a graph through :meth:`add` and :meth:`remove`)."""
+        return NodeTable(self)
+
+    def seq(self, vid: str) -> int:
+        """The publication number of version `vid`."""
+        return self._seq[self._pos[vid]]
+
+    def parents(self, vid: str) -> list[str]:
+        """The parents of version `vid`, first parent first."""
+        return self._parent_ids(self._pos[vid])
+
+    def attrs(self, vid: str) -> dict:
+        """Every attribute of version `vid` (a new dict, parsed from its text)."""
+        return self._attrs_at(self._pos[vid])
 
     def version(self, vid: str) -> Version:
-        a = self.nodes[vid]
+        a = self.attrs(vid)
         tags = tuple(sorted(t for t, v in self.tags.items() if v == vid))
         return Version(
             vid,
@@ -330,29 +488,30 @@ class Graph:
         )
 
     def newest_first(self, ids: Iterable[str]) -> list[Version]:
-        return [
-            self.version(v) for v in sorted(ids, key=lambda v: self.nodes[v]["seq"], reverse=True)
-        ]
+        return [self.version(v) for v in sorted(ids, key=self.seq, reverse=True)]
 
     def ancestors(self, vid: str) -> set[str]:
         """Every version `vid` descends from (not itself)."""
-        seen: set[str] = set()
-        stack = list(self.nodes[vid]["parents"])
+        seen: set[int] = set()
+        first, more = self._first, self._more
+        stack = [self._pos[vid]]
         while stack:
-            v = stack.pop()
-            if v not in seen:
-                seen.add(v)
-                stack.extend(self.nodes[v]["parents"])
-        return seen
+            i = stack.pop()
+            parents = [first[i]] if first[i] >= 0 else []
+            parents.extend(more.get(i, ()))
+            for j in parents:
+                if j not in seen:
+                    seen.add(j)
+                    stack.append(j)
+        return {self._ids[j] for j in seen}
 
     def first_parents(self, vid: str) -> list[str]:
         """`vid` and its first-parent ancestors, newest first."""
         out = []
-        at: str | None = vid
-        while at is not None:
-            out.append(at)
-            parents = self.nodes[at]["parents"]
-            at = parents[0] if parents else None
+        i = self._pos[vid]
+        while i >= 0:
+            out.append(self._ids[i])
+            i = self._first[i]
         return out
 
     # -- changes (on a clone) ---------------------------------------------------------
@@ -369,17 +528,29 @@ class Graph:
         new_bytes: int,
         digest: str | None = None,
     ) -> None:
-        self.nodes[vid] = {
-            "seq": self.next_seq,
-            "parents": list(parents),
-            "branch": branch,
-            "message": message,
-            "meta": meta,
-            "created": created,
-            "nbytes": int(nbytes),
-            "new_bytes": int(new_bytes),
-            "digest": digest,
-        }
+        """Publish version `vid` (its parents are in the graph): encode its text
+        and append it, the one version; the others' texts are reused as they are."""
+        parents = list(parents)
+        text = _encode_node(
+            vid,
+            {
+                "seq": self.next_seq,
+                "parents": parents,
+                "branch": branch,
+                "message": message,
+                "meta": meta,
+                "created": created,
+                "nbytes": int(nbytes),
+                "new_bytes": int(new_bytes),
+                "digest": digest,
+            },
+        )
+        self._append(vid, self.next_seq, parents, text)
+        self._starts.append(len(self._nodes_text) + 1 if self._nodes_text else 0)
+        self._nodes_text = f"{self._nodes_text},{text}" if self._nodes_text else text
+        if parents:
+            edges = self._edges_of(vid, parents)
+            self._edges_text = f"{self._edges_text},{edges}" if self._edges_text else edges
         self.next_seq += 1
         self._nx = None
 
@@ -387,22 +558,28 @@ class Graph:
         """Remove versions, splicing them out: a kept version's parents become its
         nearest kept ancestors (in order, without duplicates)."""
         memo: dict[str, list[str]] = {}
-        nodes = self.nodes
-        for vid in sorted(nodes, key=lambda v: nodes[v]["seq"]):  # parents first
+        for i, vid in enumerate(self._ids):  # publication order: parents first
             out: list[str] = []
-            for p in nodes[vid]["parents"]:
+            for p in self._parent_ids(i):
                 for q in memo[p] if p in doomed else [p]:
                     if q not in out:
                         out.append(q)
             memo[vid] = out
         for vid in doomed:
-            del nodes[vid]
-        for vid, attrs in list(nodes.items()):
-            if memo[vid] != attrs["parents"]:
-                nodes[vid] = {**attrs, "parents": memo[vid]}
+            if vid not in self._pos:
+                raise KeyError(vid)
+        kept = []
+        for i, vid in enumerate(self._ids):
+            if vid in doomed:
+                continue
+            text = self._text_at(i)
+            if memo[vid] != self._parent_ids(i):
+                attrs = json.loads(text)  # "id" stays last
+                attrs["parents"] = memo[vid]
+                text = _ENCODE(attrs)
+            kept.append((vid, self._seq[i], memo[vid], text))
+        self._rebuild(kept)
         self.tags = {t: v for t, v in self.tags.items() if v not in doomed}
-        self._nx = None
-        self._text = (0, "", "")
 
 
 # -- the graph file -----------------------------------------------------------------------
