@@ -138,6 +138,42 @@ def _encode_node(vid: str, attrs: dict) -> str:
     return _ENCODE({**attrs, "id": vid})
 
 
+def _join(texts: list[str]) -> tuple[str, list[int]]:
+    """`texts` joined by ``,``, and the offset where each begins."""
+    starts = []
+    at = 0
+    for text in texts:
+        starts.append(at)
+        at += len(text) + 1
+    return ",".join(texts), starts
+
+
+# A version's text ends with its id, the last key; followed by the next version's
+# text (",") or the end of the list.
+_NODE_END = re.compile(r'"id":"([0-9a-f]{12})"\}(?=,|\Z)')
+
+
+def _encode_nodes(nodes: list[dict]) -> tuple[str, list[int]]:
+    """The texts of `nodes` (attribute dicts ending with ``"id"``, as
+    :func:`_encode_node` orders them) joined by ``,``, and where each begins.
+
+    The list is encoded by one call of the encoder (its text is the versions'
+    texts joined by ``,``, in brackets), and the ends of the versions are found
+    by their last key, ``"id":"<id>"}`` followed by ``,`` or the end.  The same
+    pattern may occur inside a version's ``meta`` (only as a key, since quotes
+    inside strings are escaped), so the occurrences are the ends exactly when
+    there are as many as versions, with the versions' ids in order (every end
+    is an occurrence).  Otherwise each version is encoded alone.
+    """
+    text = _ENCODE(nodes)[1:-1]
+    ends = list(_NODE_END.finditer(text))
+    if len(ends) == len(nodes) and all(
+        m.group(1) == node["id"] for m, node in zip(ends, nodes, strict=True)
+    ):
+        return text, [0, *(m.end() + 1 for m in ends[:-1])] if nodes else []
+    return _join([_ENCODE(node) for node in nodes])
+
+
 class NodeAttrs(Mapping[str, Any]):
     """The attributes of one version, read from its JSON text on demand.
 
@@ -288,7 +324,7 @@ class Graph:
         del attrs["id"]
         return attrs
 
-    def _append(self, vid: str, seq: int, parents: list[str], text: str) -> None:
+    def _append(self, vid: str, seq: int, parents: list[str]) -> None:
         """Index version `vid` (its parents indexed before it); its text is placed by the caller."""
         if vid in self._pos:
             raise VlccValueError(f"version {vid} is in the graph already")
@@ -305,22 +341,19 @@ class Graph:
     def _edges_of(vid: str, parents: list[str]) -> str:
         return ",".join(f'{{"source":"{p}","target":"{vid}"}}' for p in parents)
 
-    def _rebuild(self, versions: Iterable[tuple[str, int, list[str], str]]) -> None:
-        """Index and join `versions` (id, seq, parent ids, text; parents first) from scratch."""
+    def _rebuild(
+        self, versions: list[tuple[str, int, list[str]]], texts: tuple[str, Iterable[int]]
+    ) -> None:
+        """Index `versions` (id, seq, parent ids; parents first) from scratch, with
+        `texts` their texts joined by ``,`` and where each begins (:func:`_join`)."""
         self._ids, self._pos, self._more = [], {}, {}
-        self._seq, self._first, self._starts = array("q"), array("q"), array("q")
-        texts: list[str] = []
-        edges: list[str] = []
-        at = 0
-        for vid, seq, parents, text in versions:
-            self._append(vid, seq, parents, text)
-            self._starts.append(at)
-            at += len(text) + 1
-            texts.append(text)
-            if parents:
-                edges.append(self._edges_of(vid, parents))
-        self._nodes_text = ",".join(texts)
-        self._edges_text = ",".join(edges)
+        self._seq, self._first = array("q"), array("q")
+        for vid, seq, parents in versions:
+            self._append(vid, seq, parents)
+        self._nodes_text, self._starts = texts[0], array("q", texts[1])
+        self._edges_text = ",".join(
+            self._edges_of(vid, parents) for vid, _, parents in versions if parents
+        )
         self._nx = None
 
     # -- JSON -----------------------------------------------------------------------
@@ -439,8 +472,8 @@ class Graph:
             raise VlccValueError("bad next_seq")
         self.next_seq = seq
         self._rebuild(
-            (vid, attrs["seq"], attrs["parents"], _encode_node(vid, attrs))
-            for vid, attrs in nodes.items()
+            [(vid, attrs["seq"], attrs["parents"]) for vid, attrs in nodes.items()],
+            _encode_nodes([{**attrs, "id": vid} for vid, attrs in nodes.items()]),
         )
         return self
 
@@ -545,7 +578,7 @@ class Graph:
                 "digest": digest,
             },
         )
-        self._append(vid, self.next_seq, parents, text)
+        self._append(vid, self.next_seq, parents)
         self._starts.append(len(self._nodes_text) + 1 if self._nodes_text else 0)
         self._nodes_text = f"{self._nodes_text},{text}" if self._nodes_text else text
         if parents:
@@ -569,6 +602,7 @@ class Graph:
             if vid not in self._pos:
                 raise KeyError(vid)
         kept = []
+        texts = []
         for i, vid in enumerate(self._ids):
             if vid in doomed:
                 continue
@@ -577,8 +611,9 @@ class Graph:
                 attrs = json.loads(text)  # "id" stays last
                 attrs["parents"] = memo[vid]
                 text = _ENCODE(attrs)
-            kept.append((vid, self._seq[i], memo[vid], text))
-        self._rebuild(kept)
+            kept.append((vid, self._seq[i], memo[vid]))
+            texts.append(text)
+        self._rebuild(kept, _join(texts))
         self.tags = {t: v for t, v in self.tags.items() if v not in doomed}
 
 
