@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import operator
 import secrets
 import tracemalloc
 
@@ -135,7 +136,7 @@ def test_the_nodes_of_a_graph_are_read_only_and_parsed_values_are_copies():
     g = _graph_with([{"step": k} for k in range(3)])
     vid = f"{1:012x}"
     with pytest.raises(TypeError):
-        g.nodes[vid] = {}  # type: ignore[index]
+        operator.setitem(g.nodes, vid, {})
     g.nodes[vid]["meta"]["step"] = 99  # a parsed copy: the graph is unchanged
     assert g.version(vid).meta == {"step": 1}
     assert g.nodes[vid]["seq"] == g.seq(vid) == 1

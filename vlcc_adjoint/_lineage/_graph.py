@@ -175,27 +175,27 @@ def _encode_nodes(nodes: list[dict]) -> tuple[str, list[int]]:
 
 
 class NodeAttrs(Mapping[str, Any]):
-    """The attributes of one version, read from its JSON text on demand.
+    """The attributes of one version (``graph.nodes[vid]``), read on demand.
 
     ``seq`` and ``parents`` come from the graph's index (no parsing); any other
-    key parses the version's text once per view.  A view is made by each
-    ``graph.nodes[vid]`` and holds no state of its own beyond that parse.
+    key parses the version's text, once per view (:meth:`Graph.attrs`).  A
+    view is made by each ``graph.nodes[vid]`` and holds nothing else.
     """
 
-    __slots__ = ("_attrs", "_graph", "_i")
+    __slots__ = ("_attrs", "_graph", "_vid")
 
-    def __init__(self, graph: Graph, i: int) -> None:
+    def __init__(self, graph: Graph, vid: str) -> None:
         self._graph = graph
-        self._i = i
+        self._vid = vid
         self._attrs: dict | None = None
 
     def __getitem__(self, key: str) -> Any:
         if key == "seq":
-            return self._graph._seq[self._i]
+            return self._graph.seq(self._vid)
         if key == "parents":
-            return self._graph._parent_ids(self._i)
+            return self._graph.parents(self._vid)
         if self._attrs is None:
-            self._attrs = self._graph._attrs_at(self._i)
+            self._attrs = self._graph.attrs(self._vid)
         return self._attrs[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -205,7 +205,7 @@ class NodeAttrs(Mapping[str, Any]):
         return len(_NODE_KEYS)
 
     def __repr__(self) -> str:
-        return f"NodeAttrs({self._graph._ids[self._i]!r}, {dict(self)!r})"
+        return f"NodeAttrs({self._vid!r}, {dict(self)!r})"
 
 
 class NodeTable(Mapping[str, NodeAttrs]):
@@ -217,16 +217,18 @@ class NodeTable(Mapping[str, NodeAttrs]):
         self._graph = graph
 
     def __getitem__(self, vid: str) -> NodeAttrs:
-        return NodeAttrs(self._graph, self._graph._pos[vid])
+        if vid not in self._graph:
+            raise KeyError(vid)
+        return NodeAttrs(self._graph, vid)
 
     def __contains__(self, vid: object) -> bool:
-        return vid in self._graph._pos
+        return vid in self._graph
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._graph._ids)
+        return iter(self._graph)
 
     def __len__(self) -> int:
-        return len(self._graph._ids)
+        return len(self._graph)
 
 
 class Graph:
@@ -484,6 +486,10 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        """The version ids in publication order."""
+        return iter(self._ids)
 
     @property
     def nodes(self) -> NodeTable:
