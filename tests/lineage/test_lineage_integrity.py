@@ -66,9 +66,11 @@ def edit_manifest(repo, vid, edit, reseal: bool = False):
         attrs = SF.seal(attrs)
         doc["attributes"]["vlcc_lineage"] = attrs
         gpath = repo / "graph" / "zarr.json"
-        g = Graph.from_json(parse_graph_file(gpath.read_bytes(), str(gpath)))
-        g.nodes[vid] = {**g.nodes[vid], "digest": attrs["digest"]}
-        gpath.write_bytes(graph_file(g))
+        graph = parse_graph_file(gpath.read_bytes(), str(gpath))
+        for node in graph["graph"]["nodes"]:
+            if node["id"] == vid:
+                node["digest"] = attrs["digest"]
+        gpath.write_bytes(graph_file(Graph.from_json(graph)))
     path.write_text(json.dumps(doc))
 
 

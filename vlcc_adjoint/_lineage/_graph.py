@@ -14,16 +14,18 @@ the others are merged versions), ``branch``, ``message``, ``meta``,
 ``created``, ``nbytes`` (the state's bytes), ``new_bytes`` (bytes of the
 chunk files this version added when it was committed), ``digest`` (the
 seal of its manifest; ``null`` for versions written in format 1); edges run
-parent -> child.  The file is rebuilt into a ``networkx.DiGraph`` on open
-and after every change by another process; it is validated (ids, parents,
-refs, acyclicity) and never executed.
+parent -> child.  The file is read into a :class:`Graph` on open and after
+every change by another process; it is validated (ids, parents, refs,
+acyclicity) and never executed.  In memory each version is kept once, as
+its JSON text, beside a compact index of ids, ``seq`` and parents (see
+:class:`Graph`); the ``networkx.DiGraph`` is built from it when asked for.
 
 The graph file is sealed (:func:`graph_file`) by the digest of the
 bytes of its JSON text as written
 (:func:`vlcc_adjoint.storage.format.sealed_text_group`), not of a canonical
-re-encoding: a commit to a long history assembles the text from cached
-fragments (:meth:`Graph.dumps`), and re-encoding thousands of versions on
-every publication is what the fragments avoid.  The graph's format number
+re-encoding: a commit to a long history assembles the text from the
+versions' texts (:meth:`Graph.dumps`), and re-encoding thousands of
+versions on every publication is what keeping the texts avoids.  The graph's format number
 sits inside the hashed text and each node repeats its manifest's digest, so
 a sealed graph cannot pass for a format 1 one (which has no seal), nor a
 manifest be swapped for another well-sealed one, by a changed byte.
@@ -33,11 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -59,6 +62,7 @@ _NODE_KEYS = (
     "digest",
 )
 _DIGEST = re.compile(r"[0-9a-f]{32}")
+_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 def check_name(name: str, what: str) -> str:
@@ -125,38 +129,170 @@ class Version:
         )
 
 
+def _encode_node(vid: str, attrs: dict) -> str:
+    """The JSON text of one version in the graph file: its attributes, then ``"id"``.
+
+    `attrs` holds the keys of ``_NODE_KEYS`` in that order (as ``add`` and
+    ``from_json`` build them); ASCII, no NaN, no spaces.
+    """
+    return _ENCODE({**attrs, "id": vid})
+
+
+def _join(texts: list[str]) -> tuple[str, list[int]]:
+    """`texts` joined by ``,``, and the offset where each begins."""
+    starts = []
+    at = 0
+    for text in texts:
+        starts.append(at)
+        at += len(text) + 1
+    return ",".join(texts), starts
+
+
+# A version's text ends with its id, the last key; followed by the next version's
+# text (",") or the end of the list.
+_NODE_END = re.compile(r'"id":"([0-9a-f]{12})"\}(?=,|\Z)')
+
+
+def _encode_nodes(nodes: list[dict]) -> tuple[str, list[int]]:
+    """The texts of `nodes` (attribute dicts ending with ``"id"``, as
+    :func:`_encode_node` orders them) joined by ``,``, and where each begins.
+
+    The list is encoded by one call of the encoder (its text is the versions'
+    texts joined by ``,``, in brackets), and the ends of the versions are found
+    by their last key, ``"id":"<id>"}`` followed by ``,`` or the end.  The same
+    pattern may occur inside a version's ``meta`` (only as a key, since quotes
+    inside strings are escaped), so the occurrences are the ends exactly when
+    there are as many as versions, with the versions' ids in order (every end
+    is an occurrence).  Otherwise each version is encoded alone.
+    """
+    text = _ENCODE(nodes)[1:-1]
+    ends = list(_NODE_END.finditer(text))
+    if len(ends) == len(nodes) and all(
+        m.group(1) == node["id"] for m, node in zip(ends, nodes, strict=True)
+    ):
+        return text, [0, *(m.end() + 1 for m in ends[:-1])] if nodes else []
+    return _join([_ENCODE(node) for node in nodes])
+
+
+class NodeAttrs(Mapping[str, Any]):
+    """The attributes of one version (``graph.nodes[vid]``), read on demand.
+
+    ``seq`` and ``parents`` come from the graph's index (no parsing); any other
+    key parses the version's text, once per view (:meth:`Graph.attrs`).  A
+    view is made by each ``graph.nodes[vid]`` and holds nothing else.
+    """
+
+    __slots__ = ("_attrs", "_graph", "_vid")
+
+    def __init__(self, graph: Graph, vid: str) -> None:
+        self._graph = graph
+        self._vid = vid
+        self._attrs: dict | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "seq":
+            return self._graph.seq(self._vid)
+        if key == "parents":
+            return self._graph.parents(self._vid)
+        if self._attrs is None:
+            self._attrs = self._graph.attrs(self._vid)
+        return self._attrs[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NODE_KEYS)
+
+    def __len__(self) -> int:
+        return len(_NODE_KEYS)
+
+    def __repr__(self) -> str:
+        return f"NodeAttrs({self._vid!r}, {dict(self)!r})"
+
+
+class NodeTable(Mapping[str, NodeAttrs]):
+    """``graph.nodes``: version id -> :class:`NodeAttrs`, in publication order (read only)."""
+
+    __slots__ = ("_graph",)
+
+    def __init__(self, graph: Graph) -> None:
+        self._graph = graph
+
+    def __getitem__(self, vid: str) -> NodeAttrs:
+        if vid not in self._graph:
+            raise KeyError(vid)
+        return NodeAttrs(self._graph, vid)
+
+    def __contains__(self, vid: object) -> bool:
+        return vid in self._graph
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._graph)
+
+    def __len__(self) -> int:
+        return len(self._graph)
+
+
 class Graph:
     """The in-memory graph and refs of a repository.
 
-    Versions are kept in a plain dict (``nodes``: id -> attributes); the
-    ``networkx.DiGraph`` (``g``) is built from it on first use.  An installed
-    Graph is never changed: writers change a :meth:`clone`.  Attribute dicts
-    are shared between clones and never mutated (``remove`` replaces a
-    version's dict when its parents change), so cloning costs a dict copy
-    and serialising reuses each version's JSON text (``frags``, shared by
-    every graph of one ``History``): a commit to a history of thousands of
-    versions writes the graph file in milliseconds.
+    **One description per version.**  A version is held once, as its JSON
+    text inside the text of the file's ``nodes`` list (``_nodes_text``, the
+    fragments joined by ``,`` in publication order, with ``_starts`` the
+    offset of each); its edges likewise (``_edges_text``).  Beside the text,
+    a compact index serves navigation without parsing: the ids in
+    publication order (``_ids``, with ``_pos`` mapping an id to its
+    position), and in typed arrays the ``seq`` of each version and the
+    position of its first parent (``-1`` for a root), with the other parents
+    of merges in ``_more``.  Every other attribute (message, meta, digest,
+    ...) is parsed from the version's text when asked for (:attr:`nodes`,
+    :meth:`attrs`, :meth:`version`).  The index is derived from the same
+    input as the text, when a version is added or the file is read, and
+    neither changes afterwards, so they cannot disagree.
+
+    Per version this costs the text (about 250 bytes) and about 150 bytes of
+    index (the id string, its dict entry and position, 32 bytes of arrays),
+    where a dict of attributes per version, a cache of each version's text
+    and the joined text cost about three times as much (tested in
+    ``tests/lineage/test_lineage_memory.py``).
+
+    **Commit cost.**  Publication only appends: :meth:`add` encodes the one
+    new version and appends its text, so writing the graph file after a
+    commit never re-encodes the other versions (the file's bytes are the
+    cached texts, joined).  Reading the file (:meth:`from_json`) encodes each
+    version once; :meth:`remove` (gc) re-encodes the versions whose parents
+    change.
+
+    An installed Graph is never changed: writers change a :meth:`clone`,
+    which copies the index and shares the (immutable) texts.  The
+    ``networkx.DiGraph`` (:attr:`g`) is built on first use.
     """
 
-    def __init__(self, frags: dict | None = None):
-        self.nodes: dict[str, dict] = {}
+    def __init__(self) -> None:
         self.branches: dict[str, str] = {}
         self.tags: dict[str, str] = {}
         self.head = "main"
         self.next_seq = 0
-        self.frags: dict[tuple, str] = {} if frags is None else frags
+        self._ids: list[str] = []
+        self._pos: dict[str, int] = {}
+        self._seq = array("q")
+        self._first = array("q")  # position of the first parent; -1: a root
+        self._more: dict[int, tuple[int, ...]] = {}  # a merge's other parents' positions
+        self._starts = array("q")  # where each version's text begins in _nodes_text
+        self._nodes_text = ""
+        self._edges_text = ""
         self._nx: nx.DiGraph | None = None
-        # The JSON text of the first n versions (nodes, edges): publication only
-        # appends, so a commit serialises one version, not all of them.
-        self._text: tuple[int, str, str] = (0, "", "")
 
     def clone(self) -> Graph:
-        other = Graph(self.frags)
-        other.nodes = dict(self.nodes)
+        other = Graph()
         other.branches = dict(self.branches)
         other.tags = dict(self.tags)
         other.head, other.next_seq = self.head, self.next_seq
-        other._text = self._text
+        other._ids = list(self._ids)
+        other._pos = dict(self._pos)
+        other._seq = array("q", self._seq)
+        other._first = array("q", self._first)
+        other._more = dict(self._more)
+        other._starts = array("q", self._starts)
+        other._nodes_text, other._edges_text = self._nodes_text, self._edges_text
         return other
 
     @property
@@ -164,24 +300,65 @@ class Graph:
         """The DAG as networkx (edges parent -> child, the attributes on the nodes)."""
         if self._nx is None:
             g = nx.DiGraph()
-            for vid, attrs in sorted(self.nodes.items(), key=lambda kv: kv[1]["seq"]):
-                g.add_node(vid, **attrs)
-                for p in attrs["parents"]:
+            for i, vid in enumerate(self._ids):
+                g.add_node(vid, **self._attrs_at(i))
+                for p in self._parent_ids(i):
                     g.add_edge(p, vid)
             self._nx = g
         return self._nx
 
-    # -- JSON -----------------------------------------------------------------------
+    # -- the index and the texts ------------------------------------------------------
 
-    def _fragment(self, vid: str, attrs: dict) -> str:
-        key = (vid, tuple(attrs["parents"]))
-        text = self.frags.get(key)
-        if text is None:
-            if len(self.frags) > 4 * len(self.nodes) + 1024:
-                self.frags.clear()
-            text = json.dumps({**attrs, "id": vid}, allow_nan=False, separators=(",", ":"))
-            self.frags[key] = text
-        return text
+    def _parent_ids(self, i: int) -> list[str]:
+        first = self._first[i]
+        if first < 0:
+            return []
+        ids = self._ids
+        more = self._more.get(i)
+        return [ids[first]] if more is None else [ids[first], *(ids[j] for j in more)]
+
+    def _text_at(self, i: int) -> str:
+        end = self._starts[i + 1] - 1 if i + 1 < len(self._starts) else len(self._nodes_text)
+        return self._nodes_text[self._starts[i] : end]
+
+    def _attrs_at(self, i: int) -> dict:
+        attrs = json.loads(self._text_at(i))
+        del attrs["id"]
+        return attrs
+
+    def _append(self, vid: str, seq: int, parents: list[str]) -> None:
+        """Index version `vid` (its parents indexed before it); its text is placed by the caller."""
+        if vid in self._pos:
+            raise VlccValueError(f"version {vid} is in the graph already")
+        pos = [self._pos[p] for p in parents]
+        i = len(self._ids)
+        self._ids.append(vid)
+        self._pos[vid] = i
+        self._seq.append(seq)
+        self._first.append(pos[0] if pos else -1)
+        if len(pos) > 1:
+            self._more[i] = tuple(pos[1:])
+
+    @staticmethod
+    def _edges_of(vid: str, parents: list[str]) -> str:
+        return ",".join(f'{{"source":"{p}","target":"{vid}"}}' for p in parents)
+
+    def _rebuild(
+        self, versions: list[tuple[str, int, list[str]]], texts: tuple[str, Iterable[int]]
+    ) -> None:
+        """Index `versions` (id, seq, parent ids; parents first) from scratch, with
+        `texts` their texts joined by ``,`` and where each begins (:func:`_join`)."""
+        self._ids, self._pos, self._more = [], {}, {}
+        self._seq, self._first = array("q"), array("q")
+        for vid, seq, parents in versions:
+            self._append(vid, seq, parents)
+        self._nodes_text, self._starts = texts[0], array("q", texts[1])
+        self._edges_text = ",".join(
+            self._edges_of(vid, parents) for vid, _, parents in versions if parents
+        )
+        self._nx = None
+
+    # -- JSON -----------------------------------------------------------------------
 
     def dumps(self) -> str:
         """The graph's JSON text: ``networkx.node_link_data(g, edges="edges")`` plus refs.
@@ -189,18 +366,6 @@ class Graph:
         ``nodes`` is in publication order (its insertion order: parsing keeps the
         file's order, which is that order, and ``add`` appends).
         """
-        done, nodes, edges = self._text
-        if done < len(self.nodes):
-            new = list(itertools.islice(self.nodes.items(), done, None))
-            more = ",".join(self._fragment(vid, attrs) for vid, attrs in new)
-            more_edges = ",".join(
-                f'{{"source":"{p}","target":"{vid}"}}'
-                for vid, attrs in new
-                for p in attrs["parents"]
-            )
-            nodes = f"{nodes},{more}" if nodes and more else nodes or more
-            edges = f"{edges},{more_edges}" if edges and more_edges else edges or more_edges
-            self._text = (len(self.nodes), nodes, edges)
         refs = json.dumps(
             {
                 "format": GRAPH_FORMAT,
@@ -214,9 +379,9 @@ class Graph:
         return (
             refs[:-1]
             + ',"graph":{"directed":true,"multigraph":false,"graph":{},"nodes":['
-            + nodes
+            + self._nodes_text
             + '],"edges":['
-            + edges
+            + self._edges_text
             + "]}}"
         )
 
@@ -224,15 +389,18 @@ class Graph:
         return json.loads(self.dumps())
 
     @classmethod
-    def from_json(cls, doc, frags: dict | None = None) -> Graph:
+    def from_json(cls, doc: Any) -> Graph:
         """Rebuild and validate (``ValueError`` on anything inconsistent).
 
         Acyclicity is checked through the publication order: every parent
         must have a smaller ``seq`` than its child, which no cycle can satisfy.
+        Each version's text is encoded from its validated attributes (only
+        the keys of the format, in their order), so what the graph holds and
+        writes back is what was checked.
         """
         if not isinstance(doc, dict) or doc.get("format") not in (1, GRAPH_FORMAT):
             raise VlccValueError("unknown graph format")
-        self = cls(frags)
+        self = cls()
         data = doc.get("graph")
         if not (
             isinstance(data, dict)
@@ -240,7 +408,7 @@ class Graph:
             and isinstance(data.get("edges"), list)
         ):
             raise VlccValueError("no node-link graph")
-        nodes = self.nodes
+        nodes: dict[str, dict] = {}
         last_seq = -1
         for node in data["nodes"]:
             if not (
@@ -267,6 +435,8 @@ class Graph:
                 raise VlccValueError(f"bad attributes of version {node['id']}")
             if nodes and attrs["seq"] <= last_seq:
                 raise VlccValueError("versions are not listed in publication order")
+            if node["id"] in nodes:
+                raise VlccValueError(f"version {node['id']} is listed twice")
             last_seq = attrs["seq"]
             nodes[node["id"]] = attrs
         n_edges = 0
@@ -303,18 +473,45 @@ class Graph:
         if type(seq) is not int or any(a["seq"] >= seq for a in nodes.values()):
             raise VlccValueError("bad next_seq")
         self.next_seq = seq
+        self._rebuild(
+            [(vid, attrs["seq"], attrs["parents"]) for vid, attrs in nodes.items()],
+            _encode_nodes([{**attrs, "id": vid} for vid, attrs in nodes.items()]),
+        )
         return self
 
     # -- queries --------------------------------------------------------------------
 
     def __contains__(self, vid) -> bool:
-        return vid in self.nodes
+        return vid in self._pos
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        """The version ids in publication order."""
+        return iter(self._ids)
+
+    @property
+    def nodes(self) -> NodeTable:
+        """Version id -> its attributes (``seq``, ``parents``, ``branch``, ``message``,
+        ``meta``, ``created``, ``nbytes``, ``new_bytes``, ``digest``), in publication
+        order; a read-only view (change a graph through :meth:`add` and :meth:`remove`)."""
+        return NodeTable(self)
+
+    def seq(self, vid: str) -> int:
+        """The publication number of version `vid`."""
+        return self._seq[self._pos[vid]]
+
+    def parents(self, vid: str) -> list[str]:
+        """The parents of version `vid`, first parent first."""
+        return self._parent_ids(self._pos[vid])
+
+    def attrs(self, vid: str) -> dict:
+        """Every attribute of version `vid` (a new dict, parsed from its text)."""
+        return self._attrs_at(self._pos[vid])
 
     def version(self, vid: str) -> Version:
-        a = self.nodes[vid]
+        a = self.attrs(vid)
         tags = tuple(sorted(t for t, v in self.tags.items() if v == vid))
         return Version(
             vid,
@@ -330,29 +527,30 @@ class Graph:
         )
 
     def newest_first(self, ids: Iterable[str]) -> list[Version]:
-        return [
-            self.version(v) for v in sorted(ids, key=lambda v: self.nodes[v]["seq"], reverse=True)
-        ]
+        return [self.version(v) for v in sorted(ids, key=self.seq, reverse=True)]
 
     def ancestors(self, vid: str) -> set[str]:
         """Every version `vid` descends from (not itself)."""
-        seen: set[str] = set()
-        stack = list(self.nodes[vid]["parents"])
+        seen: set[int] = set()
+        first, more = self._first, self._more
+        stack = [self._pos[vid]]
         while stack:
-            v = stack.pop()
-            if v not in seen:
-                seen.add(v)
-                stack.extend(self.nodes[v]["parents"])
-        return seen
+            i = stack.pop()
+            parents = [first[i]] if first[i] >= 0 else []
+            parents.extend(more.get(i, ()))
+            for j in parents:
+                if j not in seen:
+                    seen.add(j)
+                    stack.append(j)
+        return {self._ids[j] for j in seen}
 
     def first_parents(self, vid: str) -> list[str]:
         """`vid` and its first-parent ancestors, newest first."""
         out = []
-        at: str | None = vid
-        while at is not None:
-            out.append(at)
-            parents = self.nodes[at]["parents"]
-            at = parents[0] if parents else None
+        i = self._pos[vid]
+        while i >= 0:
+            out.append(self._ids[i])
+            i = self._first[i]
         return out
 
     # -- changes (on a clone) ---------------------------------------------------------
@@ -369,17 +567,29 @@ class Graph:
         new_bytes: int,
         digest: str | None = None,
     ) -> None:
-        self.nodes[vid] = {
-            "seq": self.next_seq,
-            "parents": list(parents),
-            "branch": branch,
-            "message": message,
-            "meta": meta,
-            "created": created,
-            "nbytes": int(nbytes),
-            "new_bytes": int(new_bytes),
-            "digest": digest,
-        }
+        """Publish version `vid` (its parents are in the graph): encode its text
+        and append it, the one version; the others' texts are reused as they are."""
+        parents = list(parents)
+        text = _encode_node(
+            vid,
+            {
+                "seq": self.next_seq,
+                "parents": parents,
+                "branch": branch,
+                "message": message,
+                "meta": meta,
+                "created": created,
+                "nbytes": int(nbytes),
+                "new_bytes": int(new_bytes),
+                "digest": digest,
+            },
+        )
+        self._append(vid, self.next_seq, parents)
+        self._starts.append(len(self._nodes_text) + 1 if self._nodes_text else 0)
+        self._nodes_text = f"{self._nodes_text},{text}" if self._nodes_text else text
+        if parents:
+            edges = self._edges_of(vid, parents)
+            self._edges_text = f"{self._edges_text},{edges}" if self._edges_text else edges
         self.next_seq += 1
         self._nx = None
 
@@ -387,22 +597,30 @@ class Graph:
         """Remove versions, splicing them out: a kept version's parents become its
         nearest kept ancestors (in order, without duplicates)."""
         memo: dict[str, list[str]] = {}
-        nodes = self.nodes
-        for vid in sorted(nodes, key=lambda v: nodes[v]["seq"]):  # parents first
+        for i, vid in enumerate(self._ids):  # publication order: parents first
             out: list[str] = []
-            for p in nodes[vid]["parents"]:
+            for p in self._parent_ids(i):
                 for q in memo[p] if p in doomed else [p]:
                     if q not in out:
                         out.append(q)
             memo[vid] = out
         for vid in doomed:
-            del nodes[vid]
-        for vid, attrs in list(nodes.items()):
-            if memo[vid] != attrs["parents"]:
-                nodes[vid] = {**attrs, "parents": memo[vid]}
+            if vid not in self._pos:
+                raise KeyError(vid)
+        kept = []
+        texts = []
+        for i, vid in enumerate(self._ids):
+            if vid in doomed:
+                continue
+            text = self._text_at(i)
+            if memo[vid] != self._parent_ids(i):
+                attrs = json.loads(text)  # "id" stays last
+                attrs["parents"] = memo[vid]
+                text = _ENCODE(attrs)
+            kept.append((vid, self._seq[i], memo[vid]))
+            texts.append(text)
+        self._rebuild(kept, _join(texts))
         self.tags = {t: v for t, v in self.tags.items() if v not in doomed}
-        self._nx = None
-        self._text = (0, "", "")
 
 
 # -- the graph file -----------------------------------------------------------------------

@@ -64,8 +64,7 @@ class Repository:
         self.mode = mode
         self.durable = durable
         self.lock = lock
-        self._frags: dict[tuple, str] = {}  # JSON text of versions, reused by every graph write
-        self._graph = Graph(self._frags)
+        self._graph = Graph()
         self._stamp: Stamp | None = None
         self._open()
         self.graph_lock = FileLock(self.p(F.LOCKS, "graph.lock"), readonly=mode == "r")
@@ -278,7 +277,7 @@ class Repository:
         try:
             raw = SF.read_limited(path, SF.MAX_METADATA_BYTES)
             doc = parse_graph_file(raw, path)
-            return Graph.from_json(doc, self._frags), stamp
+            return Graph.from_json(doc), stamp
         except FileNotFoundError:
             raise CorruptCheckpointError(
                 f"the graph file {path} of the history is missing; the directory was damaged "
