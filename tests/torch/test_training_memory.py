@@ -12,9 +12,10 @@ driven as DeepSpeed does: ``save`` then ``commit`` before the next step).
 The measure is Python's ``tracemalloc`` (every NumPy buffer the history's
 writer allocates is traced), taken after a warm-up that fills the reused
 buffers and pools: over the following saves it may grow by at most 1% of the
-state.  What does grow is the history's table of versions (a few hundred
-bytes to 2 KiB of metadata per version, whatever the state's size), which is
-what the bound leaves room for.  The staging area of ``dcp.async_save``
+state.  What does grow is the history's table of versions (about half a
+KiB of metadata per version, whatever the state's size, see
+``tests/lineage/test_lineage_memory.py``), which is what the bound leaves
+room for.  The staging area of ``dcp.async_save``
 (torch memory, not traced) is checked through its own accounting: at most
 1.25x the shard, one allocation for all saves.
 """
