@@ -6,6 +6,7 @@ Reproduce::
     python benchmarks/bench_dcp.py --quick                 # about a minute (CI size)
     python benchmarks/bench_dcp.py                         # the committed size, ~8 min
     python benchmarks/bench_dcp.py --train-repeats 5 --update-results   # the committed JSON
+    python benchmarks/bench_dcp.py --only-durability --update-results   # that section alone
 
 Writes ``DIR/bench_dcp.json`` (``--out DIR``, default
 ``$TMPDIR/vlcc-bench-results/``; with ``--update-results``,
@@ -20,7 +21,9 @@ The backends (``benchmarks/_dcp_backends.py``): ``vlcc`` (our
 XOR-delta chunks), ``dcp_fs`` (DCP's default ``FileSystemWriter``, one
 directory per version), ``icechunk`` (1.1, a zarr array per tensor, every
 tensor written each version) and ``icechunk_changed`` (only tensors whose
-bytes changed).  Two workloads:
+bytes changed).  ``dcp_fs`` runs with DCP's default ``sync_files=True``
+(every file fsynced), ``vlcc`` with ours, which does not fsync; each
+backend's ``fsync`` is recorded beside its times.  Two workloads:
 
 * ``full``: full training, every weight (and both moments) changes between
   versions.  Bytes per version against the state's bytes.
@@ -43,6 +46,20 @@ fresh process, its record of the peak reset just before the call (Linux
 above the resident memory just before one save into a
 new store (``rss_save_bytes``) and one load of the last version
 (``rss_load_bytes``), with those calls' times (``*_new_process``).
+
+``durability``: the warm save, like for like: DCP's writer with
+``sync_files=True`` against ours with ``durable=True`` (both fsync every
+file they write; ours also the directories and references), and
+``sync_files=False`` against our default (neither fsyncs), on the ``full``
+workload's versions, the four writers interleaved version by version in
+rotated order (the machine's load falls on all four alike).  Per backend:
+``fsync``, ``setup``, ``save_s`` (every save), ``save_s_cold`` (the first),
+``save_s_warm`` (median of the others), ``bytes`` (the store at the end)
+and ``restored_equal`` (the last version loads back exactly); ``pairs``
+names each comparison's two backends and the ratio of their warm saves
+(ours over DCP's).  ``--only-durability`` measures this section alone and
+puts it into the results file already in ``--out`` (the other sections and
+the ``"claims"`` stay; the section records its own command and machine).
 
 ``training``: the slowdown of ``--train-steps`` steps with a checkpoint every
 ``--k`` steps, against the same steps without any, for ``dcp.save`` and
@@ -82,12 +99,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import _dcp_backends as B  # noqa: E402
+import claims  # noqa: E402  (benchmarks/claims.py)
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from bench_lineage import disk_bytes  # noqa: E402
@@ -107,6 +126,14 @@ CONFIG = (
     "train_steps",
     "train_repeats",
 )
+#: the like-for-like warm-save comparisons: (ours, DCP's) of the same durability
+DURABILITY = {"fsync": ("vlcc_durable", "dcp_fs"), "no_fsync": ("vlcc", "dcp_fs_nosync")}
+SETUPS = {
+    "vlcc_durable": "VlccWriter(path, durable=True): chunks, directories and refs fsynced",
+    "dcp_fs": "FileSystemWriter(dir): sync_files=True (its default), every file fsynced",
+    "vlcc": "VlccWriter(path): durable=False (our default), no fsync",
+    "dcp_fs_nosync": "FileSystemWriter(dir, sync_files=False): no fsync",
+}
 
 
 def _setup(args, adapters: bool):
@@ -176,6 +203,7 @@ def _one_backend(name, states, template, root, repeats) -> dict:
         "bytes_per_version": (after[-1] - after[0]) / (n - 1),
         "restored_equal": _equal(target, states[-1]) and _equal(first, states[0]),
         "ids": [str(i) for i in backend.ids],
+        "fsync": backend.fsync,
     }
 
 
@@ -258,12 +286,17 @@ def _memory(args, work, workload, name, root, ids) -> dict:
     }
 
 
-def storage(args, work: str, adapters: bool) -> dict:
-    states, total, trainable = _versions(args, adapters)
+def _template(args, adapters: bool) -> dict:
+    """A state dict of the workload's structure to load into (its moments exist)."""
     model, opt = _setup(args, adapters)
     opt.zero_grad()
-    lm.train_step(model, opt, *lm.batch(lm.corpus("grammar", 5_000), 0, 2), 0.0)  # moments exist
-    template = _state(model, opt)
+    lm.train_step(model, opt, *lm.batch(lm.corpus("grammar", 5_000), 0, 2), 0.0)
+    return _state(model, opt)
+
+
+def storage(args, work: str, adapters: bool) -> dict:
+    states, total, trainable = _versions(args, adapters)
+    template = _template(args, adapters)
     out = {
         "state_bytes": total,
         "trainable_bytes": trainable,
@@ -281,6 +314,54 @@ def storage(args, work: str, adapters: bool) -> dict:
             r.update(_memory(args, work, workload, name, root, r["ids"]))
         out["backends"][name] = r
         shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def durability(args, work: str) -> dict:
+    """The ``full`` workload's versions saved by our writer and DCP's, each with and
+    without fsync, interleaved (version by version, in rotated order)."""
+    states, total, _ = _versions(args, adapters=False)
+    names = [n for pair in DURABILITY.values() for n in pair]
+    roots = {n: os.path.join(work, f"durability-{n}") for n in names}
+    backends = {n: B.make(n, roots[n]) for n in names}
+    save_s: dict[str, list[float]] = {n: [] for n in names}
+    load_before = os.getloadavg()
+    for i, sd in enumerate(states):
+        for n in names[i % len(names) :] + names[: i % len(names)]:
+            gc.collect()
+            save_s[n].append(B.timed(backends[n].save, sd, i))
+    out: dict = {
+        "state_bytes": total,
+        "versions": len(states),
+        "steps_between": args.k,
+        "order": "interleaved: every version saved by all four, in rotated order",
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "backends": {},
+        "pairs": {},
+    }
+    for n, backend in backends.items():
+        target = _template(args, adapters=False)
+        backend.load(len(states) - 1, target)
+        backend.close()
+        out["backends"][n] = {
+            "fsync": backend.fsync,
+            "setup": SETUPS[n],
+            "save_s": save_s[n],
+            "save_s_cold": save_s[n][0],
+            "save_s_warm": statistics.median(save_s[n][1:]),
+            "bytes": disk_bytes(roots[n]),
+            "restored_equal": _equal(target, states[-1]),
+        }
+        shutil.rmtree(roots[n], ignore_errors=True)
+    for pair, (ours, peer) in DURABILITY.items():
+        out["pairs"][pair] = {
+            "ours": ours,
+            "peer": peer,
+            "fsync": pair == "fsync",
+            "warm_ratio": out["backends"][ours]["save_s_warm"]
+            / out["backends"][peer]["save_s_warm"],
+        }
     return out
 
 
@@ -509,6 +590,13 @@ def main(argv=None) -> int:
         "(default: all; --quick: vlcc and dcp_fs)",
     )
     parser.add_argument("--no-training", action="store_true", help="skip the slowdown runs")
+    parser.add_argument(
+        "--only-durability",
+        action="store_true",
+        help="measure only the 'durability' section (warm saves, fsync against fsync and "
+        "none against none) and put it into the results file already in --out, keeping "
+        "its other sections and claims (a new file when there is none)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help="where the stores go (default: temp)")
     parser.add_argument(
@@ -532,20 +620,48 @@ def main(argv=None) -> int:
     lm.deterministic(0)
     work = tempfile.mkdtemp(prefix="vlcc-dcp-", dir=args.dir)
     t_start = time.time()
+    path = os.path.join(args.out, "bench_dcp.json")
+    records = claims.tracked(Path(args.out))  # the claims of the file this run rewrites
     try:
-        res = {
-            "full": storage(args, work, adapters=False),
-            "adapters": storage(args, work, adapters=True),
-        }
-        if not args.no_training:
-            res["training"] = training(args, work)
-            res["training"]["state_bytes"] = res["full"]["state_bytes"]
+        if args.only_durability:
+            res = {"durability": durability(args, work)}
+        else:
+            res = {
+                "full": storage(args, work, adapters=False),
+                "adapters": storage(args, work, adapters=True),
+                "durability": durability(args, work),
+            }
+            if not args.no_training:
+                res["training"] = training(args, work)
+                res["training"]["state_bytes"] = res["full"]["state_bytes"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    facts = _facts(args, argv, t_start)
+    if args.only_durability:
+        res["durability"].update(facts)  # this section's own run
+        result = _read_results(path) or {"benchmark": "bench_dcp", **facts}
+        result.update(res)
+    else:
+        result = {"benchmark": "bench_dcp", **facts, **res}
+        ours = res["adapters"]["backends"].get("vlcc")
+        if ours is not None:
+            result["targets"] = {
+                "adapters_per_version_le_1.1_trainable": ours["per_version_vs_trainable"] <= 1.1
+            }
+    os.makedirs(args.out, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    claims.attach(Path(args.out), ["bench_dcp.json"], records)
+    _print(result)
+    print(f"\nwrote {path}")
+    return 0
+
+
+def _facts(args, argv, t_start: float) -> dict:
+    """What a results file records of its run: command, size, wall time, machine."""
     import icechunk
 
-    result = {
-        "benchmark": "bench_dcp",
+    return {
         "quick": args.quick,
         "command": "python benchmarks/bench_dcp.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -560,20 +676,16 @@ def main(argv=None) -> int:
             "threads": torch.get_num_threads(),
             "load_avg": os.getloadavg(),
         },
-        **res,
     }
-    ours = res["adapters"]["backends"].get("vlcc")
-    if ours is not None:
-        result["targets"] = {
-            "adapters_per_version_le_1.1_trainable": ours["per_version_vs_trainable"] <= 1.1
-        }
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench_dcp.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    _print(result)
-    print(f"\nwrote {path}")
-    return 0
+
+
+def _read_results(path: str) -> dict | None:
+    """The results file at `path` (a regular file, not a link), or ``None``."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        found = json.load(f)
+    return found if isinstance(found, dict) else None
 
 
 def _mib(x) -> str:
@@ -583,7 +695,9 @@ def _mib(x) -> str:
 def _print(result: dict) -> None:
     mib = float(1 << 20)
     for w in ("full", "adapters"):
-        r = result[w]
+        r = result.get(w)
+        if r is None:
+            continue
         print(
             f"\n{w}: state {r['state_bytes'] / mib:.2f} MiB, trainable "
             f"{r['trainable_bytes'] / mib:.3f} MiB, {r['versions']} versions"
@@ -600,6 +714,20 @@ def _print(result: dict) -> None:
                 f"({b['per_version_vs_state']:.3f}x, {b['per_version_vs_trainable']:.3f}x)  "
                 f"{_mib(b.get('rss_save_bytes')):>8s} {_mib(b.get('rss_load_bytes')):>6s}  "
                 f"{b['restored_equal']}"
+            )
+    d = result.get("durability")
+    if d:
+        print(
+            f"\ndurability: warm saves of {d['state_bytes'] / mib:.2f} MiB, {d['versions']} "
+            f"versions interleaved; load {d['load_before'][0]:.1f} -> {d['load_after'][0]:.1f}"
+        )
+        for pair in d["pairs"].values():
+            ours, peer = d["backends"][pair["ours"]], d["backends"][pair["peer"]]
+            print(
+                f"  {'fsync' if pair['fsync'] else 'no fsync':9s} {pair['ours']:13s} "
+                f"{ours['save_s_warm'] * 1e3:8.1f} ms  {pair['peer']:14s} "
+                f"{peer['save_s_warm'] * 1e3:8.1f} ms  ours/DCP {pair['warm_ratio']:.3f}x  "
+                f"equal {ours['restored_equal'] and peer['restored_equal']}"
             )
     t = result.get("training")
     if t:

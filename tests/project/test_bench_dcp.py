@@ -121,3 +121,76 @@ def test_the_training_slowdown_is_recorded_per_repeat_with_the_load(result):
         )
         assert m["slowdown"] == pytest.approx([s / b - 1 for s, b in zip(m["seconds"], none)])
     assert len(t["load_before"]) == len(t["load_after"]) == 3
+
+
+def test_the_durability_section_compares_fsync_with_fsync_and_none_with_none(result):
+    d = result["durability"]
+    assert d["state_bytes"] == result["full"]["state_bytes"]
+    assert d["versions"] == result["config"]["versions"]
+    assert d["pairs"] == {
+        "fsync": {
+            "ours": "vlcc_durable",
+            "peer": "dcp_fs",
+            "fsync": True,
+            "warm_ratio": pytest.approx(
+                d["backends"]["vlcc_durable"]["save_s_warm"]
+                / d["backends"]["dcp_fs"]["save_s_warm"]
+            ),
+        },
+        "no_fsync": {
+            "ours": "vlcc",
+            "peer": "dcp_fs_nosync",
+            "fsync": False,
+            "warm_ratio": pytest.approx(
+                d["backends"]["vlcc"]["save_s_warm"] / d["backends"]["dcp_fs_nosync"]["save_s_warm"]
+            ),
+        },
+    }
+    for pair in d["pairs"].values():  # each pair: the same setting on both sides
+        assert d["backends"][pair["ours"]]["fsync"] is d["backends"][pair["peer"]]["fsync"]
+    assert {n: b["fsync"] for n, b in d["backends"].items()} == {
+        "vlcc_durable": True,
+        "dcp_fs": True,
+        "vlcc": False,
+        "dcp_fs_nosync": False,
+    }
+    for name, b in d["backends"].items():
+        assert b["restored_equal"] is True, name
+        assert len(b["save_s"]) == d["versions"] and min(b["save_s"]) > 0
+        assert b["save_s_cold"] == b["save_s"][0]
+        assert b["save_s_warm"] == statistics.median(b["save_s"][1:])
+        assert b["bytes"] >= d["state_bytes"] and b["setup"]
+    # the storage rows say which of them fsync too
+    assert result["full"]["backends"]["dcp_fs"]["fsync"] is True
+    assert result["full"]["backends"]["vlcc"]["fsync"] is False
+
+
+def test_only_durability_replaces_that_section_and_keeps_the_rest_and_the_claims(result, tmp_path):
+    before = dict(result)
+    before["durability"] = {"stale": True}
+    before["claims"] = {"x": {"says": "kept", "of": {"v": "/durability/versions"}, "unit": "count"}}
+    (tmp_path / "bench_dcp.json").write_text(json.dumps(before))
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_dcp.py"),
+            "--quick",
+            "--only-durability",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    after = json.loads((tmp_path / "bench_dcp.json").read_text())
+    assert {k: v for k, v in after.items() if k != "durability"} == {
+        k: v for k, v in before.items() if k != "durability"
+    }
+    d = after["durability"]
+    assert "stale" not in d and set(d["pairs"]) == {"fsync", "no_fsync"}
+    assert "--only-durability" in d["command"] and "--only-durability" not in after["command"]
+    assert d["machine"]["cpus"] == os.cpu_count()

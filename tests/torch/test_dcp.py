@@ -297,6 +297,54 @@ def test_writer_pickles_without_its_history_and_staging_area(tmp_path):
         assert [v.message for v in h.log("b")] == ["m", "m"]
 
 
+def _fsynced(monkeypatch) -> list[str]:
+    """The paths fsynced from now on (through the format layer's ``os.fsync``)."""
+    from vlcc_adjoint.storage import format as SF
+
+    seen: list[str] = []
+    fsync = SF.os.fsync
+
+    def counting(fd):
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return fsync(fd)
+
+    monkeypatch.setattr(SF.os, "fsync", counting)
+    return seen
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc")
+def test_durable_writer_fsyncs_chunks_directories_and_refs_and_the_default_does_not(
+    tmp_path, monkeypatch
+):
+    import pickle
+
+    seen = _fsynced(monkeypatch)
+    sd = {"big": torch.randn(300, 100), "small": torch.ones(3), "k": 1}
+    plain = VlccWriter(tmp_path / "plain.vlcc")
+    assert plain.durable is False
+    dcp.save(sd, storage_writer=plain)
+    plain.close()
+    assert seen == []  # the default: page cache only, as before
+    path = str(tmp_path / "durable.vlcc")
+    writer = VlccWriter(path, durable=True)
+    assert pickle.loads(pickle.dumps(writer)).durable is True  # travels to other processes
+    dcp.save(sd, storage_writer=writer)
+    inside = [p for p in seen if p == path or p.startswith(path + os.sep)]
+    assert inside == seen  # nothing outside the history
+    assert any(os.path.isdir(p) for p in inside)  # directory entries
+    with History(path, mode="r") as h:
+        chunk_files = {p for p in glob.glob(f"{path}/**", recursive=True) if "chunks" in p}
+        assert chunk_files & set(seen)  # the chunk files the version references
+        assert h.log()[0].id == writer.version
+    first = len(seen)
+    dcp.save(sd, storage_writer=writer)  # nothing new but the version: still fsynced
+    assert len(seen) > first
+    writer.close()
+    out = {"big": torch.empty(300, 100), "small": torch.empty(3), "k": 0}
+    dcp.load(out, storage_reader=VlccReader(path))
+    assert torch.equal(out["big"], sd["big"]) and out["k"] == 1
+
+
 def test_a_save_failing_after_staging_adds_no_version_and_gc_sweeps_its_chunks(tmp_path):
     class FailsAtCommit(VlccWriter):
         def finish(self, metadata, results):

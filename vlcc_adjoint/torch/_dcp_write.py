@@ -93,6 +93,13 @@ class VlccWriter(StorageWriter, AsyncStager):
       ``staging_completion`` before changing the weights (the optimizer step)
       and for ``upload_completion`` for the version.  ``False`` (default): the
       copy happens in ``async_save``, which returns the upload future.
+    - `durable`: open the history with ``History(path, durable=True)``: every
+      chunk, directory and reference a save writes is fsynced before the
+      version becomes visible (the format layer's fsync,
+      :mod:`vlcc_adjoint.storage.format`), so a committed save survives a
+      power cut, as DCP's ``FileSystemWriter(sync_files=True)`` (its default)
+      promises for its files.  ``False`` (default): written to the page cache
+      only; a version survives the process (``kill -9``), not the machine.
 
     Use one writer for a series of saves: :meth:`stage` (the ``dcp.async_save``
     path) then reuses one host staging area (:mod:`._dcp_stage`; its size is
@@ -116,6 +123,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         meta: dict | None = None,
         background: bool = False,
         at: str | None = None,
+        durable: bool = False,
     ):
         super().__init__()
         if not isinstance(branch, str):
@@ -134,6 +142,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         self.staging = StagingArea()
         self.background = bool(background)
         self.at = at
+        self.durable = bool(durable)
         self._base: str | None = None
         self._pack: np.ndarray | None = None
         self._digests: dict[str, bytes] = {}  # small chunk -> its digest at the last save
@@ -161,7 +170,7 @@ class VlccWriter(StorageWriter, AsyncStager):
         if self._history is None or self._history.path != self.path:
             if self._history is not None:
                 self._history.close()
-            self._history = History(self.path, deltas=self.deltas)
+            self._history = History(self.path, deltas=self.deltas, durable=self.durable)
         return self._history
 
     def __enter__(self) -> VlccWriter:

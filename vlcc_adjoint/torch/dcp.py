@@ -39,6 +39,14 @@ log``, ``History.diff``/``compare``, ``gc``, ``export`` and ``History.load``
 (a dict ``{"dcp_metadata": uint8 array, "items": {name: array}}``, a name
 per tensor chunk of its own or per pack) all work on it.
 
+Durability: ``VlccWriter(path, durable=True)`` opens the history with
+``durable=True``: every chunk file, directory entry and reference of a
+save is fsynced before the version is published, as DCP's
+``FileSystemWriter`` fsyncs its files with ``sync_files=True`` (its
+default).  By default (``durable=False``) a save reaches the page cache
+only: a committed version survives the process (``kill -9``), not a power
+cut, as ``FileSystemWriter(sync_files=False)``.
+
 Host memory: a synchronous save hashes and writes tensors where they lie
 (a pack costs one reused buffer of at most 1 MiB); ``dcp.async_save`` adds
 one staging area of exactly the rank's shard, reused by every save
