@@ -107,6 +107,7 @@ def test_streamed_capture_reuses_the_commit_copies_and_keeps_every_version(tmp_p
         state = {"module": model.state_dict(), "optimizer": opt.state_dict()}
         engine.save(state, str(tmp_path / f"c{i}.pt"))
         engine.commit()  # at once: live leaves are still unwritten
+        engine.wait()  # their copies written: back in the pool for the next commit
     engine.close()
     assert engine._copies.reused > 0 and engine._copies.free_bytes <= engine._copies.max_free_bytes
     reader = VlccCheckpointEngine()

@@ -44,7 +44,7 @@ from typing import Any
 
 import networkx as nx
 
-from ..errors import VlccValueError
+from ..errors import VlccKeyError, VlccValueError
 from ..storage import format as SF
 from ._format import GRAPH_KEY, VERSION_ID
 
@@ -218,7 +218,7 @@ class NodeTable(Mapping[str, NodeAttrs]):
 
     def __getitem__(self, vid: str) -> NodeAttrs:
         if vid not in self._graph:
-            raise KeyError(vid)
+            raise VlccKeyError(vid)
         return NodeAttrs(self._graph, vid)
 
     def __contains__(self, vid: object) -> bool:
@@ -606,7 +606,7 @@ class Graph:
             memo[vid] = out
         for vid in doomed:
             if vid not in self._pos:
-                raise KeyError(vid)
+                raise VlccKeyError(f"no version {vid!r} in the graph to remove")
         kept = []
         texts = []
         for i, vid in enumerate(self._ids):
