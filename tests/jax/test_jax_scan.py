@@ -8,8 +8,6 @@ rules of ``schedules/actions.py`` expanded from the table) and
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -297,20 +295,14 @@ def _hlo_ops(n, snapshots):
         )
         return jnp.sum(c) + jnp.sum(ys)
 
-    start = time.perf_counter()
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(jnp.ones(16), jnp.ones(16)).compile()
-    seconds = time.perf_counter() - start
-    ops = sum(1 for line in compiled.as_text().splitlines() if " = " in line)
-    return ops, seconds
+    return sum(1 for line in compiled.as_text().splitlines() if " = " in line)
 
 
 def test_compiled_program_size_does_not_grow_with_n_or_slots():
-    ops_small, t_small = _hlo_ops(100, 10)
-    ops_large, t_large = _hlo_ops(10_000, 10)
-    ops_slots, t_slots = _hlo_ops(10_000, 100)
-    assert ops_small == ops_large == ops_slots
-    # Compile time is flat too (generous bound: this machine is shared).
-    assert t_large < 3 * t_small + 2.0 and t_slots < 3 * t_small + 2.0, (t_small, t_large, t_slots)
+    # The program's size is what keeps compile time flat; the time itself is
+    # the benchmark's to measure (bench_jax.py), not a test's.
+    assert _hlo_ops(100, 10) == _hlo_ops(10_000, 10) == _hlo_ops(10_000, 100)
 
 
 TRACE_SCHEDULES = [
