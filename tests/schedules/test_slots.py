@@ -11,26 +11,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.schedules.tables import level0_moves
 from vlcc_adjoint.errors import VlccValueError
 from vlcc_adjoint.schedules import (
     DELETE,
     LOAD,
     MOVE,
     SAVE,
-    Advance,
-    Delete,
     Level,
-    Load,
-    Move,
     Multistage,
     Online,
     Periodic,
-    Reverse,
     Revolve,
-    Save,
-    Schedule,
     StoreAll,
-    actions_to_table,
     assign_slots,
     io_plan,
     simulate,
@@ -50,30 +43,6 @@ SCHEDULES = [
 ]
 
 
-def _moves():
-    """A hand-written table with Moves into and out of level 0."""
-    actions = [
-        Save(0, 0),
-        Advance(0, 1),
-        Save(1, 0),
-        Move(0, 0, 1),
-        Advance(1, 2),
-        Save(2, 0),
-        Move(2, 0, 1),
-        Reverse(2),
-        Move(2, 1, 0),
-        Delete(2, 0),
-        Load(1, 0),
-        Reverse(1),
-        Delete(1, 0),
-        Move(0, 1, 0),
-        Load(0, 0),
-        Delete(0, 0),
-        Reverse(0),
-    ]
-    return Schedule(actions_to_table(actions), 3, levels=[Level(2), Level(2)])
-
-
 def _lifetimes(plan, level):
     rec = plan.records
     mine = np.flatnonzero(rec["level"] == level)
@@ -82,7 +51,7 @@ def _lifetimes(plan, level):
 
 @pytest.mark.parametrize("schedule", [*SCHEDULES, None], ids=repr)
 def test_slots_are_the_peak_and_live_records_never_share_one(schedule):
-    schedule = schedule or _moves()
+    schedule = schedule or level0_moves()
     plan = io_plan(schedule)
     stats = simulate(schedule)
     for level in range(plan.n_levels):
@@ -101,7 +70,7 @@ def test_slots_are_the_peak_and_live_records_never_share_one(schedule):
 
 @pytest.mark.parametrize("schedule", [*SCHEDULES, None], ids=repr)
 def test_every_action_on_the_level_names_its_records_slot(schedule):
-    schedule = schedule or _moves()
+    schedule = schedule or level0_moves()
     plan = io_plan(schedule)
     table = schedule.table
     for level in range(plan.n_levels):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.schedules.tables import level0_moves
 from vlcc_adjoint.errors import VlccError
 from vlcc_adjoint.schedules import (
     ADVANCE,
@@ -21,19 +22,12 @@ from vlcc_adjoint.schedules import (
     LOAD,
     REVERSE,
     SAVE,
-    Advance,
-    Delete,
     Level,
-    Load,
     Machine,
-    Move,
     Multistage,
     Periodic,
-    Reverse,
-    Save,
     Schedule,
     SlotMap,
-    actions_to_table,
     assign_slots,
     io_plan,
     simulate,
@@ -47,30 +41,6 @@ from vlcc_adjoint.storage import (
     TierFullError,
     ZarrTier,
 )
-
-
-def _moves() -> Schedule:
-    """A table with every kind of level-0 action, Moves both ways included."""
-    actions = [
-        Save(0, 0),
-        Advance(0, 1),
-        Save(1, 0),
-        Move(0, 0, 1),
-        Advance(1, 2),
-        Save(2, 0),
-        Move(2, 0, 1),
-        Reverse(2),
-        Move(2, 1, 0),
-        Delete(2, 0),
-        Load(1, 0),
-        Reverse(1),
-        Delete(1, 0),
-        Move(0, 1, 0),
-        Load(0, 0),
-        Delete(0, 0),
-        Reverse(0),
-    ]
-    return Schedule(actions_to_table(actions), 3, levels=[Level(2), Level(2)])
 
 
 def _state(i: int) -> np.ndarray:
@@ -129,7 +99,7 @@ def _planned(schedule: Schedule, *host_tiers, **options) -> TieredStore:
 
 @pytest.mark.parametrize("threadsafe", [True, False])
 def test_a_whole_schedule_runs_through_a_planned_store_with_a_device_level(threadsafe):
-    schedule = _moves()
+    schedule = level0_moves()
     with _planned(schedule, MemoryTier(), threadsafe=threadsafe) as store:
         device = Device(store)
         device.run(schedule)
@@ -142,7 +112,7 @@ def test_a_whole_schedule_runs_through_a_planned_store_with_a_device_level(threa
 
 
 def test_payloads_are_kept_and_returned_as_given():
-    schedule = _moves()
+    schedule = level0_moves()
     with _planned(schedule, MemoryTier()) as store:
         payload = ["anything", object()]
         store.save(0, payload, 0)
@@ -168,7 +138,7 @@ def test_payloads_are_kept_and_returned_as_given():
 
 
 def test_the_plan_check_sees_the_device_level():
-    schedule = _moves()
+    schedule = level0_moves()
     with _planned(schedule, MemoryTier()) as store:
         store.save(0, None, 0)
         with pytest.raises(PlanMismatchError, match=r"expected action 2, Save\(step=1, level=0\)"):
