@@ -439,23 +439,31 @@ int vlcc_run_open(vlcc_run **run, const char *config_json)
     return rc;
 }
 
-int vlcc_run_protect(vlcc_run *run, const char *name, void *data, const char *dtype,
-                     int32_t ndim, const int64_t *shape)
+/* Protect a region of a run's or a history's state (the handle of `kind`). */
+static int protect_region(const char *call, void *handle, int kind, const char *what,
+                          const char *name, void *data, const char *dtype, int32_t ndim,
+                          const int64_t *shape)
 {
-    static const char call[] = "vlcc_run_protect";
-    if (run == NULL || !started)
-        return bad_handle(call, "run", run);
+    if (handle == NULL || !started)
+        return bad_handle(call, what, handle);
     int rc = check_protect_args(call, name, dtype, ndim, shape);
     if (rc != VLCC_OK)
         return rc;
     PyGILState_STATE gil = PyGILState_Ensure();
-    slot_t *s = lookup(run, KIND_RUN);
+    slot_t *s = lookup(handle, kind);
     if (s == NULL)
-        rc = bad_handle(call, "run", run);
+        rc = bad_handle(call, what, handle);
     else
         rc = call_protect(call, s->obj, name, data, dtype, ndim, shape);
     PyGILState_Release(gil);
     return rc;
+}
+
+int vlcc_run_protect(vlcc_run *run, const char *name, void *data, const char *dtype,
+                     int32_t ndim, const int64_t *shape)
+{
+    return protect_region("vlcc_run_protect", run, KIND_RUN, "run", name, data, dtype, ndim,
+                          shape);
 }
 
 /* GIL held: the next answer of a started run into *action. */
@@ -590,20 +598,8 @@ int vlcc_history_open(vlcc_history **h, const char *path, const char *mode)
 int vlcc_history_protect(vlcc_history *h, const char *name, void *data, const char *dtype,
                          int32_t ndim, const int64_t *shape)
 {
-    static const char call[] = "vlcc_history_protect";
-    if (h == NULL || !started)
-        return bad_handle(call, "history", h);
-    int rc = check_protect_args(call, name, dtype, ndim, shape);
-    if (rc != VLCC_OK)
-        return rc;
-    PyGILState_STATE gil = PyGILState_Ensure();
-    slot_t *s = lookup(h, KIND_HISTORY);
-    if (s == NULL)
-        rc = bad_handle(call, "history", h);
-    else
-        rc = call_protect(call, s->obj, name, data, dtype, ndim, shape);
-    PyGILState_Release(gil);
-    return rc;
+    return protect_region("vlcc_history_protect", h, KIND_HISTORY, "history", name, data, dtype,
+                          ndim, shape);
 }
 
 int vlcc_history_commit(vlcc_history *h, const char *branch, const char *message,
