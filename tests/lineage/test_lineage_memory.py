@@ -21,8 +21,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from vlcc_adjoint._lineage._graph import Graph, graph_file, parse_graph_file
+from vlcc_adjoint._lineage._graph import Graph, graph_file, parse_graph_file, read_graph_file
 from vlcc_adjoint.lineage import History
+from vlcc_adjoint.storage import CorruptCheckpointError
+from vlcc_adjoint.storage import format as SF
 
 WARMUP = 30
 VERSIONS = 300
@@ -116,12 +118,18 @@ def _graph_with(metas: list[dict]) -> Graph:
         # reading must not cut the version there.
         {"runs": [{"id": "0123456789ab"}, {"id": "000000000002"}, 1]},
         {"text": '"id":"0123456789ab"},{"seq":', "id": "000000000000"},
+        # The text that opens the list of versions, as keys inside a meta.
+        {"graph": {"directed": True, "multigraph": False, "graph": {}, "nodes": [1]}},
     ],
 )
-def test_a_graph_read_back_holds_the_same_versions_and_writes_the_same_file(meta):
+@pytest.mark.parametrize("read", ["document", "file"])
+def test_a_graph_read_back_holds_the_same_versions_and_writes_the_same_file(meta, read):
     g = _graph_with([{"k": k} if k % 2 else meta for k in range(6)])
     raw = graph_file(g)
-    back = Graph.from_json(parse_graph_file(raw, "graph/zarr.json"))
+    if read == "document":
+        back = Graph.from_json(parse_graph_file(raw, "graph/zarr.json"))
+    else:
+        back = read_graph_file(raw, "graph/zarr.json")
     assert graph_file(back) == raw
     assert list(back.nodes) == list(g.nodes)
     for vid in g.nodes:
@@ -154,3 +162,52 @@ def test_removing_versions_rewrites_only_the_spliced_parents():
     back = Graph.from_json(json.loads(g.dumps()))
     assert graph_file(back) == graph_file(g)
     assert [back.attrs(v) for v in back.nodes] == [g.attrs(v) for v in g.nodes]
+
+
+def _resealed(text: str) -> bytes:
+    return SF.sealed_text_group("vlcc_lineage_graph", text.encode())
+
+
+def test_reading_a_graph_file_keeps_each_versions_text_as_written():
+    g = _graph_with([{"step": k} for k in range(4)])
+    # The same values spelled otherwise (an exponent): kept as written, the file
+    # written back is the file read, byte for byte.
+    text = g.dumps().replace('"created":1700000002.0', '"created":1.700000002e9')
+    assert text != g.dumps()
+    raw = _resealed(text)
+    back = read_graph_file(raw, "graph/zarr.json")
+    assert graph_file(back) == raw
+    assert back.attrs(f"{2:012x}") == g.attrs(f"{2:012x}")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t.replace('"nodes":[', '"nodes": [', 1),  # another layout
+        lambda t: t.replace('"seq":1,', '"seq":1,"extra":[1,2],', 1),  # a key not of the format
+        lambda t: t.replace('"seq":2,"parents"', '"parents":["000000000001"],"seq":2,"x"', 1),
+    ],
+)
+def test_a_graph_file_in_another_layout_is_read_by_its_document(change):
+    """Outside the layout Graph.dumps writes, or with versions holding other keys,
+    the file is parsed whole and each version encoded from its validated
+    attributes: reading it gives what reading its document gives."""
+    g = _graph_with([{"step": k} for k in range(4)])
+    raw = _resealed(change(g.dumps()))
+    try:
+        expected = Graph.from_json(parse_graph_file(raw, "graph/zarr.json"))
+    except (ValueError, CorruptCheckpointError) as err:
+        with pytest.raises(type(err)):
+            read_graph_file(raw, "graph/zarr.json")
+        return
+    back = read_graph_file(raw, "graph/zarr.json")
+    assert graph_file(back) == graph_file(expected)
+    assert [back.attrs(v) for v in back.nodes] == [expected.attrs(v) for v in expected.nodes]
+
+
+def test_a_graph_file_with_invalid_json_in_the_layout_is_refused_naming_it():
+    g = _graph_with([{"step": k} for k in range(3)])
+    for bad in ('"seq":NaN,', '"seq":1,"seq":1,'):
+        raw = _resealed(g.dumps().replace('"seq":1,', bad, 1))
+        with pytest.raises(CorruptCheckpointError, match="graph/zarr.json"):
+            read_graph_file(raw, "graph/zarr.json")

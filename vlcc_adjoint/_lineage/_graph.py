@@ -45,6 +45,7 @@ from typing import Any
 import networkx as nx
 
 from ..errors import VlccKeyError, VlccValueError
+from ..storage import CorruptCheckpointError
 from ..storage import format as SF
 from ._format import GRAPH_KEY, VERSION_ID
 
@@ -61,6 +62,7 @@ _NODE_KEYS = (
     "new_bytes",
     "digest",
 )
+_TEXT_KEYS = [*_NODE_KEYS, "id"]  # the keys of a version's text, in order
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
@@ -398,6 +400,14 @@ class Graph:
         the keys of the format, in their order), so what the graph holds and
         writes back is what was checked.
         """
+        return cls._from_doc(doc, None)
+
+    @classmethod
+    def _from_doc(cls, doc: Any, texts: tuple[str, list[int]] | None) -> Graph:
+        """:meth:`from_json`, keeping `texts` (the versions' texts as read, joined,
+        and where each begins: :func:`_split_text`) as the versions' texts when
+        every version holds exactly the keys of the format in their order, so
+        that each text parses to the attributes validated here."""
         if not isinstance(doc, dict) or doc.get("format") not in (1, GRAPH_FORMAT):
             raise VlccValueError("unknown graph format")
         self = cls()
@@ -473,9 +483,10 @@ class Graph:
         if type(seq) is not int or any(a["seq"] >= seq for a in nodes.values()):
             raise VlccValueError("bad next_seq")
         self.next_seq = seq
+        if texts is None or any(list(node) != _TEXT_KEYS for node in data["nodes"]):
+            texts = _encode_nodes([{**attrs, "id": vid} for vid, attrs in nodes.items()])
         self._rebuild(
-            [(vid, attrs["seq"], attrs["parents"]) for vid, attrs in nodes.items()],
-            _encode_nodes([{**attrs, "id": vid} for vid, attrs in nodes.items()]),
+            [(vid, attrs["seq"], attrs["parents"]) for vid, attrs in nodes.items()], texts
         )
         return self
 
@@ -511,7 +522,10 @@ class Graph:
         return self._attrs_at(self._pos[vid])
 
     def version(self, vid: str) -> Version:
-        a = self.attrs(vid)
+        return self._version(vid, self.attrs(vid))
+
+    def _version(self, vid: str, a: dict) -> Version:
+        """The :class:`Version` `vid` of attributes `a` (parsed from its text)."""
         tags = tuple(sorted(t for t, v in self.tags.items() if v == vid))
         return Version(
             vid,
@@ -527,7 +541,18 @@ class Graph:
         )
 
     def newest_first(self, ids: Iterable[str]) -> list[Version]:
-        return [self.version(v) for v in sorted(ids, key=self.seq, reverse=True)]
+        """The versions `ids`, newest first.
+
+        Each version's attributes are parsed from its text; when a quarter or
+        more of the graph is asked for (``log`` of a whole history), every
+        text is parsed in one call (the joined texts are a JSON list's
+        inside), which costs less than one call per version.
+        """
+        order = sorted(ids, key=self.seq, reverse=True)
+        if 4 * len(order) < len(self._ids):
+            return [self.version(v) for v in order]
+        every = json.loads("[" + self._nodes_text + "]")
+        return [self._version(v, every[self._pos[v]]) for v in order]
 
     def ancestors(self, vid: str) -> set[str]:
         """Every version `vid` descends from (not itself)."""
@@ -631,18 +656,63 @@ def graph_file(g: Graph) -> bytes:
     return SF.sealed_text_group(GRAPH_KEY, g.dumps().encode("ascii"))
 
 
-def parse_graph_file(raw: bytes, path: str) -> dict:
-    """The graph document (``{"format": ..., "graph": ...}``) in the bytes of `path`.
+# Graph.dumps() writes the refs, then this, then the versions' texts joined by
+# ",", then the edges after _EDGES_OPEN, then "}}".
+_NODES_OPEN = ',"graph":{"directed":true,"multigraph":false,"graph":{},"nodes":['
+_EDGES_OPEN = '],"edges":'
 
-    A sealed file (format 2) must carry the right digest; a file without a
-    seal is accepted only as format 1.  ``CorruptCheckpointError`` naming
-    `path` otherwise.
+
+def _split_text(text: str, path: str) -> tuple[dict, tuple[str, list[int]]] | None:
+    """The graph document in `text` and its versions' texts as written, when
+    `text` is laid out as :meth:`Graph.dumps` writes it; ``None`` otherwise.
+
+    The text is walked in that layout: the refs (a JSON object closed where
+    ``_NODES_OPEN`` begins, without a ``"graph"`` key), each version parsed
+    where the previous one ended (:func:`~vlcc_adjoint.storage.format.parse_json_at`,
+    the strict parser), separated by ``,``, then the edges, then the end.
+    When every step holds, the text is exactly that document, so the
+    document returned is what a parse of the whole text gives, and each
+    version's text is the part of `text` its attributes were parsed from:
+    the graph keeps those parts instead of encoding the versions again.
     """
-    doc = SF.open_sealed_text_group(raw, GRAPH_KEY, path)
-    if doc is not None:
-        if not (isinstance(doc, dict) and doc.get("format") == GRAPH_FORMAT):
-            raise SF.corrupt_file(path, "the sealed graph is not of format 2")
-        return doc
+    at = text.find(_NODES_OPEN)
+    if at < 0:
+        return None
+    try:
+        head, end = SF.parse_json_at(text[:at] + "}", 0, path)
+        if end != at + 1 or not isinstance(head, dict) or "graph" in head:
+            return None
+        first = pos = at + len(_NODES_OPEN)
+        nodes: list[Any] = []
+        starts: list[int] = []
+        if not text.startswith("]", pos):
+            while True:
+                node, end = SF.parse_json_at(text, pos, path)
+                nodes.append(node)
+                starts.append(pos - first)
+                if not text.startswith(",", end):
+                    pos = end
+                    break
+                pos = end + 1
+        if not text.startswith(_EDGES_OPEN, pos):
+            return None
+        edges, end = SF.parse_json_at(text, pos + len(_EDGES_OPEN), path)
+    except CorruptCheckpointError:
+        return None  # not this layout: the whole text is parsed (and refused if invalid)
+    if text[end:] != "}}":
+        return None
+    graph = {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes, "edges": edges}
+    return {**head, "graph": graph}, (text[first:pos], starts)
+
+
+def _sealed_document(doc: Any, path: str) -> dict:
+    if not (isinstance(doc, dict) and doc.get("format") == GRAPH_FORMAT):
+        raise SF.corrupt_file(path, "the sealed graph is not of format 2")
+    return doc
+
+
+def _unsealed_document(raw: bytes, path: str) -> dict:
+    """The graph document of a file without a seal: accepted only as format 1."""
     doc = SF.parse_json(raw, path)
     graph = SF.group_attribute(doc, GRAPH_KEY, path)
     if not isinstance(graph, dict):
@@ -654,6 +724,34 @@ def parse_graph_file(raw: bytes, path: str) -> dict:
     if graph.get("format") != 1 or len(doc["attributes"]) != 1:
         raise SF.corrupt_file(path, "the graph has no valid seal (only format 1 graphs have none)")
     return graph
+
+
+def parse_graph_file(raw: bytes, path: str) -> dict:
+    """The graph document (``{"format": ..., "graph": ...}``) in the bytes of `path`.
+
+    A sealed file (format 2) must carry the right digest; a file without a
+    seal is accepted only as format 1.  ``CorruptCheckpointError`` naming
+    `path` otherwise.
+    """
+    body = SF.open_sealed_text(raw, GRAPH_KEY, path)
+    if body is None:
+        return _unsealed_document(raw, path)
+    return _sealed_document(SF.parse_json(body, path), path)
+
+
+def read_graph_file(raw: bytes, path: str) -> Graph:
+    """The :class:`Graph` in the bytes of `path`: :func:`parse_graph_file`'s
+    document, validated by :meth:`Graph.from_json`, keeping the versions'
+    texts of a sealed file as written (:func:`_split_text`) rather than
+    encoding them again.  ``ValueError`` on an inconsistent graph."""
+    body = SF.open_sealed_text(raw, GRAPH_KEY, path)
+    if body is None:
+        return Graph.from_json(_unsealed_document(raw, path))
+    split = _split_text(body.decode("ascii"), path) if body.isascii() else None
+    if split is None:
+        return Graph.from_json(_sealed_document(SF.parse_json(body, path), path))
+    doc, texts = split
+    return Graph._from_doc(_sealed_document(doc, path), texts)
 
 
 # -- the ASCII graph -------------------------------------------------------------------

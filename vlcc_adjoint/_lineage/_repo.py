@@ -27,7 +27,7 @@ import time
 from ..storage import CorruptCheckpointError, StorageError
 from ..storage import format as SF
 from . import _format as F
-from ._graph import Graph, graph_file, parse_graph_file
+from ._graph import Graph, graph_file, read_graph_file
 from ._locks import FileLock, SharedExclusiveLock
 
 __all__ = ["Repository"]
@@ -276,8 +276,7 @@ class Repository:
         stamp = self._graph_stamp()
         try:
             raw = SF.read_limited(path, SF.MAX_METADATA_BYTES)
-            doc = parse_graph_file(raw, path)
-            return Graph.from_json(doc), stamp
+            return read_graph_file(raw, path), stamp
         except FileNotFoundError:
             raise CorruptCheckpointError(
                 f"the graph file {path} of the history is missing; the directory was damaged "

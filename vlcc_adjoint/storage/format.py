@@ -134,8 +134,10 @@ __all__ = [
     "make_dir",
     "open_group",
     "open_regular",
+    "open_sealed_text",
     "open_sealed_text_group",
     "parse_json",
+    "parse_json_at",
     "parse_mode",
     "publish",
     "read_into",
@@ -421,6 +423,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The strict decoder of metadata: no ``NaN``/``Infinity``, no duplicate keys.
+_STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+
+
 def parse_json(data: bytes, path: str) -> Any:
     """The strict JSON document in `data`, read from the file `path`.
 
@@ -430,10 +436,20 @@ def parse_json(data: bytes, path: str) -> Any:
     caller validates the document's structure.
     """
     try:
-        return json.loads(
-            data.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
-        )
+        return _STRICT_JSON.decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise corrupt_file(path, f"is not valid JSON metadata ({err})") from None
+
+
+def parse_json_at(text: str, pos: int, path: str) -> tuple[Any, int]:
+    """The strict JSON value (as :func:`parse_json` reads it) that begins at
+    offset `pos` of `text`, read from the file `path`, and the offset where
+    it ends: for a reader that walks a document it knows the layout of and
+    keeps the text of its parts (``CorruptCheckpointError`` naming `path` if
+    no valid value begins there)."""
+    try:
+        return _STRICT_JSON.raw_decode(text, pos)
+    except (ValueError, RecursionError) as err:
         raise corrupt_file(path, f"is not valid JSON metadata ({err})") from None
 
 
@@ -597,14 +613,16 @@ def sealed_text_group(name: str, text: bytes) -> bytes:
     )
 
 
-def open_sealed_text_group(raw: bytes, name: str, path: str) -> Any:
-    """The attribute `name` of a file `raw` (read from `path`) written by
-    :func:`sealed_text_group`, after checking its digest; ``None`` when `raw`
-    does not have that exact shape (a document without this seal, which the
-    caller may accept or refuse).
+def open_sealed_text(raw: bytes, name: str, path: str) -> bytes | None:
+    """The JSON text of the attribute `name` of a file `raw` (read from
+    `path`) written by :func:`sealed_text_group`, after checking its digest,
+    as bytes, unparsed; ``None`` when `raw` does not have that exact shape (a
+    document without this seal, which the caller may accept or refuse).
 
     A file of that shape whose digest does not match raises
-    ``CorruptCheckpointError`` naming `path`.
+    ``CorruptCheckpointError`` naming `path`.  A reader that keeps parts of
+    the text as they are (the lineage graph keeps each version's text) parses
+    it itself; :func:`open_sealed_text_group` parses it whole.
     """
     head, tail = _text_seal_parts(name)
     m = tail.search(raw) if raw.startswith(head) else None
@@ -618,7 +636,16 @@ def open_sealed_text_group(raw: bytes, name: str, path: str) -> Any:
             f"its {name!r} attributes have digest {got}, their seal says "
             f"{m.group(1).decode()}: the file was changed after it was written",
         )
-    return parse_json(body, path)
+    return body
+
+
+def open_sealed_text_group(raw: bytes, name: str, path: str) -> Any:
+    """The attribute `name` of a file `raw` (read from `path`) written by
+    :func:`sealed_text_group`, parsed, after checking its digest
+    (:func:`open_sealed_text`); ``None`` when `raw` does not have that shape.
+    """
+    body = open_sealed_text(raw, name, path)
+    return None if body is None else parse_json(body, path)
 
 
 # -- zarr v3 documents --------------------------------------------------------------------
