@@ -287,103 +287,87 @@ contains
       if (size(array) > 0) address = c_loc(array)
    end function region
 
-   ! One specific procedure per type (the generic interfaces above); each
-   ! takes arrays of any rank (assumed rank), region() refuses ranks above 3.
+   ! Protects `array`, of the element type `dtype`, in the run (`is_run`) or the
+   ! history `handle` (the specific procedures below name the type).
+   integer function protect(is_run, handle, name, array, dtype) result(ierr)
+      logical, intent(in) :: is_run
+      type(c_ptr), intent(in) :: handle
+      character(len=*), intent(in) :: name, dtype
+      type(*), dimension(..), target, intent(in) :: array
+      type(c_ptr) :: address
+      integer(c_int32_t) :: ndim
+      integer(c_int64_t) :: extents(3)
+      if (is_run) then
+         ierr = region('vlcc_run_protect', array, address, ndim, extents)
+         if (ierr == VLCC_OK) &
+            ierr = c_run_protect(handle, c_string(name), address, c_string(dtype), ndim, extents)
+      else
+         ierr = region('vlcc_history_protect', array, address, ndim, extents)
+         if (ierr == VLCC_OK) &
+            ierr = c_history_protect(handle, c_string(name), address, c_string(dtype), ndim, &
+                                     extents)
+      end if
+   end function protect
+
+   ! One specific procedure per type and handle (the generic interfaces above):
+   ! Fortran resolves a generic call by the array's type, which protect() then
+   ! names; each takes arrays of any rank (assumed rank), region() refuses
+   ! ranks above 3.
 
    integer function run_protect_real64(run, name, array) result(ierr)
       type(c_ptr), intent(in) :: run
       character(len=*), intent(in) :: name
       real(real64), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_run_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_run_protect(run, c_string(name), address, c_string('float64'), ndim, extents)
+      ierr = protect(.true., run, name, array, 'float64')
    end function run_protect_real64
 
    integer function run_protect_real32(run, name, array) result(ierr)
       type(c_ptr), intent(in) :: run
       character(len=*), intent(in) :: name
       real(real32), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_run_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_run_protect(run, c_string(name), address, c_string('float32'), ndim, extents)
+      ierr = protect(.true., run, name, array, 'float32')
    end function run_protect_real32
 
    integer function run_protect_int32(run, name, array) result(ierr)
       type(c_ptr), intent(in) :: run
       character(len=*), intent(in) :: name
       integer(int32), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_run_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_run_protect(run, c_string(name), address, c_string('int32'), ndim, extents)
+      ierr = protect(.true., run, name, array, 'int32')
    end function run_protect_int32
 
    integer function run_protect_int64(run, name, array) result(ierr)
       type(c_ptr), intent(in) :: run
       character(len=*), intent(in) :: name
       integer(int64), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_run_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_run_protect(run, c_string(name), address, c_string('int64'), ndim, extents)
+      ierr = protect(.true., run, name, array, 'int64')
    end function run_protect_int64
 
    integer function history_protect_real64(h, name, array) result(ierr)
       type(c_ptr), intent(in) :: h
       character(len=*), intent(in) :: name
       real(real64), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_history_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_history_protect(h, c_string(name), address, c_string('float64'), ndim, extents)
+      ierr = protect(.false., h, name, array, 'float64')
    end function history_protect_real64
 
    integer function history_protect_real32(h, name, array) result(ierr)
       type(c_ptr), intent(in) :: h
       character(len=*), intent(in) :: name
       real(real32), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_history_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_history_protect(h, c_string(name), address, c_string('float32'), ndim, extents)
+      ierr = protect(.false., h, name, array, 'float32')
    end function history_protect_real32
 
    integer function history_protect_int32(h, name, array) result(ierr)
       type(c_ptr), intent(in) :: h
       character(len=*), intent(in) :: name
       integer(int32), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_history_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_history_protect(h, c_string(name), address, c_string('int32'), ndim, extents)
+      ierr = protect(.false., h, name, array, 'int32')
    end function history_protect_int32
 
    integer function history_protect_int64(h, name, array) result(ierr)
       type(c_ptr), intent(in) :: h
       character(len=*), intent(in) :: name
       integer(int64), dimension(..), target, intent(inout) :: array
-      type(c_ptr) :: address
-      integer(c_int32_t) :: ndim
-      integer(c_int64_t) :: extents(3)
-      ierr = region('vlcc_history_protect', array, address, ndim, extents)
-      if (ierr == VLCC_OK) &
-         ierr = c_history_protect(h, c_string(name), address, c_string('int64'), ndim, extents)
+      ierr = protect(.false., h, name, array, 'int64')
    end function history_protect_int64
 
 end module vlcc
