@@ -4,7 +4,8 @@ Revolve (large n) and Multistage keep the state of the recursion that emits
 their rows, one per chunk, instead of the table (``schedules/_chunks.py``).
 These tests pin down that every way of reading such a schedule (blocks of any
 size from any row, indexing, iteration, the lazily materialised table) gives
-the rows of the whole-table emitters byte for byte, that simulate and io_plan
+the rows of the whole-table emitter (Revolve) or of the emitter run as one
+chunk (Multistage, whose rows are checked to cost the optimum), byte for byte, that simulate and io_plan
 read it without materialising it, and that the windowed plan equals the plan's
 arrays.
 """
@@ -28,8 +29,6 @@ from vlcc_adjoint.schedules import (
     Schedule,
     StoreAll,
     _chunks,
-    _multistage,
-    _multistage_emit,
     _revolve,
     binomial_forward_count,
     io_plan,
@@ -45,31 +44,13 @@ def _old_revolve(n, c):
     return _revolve.build_table(_revolve._emit_revolve, n, min(c, max(n - 1, 1)))
 
 
-def _old_multistage(n, levels, fwd):
-    slots = np.array([min(lv.slots, max(n - 1, 1)) for lv in levels], np.int64)
-    write = np.array([lv.write_cost for lv in levels])
-    read = np.array([lv.read_cost for lv in levels])
-    q = _multistage._quantum(n, [fwd, *write, *read])
-    out = _multistage._solve(n, slots, write, read, fwd, q / 2, _multistage.stop_flag())
-    F, strides, rec, recv, nrec, stk, stkv, ntop, bmin, bmax = out
-    return _revolve.build_table(
-        _multistage_emit._emit,
-        n,
-        F,
-        strides,
-        slots,
-        write,
-        read,
-        fwd,
-        rec,
-        recv,
-        nrec,
-        stk,
-        stkv,
-        ntop,
-        bmin,
-        bmax,
-    )
+def _one_chunk_multistage(n, levels, fwd, monkeypatch):
+    """The table of ``Multistage(n, levels)`` emitted as a single chunk."""
+    with monkeypatch.context() as m:
+        m.setattr(_chunks, "CHUNK_ROWS", 1 << 20)
+        schedule = Multistage(n, levels, forward_cost=fwd)
+        assert schedule._source.chunks == 1
+        return schedule.table
 
 
 @pytest.fixture
@@ -150,7 +131,10 @@ MULTISTAGE_CASES = [
 
 @pytest.mark.parametrize("n, levels, fwd", MULTISTAGE_CASES)
 def test_multistage_blocks_are_the_whole_table(n, levels, fwd, monkeypatch):
-    ref = _old_multistage(n, levels, fwd)
+    """Chunks of 37 rows, read in blocks of any size from any row, give the rows
+    of the emitter run in one chunk; those rows cost what the dynamic program
+    says is optimal (simulated, an independent reading of the rows)."""
+    ref = _one_chunk_multistage(n, levels, fwd, monkeypatch)
     monkeypatch.setattr(_chunks, "CHUNK_ROWS", 37)
     schedule = Multistage(n, levels, forward_cost=fwd)
     assert not schedule.materialised
@@ -215,7 +199,7 @@ def test_simulate_across_chunks_equals_one_pass_on_valid_and_broken_tables(pytho
     bases = [
         (_old_revolve(300, 4), 300, (Level(4),)),
         (Periodic(80, 9, level=1).table, 80, (Level(None), Level(None))),
-        (_old_multistage(120, [Level(2), Level(3, 1, 1)], 1.0), 120, (Level(2), Level(3, 1, 1))),
+        (Multistage(120, [Level(2), Level(3, 1, 1)]).table, 120, (Level(2), Level(3, 1, 1))),
     ]
     errors = set()
     for table, n, levels in bases:

@@ -207,7 +207,7 @@ def _dominance(slots, strides, write, read, valid):
 @njit(cache=True, nogil=True)
 def _solve(n, slots, write, read, fwd, qh, stop, progress=None):
     """The table ``F[k P + a, l]`` for ``l = 0 .. n`` and the slope summaries
-    (``_emit`` re-runs splits along the optimal path with them).  Returns
+    (:func:`._multistage_emit.decide` re-runs splits along the optimal path with them).  Returns
     early, with the table filled up to some ``l``, once ``stop[0] != 0``
     (:mod:`._interrupt`).  ``progress[0]``, when `progress` is given, is the
     length up to which the table is filled, for another thread to read while

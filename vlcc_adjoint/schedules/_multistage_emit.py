@@ -3,15 +3,23 @@
 The dynamic program of :mod:`._multistage` fills the cost table ``F``; the
 schedule is the recursion that re-runs, segment by segment, the split
 search along the optimal path (:func:`_base`, as in the dynamic program).
-:func:`_emit` writes the rows of that recursion into a whole table.  A
-:class:`~vlcc_adjoint.schedules.Multistage` keeps neither ``F`` (``8 n L P``
-bytes) nor the table (about 90 bytes a step): the decision of a segment
+A segment ``(s, l, k, A)`` starts at step ``s``, spans ``l`` steps, has its
+base (the state ``u_s``) on level ``k`` and the free slots ``A`` (one digit
+per level, :func:`digit`).  Its rows: a ``Load`` of the base unless it is
+in hand; for ``l = 1``, ``Delete`` and ``Reverse``; otherwise, when moving
+the base to another level pays, its ``Save`` there and ``Delete`` here; then
+either (no further save) the restarts of :func:`~._revolve.restart_rows`,
+or an ``Advance`` to the split ``s + m`` and a ``Save`` of ``u_{s+m}`` on the
+save level, followed by the right segment ``(s + m, l - m)`` (in hand) and
+then the left one ``(s, m)``.
+
+A :class:`~vlcc_adjoint.schedules.Multistage` keeps neither ``F`` (``8 n L
+P`` bytes) nor the table (about 90 bytes a step): the decision of a segment
 ``(l, k, A)`` (where its base moves, where it saves, where it splits)
 depends on ``(l, k, A)`` alone, not on the step it starts at, so
 :func:`decide` walks the recursion once and keeps one decision per distinct
-segment, and :func:`_fill` replays the recursion from those decisions as a
-resumable emitter, chunk by chunk (:mod:`._chunks`).  The tests check that
-its rows equal :func:`_emit`'s byte for byte.
+segment, and :func:`_fill` writes the rows of the recursion from those
+decisions as a resumable emitter, chunk by chunk (:mod:`._chunks`).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import numpy as np
 from ..errors import VlccRuntimeError
 from ._jit import njit
 from ._multistage_split import DEPTH, bisect
-from ._revolve import NO_LIMIT, put_row, restart_rows
+from ._revolve import put_row, restart_rows
 from .actions import ADVANCE, DELETE, LOAD, REVERSE, SAVE
 
 __all__ = ["Decisions"]
@@ -93,137 +101,8 @@ def _base(
 
 
 @njit(cache=True, nogil=True)
-def _emit(
-    out,
-    write_rows,
-    n,
-    F,
-    strides,
-    slots,
-    write,
-    read,
-    fwd,
-    rec,
-    recv,
-    nrec,
-    stk,
-    stkv,
-    ntop,
-    bmin,
-    bmax,
-):
-    L = slots.shape[0]
-    P = F.shape[0] // L
-    work = np.empty((DEPTH, 2), np.int64)
-    fwork = np.empty((DEPTH, 2))
-    pos = 0
-    if n == 1:
-        return put_row(out, pos, write_rows, REVERSE, 0, -1, -1)
-    full = 0
-    for k in range(L):
-        full += slots[k] * strides[k]
-    best = np.inf
-    k0 = -1
-    for j in range(L):
-        if slots[j] > 0:
-            v = write[j] + F[j * P + full - strides[j], n]
-            if v < best:
-                best = v
-                k0 = j
-    pos = put_row(out, pos, write_rows, SAVE, 0, -1, k0)  # Save u_0
-    total = 0
-    for k in range(L):
-        total += slots[k]
-    depth = 2 * total + 8
-    st = np.empty((depth, 5), np.int64)  # s, l, k, a, in_hand
-    st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4] = 0, n, k0, full - strides[k0], 1
-    top = 1
-    while top > 0:
-        top -= 1
-        s, l, k, a, h = st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4]
-        if h == 0:
-            pos = put_row(out, pos, write_rows, LOAD, s, -1, k)
-        if l == 1:
-            pos = put_row(out, pos, write_rows, DELETE, s, -1, k)
-            pos = put_row(out, pos, write_rows, REVERSE, s, -1, -1)
-            continue
-        b, bj, bm = _base(
-            F,
-            rec,
-            recv,
-            nrec,
-            stk,
-            stkv,
-            ntop,
-            bmin,
-            bmax,
-            l,
-            k,
-            a,
-            slots,
-            strides,
-            write,
-            read,
-            fwd,
-            work,
-            fwork,
-        )
-        if digit(a, k, strides, slots) < slots[k]:
-            # Moving the base may pay off: to the level whose segment is cheapest.
-            target = -1
-            tj = -1
-            tm = 0
-            for j in range(L):
-                if j != k and digit(a, j, strides, slots) > 0:
-                    a2 = a - strides[j] + strides[k]
-                    v = write[j] + F[j * P + a2, l]
-                    if v < b:
-                        b2, bj2, bm2 = _base(
-                            F,
-                            rec,
-                            recv,
-                            nrec,
-                            stk,
-                            stkv,
-                            ntop,
-                            bmin,
-                            bmax,
-                            l,
-                            j,
-                            a2,
-                            slots,
-                            strides,
-                            write,
-                            read,
-                            fwd,
-                            work,
-                            fwork,
-                        )
-                        if write[j] + b2 < b:
-                            b = write[j] + b2
-                            target, tj, tm = j, bj2, bm2
-            if target >= 0:
-                pos = put_row(out, pos, write_rows, SAVE, s, -1, target)
-                pos = put_row(out, pos, write_rows, DELETE, s, -1, k)
-                a = a - strides[target] + strides[k]
-                k = target
-                bj = tj
-                bm = tm
-        if bj < 0:  # no further save
-            pos, _ = restart_rows(out, pos, write_rows, s, s + l - 1, s + l - 1, k, NO_LIMIT)
-            continue
-        pos = put_row(out, pos, write_rows, ADVANCE, s, s + bm, -1)
-        pos = put_row(out, pos, write_rows, SAVE, s + bm, -1, bj)
-        st[top, 0], st[top, 1], st[top, 2], st[top, 3], st[top, 4] = s, bm, k, a, 0
-        st[top + 1, 0], st[top + 1, 1], st[top + 1, 2] = s + bm, l - bm, bj
-        st[top + 1, 3], st[top + 1, 4] = a - strides[bj], 1
-        top += 2
-    return pos
-
-
-@njit(cache=True, nogil=True)
 def decide(n, F, strides, slots, write, read, fwd, rec, recv, nrec, stk, stkv, ntop, bmin, bmax):
-    """Walk :func:`_emit`'s recursion without writing rows; return the first
+    """Walk the recursion (the module docstring) without writing rows; return the first
     level ``k0`` and, for every segment of length ``l >= 2`` on the way, its
     key ``l S + k P + a`` and decision: the level its base moves to (-1:
     none), its save level (-1: none, restart from the base) and its split.
@@ -369,7 +248,7 @@ def _fill_state(n: int, slots: np.ndarray, strides: np.ndarray, k0: int) -> np.n
 
 @njit(cache=True, nogil=True)
 def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
-    """Continue :func:`_emit`'s recursion from `state` with the decisions of
+    """Continue the recursion (the module docstring) from `state` with the decisions of
     :func:`decide` (looked up by key, a binary search), paused after any
     unit once fewer than 5 rows of room are left below `limit` (a unit: a
     Load, a move's Save and Delete, an Advance and a Save).  Registers: top,
@@ -429,7 +308,7 @@ def _fill(out, write, state, limit, keys, dt, dj, dm, strides, S, P):
             state[1], state[2], state[3], state[4], state[9] = 1, s, s + l - 1, s + l - 1, k
             continue
         bm = dm[d]
-        if b + 10 > state.shape[0]:  # pragma: no cover - depth bound of _emit
+        if b + 10 > state.shape[0]:  # pragma: no cover - the stack's depth bound
             return -1
         pos = put_row(out, pos, write, ADVANCE, s, s + bm, -1)
         pos = put_row(out, pos, write, SAVE, s + bm, -1, bj)
