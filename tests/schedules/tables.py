@@ -36,3 +36,26 @@ def level0_moves() -> Schedule:
         Reverse(0),
     ]
     return Schedule(actions_to_table(actions), 3, levels=[Level(2), Level(2)])
+
+
+def moves_between_levels() -> Schedule:
+    """Three steps over two levels of two slots, with Moves both ways (none of
+    the schedule classes moves a record)."""
+    actions = [
+        Save(0, 1),
+        Advance(0, 2),
+        Save(2, 1),
+        Reverse(2),
+        Move(0, 1, 0),
+        Move(2, 1, 0),
+        Load(2, 0),
+        Delete(2, 0),
+        Move(0, 0, 1),
+        Load(0, 1),
+        Advance(0, 1),
+        Reverse(1),
+        Load(0, 1),
+        Delete(0, 1),
+        Reverse(0),
+    ]
+    return Schedule(actions_to_table(actions), 3, (Level(2), Level(2)))

@@ -5,6 +5,7 @@ the caller: reverse communication), with the failing action named."""
 import numpy as np
 import pytest
 
+from tests.schedules.tables import moves_between_levels
 from vlcc_adjoint.errors import VlccError
 from vlcc_adjoint.schedules import (
     ADVANCE,
@@ -66,24 +67,7 @@ class Log:
 
 
 def _moving_schedule():
-    actions = [
-        Save(0, 1),
-        Advance(0, 2),
-        Save(2, 1),
-        Reverse(2),
-        Move(0, 1, 0),
-        Move(2, 1, 0),
-        Load(2, 0),
-        Delete(2, 0),
-        Move(0, 0, 1),
-        Load(0, 1),
-        Advance(0, 1),
-        Reverse(1),
-        Load(0, 1),
-        Delete(0, 1),
-        Reverse(0),
-    ]
-    return Schedule(actions_to_table(actions), 3, (Level(2), Level(2)))
+    return moves_between_levels()
 
 
 SCHEDULES = [

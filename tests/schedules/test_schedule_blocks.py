@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.schedules.tables import moves_between_levels
 from vlcc_adjoint.schedules import (
     ACTION_DTYPE,
     ADVANCE,
@@ -239,26 +240,7 @@ def _window_fields(w):
 
 
 def _schedules_with_moves():
-    from vlcc_adjoint.schedules import Advance, Delete, Load, Move, Reverse, Save, actions_to_table
-
-    moving = [
-        Save(0, 1),
-        Advance(0, 2),
-        Save(2, 1),
-        Reverse(2),
-        Move(0, 1, 0),
-        Move(2, 1, 0),
-        Load(2, 0),
-        Delete(2, 0),
-        Move(0, 0, 1),
-        Load(0, 1),
-        Advance(0, 1),
-        Reverse(1),
-        Load(0, 1),
-        Delete(0, 1),
-        Reverse(0),
-    ]
-    return [Schedule(actions_to_table(moving), 3, (Level(2), Level(2)))]
+    return [moves_between_levels()]
 
 
 def test_io_plan_is_lazy_and_its_windows_equal_its_arrays(kernel_revolve, monkeypatch):

@@ -17,20 +17,17 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests.schedules.tables import moves_between_levels
 from vlcc_adjoint.schedules import (
     LOAD,
     MOVE,
     SAVE,
-    Advance,
-    Delete,
     InvalidScheduleError,
     Level,
-    Load,
     Move,
     Multistage,
     Online,
     Periodic,
-    Reverse,
     Revolve,
     Save,
     Schedule,
@@ -149,24 +146,7 @@ def _schedules():
         Multistage(40, [Level(2), Level(3, 0.5, 0.5), Level(10, 3.0, 4.0)], forward_cost=1.0),
     ]
     # A schedule with Moves (none of the classes above moves a record).
-    moving = [
-        Save(0, 1),
-        Advance(0, 2),
-        Save(2, 1),
-        Reverse(2),
-        Move(0, 1, 0),
-        Move(2, 1, 0),
-        Load(2, 0),
-        Delete(2, 0),
-        Move(0, 0, 1),
-        Load(0, 1),
-        Advance(0, 1),
-        Reverse(1),
-        Load(0, 1),
-        Delete(0, 1),
-        Reverse(0),
-    ]
-    out.append(Schedule(actions_to_table(moving), 3, (Level(2), Level(2))))
+    out.append(moves_between_levels())
     return out
 
 
