@@ -16,6 +16,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
+from tests.jax import oscillator  # noqa: E402
 from vlcc_adjoint.jax import checkpointed_scan, host_io_stats, jax_trace  # noqa: E402
 from vlcc_adjoint.schedules import (  # noqa: E402
     Level,
@@ -25,21 +26,6 @@ from vlcc_adjoint.schedules import (  # noqa: E402
     table_trace,
 )
 from vlcc_adjoint.storage import DeviceTier, MemoryTier, TieredStore, ZarrTier  # noqa: E402
-
-
-def _step(c, x, w):
-    u, v = c
-    u_new = u + 0.05 * v
-    v_new = v - 0.05 * jnp.sin(w * u_new) + 0.01 * x
-    return (u_new, v_new), jnp.sum(u_new**2)
-
-
-def _loss(scan):
-    def loss(w, u0, xs):
-        (u, v), ys = scan(lambda c, x: _step(c, x, w), (u0, jnp.zeros_like(u0)), xs)
-        return jnp.sum(u * v) + jnp.sum(ys)
-
-    return loss
 
 
 def _problem(n, size=16):
@@ -68,12 +54,16 @@ def test_states_spill_to_zarr_and_gradient_equals_lax_scan(x64, tmp_path):
     stats = simulate(schedule)
     assert stats.writes[2] > 0 and stats.reads[2] > 0  # the plan uses the disk level
     args = _problem(n)
-    ref = jax.value_and_grad(_loss(lambda f, c, xs: lax.scan(f, c, xs)), argnums=(0, 1, 2))(*args)
+    ref = jax.value_and_grad(
+        oscillator.loss(lambda f, c, xs: lax.scan(f, c, xs)), argnums=(0, 1, 2)
+    )(*args)
     with _stores(tmp_path, schedule) as store:
         host_io_stats(store, reset=True)
         grad = jax.jit(
             jax.value_and_grad(
-                _loss(lambda f, c, xs: checkpointed_scan(f, c, xs, schedule=schedule, store=store)),
+                oscillator.loss(
+                    lambda f, c, xs: checkpointed_scan(f, c, xs, schedule=schedule, store=store)
+                ),
                 argnums=(0, 1, 2),
             )
         )
@@ -115,13 +105,15 @@ def test_without_a_plan_no_restore_is_read_ahead(x64, tmp_path):
     n = 30
     schedule = _spilling_schedule(n)
     args = _problem(n)
-    loss = _loss(lambda f, c, xs: checkpointed_scan(f, c, xs, schedule=schedule, store=store))
+    loss = oscillator.loss(
+        lambda f, c, xs: checkpointed_scan(f, c, xs, schedule=schedule, store=store)
+    )
     with TieredStore([MemoryTier(), ZarrTier(tmp_path / "states", mode="w")]) as store:
         host_io_stats(store, reset=True)
         with pytest.warns(DeprecationWarning, match="deprecated"):
             got = jax.grad(loss, argnums=(0, 1, 2))(*args)
         io = host_io_stats(store)
-    ref = jax.grad(_loss(lambda f, c, xs: lax.scan(f, c, xs)), argnums=(0, 1, 2))(*args)
+    ref = jax.grad(oscillator.loss(lambda f, c, xs: lax.scan(f, c, xs)), argnums=(0, 1, 2))(*args)
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     assert io.loads == sum(simulate(schedule).reads[1:]) and io.prefetched == 0

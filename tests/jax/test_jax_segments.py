@@ -9,6 +9,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
+from tests.jax import oscillator  # noqa: E402
 from vlcc_adjoint.jax import (  # noqa: E402
     checkpointed,
     checkpointed_fori_loop,
@@ -22,21 +23,6 @@ from vlcc_adjoint.jax._segments import (  # noqa: E402
 from vlcc_adjoint.schedules import Revolve, binomial_forward_count  # noqa: E402
 
 
-def _step(c, x, w):
-    u, v = c
-    u_new = u + 0.05 * v
-    v_new = v - 0.05 * jnp.sin(w * u_new) + 0.01 * x
-    return (u_new, v_new), jnp.sum(u_new**2)
-
-
-def _loss(scan):
-    def loss(w, u0, xs):
-        (u, v), ys = scan(lambda c, x: _step(c, x, w), (u0, jnp.zeros_like(u0)), xs)
-        return jnp.sum(u * v) + jnp.sum(ys * jnp.arange(ys.shape[0]))
-
-    return loss
-
-
 def _args(n, size=8):
     w = jnp.linspace(0.5, 1.5, size)
     u0 = jnp.linspace(-1.0, 1.0, size)
@@ -48,9 +34,9 @@ def _check(n, **options):
     args = _args(n)
     reverse = options.get("reverse", False)
     ref_val, ref = jax.value_and_grad(
-        _loss(lambda f, c, xs: lax.scan(f, c, xs, reverse=reverse)), argnums=(0, 1, 2)
+        oscillator.loss(lambda f, c, xs: lax.scan(f, c, xs, reverse=reverse)), argnums=(0, 1, 2)
     )(*args)
-    ours = _loss(lambda f, c, xs: checkpointed_scan(f, c, xs, **options))
+    ours = oscillator.loss(lambda f, c, xs: checkpointed_scan(f, c, xs, **options))
     val, got = jax.jit(jax.value_and_grad(ours, argnums=(0, 1, 2)))(*args)
     np.testing.assert_allclose(val, ref_val, rtol=1e-12)
     for a, b in zip(got, ref):
