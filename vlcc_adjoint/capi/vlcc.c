@@ -406,6 +406,22 @@ static int close_slot(const char *call, slot_t *s)
     return rc;
 }
 
+/* Close a run or a history (the handle of `kind`, called `what` in messages). */
+static int close_handle(const char *call, void *handle, int kind, const char *what)
+{
+    if (handle == NULL || !started)
+        return bad_handle(call, what, handle);
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc;
+    slot_t *s = lookup(handle, kind);
+    if (s == NULL)
+        rc = bad_handle(call, what, handle);
+    else
+        rc = close_slot(call, s);
+    PyGILState_Release(gil);
+    return rc;
+}
+
 /* -- runs ---------------------------------------------------------------------- */
 
 int vlcc_run_open(vlcc_run **run, const char *config_json)
@@ -544,18 +560,7 @@ int vlcc_run_next(vlcc_run *run, vlcc_action *action)
 
 int vlcc_run_close(vlcc_run *run)
 {
-    static const char call[] = "vlcc_run_close";
-    if (run == NULL || !started)
-        return bad_handle(call, "run", run);
-    PyGILState_STATE gil = PyGILState_Ensure();
-    int rc;
-    slot_t *s = lookup(run, KIND_RUN);
-    if (s == NULL)
-        rc = bad_handle(call, "run", run);
-    else
-        rc = close_slot(call, s);
-    PyGILState_Release(gil);
-    return rc;
+    return close_handle("vlcc_run_close", run, KIND_RUN, "run");
 }
 
 /* -- histories ----------------------------------------------------------------- */
@@ -673,16 +678,5 @@ int vlcc_history_checkout(vlcc_history *h, const char *ref)
 
 int vlcc_history_close(vlcc_history *h)
 {
-    static const char call[] = "vlcc_history_close";
-    if (h == NULL || !started)
-        return bad_handle(call, "history", h);
-    PyGILState_STATE gil = PyGILState_Ensure();
-    int rc;
-    slot_t *s = lookup(h, KIND_HISTORY);
-    if (s == NULL)
-        rc = bad_handle(call, "history", h);
-    else
-        rc = close_slot(call, s);
-    PyGILState_Release(gil);
-    return rc;
+    return close_handle("vlcc_history_close", h, KIND_HISTORY, "history");
 }
