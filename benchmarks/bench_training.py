@@ -225,7 +225,7 @@ def run(args) -> dict:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    names = list(BACKENDS)
+    names = [n for n in BACKENDS if not args.backends or n in args.backends]
     try:
         import deepspeed
 
@@ -234,10 +234,11 @@ def run(args) -> dict:
         names = [n for n in names if not n.startswith("ds_")]
     load = [os.getloadavg()]
     runs = {n: _Run(n, args, root) for n in names}
+    first = runs.get("torch_save", runs[names[0]])
     state_bytes = sum(
         t.numel() * t.element_size()
-        for t in list(runs["torch_save"].model.state_dict().values())
-        + [v for s in runs["torch_save"].opt.state.values() for v in s.values()]
+        for t in list(first.model.state_dict().values())
+        + [v for s in first.opt.state.values() for v in s.values()]
         if isinstance(t, torch.Tensor)
     )
     samples: dict[str, dict[str, list[float]]] = {
@@ -304,6 +305,12 @@ def main(argv=None) -> None:
         type=float,
         default=0.2,
         help="seconds of forward and backward passes between save and commit (ds_vlcc_overlap)",
+    )
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        choices=BACKENDS,
+        help="measure only these backends (default: all); for profiling one comparison",
     )
     p.add_argument("--quick", action="store_true", help="CI size")
     p.add_argument(

@@ -637,18 +637,31 @@ class VlccCheckpointEngine:
         return reader
 
     def _deferrable(self) -> set[int]:
-        """Data pointers of tensors only the optimizer step changes."""
+        """Data pointers of tensors only the optimizer step changes.
+
+        The module's parameters, and, for the optimizer and every optimizer it
+        wraps (DeepSpeed's ZeRO optimizers wrap a ``torch.optim`` one in
+        ``.optimizer``), its state tensors (Adam's moments) and the parameters
+        of its ``param_groups``: a ZeRO optimizer's inner optimizer steps the
+        fp32 master partitions (``single_partition_of_fp32_groups``, saved in
+        the optimizer's file), which no forward or backward pass writes.
+        """
         ptrs = set()
         if self.model is not None:
             for p in self.model.parameters():
                 ptrs.add(p.data_ptr())
         opt = self.optimizer
         while opt is not None:
+            tensors: list[Any] = []
             for st in getattr(opt, "state", {}).values():
                 if isinstance(st, dict):
-                    for v in st.values():
-                        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-                            ptrs.add(v.data_ptr())
+                    tensors.extend(st.values())
+            for group in getattr(opt, "param_groups", None) or ():
+                if isinstance(group, dict) and isinstance(group.get("params"), list):
+                    tensors.extend(group["params"])
+            for v in tensors:
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                    ptrs.add(v.data_ptr())
             inner = getattr(opt, "optimizer", None)
             opt = inner if inner is not opt else None
         ptrs.discard(0)
