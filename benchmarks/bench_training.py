@@ -30,7 +30,8 @@ Backends (same state: a model's weights and Adam moments, every tensor changed
 by a training step between checkpoints): ``ds_default`` (DeepSpeed's
 ``save_checkpoint`` with its ``torch.save`` engine), ``ds_vlcc`` (the same with
 :class:`~vlcc_adjoint.torch.VlccCheckpointEngine` attached; the next step waits
-for the leaf being written and a copy of the live leaves not written yet),
+until the live leaves not written yet are written, by the committing thread
+alongside the capture thread: no copy),
 ``ds_vlcc_written`` (``wait_on_commit="written"``: the next step waits for the
 write, done from the live tensors without a copy), ``ds_vlcc_overlap``
 (``ds_vlcc`` with ``--overlap`` seconds between the save and the next step's
@@ -48,6 +49,8 @@ History with ``durable=False``).  Reported: per backend the median and the
 interquartile spread of each measure, and the ratios of the goals of issue 34
 (``ds_vlcc``/``ds_default`` CPU, ``vlcc_async``/``dcp_async`` CPU,
 ``vlcc_async`` blocked/``torch_save`` blocked), with the load average.
+``--backends`` measures a subset (to profile one comparison; the results file
+is written by a run of all of them).
 """
 
 from __future__ import annotations
