@@ -31,7 +31,9 @@ by a training step between checkpoints): ``ds_default`` (DeepSpeed's
 ``save_checkpoint`` with its ``torch.save`` engine), ``ds_vlcc`` (the same with
 :class:`~vlcc_adjoint.torch.VlccCheckpointEngine` attached; the next step waits
 until the live leaves not written yet are written, by the committing thread
-alongside the capture thread: no copy),
+alongside the capture thread: no copy), ``ds_vlcc_copy`` (``copy_on_commit=True``:
+the next step waits for the leaf being written and a copy of the live leaves not
+written yet, which the capture thread writes behind it),
 ``ds_vlcc_written`` (``wait_on_commit="written"``: the next step waits for the
 write, done from the live tensors without a copy), ``ds_vlcc_overlap``
 (``ds_vlcc`` with ``--overlap`` seconds between the save and the next step's
@@ -77,6 +79,7 @@ BACKENDS = [
     "ds_default",
     "ds_vlcc",
     "ds_vlcc_written",
+    "ds_vlcc_copy",
     "ds_vlcc_overlap",
     "torch_save",
     "dcp_save",
@@ -131,7 +134,9 @@ class _Run:
             self.vlcc = None
             if name != "ds_default":
                 wait = "written" if name == "ds_vlcc_written" else "captured"
-                self.vlcc = VlccCheckpointEngine.attach(self.ds, wait_on_commit=wait)
+                self.vlcc = VlccCheckpointEngine.attach(
+                    self.ds, wait_on_commit=wait, copy_on_commit=name == "ds_vlcc_copy"
+                )
         self.model, self.opt = model, opt
         self.writer = None
         if name.startswith("vlcc"):
@@ -285,6 +290,7 @@ def run(args) -> dict:
         "goals": {
             "ds_vlcc_over_ds_default_cpu": ratio("ds_vlcc", "ds_default", "cpu_s"),
             "ds_vlcc_written_over_ds_default_cpu": ratio("ds_vlcc_written", "ds_default", "cpu_s"),
+            "ds_vlcc_copy_over_ds_default_cpu": ratio("ds_vlcc_copy", "ds_default", "cpu_s"),
             "ds_vlcc_overlap_over_ds_default_cpu": ratio("ds_vlcc_overlap", "ds_default", "cpu_s"),
             "vlcc_async_over_dcp_async_cpu": ratio("vlcc_async", "dcp_async", "cpu_s"),
             "vlcc_async_over_torch_save_blocked": ratio("vlcc_async", "torch_save", "blocked_s"),
@@ -292,6 +298,9 @@ def run(args) -> dict:
                 "vlcc_async_overlap", "torch_save", "blocked_s"
             ),
             "ds_vlcc_over_ds_default_blocked": ratio("ds_vlcc", "ds_default", "blocked_s"),
+            "ds_vlcc_copy_over_ds_default_blocked": ratio(
+                "ds_vlcc_copy", "ds_default", "blocked_s"
+            ),
         },
     }
 
