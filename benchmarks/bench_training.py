@@ -30,7 +30,10 @@ Backends (same state: a model's weights and Adam moments, every tensor changed
 by a training step between checkpoints): ``ds_default`` (DeepSpeed's
 ``save_checkpoint`` with its ``torch.save`` engine), ``ds_vlcc`` (the same with
 :class:`~vlcc_adjoint.torch.VlccCheckpointEngine` attached; the next step waits
-for the leaf being written and a copy of the live leaves not written yet),
+until the live leaves not written yet are written, by the committing thread
+alongside the capture thread: no copy), ``ds_vlcc_copy`` (``copy_on_commit=True``:
+the next step waits for the leaf being written and a copy of the live leaves not
+written yet, which the capture thread writes behind it),
 ``ds_vlcc_written`` (``wait_on_commit="written"``: the next step waits for the
 write, done from the live tensors without a copy), ``ds_vlcc_overlap``
 (``ds_vlcc`` with ``--overlap`` seconds between the save and the next step's
@@ -48,6 +51,8 @@ History with ``durable=False``).  Reported: per backend the median and the
 interquartile spread of each measure, and the ratios of the goals of issue 34
 (``ds_vlcc``/``ds_default`` CPU, ``vlcc_async``/``dcp_async`` CPU,
 ``vlcc_async`` blocked/``torch_save`` blocked), with the load average.
+``--backends`` measures a subset (to profile one comparison; the results file
+is written by a run of all of them).
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ BACKENDS = [
     "ds_default",
     "ds_vlcc",
     "ds_vlcc_written",
+    "ds_vlcc_copy",
     "ds_vlcc_overlap",
     "torch_save",
     "dcp_save",
@@ -128,7 +134,9 @@ class _Run:
             self.vlcc = None
             if name != "ds_default":
                 wait = "written" if name == "ds_vlcc_written" else "captured"
-                self.vlcc = VlccCheckpointEngine.attach(self.ds, wait_on_commit=wait)
+                self.vlcc = VlccCheckpointEngine.attach(
+                    self.ds, wait_on_commit=wait, copy_on_commit=name == "ds_vlcc_copy"
+                )
         self.model, self.opt = model, opt
         self.writer = None
         if name.startswith("vlcc"):
@@ -225,7 +233,7 @@ def run(args) -> dict:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    names = list(BACKENDS)
+    names = [n for n in BACKENDS if not args.backends or n in args.backends]
     try:
         import deepspeed
 
@@ -234,10 +242,11 @@ def run(args) -> dict:
         names = [n for n in names if not n.startswith("ds_")]
     load = [os.getloadavg()]
     runs = {n: _Run(n, args, root) for n in names}
+    first = runs.get("torch_save", runs[names[0]])
     state_bytes = sum(
         t.numel() * t.element_size()
-        for t in list(runs["torch_save"].model.state_dict().values())
-        + [v for s in runs["torch_save"].opt.state.values() for v in s.values()]
+        for t in list(first.model.state_dict().values())
+        + [v for s in first.opt.state.values() for v in s.values()]
         if isinstance(t, torch.Tensor)
     )
     samples: dict[str, dict[str, list[float]]] = {
@@ -281,6 +290,7 @@ def run(args) -> dict:
         "goals": {
             "ds_vlcc_over_ds_default_cpu": ratio("ds_vlcc", "ds_default", "cpu_s"),
             "ds_vlcc_written_over_ds_default_cpu": ratio("ds_vlcc_written", "ds_default", "cpu_s"),
+            "ds_vlcc_copy_over_ds_default_cpu": ratio("ds_vlcc_copy", "ds_default", "cpu_s"),
             "ds_vlcc_overlap_over_ds_default_cpu": ratio("ds_vlcc_overlap", "ds_default", "cpu_s"),
             "vlcc_async_over_dcp_async_cpu": ratio("vlcc_async", "dcp_async", "cpu_s"),
             "vlcc_async_over_torch_save_blocked": ratio("vlcc_async", "torch_save", "blocked_s"),
@@ -288,6 +298,9 @@ def run(args) -> dict:
                 "vlcc_async_overlap", "torch_save", "blocked_s"
             ),
             "ds_vlcc_over_ds_default_blocked": ratio("ds_vlcc", "ds_default", "blocked_s"),
+            "ds_vlcc_copy_over_ds_default_blocked": ratio(
+                "ds_vlcc_copy", "ds_default", "blocked_s"
+            ),
         },
     }
 
@@ -304,6 +317,12 @@ def main(argv=None) -> None:
         type=float,
         default=0.2,
         help="seconds of forward and backward passes between save and commit (ds_vlcc_overlap)",
+    )
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        choices=BACKENDS,
+        help="measure only these backends (default: all); for profiling one comparison",
     )
     p.add_argument("--quick", action="store_true", help="CI size")
     p.add_argument(

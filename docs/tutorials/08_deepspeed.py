@@ -2,10 +2,10 @@
 
 `VlccCheckpointEngine.attach(engine)` replaces DeepSpeed's `torch.save`
 checkpoint engine.  The training loop does not change: `save_checkpoint`
-returns once the state is captured (weights and optimizer state are copied
-during the next forward/backward pass), a background thread writes
-deduplicated, checksummed chunks into a lineage `History` next to the
-checkpoints, and DeepSpeed's own `load_checkpoint` reads them back, without
+returns at once: a background thread writes the weights and the optimizer
+state from the live tensors during the next forward/backward pass (the next
+optimizer step first writes, alongside it, what is left) as deduplicated,
+checksummed chunks into a lineage `History` next to the checkpoints, and DeepSpeed's own `load_checkpoint` reads them back, without
 pickle.
 
 Here a small model trains with ZeRO stage 1 on CPU (one process, the gloo

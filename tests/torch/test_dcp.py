@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import threading
 import warnings
 import zlib
 
@@ -442,6 +443,42 @@ def test_staging_copies_every_kind_of_tensor_by_value():
             ), k
         area.release()
     assert area.reallocations == 1
+
+
+def test_a_large_staging_copy_is_split_between_two_threads_byte_for_byte(monkeypatch):
+    # From PARALLEL_BYTES on, half of the bytes are copied by the area's helper
+    # thread: the tensor across the middle is split, every byte lands once.
+    from vlcc_adjoint.torch import _dcp_stage
+    from vlcc_adjoint.torch._dcp_stage import StagingArea
+
+    monkeypatch.setattr(_dcp_stage, "PARALLEL_BYTES", 1 << 12)
+    threads: set[str] = set()
+    real = _dcp_stage._copy_all
+
+    def copy_all(pairs):
+        threads.add(threading.current_thread().name)
+        real(pairs)
+
+    monkeypatch.setattr(_dcp_stage, "_copy_all", copy_all)
+    torch.manual_seed(5)
+    sd = {
+        "a": torch.randn(1001),
+        "b": [torch.randn(3, 333).half(), torch.arange(777, dtype=torch.int8)],
+        "t": torch.randn(40, 30).t(),  # not a byte copy: copy_ in the caller
+        "small": torch.ones(2),
+    }
+    area = StagingArea()
+    staged = area.stage(sd)
+    assert area.parallel_copies == 1 and len(threads) == 2
+    assert torch.equal(staged["a"], sd["a"]) and torch.equal(staged["t"], sd["t"])
+    assert all(torch.equal(x, y) for x, y in zip(staged["b"], sd["b"]))
+    assert torch.equal(staged["small"], sd["small"])
+    area.release()
+    first, second = _dcp_stage._halves(
+        [(np.zeros(n, np.uint8), np.ones(n, np.uint8)) for n in (5, 8, 1)]
+    )
+    assert [d.size for d, _ in first] == [5, 2] and [d.size for d, _ in second] == [6, 1]
+    area.close()
 
 
 def test_a_failing_rank_write_commits_no_version(tmp_path):

@@ -1,4 +1,5 @@
-"""VlccCheckpointEngine under DeepSpeed on 2 processes (gloo, CPU), ZeRO stages 1-3.
+"""VlccCheckpointEngine under DeepSpeed on 2 processes (gloo, CPU), ZeRO stages 1-3,
+in fp32, fp16 (with its dynamic loss scaler) and bf16.
 
 ZeRO exists to shard the optimizer state (stage 1), the gradients (2) and the
 weights (3) across data-parallel ranks, so its checkpoints are written by
@@ -15,9 +16,14 @@ The processes never close the engine (a training script often does not):
 both must exit with status 0 (a background thread alive at interpreter exit
 used to end them in SIGABRT).  Last, a history that one rank cannot open
 stops both ranks with an error at ``save_checkpoint`` (no rank waits forever
-in DeepSpeed's next collective).  Then one process loads the weights of the
-ZeRO-1/2 checkpoints (``load_module_only``; DeepSpeed refuses to repartition the
-optimizer state onto another world size, with either engine).
+in DeepSpeed's next collective).  Then one process loads the ZeRO-1/2
+checkpoints: the weights alone (``load_module_only``, as DeepSpeed's engine
+does), and everything, optimizer state included, through our resharding
+(:func:`vlcc_adjoint.torch.load_zero_resharded`; DeepSpeed's engine refuses to
+repartition the optimizer state onto another world size), compared bit for bit,
+and by the next losses, with DeepSpeed's own way: its universal checkpoint
+(``ds_to_universal``) of the ``torch.save`` checkpoint, loaded with
+``load_universal``.
 
 This file is also the worker: ``python test_deepspeed_dist.py <out dir>``.
 """
@@ -35,16 +41,35 @@ torch = pytest.importorskip("torch")
 deepspeed = pytest.importorskip("deepspeed")
 
 STAGES = (1, 2, 3)
+#: (ZeRO stage, precision) of the runs on two processes.
+RUNS = [(stage, precision) for precision in ("fp32", "fp16", "bf16") for stage in STAGES]
+#: Those whose checkpoint one process loads whole, through our resharding (DeepSpeed
+#: runs ZeRO-1 in bf16 with another optimizer, BF16_Optimizer, not ZeRO's).
+RESHARDED = [(1, "fp32"), (2, "fp32"), (1, "fp16"), (2, "fp16"), (2, "bf16")]
 WORLD = 2
 
 
-def _engine(stage: int, seed: int = 0, world: int = WORLD):
+def _engine(
+    stage: int, seed: int = 0, world: int = WORLD, precision: str = "fp32", universal=False
+):
+    from test_deepspeed_zero import PRECISIONS
+
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    config = {"train_batch_size": 4 * world, "zero_optimization": {"stage": stage}}
+    config = {
+        "train_batch_size": 4 * world,
+        "zero_optimization": {"stage": stage},
+        **PRECISIONS[precision],
+    }
+    if universal:
+        config["checkpoint"] = {"load_universal": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return engine
+
+
+def _root(out: str, stage: int, precision: str) -> str:
+    return os.path.join(out, f"zero{stage}-{precision}")
 
 
 def _batches(n: int, rank: int):
@@ -52,14 +77,14 @@ def _batches(n: int, rank: int):
     return [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(n)]
 
 
-def _stage(stage: int, out: str, rank: int) -> None:
+def _stage(stage: int, precision: str, out: str, rank: int) -> None:
     from test_deepspeed_zero import _assert_same_state, _loaded, _train
 
     from vlcc_adjoint.torch import VlccCheckpointEngine
 
-    root = os.path.join(out, f"zero{stage}")
+    root = _root(out, stage, precision)
     batches = _batches(4, rank)
-    run = _engine(stage)
+    run = _engine(stage, precision=precision)
     _train(run, batches[:2])
     run.save_checkpoint(os.path.join(root, "torch"), tag="t")  # DeepSpeed's default engine
     VlccCheckpointEngine.attach(run)
@@ -79,14 +104,14 @@ def _stage(stage: int, out: str, rank: int) -> None:
             _assert_same_state(ours, theirs, f)
         reader.close()
     for kind in ("torch", "vlcc"):
-        fresh = _engine(stage, seed=1)
+        fresh = _engine(stage, seed=1, precision=precision)
         if kind == "vlcc":
             fresh.checkpoint_engine = VlccCheckpointEngine()
         path, _ = fresh.load_checkpoint(os.path.join(root, kind), tag="t")
         assert path is not None, kind
-        _assert_same_state(_loaded(fresh), saved, f"zero{stage} {kind} rank {rank}")
+        _assert_same_state(_loaded(fresh), saved, f"zero{stage} {precision} {kind} rank {rank}")
         got = _train(fresh, batches[2:])
-        assert got == losses, (stage, kind, rank, got, losses)
+        assert got == losses, (stage, precision, kind, rank, got, losses)
     # `run` and its engine are left open: the exit must be clean all the same.
 
 
@@ -112,10 +137,11 @@ def _one_rank_cannot_open(out: str, rank: int) -> None:
 
 
 def _one_process(out: str) -> None:
-    """Load the weights of the 2-process ZeRO-1/2 checkpoints on one process
-    (``load_module_only``: DeepSpeed refuses to repartition the optimizer state
-    onto another world size, with its own engine as with ours): through our
-    engine they are DeepSpeed's file's weights, bit for bit."""
+    """Load the 2-process ZeRO-1/2 checkpoints on one process.
+
+    The weights alone (``load_module_only``, which DeepSpeed's engine allows):
+    through our engine they are DeepSpeed's file's weights, bit for bit.  Then
+    everything (:func:`_resharded`)."""
     import warnings
 
     from vlcc_adjoint.torch import VlccCheckpointEngine
@@ -123,7 +149,7 @@ def _one_process(out: str) -> None:
     warnings.simplefilter("ignore")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     for stage in (1, 2):
-        root = os.path.join(out, f"zero{stage}")
+        root = _root(out, stage, "fp32")
         want = torch.load(
             os.path.join(root, "torch", "t", "mp_rank_00_model_states.pt"), weights_only=False
         )["module"]
@@ -141,7 +167,73 @@ def _one_process(out: str) -> None:
                 assert torch.equal(got[k], v), (stage, kind, k)
             if kind == "vlcc":
                 fresh.checkpoint_engine.close()
+    for stage, precision in RESHARDED:
+        _resharded(out, stage, precision)
     print("one process done", flush=True)
+
+
+def _resharded(out: str, stage: int, precision: str) -> None:
+    """A 2-process ZeRO-1/2 checkpoint, optimizer state included, on one process.
+
+    The reference is DeepSpeed's own path to another world size: its universal
+    checkpoint (``ds_to_universal``, with ``--inject_missing_state`` for a model
+    that is not Megatron's) of the ``torch.save`` checkpoint, loaded by an
+    engine with ``load_universal``.  Our resharding (:func:`load_zero_resharded`)
+    loads the checkpoint saved through our engine, and the ``torch.save`` one
+    through DeepSpeed's engine: the weights, the optimizer's state dict (master
+    weights, moments, step, loss scaler) and the losses of the next steps are
+    the reference's, bit for bit.  DeepSpeed's own engine refuses the load."""
+    from deepspeed.runtime.zero.utils import ZeRORuntimeException
+    from test_deepspeed_zero import _assert_same_state, _loaded, _train
+
+    from vlcc_adjoint.torch import VlccCheckpointEngine, load_zero_resharded
+
+    root = _root(out, stage, precision)
+    universal = os.path.join(root, "universal")
+    convert = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            os.path.join(root, "torch", "t"),
+            "--output_folder",
+            os.path.join(universal, "t"),
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+            "--inject_missing_state",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=240,
+    )
+    assert convert.returncode == 0, convert.stdout[-3000:]
+    batches = _batches(3, 0)
+    ref = _engine(stage, seed=1, world=1, precision=precision, universal=True)
+    path, _ = ref.load_checkpoint(universal, tag="t")
+    assert path is not None, (stage, precision)
+    want = _loaded(ref)
+    want_losses = _train(ref, batches)
+    ref.destroy()
+    refused = _engine(stage, seed=1, world=1, precision=precision)
+    with pytest.raises(ZeRORuntimeException, match="world size"):
+        refused.load_checkpoint(os.path.join(root, "torch"), tag="t")
+    refused.destroy()
+    for kind in ("vlcc", "torch"):
+        fresh = _engine(stage, seed=1, world=1, precision=precision)
+        if kind == "vlcc":
+            fresh.checkpoint_engine = VlccCheckpointEngine()
+        path, _ = load_zero_resharded(fresh, os.path.join(root, kind), tag="t")
+        assert path is not None, (stage, precision, kind)
+        _assert_same_state(_loaded(fresh), want, f"zero{stage} {precision} {kind} resharded")
+        got = _train(fresh, batches)
+        assert got == want_losses, (stage, precision, kind, got, want_losses)
+        if kind == "vlcc":
+            fresh.checkpoint_engine.close()
+        fresh.destroy()
 
 
 def _train_one(engine, rank: int) -> None:
@@ -156,8 +248,8 @@ def _worker(out: str) -> None:
     warnings.simplefilter("ignore")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # never compile it
     rank = int(os.environ["RANK"])
-    for stage in STAGES:
-        _stage(stage, out, rank)
+    for stage, precision in RUNS:
+        _stage(stage, precision, out, rank)
     _one_rank_cannot_open(out, rank)
     print(f"rank {rank} done", flush=True)
 
@@ -168,7 +260,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_zero_1_2_3_on_two_processes_match_deepspeeds_engine_and_exit_cleanly(tmp_path):
+def test_zero_1_2_3_fp32_fp16_bf16_on_two_processes_match_deepspeeds_engine_and_reshard(
+    tmp_path,
+):
     env = dict(os.environ)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(WORLD))
     env["PYTHONPATH"] = os.pathsep.join(

@@ -320,3 +320,52 @@ def test_a_fresh_process_reads_deepspeed_objects_without_importing_deepspeed_fir
         "deepspeed.runtime.fp16.loss_scaler LossScaler 8.0 "
         "<ZeroStageEnum.gradients: 2> [0.0, 1.0, 2.0]"
     )
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_resharding_a_one_rank_checkpoint_onto_one_rank_is_deepspeeds_own_load(
+    ds_env, tmp_path, stage
+):
+    # load_zero_resharded merges the ranks' partitions and splits them anew: with
+    # one rank saved and one loading, that is the identity, so it must load what
+    # DeepSpeed's load_checkpoint loads, bit for bit (2 ranks onto 1:
+    # test_deepspeed_dist.py, against DeepSpeed's universal checkpoint).
+    from vlcc_adjoint.torch import load_zero_resharded
+
+    batches = _batches(4)
+    run = _engine(stage)
+    _train(run, batches[:2])
+    VlccCheckpointEngine.attach(run)
+    run.save_checkpoint(str(tmp_path), tag="t")
+    run.checkpoint_engine.close()
+    run.destroy()
+    got = {}
+    for how in ("deepspeed", "resharded"):
+        fresh = _engine(stage, seed=1)
+        fresh.checkpoint_engine = VlccCheckpointEngine()
+        if how == "deepspeed":
+            fresh.load_checkpoint(str(tmp_path), tag="t")
+        else:
+            load_zero_resharded(fresh, str(tmp_path), tag="t")
+        got[how] = (_loaded(fresh), _train(fresh, batches[2:]))
+        fresh.checkpoint_engine.close()
+        fresh.destroy()
+    _assert_same_state(got["resharded"][0], got["deepspeed"][0])
+    assert got["resharded"][1] == got["deepspeed"][1]
+
+
+def test_resharding_refuses_what_it_cannot_read(ds_env, tmp_path):
+    from vlcc_adjoint.errors import VlccFileNotFoundError, VlccValueError
+    from vlcc_adjoint.torch import load_zero_resharded
+
+    run = _engine(1)
+    _train(run, _batches(1))
+    run.save_checkpoint(str(tmp_path), tag="t")  # DeepSpeed's torch.save engine
+    (tmp_path / "t" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    fresh = _engine(1, seed=1)
+    with pytest.raises(VlccFileNotFoundError, match="optimizer files of ranks"):
+        load_zero_resharded(fresh, str(tmp_path), tag="t")
+    with pytest.raises(VlccValueError, match="ZeRO stage 1 or 2"):
+        load_zero_resharded(_engine(0, seed=1), str(tmp_path), tag="t")
+    fresh.destroy()
+    run.destroy()

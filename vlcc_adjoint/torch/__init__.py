@@ -30,6 +30,8 @@ Five pieces, each usable alone::
 
     # 5. DeepSpeed: asynchronous, versioned save_checkpoint in one line.
     vt.VlccCheckpointEngine.attach(model_engine)
+    #    a ZeRO-1/2 checkpoint of N ranks, optimizer state included, on M ranks
+    vt.load_zero_resharded(model_engine, "ckpt", tag="step100")
 
 Install with ``pip install torch==2.13.0`` (the ``torch`` extra pins it;
 for the CPU build add ``--index-url https://download.pytorch.org/whl/cpu``
@@ -52,5 +54,6 @@ from ._state import register_providers as register_providers
 from ._state import restore_training_state as restore_training_state
 from ._state import tensor_to_numpy as tensor_to_numpy
 from ._state import training_state as training_state
+from ._zero_reshard import load_zero_resharded as load_zero_resharded
 
 register_providers()

@@ -36,13 +36,16 @@ the weights.  So:
   (the default) that thread hashes and writes them, leaf by leaf, straight
   from the live tensors, without a copy (``History.stage``);
 * ``commit(info)``, at the next optimizer step, makes sure the step may
-  overwrite the weights.  With ``"captured"`` it copies the live leaves the
-  capture thread has not written yet (after the one it is writing), into
-  buffers reused from commit to commit, and the thread writes those copies
-  behind the training loop: a checkpoint costs one hash and one write of its
-  bytes plus a copy of what the forward and backward passes did not cover
-  (``_stream``).  With ``"written"`` the step waits until the versions are
-  on disk;
+  overwrite the weights.  With ``"captured"`` it writes the live leaves the
+  capture thread has not claimed yet itself, leaf by leaf alongside that
+  thread, and returns when they are written; the owned copies and the
+  publication follow in the background.  A checkpoint costs one hash and
+  one write of its bytes, however early the step comes, and no copy
+  (``_stream``, ``_freeze``).  With ``copy_on_commit=True`` it copies those
+  leaves instead, into buffers reused from commit to commit, and the thread
+  writes the copies behind the training loop: the step waits for a memory
+  copy instead of writes, for the CPU of the copy.  With ``"written"`` the
+  step waits until the versions are on disk;
 * ``latest`` is written by this engine, once the tag's versions are
   published on disk (``get_commit_info`` hands DeepSpeed a copy of the
   commit info with ``save_latest=False``, so DeepSpeed does not write it
@@ -50,12 +53,13 @@ the weights.  So:
   at worst the one before the last.
 
 The training loop is blocked for the capture in ``save`` (with ``defer=True`` only
-the eager small tensors) plus, at the next step, with ``"captured"``, the write of
-the leaf in progress and the copy of the live leaves not yet written (none when the
-forward and backward passes took longer than the write), with ``"written"`` what is
-left of the write.  Either way no byte is copied that the forward and backward
-passes gave time to write: the CPU of DeepSpeed's default engine, which blocks for
-the whole write in ``save_checkpoint`` (``benchmarks/bench_training.py``).  With
+the eager small tensors) plus, at the next step, with ``"captured"``, the writes of
+the live leaves not yet written, shared by two threads (none when the forward and
+backward passes took longer than the write; with ``copy_on_commit``, the write of
+the leaf in progress and a copy of the others), with ``"written"`` what is left of
+the whole write.  By default no byte is copied that the step could change: the
+CPU of DeepSpeed's default engine, which copies the state (``clone``) and blocks
+for the whole write in ``save_checkpoint`` (``benchmarks/bench_training.py``).  With
 ``defer=False`` and ``"captured"``, ``save`` copies the whole state
 (``History(capture="copy")``) and the History's writer thread hashes and writes it.
 
@@ -145,10 +149,13 @@ class _Job:
     (a parameter or optimizer state, deferred), else an owned copy.  A
     *streamed* job (``wait_on_commit="captured"`` with deferred capture) is
     written leaf by leaf from the live tensors, live leaves first
-    (`order`); `position` counts the leaves of `order` written, `busy` says
-    that one is being written now; `frozen` is set by the commit, which then
-    copies the live leaves not yet written into `copies` (leaf index ->
-    buffer) and sets `captured`.
+    (`order`), into `entries` (leaf index -> ``History.stage`` entry).  A
+    writer *claims* the next leaf of `order` under the engine's lock
+    (`position` counts the leaves claimed); `inflight` counts the live
+    leaves claimed and not yet written.  `frozen` is set by the commit,
+    which then either writes the live leaves not yet claimed itself,
+    alongside the capture thread, or (``copy_on_commit``) copies them into
+    `copies` (leaf index -> buffer); then it sets `captured`.
     """
 
     __slots__ = (
@@ -163,7 +170,8 @@ class _Job:
         "streamed",
         "order",
         "position",
-        "busy",
+        "inflight",
+        "entries",
         "frozen",
         "copies",
         "captured",
@@ -186,8 +194,9 @@ class _Job:
             self.order = [i for i, x in enumerate(live) if x] + [
                 i for i, x in enumerate(live) if not x
             ]
-        self.position = 0
-        self.busy = self.frozen = False
+        self.position = self.inflight = 0
+        self.entries: list[Any] = [None] * len(state[1]) if streamed else []
+        self.frozen = False
         self.copies: dict[int, np.ndarray] = {}
         self.captured = threading.Event()
         self.abandoned = False
@@ -209,10 +218,16 @@ class VlccCheckpointEngine:
       during the next forward/backward pass (default: when `model` or
       `optimizer` is given).
     - `wait_on_commit`: ``"captured"`` (commit waits until the state is
-      written or copied; the write continues in the background) or
-      ``"written"`` (until the versions are on disk).  With `defer`, both
-      write from the live tensors; ``"captured"`` copies at the commit what
-      is not written by then.
+      safe from the optimizer step: the live tensors written or copied; the
+      rest continues in the background) or ``"written"`` (until the versions
+      are on disk).  With `defer`, both write from the live tensors;
+      ``"captured"`` writes at the commit what is not written by then, on the
+      committing thread alongside the capture thread.
+    - `copy_on_commit`: with ``"captured"`` and `defer`, the commit copies the
+      live tensors not written yet (into buffers reused from commit to commit)
+      instead of writing them, and the capture thread writes the copies behind
+      the step: the step waits for a memory copy rather than for writes, for
+      the CPU of that copy (see :meth:`_freeze`).  Default ``False``.
     - `chunk_bytes`, `codec`, `durable`: passed to a ``History`` this engine
       opens.  `chunk_bytes` defaults to :data:`CHUNK_BYTES` (16 MiB: few, large
       files; see there); `codec` to ``None``: raw chunks (the mantissas of
@@ -234,6 +249,7 @@ class VlccCheckpointEngine:
         optimizer: torch.optim.Optimizer | None = None,
         defer: bool | None = None,
         wait_on_commit: str = "captured",
+        copy_on_commit: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
         codec: Codec | None = None,
         durable: bool = False,
@@ -258,6 +274,7 @@ class VlccCheckpointEngine:
         self.optimizer = optimizer
         self.defer = bool(defer)
         self.wait_on_commit = wait_on_commit
+        self.copy_on_commit = bool(copy_on_commit)
         self._history_opts: dict[str, Any] = dict(
             chunk_bytes=chunk_bytes, codec=codec, durable=durable, capture="copy"
         )
@@ -637,18 +654,31 @@ class VlccCheckpointEngine:
         return reader
 
     def _deferrable(self) -> set[int]:
-        """Data pointers of tensors only the optimizer step changes."""
+        """Data pointers of tensors only the optimizer step changes.
+
+        The module's parameters, and, for the optimizer and every optimizer it
+        wraps (DeepSpeed's ZeRO optimizers wrap a ``torch.optim`` one in
+        ``.optimizer``), its state tensors (Adam's moments) and the parameters
+        of its ``param_groups``: a ZeRO optimizer's inner optimizer steps the
+        fp32 master partitions (``single_partition_of_fp32_groups``, saved in
+        the optimizer's file), which no forward or backward pass writes.
+        """
         ptrs = set()
         if self.model is not None:
             for p in self.model.parameters():
                 ptrs.add(p.data_ptr())
         opt = self.optimizer
         while opt is not None:
+            tensors: list[Any] = []
             for st in getattr(opt, "state", {}).values():
                 if isinstance(st, dict):
-                    for v in st.values():
-                        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-                            ptrs.add(v.data_ptr())
+                    tensors.extend(st.values())
+            for group in getattr(opt, "param_groups", None) or ():
+                if isinstance(group, dict) and isinstance(group.get("params"), list):
+                    tensors.extend(group["params"])
+            for v in tensors:
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                    ptrs.add(v.data_ptr())
             inner = getattr(opt, "optimizer", None)
             opt = inner if inner is not opt else None
         ptrs.discard(0)
@@ -690,7 +720,6 @@ class VlccCheckpointEngine:
             finally:
                 with self._lock:
                     job.state = None
-                    job.busy = False
                     self._jobs.popleft()
                     self._lock.notify_all()
                 job.captured.set()
@@ -720,49 +749,92 @@ class VlccCheckpointEngine:
         The live leaves go first, each hashed and written straight from the
         training's tensor (``History.stage``: no copy) while the forward and
         backward passes run.  When the commit comes (the optimizer step is
-        about to change the weights) before they are all written, it copies
-        the live leaves left (:meth:`_freeze`) and the thread writes those
-        copies.  So a checkpoint costs the CPU of one hash and one write of
-        its bytes, plus a copy of only what the forward and backward passes
-        did not cover; the step waits at most for the leaf being written and
-        the copy of the rest.  The owned leaves follow; then the version is
-        published (``History.commit_staged``).
+        about to change the weights) before they are all written, the live
+        leaves left are captured by :meth:`_freeze`: written by the committing
+        thread alongside this one (by default), or copied, and this thread
+        writes the copies (``copy_on_commit``).  So a checkpoint costs the CPU
+        of one hash and one write of its bytes, plus, with ``copy_on_commit``,
+        a copy of what the forward and backward passes did not cover.  The
+        owned leaves follow; then, once every leaf is written (by either
+        thread), the version is published (``History.commit_staged``).
         """
         history = self.history()
-        spec, leaves, _ = job.state
-        entries: list[Any] = [None] * len(leaves)
-        for p, k in enumerate(job.order):
+        spec, leaves, live = job.state
+        while True:
             with self._lock:
-                frozen = job.frozen
-                job.busy = not frozen
-            if frozen:
-                job.captured.wait()
                 if job.abandoned:
-                    raise VlccRuntimeError(
-                        "VlccCheckpointEngine: the commit could not copy the leaves not "
-                        "written yet (see its error); that checkpoint was not stored"
-                    )
-            try:
-                entries[k] = history.stage([leaves[k]])[0]
-            finally:
-                if not frozen:
-                    with self._lock:
-                        job.busy = False
-                        job.position = p + 1
-                        self._lock.notify_all()
-            buf = job.copies.pop(k, None)
-            if buf is not None:
-                leaves[k] = None
-                self._copies.recycle([buf])  # written: the next commit's copies reuse it
-        return history.commit_staged(spec, entries, job.message, job.meta)
+                    break
+                if job.position == len(job.order):
+                    while job.inflight:  # a leaf the commit is writing
+                        self._lock.wait()
+                    break
+                k = job.order[job.position]
+                job.position += 1
+                copied = job.frozen and self.copy_on_commit and live[k]
+                if live[k] and not copied:
+                    job.inflight += 1
+            if copied:
+                job.captured.wait()  # until the commit has copied it
+                if job.abandoned:
+                    break
+                self._write_leaf(history, job, k, leaves[k], live=False)
+                buf = job.copies.pop(k, None)
+                if buf is not None:
+                    leaves[k] = None
+                    self._copies.recycle([buf])  # written: the next commit's copies reuse it
+            else:
+                self._write_leaf(history, job, k, leaves[k], live=live[k])
+        if job.abandoned or any(e is None for e in job.entries):
+            raise VlccRuntimeError(
+                "VlccCheckpointEngine: the commit could not write or copy the leaves "
+                "not written yet (see its error); that checkpoint was not stored"
+            )
+        return history.commit_staged(spec, job.entries, job.message, job.meta)
+
+    def _write_leaf(
+        self, history: History, job: _Job, k: int, leaf: np.ndarray, live: bool
+    ) -> None:
+        """Stage `leaf`, leaf `k` of `job` (claimed by the calling thread), into
+        ``job.entries``.
+
+        For a live leaf (counted in ``job.inflight`` by the claim) the count is
+        released once it is written; if the write fails, the job is abandoned
+        first (under the lock: a thread waiting for the count sees it), so that
+        no version without that leaf is published."""
+        try:
+            entry = history.stage([leaf])[0]
+        except BaseException:
+            if live:
+                with self._lock:
+                    job.frozen = job.abandoned = True
+                    job.inflight -= 1
+                    self._lock.notify_all()
+            raise
+        job.entries[k] = entry
+        if live:
+            with self._lock:
+                job.inflight -= 1
+                self._lock.notify_all()
 
     def _freeze(self, jobs: list[_Job]) -> None:
-        """The optimizer step is about to run: stop writing the live leaves of
-        streamed `jobs` and copy those not written yet (see :meth:`_stream`).
+        """The optimizer step is about to run: capture the live leaves of streamed
+        `jobs` that the capture thread has not claimed yet (see :meth:`_stream`).
 
-        If a copy fails (no memory), every streamed job not yet captured is
-        abandoned (its thread raises instead of writing leaves the step is
-        about to change: no torn version is published) and the error is raised.
+        By default this thread writes them straight from the live tensors,
+        claiming leaf after leaf as the capture thread does, so that the two
+        threads share what is left; it returns once every live leaf is written.
+        No byte is copied: the checkpoint costs the CPU of one hash and one write
+        of its bytes however early the step comes, and the step waits for the
+        writes left, on two threads.  With ``copy_on_commit`` it waits for the
+        live leaf being written and copies the others into reused buffers; the
+        capture thread writes the copies behind the step: the step waits for a
+        memory copy (faster than a write, on a machine with more cores than
+        writers), for the CPU of that copy.
+
+        If a write or a copy fails (no space, no memory), every streamed job not
+        yet captured is abandoned (its thread raises instead of writing leaves
+        the step is about to change: no torn version is published) and the error
+        is raised.
         """
         copied = 0
         try:
@@ -771,12 +843,18 @@ class VlccCheckpointEngine:
                     continue
                 with self._lock:
                     job.frozen = True
-                    while job.busy:
-                        self._lock.wait()
                     state = job.state
+                    # The leaves claimed from here on are the copies' (the
+                    # capture thread waits for them, see _stream).
                     rest = job.order[job.position :]
-                if state is not None:  # else the job is finished (or failed)
-                    _, leaves, live = state
+                if state is None:  # the job is finished (or failed)
+                    job.captured.set()
+                    continue
+                _, leaves, live = state
+                if self.copy_on_commit:
+                    with self._lock:
+                        while job.inflight:  # the live leaf being written
+                            self._lock.wait()
                     for k in rest:
                         if live[k]:
                             buf = self._copies.take(leaves[k].dtype, leaves[k].shape)
@@ -784,12 +862,27 @@ class VlccCheckpointEngine:
                             job.copies[k] = buf
                             leaves[k] = buf
                             copied += buf.nbytes
+                else:
+                    history = self.history()
+                    while True:
+                        with self._lock:
+                            if job.abandoned:  # the capture thread failed: commit raises it
+                                break
+                            if job.position == len(job.order) or not live[job.order[job.position]]:
+                                while job.inflight:  # the live leaf the capture thread writes
+                                    self._lock.wait()
+                                break
+                            k = job.order[job.position]
+                            job.position += 1
+                            job.inflight += 1
+                        self._write_leaf(history, job, k, leaves[k], live=True)
                 job.captured.set()
         except BaseException:
             for job in jobs:
                 if job.streamed and not job.captured.is_set():
                     with self._lock:
                         job.frozen = job.abandoned = True
+                        self._lock.notify_all()
                     job.copies = {}
                     job.captured.set()
             raise
