@@ -97,6 +97,7 @@ from ._read import Reader
 
 __all__ = [
     "BLOCKS_TYPE",
+    "CommitPlan",
     "DISTRIBUTED_TYPE",
     "Blocks",
     "RankGroup",
@@ -275,6 +276,25 @@ def _structure_digest(spec: dict) -> np.ndarray:
 # -- the ranks' part of a History ---------------------------------------------------------
 
 
+@dataclasses.dataclass
+class CommitPlan:
+    """One rank's part of a distributed commit, checked (:meth:`RankGroup.prepare`).
+
+    **Attributes:** `leaves` and `spec` (the rank's flattened state); `dist`
+    (``{leaf: decomposition}`` of its blocks); `mine` (the leaves this rank
+    writes: its blocks, and on rank 0 the replicated values too); `index`
+    (each leaf's first leaf index in the version); `base` (the branch's tip
+    shared by rank 0: the delta base, ``""`` when none).
+    """
+
+    leaves: list[np.ndarray]
+    spec: dict
+    dist: dict[int, Decomposition]
+    mine: list[int]
+    index: list[int]
+    base: str
+
+
 class RankGroup:
     """The collective half of a :class:`~vlcc_adjoint.lineage.History` opened with ``comm=``.
 
@@ -368,6 +388,52 @@ class RankGroup:
     def commit(self, state: Any, message: str, meta: dict | None, branch: str | None) -> str:
         """``History.commit`` with ``comm=`` (collective; see the module docstring)."""
         guard, pipeline = self.guard, self.pipeline
+        plan = self.prepare(state, branch)
+        error: BaseException | None = None
+        entries: list[dict] = []
+        try:
+            entries = stage(
+                pipeline,
+                [plan.leaves[i] for i in plan.mine],
+                plan.base or None,
+                [plan.index[i] + (self.rank if i in plan.dist else 0) for i in plan.mine],
+            )
+        except Exception as err:
+            error = err
+        guard.agree(error, "writing the blocks of a distributed commit")
+        parts = guard.gatherv(
+            np.frombuffer(json.dumps(entries).encode(), np.uint8),
+            0,
+            "gathering the blocks of a distributed commit",
+        )
+        vid = ""
+        if self.rank == 0:
+            assert parts is not None
+            try:
+                by_rank = [json.loads(p.tobytes()) for p in parts]
+                vid = self.publish(plan, by_rank, message, meta, branch)
+            except Exception as err:
+                error = err
+        guard.agree(error, "publishing a distributed version")
+        vid = self.share(vid.encode(), "sharing the new version's id").decode()
+        self.switched(branch)
+        return vid
+
+    def switched(self, branch: str | None) -> None:
+        """After rank 0 published a version onto `branch`: the other ranks switch
+        to it too, and every rank re-reads the graph."""
+        repo, pipeline = self.pipeline.repo, self.pipeline
+        if self.rank != 0:
+            with repo.lock:
+                if branch is not None:
+                    pipeline.refs.switch(branch)
+        repo.refresh()
+
+    def prepare(self, state: Any, branch: str | None) -> CommitPlan:
+        """Step 1 of a distributed commit (collective): this rank's leaves checked,
+        rank 0's delta base shared, every rank's structure compared with rank
+        0's; the same :class:`~vlcc_adjoint.mpi.AgreedError` everywhere on failure."""
+        guard = self.guard
         error: BaseException | None = None
         plan: tuple[list[np.ndarray], dict, dict[int, Decomposition]] | None = None
         digest = np.zeros(2, np.uint64)
@@ -392,41 +458,14 @@ class RankGroup:
         assert plan is not None
         leaves, spec, dist = plan
         sizes = {i: d.nranks for i, d in dist.items()}
-        index = _new_indices(len(leaves), sizes)
-        mine = [i for i in range(len(leaves)) if i in dist or self.rank == 0]
-        entries: list[dict] = []
-        try:
-            entries = stage(
-                pipeline,
-                [leaves[i] for i in mine],
-                base or None,
-                [index[i] + (self.rank if i in dist else 0) for i in mine],
-            )
-        except Exception as err:
-            error = err
-        guard.agree(error, "writing the blocks of a distributed commit")
-        parts = guard.gatherv(
-            np.frombuffer(json.dumps(entries).encode(), np.uint8),
-            0,
-            "gathering the blocks of a distributed commit",
+        return CommitPlan(
+            leaves,
+            spec,
+            dist,
+            [i for i in range(len(leaves)) if i in dist or self.rank == 0],
+            _new_indices(len(leaves), sizes),
+            base,
         )
-        vid = ""
-        if self.rank == 0:
-            assert parts is not None
-            try:
-                by_rank = [json.loads(p.tobytes()) for p in parts]
-                vid = self._publish(spec, dist, mine, by_rank, message, meta, branch)
-            except Exception as err:
-                error = err
-        guard.agree(error, "publishing a distributed version")
-        vid = self.share(vid.encode(), "sharing the new version's id").decode()
-        repo = pipeline.repo
-        if self.rank != 0:
-            with repo.lock:
-                if branch is not None:
-                    pipeline.refs.switch(branch)
-        repo.refresh()
-        return vid
 
     def _plan(self, state: Any) -> tuple[list[np.ndarray], dict, dict[int, Decomposition]]:
         """This rank's leaves, spec and ``{leaf: decomposition}`` of its blocks, checked."""
@@ -455,17 +494,20 @@ class RankGroup:
             )
             return g.branches.get(target) or pipeline.refs.head_id(g)
 
-    def _publish(
+    def publish(
         self,
-        spec: dict,
-        dist: dict[int, Decomposition],
-        mine: list[int],
+        plan: CommitPlan,
         by_rank: list[list[dict]],
         message: str,
         meta: dict | None,
         branch: str | None,
+        packs: Sequence[str] | None = None,
+        vid: str | None = None,
     ) -> str:
-        """Rank 0: every rank's entries in the version's leaf order, published."""
+        """Rank 0: every rank's leaf entries (`by_rank`, rank ``r``'s staged
+        leaves of `plan` in order) in the version's leaf order, published
+        (:func:`._parts.commit_staged`; `packs` and `vid` as there)."""
+        spec, dist, mine = plan.spec, plan.dist, plan.mine
         if any(len(e) != (len(mine) if r == 0 else len(dist)) for r, e in enumerate(by_rank)):
             raise VlccValueError("a rank staged another number of blocks than its state holds")
         staged = [dict(zip(mine if r == 0 else sorted(dist), e)) for r, e in enumerate(by_rank)]
@@ -494,6 +536,8 @@ class RankGroup:
             meta,
             branch,
             None,
+            packs,
+            vid,
         )
 
     # -- load ------------------------------------------------------------------------
