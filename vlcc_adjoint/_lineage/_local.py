@@ -25,8 +25,10 @@ Commit (collective, in the caller's thread)
    the same :class:`~vlcc_adjoint.mpi.AgreedError` everywhere, nothing
    pending), and each rank sends the layout of its staged leaves (small
    JSON) to its node's leader (rank 0 of ``comm.Split_type(COMM_TYPE_SHARED)``).
-4. ``commit`` returns the id.  Blocked time: the copy and three small
-   agreements.
+4. The leader hands the version to its node's flush thread (started when
+   the History was opened, waiting for work) and ``commit`` returns the id.
+   Blocked time: the copy and three small agreements (the first commit also
+   touches the staging map's pages once).
 
 Flush (background, one thread per node, on the node leader)
 -----------------------------------------------------------
@@ -43,7 +45,7 @@ Publication (collective: the next ``commit``, ``wait``, ``close``, ``gc``
 or ref change)
 ------------------------------------------------------------------
 
-Each leader joins its thread; the ranks agree on the outcome (a flush's
+Each leader waits for its thread's flush; the ranks agree on the outcome (a flush's
 error becomes the same :class:`~vlcc_adjoint.mpi.AgreedError` on every
 rank); the leaders' results are gathered on rank 0, which publishes the
 version as a packed version (:func:`._parts.commit_staged`: manifest only,
@@ -78,6 +80,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import queue
 import secrets
 import shutil
 import threading
@@ -114,7 +117,7 @@ class _Pending:
         self.message = message
         self.meta = meta
         self.branch = branch
-        self.thread: threading.Thread | None = None
+        self.done = threading.Event()  # set by the leader's flush thread (others: at once)
         self.result: dict | None = None  # the leader's flush: {"ranks": {r: entries}, "pack": name}
         self.error: BaseException | None = None
 
@@ -144,6 +147,13 @@ class NodeLocal:
         self.file = os.path.join(self.dir, f"rank{ranks.rank}.stage")
         self._map: mmap.mmap | None = None
         self._pending: _Pending | None = None
+        self._jobs: queue.SimpleQueue[tuple[_Pending, list[list]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        if self.leader:
+            self._thread = threading.Thread(
+                target=self._flusher, name="vlcc-node-local-flush", daemon=True
+            )
+            self._thread.start()
         error: BaseException | None = None
         try:
             os.makedirs(local, exist_ok=True)
@@ -184,13 +194,11 @@ class NodeLocal:
         if self.leader:
             assert layouts is not None
             staged = [json.loads(x.tobytes()) for x in layouts]
-            pending.thread = threading.Thread(
-                target=self._flush,
-                args=(pending, staged),
-                name=f"vlcc-local-flush-{vid}",
-                daemon=True,
-            )
-            pending.thread.start()
+            # Handed to the flush thread, which waits for work: no thread start
+            # (and no hand-over of the interpreter lock) in the caller's time.
+            self._jobs.put((pending, staged))
+        else:
+            pending.done.set()
         self._pending = pending
         return vid
 
@@ -225,11 +233,19 @@ class NodeLocal:
 
     # -- the flush (the node leader's thread: no MPI here) -------------------------------
 
-    def _flush(self, pending: _Pending, staged: list[list]) -> None:
-        try:
-            pending.result = self._pack(staged)
-        except BaseException as err:  # reported at the next collective call
-            pending.error = err
+    def _flusher(self) -> None:
+        """The leader's flush thread: one pending version at a time, until ``None``."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            pending, staged = job
+            try:
+                pending.result = self._pack(staged)
+            except BaseException as err:  # reported at the next collective call
+                pending.error = err
+            finally:
+                pending.done.set()
 
     def _pack(self, staged: list[list]) -> dict:
         """Write the node's ranks' staged leaves into one pack; their entries."""
@@ -283,8 +299,7 @@ class NodeLocal:
         self._pending = None  # whatever happens, this version is done with
         ranks, guard = self.ranks, self.ranks.guard
         what = f"flushing version {pending.vid} from node-local storage"
-        if pending.thread is not None:
-            pending.thread.join()
+        pending.done.wait()
         guard.agree(pending.error, what)
         mine = json.dumps(pending.result if self.leader else None).encode()
         parts = guard.gatherv(np.frombuffer(mine, np.uint8), 0, what)
@@ -335,6 +350,10 @@ class NodeLocal:
                 os.unlink(self.file)
             except OSError:
                 pass
+            if self._thread is not None:
+                self._jobs.put(None)
+                self._thread.join()
+                self._thread = None
             if self.leader:  # the flush is over: nobody reads the staging files now
                 shutil.rmtree(self.dir, ignore_errors=True)
             self.node.close()
