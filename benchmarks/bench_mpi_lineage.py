@@ -1,4 +1,4 @@
-"""Benchmark: a collective commit of ``History(path, comm=comm)``, counted at 1-4 ranks, modelled at 4,096.
+"""Benchmark: collective commits of ``History(path, comm=comm[, local=dir])``, counted at 1-8 ranks, modelled at 4,096.
 
 Reproduce::
 
@@ -36,6 +36,18 @@ Loads: the newest version on the ``P`` ranks that wrote it, and the
 first version (an ancestor) on ``Q = P - 1`` ranks (a sub-communicator),
 each the slowest rank's best of three.
 
+**The node-local tier** (``--local DIR``, default ``/dev/shm``; ``--local ''``
+skips it).  Three commits to another repository opened with ``local=DIR``:
+the first (it also touches the staging map's pages for the first time), then
+two with 10 % of the rows changed (steady state).  For each: the slowest
+rank's blocked time in ``commit`` next to the ``memcpy`` and to the durable
+synchronous commit above, the time until ``wait`` returned (flushed by the
+node leader's thread as one pack and published), the files created on the
+shared path (data files: packs and loose chunks; plus the version's
+manifest) and the metadata calls on it, the flush thread's included; and
+the two loads of that repository.  Runs with more ranks than cores are
+marked oversubscribed: count them, do not read their times.
+
 **The model** (printed, and in the JSON's ``model``).  With ``S`` bytes per
 rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
 
@@ -43,7 +55,7 @@ rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
   ``P n`` hard links and ``P + 2`` small documents in the version group, plus
   the graph file: **linear in P n**, i.e. one data file per chunk, not one
   per node.  The node-local tier with an aggregated flush (a few large files
-  per node) is not built yet; this benchmark is its baseline.
+  per node) is ``local=`` (below).
 * metadata operations per rank: ``m(S) = m_0 + m_1 n`` (fitted on the
   measured counts of rank > 0, which stage only their own blocks), and on
   rank 0 another ``~ 3 P n`` for the version group (links of every rank's
@@ -56,14 +68,31 @@ rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
   ``R_md``, rank 0's publication of the version group, and eight
   latency-bound collectives.  Blocked time = ``T(P)`` (synchronous commit).
 
+The packed flush (``local=``), with ``r`` ranks per node and ``P / r`` nodes:
+
+* files created per version: ``P / r`` packs plus the version's manifest
+  (the graph file is replaced, not added): **independent of leaves and
+  chunks**;
+* blocked time: ``rho S / b_copy + 6 log2(P) lambda``, the copy at the
+  measured copy rate times the measured steady-state ratio ``rho`` of
+  blocked time to ``memcpy`` (the agreements and flatten are in ``rho``),
+  plus three agreements' latency;
+* flush time (background): ``r S / min(b_leader, B_node, B_fs r / P) +
+  (P / r) m_node / R_md``: one leader thread per node packs its ``r`` ranks'
+  bytes at the rate ``b_leader`` measured here (hash, copy into the pack,
+  fsync), capped by the node's injection and its share of the file system,
+  plus each node's measured metadata calls (``m_node``) through the
+  metadata servers.  The version is visible after the flush; the caller
+  waited only for the copy.
+
 Defaults of the stated file system (``--fs-gbs``, ``--node-gbs``,
 ``--ranks-per-node``, ``--md-rate``, ``--latency``): 1 TB/s aggregate,
 25 GB/s per node, 64 ranks per node, 50,000 metadata operations per second,
 2 us per network hop; 64 MiB per rank and 1 MiB chunks for the predictions
 at 64, 512 and 4,096 ranks.  The model says where the synchronous,
 file-per-chunk design stops scaling (the metadata term, quadratic in P
-through rank 0's links); that is what the node-local tier and an aggregated
-flush are for.
+through rank 0's links); the node-local tier's flush writes ``P / r`` files
+per version, and its caller is blocked for a copy.
 """
 
 from __future__ import annotations

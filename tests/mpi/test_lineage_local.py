@@ -100,3 +100,10 @@ def test_a_rank_killed_during_a_flush_ends_every_rank_and_nothing_partial_is_vis
         assert os.listdir(path / "scratch") == ["zarr.json"]
         np.testing.assert_equal(h.load("HEAD")["t"], 1.0)
     _ok(proc)
+
+
+def test_a_failing_rank_fails_a_local_commit_on_every_rank_and_adds_nothing(tmp_path):
+    proc, _ = _mpiexec(2, SCRIPT, "fail", tmp_path / "h", f"local={tmp_path / 'local'}")
+    ranks = _lines(proc)
+    assert len(ranks) == 2 and all(r["versions"] == 0 for r in ranks)
+    assert ranks[0]["failed"] == ranks[1]["failed"] and "rank 1 failed" in ranks[0]["failed"]

@@ -20,14 +20,16 @@ Commit (collective, in the caller's thread)
 3. Each rank copies the leaves it writes (its blocks; rank 0 the replicated
    values too) into its staging file ``dir/vlcc-<session>/rank<r>.stage``,
    one ``memcpy`` per leaf into a memory map that is kept and reused from
-   commit to commit (its pages are touched once, not per commit).  Rank 0
-   chooses the version's id.  The outcome is agreed (a failure anywhere:
-   the same :class:`~vlcc_adjoint.mpi.AgreedError` everywhere, nothing
-   pending), and each rank sends the layout of its staged leaves (small
-   JSON) to its node's leader (rank 0 of ``comm.Split_type(COMM_TYPE_SHARED)``).
+   commit to commit (its pages are touched once, not per commit), at the
+   places :func:`layout_of` gives (the same function on every rank: the
+   node's leader, rank 0 of ``comm.Split_type(COMM_TYPE_SHARED)``, knows
+   where each of its ranks' leaves are without a message).  Rank 0 chose the
+   version's id in step 2 (shared in the same message as the check).  The
+   outcome is agreed: a failure anywhere is the same
+   :class:`~vlcc_adjoint.mpi.AgreedError` everywhere, and nothing is pending.
 4. The leader hands the version to its node's flush thread (started when
    the History was opened, waiting for work) and ``commit`` returns the id.
-   Blocked time: the copy and three small agreements (the first commit also
+   Blocked time: the copy and four small collectives (the first commit also
    touches the staging map's pages once).
 
 Flush (background, one thread per node, on the node leader)
@@ -101,6 +103,24 @@ __all__ = ["NodeLocal"]
 _ALIGN = 64
 
 
+def layout_of(plan: CommitPlan, rank: int) -> tuple[list[dict], int]:
+    """Where rank `rank` stages its leaves of `plan` (its blocks, on rank 0 the
+    replicated values too, in leaf order): ``{"dtype", "shape", "offset"}``
+    each, and the staging file's size.  The same on every rank, since the
+    ranks' structures were agreed equal: the leader reads its node's files
+    with it, no message needed."""
+    out: list[dict] = []
+    at = 0
+    for i, leaf in enumerate(plan.leaves):
+        if i not in plan.dist and rank != 0:
+            continue
+        shape = plan.dist[i].local_shape(rank) if i in plan.dist else leaf.shape
+        out.append({"dtype": dtype_to_json(leaf.dtype), "shape": list(shape), "offset": at})
+        nbytes = int(np.prod(shape, dtype=np.int64)) * leaf.dtype.itemsize
+        at += -(-nbytes // _ALIGN) * _ALIGN
+    return out, max(at, _ALIGN)
+
+
 class _Pending:
     """The version in flight: its id, and (rank 0) what its publication needs."""
 
@@ -142,6 +162,13 @@ class NodeLocal:
         self.node = Guard(node, timeout=guard.timeout)
         node.Free()
         self.leader = self.node.rank == 0
+        #: The world ranks of this node's ranks (the leader packs their files).
+        self.members = [
+            int(r)
+            for r in self.node.allgather(np.array([ranks.rank], np.int64), "listing a node's ranks")
+            .reshape(-1)
+            .tolist()
+        ]
         session = ranks.share(secrets.token_hex(8).encode(), "naming the staging directory")
         self.dir = os.path.join(os.path.abspath(local), f"vlcc-{session.decode()}")
         self.file = os.path.join(self.dir, f"rank{ranks.rank}.stage")
@@ -171,50 +198,44 @@ class NodeLocal:
         """``History.commit`` with ``local=`` (collective; see the module docstring)."""
         ranks, guard = self.ranks, self.ranks.guard
         self.finish()
-        plan = ranks.prepare(state, branch)
+        plan = ranks.prepare(state, branch, announce=self._new_id)
+        vid = plan.announced
         error: BaseException | None = None
-        layout: list[dict] = []
-        vid = ""
         try:
-            if ranks.rank == 0:
-                g = ranks.pipeline.repo.refresh()
-                with ranks.pipeline.repo.lock:
-                    vid = ranks.pipeline.new_id(g)
-            layout = self._copy([plan.leaves[i] for i in plan.mine])
+            self._copy(plan, [plan.leaves[i] for i in plan.mine])
         except Exception as err:
             error = err
         guard.agree(error, "copying the state to node-local storage")
-        vid = ranks.share(vid.encode(), "sharing the new version's id").decode()
-        layouts = self.node.gatherv(
-            np.frombuffer(json.dumps([ranks.rank, layout]).encode(), np.uint8),
-            0,
-            "sending the staged leaves' layout to the node's leader",
-        )
         pending = _Pending(vid, plan, message, meta, branch)
         if self.leader:
-            assert layouts is not None
-            staged = [json.loads(x.tobytes()) for x in layouts]
-            # Handed to the flush thread, which waits for work: no thread start
-            # (and no hand-over of the interpreter lock) in the caller's time.
+            # Every rank's layout follows from the plan (the ranks' structures
+            # were agreed equal): no message.  Handed to the flush thread, which
+            # waits for work: no thread start in the caller's time.
+            staged = [[r, layout_of(plan, r)[0]] for r in self.members]
             self._jobs.put((pending, staged))
         else:
             pending.done.set()
         self._pending = pending
         return vid
 
-    def _copy(self, leaves: list[np.ndarray]) -> list[dict]:
-        """Copy `leaves` into this rank's staging file (grown when too small);
-        return their layout: ``{"dtype", "shape", "offset"}`` each."""
-        out: list[dict] = []
-        offsets: list[int] = []
-        at = 0
-        for leaf in leaves:
-            out.append(
-                {"dtype": dtype_to_json(leaf.dtype), "shape": list(leaf.shape), "offset": at}
-            )
-            offsets.append(at)
-            at += -(-leaf.nbytes // _ALIGN) * _ALIGN
-        size = max(at, _ALIGN)
+    def _new_id(self) -> str:
+        """Rank 0: the id the pending version will have (free in the graph now;
+        publication checks it again)."""
+        pipeline = self.ranks.pipeline
+        g = pipeline.repo.refresh()
+        with pipeline.repo.lock:
+            return pipeline.new_id(g)
+
+    def _copy(self, plan: CommitPlan, leaves: list[np.ndarray]) -> None:
+        """Copy `leaves` (this rank's, of `plan`) into this rank's staging file
+        (grown when too small), at the places :func:`layout_of` gives them."""
+        layout, size = layout_of(plan, self.ranks.rank)
+        for leaf, entry in zip(leaves, layout):
+            if list(leaf.shape) != entry["shape"]:
+                raise VlccValueError(
+                    f"a block of shape {leaf.shape} where its decomposition gives "
+                    f"{tuple(entry['shape'])}; give each DistributedArray its own block"
+                )
         if self._map is None or len(self._map) < size:
             if self._map is not None:
                 self._map.close()
@@ -226,10 +247,9 @@ class NodeLocal:
             finally:
                 os.close(fd)
         buf = np.frombuffer(self._map, np.uint8)
-        for leaf, offset in zip(leaves, offsets):
+        for leaf, entry in zip(leaves, layout):
             src = byte_view(np.ascontiguousarray(leaf))
-            buf[offset : offset + len(src)] = src
-        return out
+            buf[entry["offset"] : entry["offset"] + len(src)] = src
 
     # -- the flush (the node leader's thread: no MPI here) -------------------------------
 

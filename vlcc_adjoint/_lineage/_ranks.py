@@ -284,7 +284,8 @@ class CommitPlan:
     (``{leaf: decomposition}`` of its blocks); `mine` (the leaves this rank
     writes: its blocks, and on rank 0 the replicated values too); `index`
     (each leaf's first leaf index in the version); `base` (the branch's tip
-    shared by rank 0: the delta base, ``""`` when none).
+    shared by rank 0: the delta base, ``""`` when none); `announced` (what
+    rank 0 shared instead, see :meth:`RankGroup.prepare`).
     """
 
     leaves: list[np.ndarray]
@@ -293,6 +294,7 @@ class CommitPlan:
     mine: list[int]
     index: list[int]
     base: str
+    announced: str = ""
 
 
 class RankGroup:
@@ -429,10 +431,16 @@ class RankGroup:
                     pipeline.refs.switch(branch)
         repo.refresh()
 
-    def prepare(self, state: Any, branch: str | None) -> CommitPlan:
+    def prepare(
+        self, state: Any, branch: str | None, announce: Callable[[], str] | None = None
+    ) -> CommitPlan:
         """Step 1 of a distributed commit (collective): this rank's leaves checked,
         rank 0's delta base shared, every rank's structure compared with rank
-        0's; the same :class:`~vlcc_adjoint.mpi.AgreedError` everywhere on failure."""
+        0's; the same :class:`~vlcc_adjoint.mpi.AgreedError` everywhere on failure.
+
+        With `announce`, rank 0 shares ``announce()`` instead of the delta base
+        (the plan's `announced`; its `base` is then ``""``): the node-local
+        tier's version id, in the same message."""
         guard = self.guard
         error: BaseException | None = None
         plan: tuple[list[np.ndarray], dict, dict[int, Decomposition]] | None = None
@@ -442,11 +450,14 @@ class RankGroup:
             plan = self._plan(state)
             digest = _structure_digest(plan[1])
             if self.rank == 0:
-                base = self._base(branch) or ""
+                base = announce() if announce is not None else self._base(branch) or ""
         except Exception as err:
             error = err
         guard.agree(error, "checking the state of a distributed commit")
         base = self.share(base.encode(), "sharing the delta base").decode()
+        announced = ""
+        if announce is not None:
+            announced, base = base, ""
         digests = guard.allgather(digest, "comparing the ranks' states")
         if not np.array_equal(digests[self.rank], digests[0]):
             error = VlccValueError(
@@ -465,6 +476,7 @@ class RankGroup:
             [i for i in range(len(leaves)) if i in dist or self.rank == 0],
             _new_indices(len(leaves), sizes),
             base,
+            announced,
         )
 
     def _plan(self, state: Any) -> tuple[list[np.ndarray], dict, dict[int, Decomposition]]:
