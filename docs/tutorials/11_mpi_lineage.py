@@ -59,7 +59,8 @@ env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")  # ranks shar
 def launch(n: int, *args: str, where: str | None = None) -> None:
     where = where or path
     name = os.path.basename(where)
-    print(f"$ mpiexec -n {n} python mpi_heat_lineage.py {name} {' '.join(args)}")
+    shown = " ".join(os.path.basename(a) if os.path.isabs(a) else a for a in args)
+    print(f"$ mpiexec -n {n} python mpi_heat_lineage.py {name} {shown}")
     command = [mpiexec, "-n", str(n), sys.executable, str(example), where, *args]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     print("".join(line + "\n" for line in proc.stdout.splitlines() if "pid" not in line), end="")

@@ -219,3 +219,12 @@ def test_local_needs_a_communicator(tmp_path):
 
     with pytest.raises(VlccValueError, match="comm="):
         History(tmp_path / "h", local=tmp_path / "local")
+
+
+def test_usage_counts_the_chunks_held_in_packs(tmp_path, u):
+    with _local(tmp_path) as h:
+        h.commit(_state(u))
+        h.wait()
+        usage = h.usage()
+        assert usage.versions == 1 and usage.chunks > 1
+        assert usage.chunk_bytes >= u.nbytes

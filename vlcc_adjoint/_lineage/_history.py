@@ -417,7 +417,7 @@ class History:
         **Returns:** the new version's id.
         """
         self._check(write=True)
-        return commit_staged(self._commits, self.wait, spec, leaves, message, meta, branch, at)
+        return commit_staged(self._commits, self._drain, spec, leaves, message, meta, branch, at)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -787,6 +787,11 @@ class History:
                 for entry in os.scandir(sub.path):
                     chunks += 1
                     chunk_bytes += entry.stat(follow_symlinks=False).st_size
+        for addrs in self._chunks.scan_packs().values():  # chunks held in packs
+            for addr in addrs or ():
+                if not os.path.lexists(self._repo.p(F.chunk_relpath(addr))):
+                    chunks += 1
+                    chunk_bytes += self._chunks.stored_size(addr)
         logical = sum(a["nbytes"] for a in g.nodes.values())
         return Usage(
             len(g),

@@ -219,12 +219,12 @@ class NodeLocal:
         return vid
 
     def _new_id(self) -> str:
-        """Rank 0: the id the pending version will have (free in the graph now;
-        publication checks it again)."""
+        """Rank 0: the id the pending version will have: 48 random bits, free in
+        the graph as last read (publication checks it against the current one
+        and fails rather than publish under another id)."""
         pipeline = self.ranks.pipeline
-        g = pipeline.repo.refresh()
         with pipeline.repo.lock:
-            return pipeline.new_id(g)
+            return pipeline.new_id(pipeline.repo.graph)
 
     def _copy(self, plan: CommitPlan, leaves: list[np.ndarray]) -> None:
         """Copy `leaves` (this rank's, of `plan`) into this rank's staging file

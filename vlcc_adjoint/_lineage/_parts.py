@@ -152,8 +152,8 @@ def commit_staged(
     With `packs` (names in ``packs/``, maybe none), the version is a packed one: its
     group holds the manifest only, no zarr view, and publication fails if a
     pack was removed meanwhile (:mod:`._packs`).  `vid`: the id to give the
-    version (chosen earlier, e.g. returned by a node-local commit), if it is
-    still free."""
+    version (chosen earlier and returned by a node-local commit); a taken
+    one raises ``ValueError``."""
     if not isinstance(message, str):
         raise VlccTypeError(f"message must be a str, got {type(message).__name__}")
     meta = json_meta(meta)
@@ -180,8 +180,13 @@ def commit_staged(
         base = refs.head_id(g)
         if at is not None and target not in g.branches:
             base = refs.resolve(g, at)
-        if vid is None or not F.VERSION_ID.fullmatch(vid) or vid in g:
+        if vid is None:
             vid = pipeline.new_id(g)
+        elif not F.VERSION_ID.fullmatch(vid) or vid in g:
+            raise VlccValueError(
+                f"the version id {vid!r} chosen for this version is invalid or taken "
+                "(another process published one with this id meanwhile); commit again"
+            )
     job = Job(
         vid,
         spec,

@@ -60,6 +60,10 @@ So a version becomes visible in one atomic step (the graph's
 ``durable=True``); a failure anywhere leaves only unreferenced chunks,
 which ``gc`` sweeps.  Replicated values are taken from rank 0.
 
+With ``local=`` (``History(path, comm=comm, local=dir)``) step 2 becomes a
+copy into node-local storage, and the chunks reach the repository later, as
+one pack per node, written by a background flush (:mod:`._local`).
+
 Refs (``branch``, ``tag``, their deletion) and ``gc`` are collective too:
 rank 0 changes the graph, the outcome is agreed, every rank returns the
 same answer.  Reads (``log``, ``diff``, ``compare``...) are local.
