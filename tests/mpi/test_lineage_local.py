@@ -107,3 +107,16 @@ def test_a_failing_rank_fails_a_local_commit_on_every_rank_and_adds_nothing(tmp_
     ranks = _lines(proc)
     assert len(ranks) == 2 and all(r["versions"] == 0 for r in ranks)
     assert ranks[0]["failed"] == ranks[1]["failed"] and "rank 1 failed" in ranks[0]["failed"]
+
+
+def test_two_nodes_flush_one_pack_each_and_rank_0_publishes_both(tmp_path):
+    path = tmp_path / "h"
+    out = _commit(path, 4, f"local={tmp_path / 'local'}", "two-nodes")
+    with History(path, mode="r") as h:
+        for vid in out["ids"].values():
+            assert os.listdir(path / "versions" / vid) == ["zarr.json"]
+        # v1 writes every block: a pack from each node's leader
+        assert len(glob.glob(str(path / "packs" / "*.pack"))) >= 2
+        assert h.verify()
+    proc, _ = _mpiexec(3, SCRIPT, "load", path)
+    assert [r["verified"] for r in _lines(proc)] == [["v1", "v2", "v3"]] * 3

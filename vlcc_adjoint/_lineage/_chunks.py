@@ -134,13 +134,18 @@ class ChunkStore:
         loose or in a pack this process knows)."""
         return addr in self._where or os.path.lexists(self.repo.p(F.chunk_relpath(addr)))
 
-    def present(self, addr: str) -> bool:
+    def present(self, addr: str, look: bool = False) -> bool:
         """Whether chunk `addr` is on disk now: its loose file, or the pack file
         holding it (what a version published without links checks, under the
-        gc lock held shared)."""
+        gc lock held shared).  With `look`, packs written since this process
+        last looked (by other nodes' flushes) are looked for when `addr` is in
+        none it knows."""
         if os.path.lexists(self.repo.p(F.chunk_relpath(addr))):
             return True
         entry = self._where.get(addr)
+        if entry is None and look:
+            self.scan_packs()
+            entry = self._where.get(addr)
         return entry is not None and os.path.lexists(entry.path)
 
     def stored_size(self, addr: str) -> int:

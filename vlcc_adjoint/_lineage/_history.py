@@ -134,6 +134,10 @@ class History:
       is published (visible) at the next collective call: ``wait``,
       ``commit``, ``close``, ``gc`` or a ref change.  ``None`` (default):
       commits write to `path` before they return.
+    - `local_comm`: with `local`, the sub-communicator of `comm` whose ranks
+      share one node-local directory and write one pack per version (its
+      rank 0 flushes); each rank passes its own group's.  ``None`` (default):
+      the ranks of one node (:func:`vlcc_adjoint.mpi.split_by_node`).
 
     Use it as a context manager, or call :meth:`close`, so pending commits
     are finished.  One ``History`` object is safe to share between threads;
@@ -154,6 +158,7 @@ class History:
         comm: Any = None,
         timeout: float | None = 600.0,
         local: str | os.PathLike | None = None,
+        local_comm: Any = None,
     ) -> None:
         if mode not in ("a", "r"):
             raise VlccValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
@@ -189,7 +194,7 @@ class History:
             )
             self._ranks.attach(self._commits)
             if local is not None:
-                self._local = NodeLocal(self._ranks, os.fspath(local))
+                self._local = NodeLocal(self._ranks, os.fspath(local), local_comm)
         _OPEN.add(self)
 
     def _open(self, deltas: bool | None) -> None:

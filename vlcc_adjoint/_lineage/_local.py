@@ -52,7 +52,11 @@ error becomes the same :class:`~vlcc_adjoint.mpi.AgreedError` on every
 rank); the leaders' results are gathered on rank 0, which publishes the
 version as a packed version (:func:`._parts.commit_staged`: manifest only,
 ``"zarr_view": false``, every pack checked to exist) with the id returned
-by ``commit``; the outcome is agreed again.  Until then the version is not
+by ``commit`` (rank 0 reads the other nodes' pack indexes to check every
+chunk is on disk); the outcome is agreed again.  A ``gc`` run by another
+process between a pack's flush and its publication removes the pack (no
+version references it yet): the publication then fails, on every rank, and
+the version is not added (this History's own ``gc`` publishes first).  Until then the version is not
 in the graph: other processes, and this one's ``log``/``load``, do not see
 it.  A version whose flush failed is never published (its id stays unused).
 
@@ -151,16 +155,21 @@ class NodeLocal:
     - `ranks`: the History's :class:`~._ranks.RankGroup` (its pipeline attached).
     - `local`: the node-local directory; created if missing.  Each History
       stages in its own ``vlcc-<session>/`` directory there.
+    - `node_comm`: the ranks that share `local` and one pack (``History``'s
+      `local_comm`); ``None``: :func:`vlcc_adjoint.mpi.split_by_node`.
 
     Creating one is collective (it splits the communicator by node).
     """
 
-    def __init__(self, ranks: RankGroup, local: str) -> None:
+    def __init__(self, ranks: RankGroup, local: str, node_comm: Any = None) -> None:
         self.ranks = ranks
         guard = ranks.guard
-        node = split_by_node(guard.comm)
-        self.node = Guard(node, timeout=guard.timeout)
-        node.Free()
+        if node_comm is None:
+            node = split_by_node(guard.comm)
+            self.node = Guard(node, timeout=guard.timeout)
+            node.Free()
+        else:  # the caller's grouping (the guard works on a duplicate of it)
+            self.node = Guard(node_comm, timeout=guard.timeout)
         self.leader = self.node.rank == 0
         #: The world ranks of this node's ranks (the leader packs their files).
         self.members = [

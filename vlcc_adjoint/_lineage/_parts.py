@@ -205,7 +205,7 @@ def commit_staged(
         try:
             for lj in jobs if packs is not None else ():
                 for addr in lj.addrs:  # no links to fail on a chunk gc removed: look
-                    if not pipeline.chunks.present(addr):
+                    if not pipeline.chunks.present(addr, look=True):
                         raise StorageError(
                             f"chunk {addr} of this version is missing from {repo.path} "
                             "(removed by gc in another process before the version was published)"

@@ -14,7 +14,8 @@ version on this many ranks (the default decomposition and a 2-D one) and
 checks each block against the global functions below, bit for bit.
 ``fail`` makes one rank's commit fail and checks that every rank raises and
 that no version was added.  ``local=DIR`` commits through the node-local
-tier (staged in ``DIR``, flushed as packs).  ``crash`` commits v1 through the
+tier (staged in ``DIR``, flushed as packs); ``two-nodes`` makes the tier
+see the ranks as two nodes (two flush threads, two packs per version).  ``crash`` commits v1 through the
 node-local tier and waits for it, commits v2 and then the last rank kills
 itself (SIGKILL) while v2 is being flushed: the others write the error their
 ``wait`` raised to ``PATH.crash<rank>.json`` and exit.  ``newest`` loads the newest
@@ -86,11 +87,20 @@ def main() -> None:
     mode, path = sys.argv[1], sys.argv[2]
     deltas = "deltas" in sys.argv[3:]
     local = next((a[len("local=") :] for a in sys.argv[3:] if a.startswith("local=")), None)
+    local_comm = None
+    if "two-nodes" in sys.argv[3:]:  # ranks 0-1 and 2-3 stage as two nodes
+        local_comm = comm.Split(rank * 2 // size, 0)
     if mode == "crash":
         crash(path, local, comm)
         return
     with History(
-        path, comm=comm, deltas=deltas or None, chunk_bytes=256, timeout=60, local=local
+        path,
+        comm=comm,
+        deltas=deltas or None,
+        chunk_bytes=256,
+        timeout=60,
+        local=local,
+        local_comm=local_comm,
     ) as h:
         if mode == "commit":
             ids, written = {}, {}
