@@ -228,3 +228,11 @@ def test_usage_counts_the_chunks_held_in_packs(tmp_path, u):
         usage = h.usage()
         assert usage.versions == 1 and usage.chunks > 1
         assert usage.chunk_bytes >= u.nbytes
+
+
+def test_an_unusable_local_directory_fails_the_opening(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(AgreedError, match="node-local staging directory"):
+        History(tmp_path / "h", comm=MPI.COMM_SELF, local=tmp_path / "file" / "sub")
+    with History(tmp_path / "h", comm=MPI.COMM_SELF, local=tmp_path / "local") as h:
+        assert len(h) == 0  # the repository was left usable

@@ -194,7 +194,12 @@ class History:
             )
             self._ranks.attach(self._commits)
             if local is not None:
-                self._local = NodeLocal(self._ranks, os.fspath(local), local_comm)
+                try:
+                    self._local = NodeLocal(self._ranks, os.fspath(local), local_comm)
+                except BaseException:  # agreed on every rank: undo the opening everywhere
+                    self._shut()
+                    self._ranks.close()
+                    raise
         _OPEN.add(self)
 
     def _open(self, deltas: bool | None) -> None:
