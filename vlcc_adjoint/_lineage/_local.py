@@ -83,6 +83,7 @@ as any other).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -215,7 +216,9 @@ class NodeLocal:
         except Exception as err:
             error = err
         guard.agree(error, "copying the state to node-local storage")
-        pending = _Pending(vid, plan, message, meta, branch)
+        # The pending version keeps no reference to the caller's arrays (their
+        # copies are staged): memory held per pending version is the copy.
+        pending = _Pending(vid, dataclasses.replace(plan, leaves=[]), message, meta, branch)
         if self.leader:
             # Every rank's layout follows from the plan (the ranks' structures
             # were agreed equal): no message.  Handed to the flush thread, which
