@@ -1,4 +1,4 @@
-"""Benchmark: a collective commit of ``History(path, comm=comm)``, counted at 1-4 ranks, modelled at 4,096.
+"""Benchmark: collective commits of ``History(path, comm=comm[, local=dir])``, counted at 1-8 ranks, modelled at 4,096.
 
 Reproduce::
 
@@ -36,6 +36,18 @@ Loads: the newest version on the ``P`` ranks that wrote it, and the
 first version (an ancestor) on ``Q = P - 1`` ranks (a sub-communicator),
 each the slowest rank's best of three.
 
+**The node-local tier** (``--local DIR``, default ``/dev/shm``; ``--local ''``
+skips it).  Three commits to another repository opened with ``local=DIR``:
+the first (it also touches the staging map's pages for the first time), then
+two with 10 % of the rows changed (steady state).  For each: the slowest
+rank's blocked time in ``commit`` next to the ``memcpy`` and to the durable
+synchronous commit above, the time until ``wait`` returned (flushed by the
+node leader's thread as one pack and published), the files created on the
+shared path (data files: packs and loose chunks; plus the version's
+manifest) and the metadata calls on it, the flush thread's included; and
+the two loads of that repository.  Runs with more ranks than cores are
+marked oversubscribed: count them, do not read their times.
+
 **The model** (printed, and in the JSON's ``model``).  With ``S`` bytes per
 rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
 
@@ -43,7 +55,7 @@ rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
   ``P n`` hard links and ``P + 2`` small documents in the version group, plus
   the graph file: **linear in P n**, i.e. one data file per chunk, not one
   per node.  The node-local tier with an aggregated flush (a few large files
-  per node) is not built yet; this benchmark is its baseline.
+  per node) is ``local=`` (below).
 * metadata operations per rank: ``m(S) = m_0 + m_1 n`` (fitted on the
   measured counts of rank > 0, which stage only their own blocks), and on
   rank 0 another ``~ 3 P n`` for the version group (links of every rank's
@@ -56,14 +68,31 @@ rank, chunk size ``c``, ``P`` ranks, ``n = ceil(S / c)`` chunks per block:
   ``R_md``, rank 0's publication of the version group, and eight
   latency-bound collectives.  Blocked time = ``T(P)`` (synchronous commit).
 
+The packed flush (``local=``), with ``r`` ranks per node and ``P / r`` nodes:
+
+* files created per version: ``P / r`` packs plus the version's manifest
+  (the graph file is replaced, not added): **independent of leaves and
+  chunks**;
+* blocked time: ``rho S / b_copy + 6 log2(P) lambda``, the copy at the
+  measured copy rate times the measured steady-state ratio ``rho`` of
+  blocked time to ``memcpy`` (the agreements and flatten are in ``rho``),
+  plus three agreements' latency;
+* flush time (background): ``r S / min(b_leader, B_node, B_fs r / P) +
+  (P / r) m_node / R_md``: one leader thread per node packs its ``r`` ranks'
+  bytes at the rate ``b_leader`` measured here (hash, copy into the pack,
+  fsync), capped by the node's injection and its share of the file system,
+  plus each node's measured metadata calls (``m_node``) through the
+  metadata servers.  The version is visible after the flush; the caller
+  waited only for the copy.
+
 Defaults of the stated file system (``--fs-gbs``, ``--node-gbs``,
 ``--ranks-per-node``, ``--md-rate``, ``--latency``): 1 TB/s aggregate,
 25 GB/s per node, 64 ranks per node, 50,000 metadata operations per second,
 2 us per network hop; 64 MiB per rank and 1 MiB chunks for the predictions
 at 64, 512 and 4,096 ranks.  The model says where the synchronous,
 file-per-chunk design stops scaling (the metadata term, quadratic in P
-through rank 0's links); that is what the node-local tier and an aggregated
-flush are for.
+through rank 0's links); the node-local tier's flush writes ``P / r`` files
+per version, and its caller is blocked for a copy.
 """
 
 from __future__ import annotations
@@ -186,9 +215,39 @@ def worker(a) -> None:
                 ),
             }
         )
-    # loads: the newest version on the P ranks that wrote it, the first (an
-    # ancestor) on Q = P - 1 ranks (a sub-communicator), best of three each
-    with History(a.dir, comm=comm) as h:
+    load_newest, load_ancestor = _loads(a.dir, comm)
+    local_results, local_loads = [], (None, None)
+    if a.local:
+        local_results = _local_commits(a, comm, state, local, memcpy)
+        local_loads = _loads(a.dir + "-local", comm)
+    if rank == 0:
+        out = {
+            "load_newest_on_P_s": load_newest,
+            "load_ancestor_on_P_minus_1_s": load_ancestor,
+            "ranks": size,
+            "bytes_per_rank": int(local.nbytes),
+            "chunk_bytes": a.chunk_bytes,
+            "memcpy_s": memcpy,
+            "commits": results,
+            "oversubscribed": size > (os.cpu_count() or 1),
+            "local_commits": local_results,
+            "local_load_newest_on_P_s": local_loads[0],
+            "local_load_ancestor_on_P_minus_1_s": local_loads[1],
+        }
+        with open(a.result, "w") as f:
+            json.dump(out, f)
+
+
+def _loads(path: str, comm) -> tuple[float, float | None]:
+    """The slowest rank's best of three loads of the newest version on the P
+    ranks that wrote it, and of the first version (an ancestor) on Q = P - 1
+    ranks (a sub-communicator; ``None`` at P = 1)."""
+    from mpi4py import MPI
+
+    from vlcc_adjoint.lineage import History
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with History(path, comm=comm) as h:
         ids = [v.id for v in h.log()]
         times = []
         for _ in range(3):
@@ -201,7 +260,7 @@ def worker(a) -> None:
     if size > 1:
         sub = comm.Split(0 if rank < size - 1 else 1, rank)
         if rank < size - 1:
-            with History(a.dir, comm=sub) as h:
+            with History(path, comm=sub) as h:
                 times = []
                 for _ in range(3):
                     sub.Barrier()
@@ -210,18 +269,55 @@ def worker(a) -> None:
                     times.append(sub.allreduce(time.perf_counter() - t0, op=MPI.MAX))
                 load_ancestor = min(times)
         sub.Free()
-    if rank == 0:
-        out = {
-            "load_newest_on_P_s": load_newest,
-            "load_ancestor_on_P_minus_1_s": load_ancestor,
-            "ranks": size,
-            "bytes_per_rank": int(local.nbytes),
-            "chunk_bytes": a.chunk_bytes,
-            "memcpy_s": memcpy,
-            "commits": results,
-        }
-        with open(a.result, "w") as f:
-            json.dump(out, f)
+    return load_newest, load_ancestor
+
+
+def _local_commits(a, comm, state: dict, local: np.ndarray, memcpy: float) -> list[dict]:
+    """Commits through the node-local tier (``local=a.local``) to ``a.dir-local``:
+    the first (its staging map's pages touched for the first time), then two
+    with 10 % of the rows changed (steady state: the map is reused).  For each:
+    the slowest rank's blocked time in ``commit``, the time until ``wait``
+    returned (flushed and published), the files created on the shared path and
+    the metadata calls on it (the flush threads' included)."""
+    from mpi4py import MPI
+
+    from vlcc_adjoint.lineage import History
+
+    rank = comm.Get_rank()
+    path = a.dir + "-local"
+    out = []
+    with History(path, comm=comm, chunk_bytes=a.chunk_bytes, local=a.local) as h:
+        for kind in ("local first", "local 10% changed", "local 10% changed"):
+            if kind != "local first":
+                k = max(1, local.shape[0] // 10)
+                local[:k] += 1.0
+                state["step"] += 1
+            before = _tree(path) if rank == 0 else set()
+            comm.Barrier()
+            with MetadataCounter(path) as counter:
+                counter.on = True
+                t0 = time.perf_counter()
+                h.commit(state, message=kind)
+                blocked = time.perf_counter() - t0
+                h.wait()
+                flushed = time.perf_counter() - t0
+                counter.on = False
+            after = _tree(path) if rank == 0 else set()
+            new = sorted(after - before)
+            ops = comm.gather(counter.count, root=0)
+            out.append(
+                {
+                    "commit": kind,
+                    "blocked_s": float(comm.allreduce(blocked, op=MPI.MAX)),
+                    "blocked_x_memcpy": float(comm.allreduce(blocked, op=MPI.MAX)) / memcpy,
+                    "until_published_s": float(comm.allreduce(flushed, op=MPI.MAX)),
+                    "files_created": len(new),
+                    "data_files": sum(1 for f in new if f.startswith(("packs", "chunks"))),
+                    "new_files": new if rank == 0 else None,
+                    "metadata_ops_total": int(sum(ops)) if rank == 0 else None,
+                }
+            )
+    return out
 
 
 def model(runs: list[dict], a) -> dict:
@@ -272,6 +368,46 @@ def model(runs: list[dict], a) -> dict:
                 "files_created": 2 * P * n + P + 3,
             }
         )
+    # The node-local tier: blocked = the copy (at the measured copy rate, times
+    # the measured steady-state blocked/memcpy ratio) + three agreements; the
+    # flush = one leader thread per node packing its r ranks' r S bytes at the
+    # rate measured here (capped by the node's injection and the node's share of
+    # the file system) + each node's measured metadata calls through R_md.
+    local_runs = [r for r in runs if r.get("local_commits") and not r["oversubscribed"]]
+    if local_runs:
+        best = max(local_runs, key=lambda r: r["ranks"])
+        steady = best["local_commits"][-1]
+        ratio = steady["blocked_s"] / best["memcpy_s"]
+        copy_bw = best["bytes_per_rank"] / best["memcpy_s"]
+        flush_s = max(steady["until_published_s"] - steady["blocked_s"], 1e-9)
+        leader_bw = best["ranks"] * best["bytes_per_rank"] / flush_s
+        md_node = steady["metadata_ops_total"]
+        r = a.ranks_per_node
+        out["local_assumptions"] = {
+            "copy_Bps": copy_bw,
+            "blocked_over_memcpy_measured": ratio,
+            "leader_pack_Bps_measured": leader_bw,
+            "metadata_ops_per_node_measured": md_node,
+            "measured_at_ranks": best["ranks"],
+        }
+        out["local_predictions"] = []
+        for P in (64, 512, 4096):
+            nodes = max(1, P // r)
+            blocked = ratio * S / copy_bw + 6 * math.log2(P) * a.latency
+            bw = min(leader_bw, a.node_gbs * 1e9, a.fs_gbs * 1e9 / nodes)
+            flush = min(r, P) * S / bw + nodes * md_node / a.md_rate
+            out["local_predictions"].append(
+                {
+                    "ranks": P,
+                    "nodes": nodes,
+                    "blocked_s": blocked,
+                    "flush_s": flush,
+                    "files_created": nodes + 1,
+                    "sync_commit_s": next(
+                        p["commit_s"] for p in out["predictions"] if p["ranks"] == P
+                    ),
+                }
+            )
     return out
 
 
@@ -281,7 +417,12 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--out", default=os.path.join(os.environ.get("TMPDIR") or "/tmp", "vlcc-bench-results")
     )
-    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument(
+        "--local",
+        default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+        help="node-local directory of the local= commits ('' to skip them)",
+    )
     ap.add_argument("--mib", type=float, default=None, help="MiB per rank (default 16)")
     ap.add_argument("--chunk-bytes", type=int, default=1 << 20)
     ap.add_argument("--fs-gbs", type=float, default=1000.0)
@@ -314,6 +455,7 @@ def main(argv=None) -> None:
             cmd = [mpiexec, "-n", str(P), sys.executable, os.path.abspath(__file__), "--worker"]
             cmd += ["--mib", str(a.mib), "--chunk-bytes", str(a.chunk_bytes)]
             cmd += ["--dir", os.path.join(tmp, f"h{P}"), "--result", result]
+            cmd += ["--local", a.local or ""]
             subprocess.run(cmd, check=True, env=env, timeout=900)
             with open(result) as f:
                 runs.append(json.load(f))
@@ -335,12 +477,38 @@ def main(argv=None) -> None:
                 f"P={r['ranks']}: load newest on P {r['load_newest_on_P_s']:.4f} s, "
                 f"ancestor on P-1 {r['load_ancestor_on_P_minus_1_s']:.4f} s ({ratio:.2f}x)"
             )
+    if any(r.get("local_commits") for r in runs):
+        print(
+            f"{'P':>3} {'local commit':>18} {'blocked s':>10} {'x memcpy':>9} "
+            f"{'x durable':>9} {'published s':>11} {'data files':>10} {'files':>6} {'md ops':>7}"
+        )
+    for r in runs:
+        durable = next(c["blocked_s"] for c in r["commits"] if c["commit"] == "durable")
+        for c in r.get("local_commits") or []:
+            print(
+                f"{r['ranks']:>3} {c['commit']:>18} {c['blocked_s']:>10.4f} "
+                f"{c['blocked_x_memcpy']:>9.2f} {c['blocked_s'] / durable:>9.3f} "
+                f"{c['until_published_s']:>11.4f} {c['data_files']:>10} {c['files_created']:>6} "
+                f"{c['metadata_ops_total']:>7}"
+                + ("  (oversubscribed)" if r["oversubscribed"] else "")
+            )
+        if r.get("local_load_ancestor_on_P_minus_1_s") is not None:
+            ratio = r["local_load_ancestor_on_P_minus_1_s"] / r["local_load_newest_on_P_s"]
+            print(
+                f"P={r['ranks']} local: load newest on P {r['local_load_newest_on_P_s']:.4f} s, "
+                f"ancestor on P-1 {r['local_load_ancestor_on_P_minus_1_s']:.4f} s ({ratio:.2f}x)"
+            )
     m = model(runs, a)
     print("model:", json.dumps(m["assumptions"]))
     for p in m["predictions"]:
         print(
             f"P={p['ranks']:>5}: commit {p['commit_s']:.2f} s (data {p['data_s']:.2f}, "
             f"metadata {p['metadata_s']:.2f}), files {p['files_created']}"
+        )
+    for p in m.get("local_predictions", []):
+        print(
+            f"P={p['ranks']:>5} local=: blocked {p['blocked_s']:.3f} s, flush {p['flush_s']:.2f} s "
+            f"(synchronous commit {p['sync_commit_s']:.2f} s), files {p['files_created']}"
         )
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "bench_mpi_lineage.json")

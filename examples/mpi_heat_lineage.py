@@ -89,9 +89,12 @@ def run(
     branch: str = "main",
     at: str | None = None,
     delay: float = 0.0,
+    local: str | None = None,
 ) -> int:
     """Advance `branch` of the History at `path` to `steps`, on the ranks of
     ``MPI.COMM_WORLD``; resume from the branch's newest version if it has one.
+    With `local` (a node-local directory such as ``/dev/shm``), commits are
+    staged there and flushed to `path` in the background, one pack per node.
 
     **Returns:** the step reached (smaller than `steps` when suspended).
     """
@@ -105,7 +108,7 @@ def run(
     signal.signal(signal.SIGTERM, _ask_to_stop)
     if rank == 0:
         print(f"rank 0 pid {os.getpid()}", flush=True)
-    with History(path, comm=comm) as h:
+    with History(path, comm=comm, local=local) as h:
         # Every rank takes the same path: rank 0's view of the refs decides
         # (a rank reading them later could see the branch rank 0 just made).
         exists = comm.bcast(branch in h.branches, root=0)
@@ -169,6 +172,7 @@ def build_parser() -> Parser:
     parser.add_argument("--at", default=None, help="where a new --branch starts (a ref)")
     parser.add_argument("--delay", type=Number(0.0), default=0.0, help="seconds per step")
     parser.add_argument("--diff", nargs=2, metavar=("A", "B"), help="compare two refs, serially")
+    parser.add_argument("--local", default=None, help="stage commits in this node-local directory")
     return parser
 
 
@@ -186,4 +190,5 @@ if __name__ == "__main__":
             branch=args.branch,
             at=args.at,
             delay=args.delay,
+            local=args.local,
         )

@@ -46,6 +46,8 @@ On disk (one zarr v3 hierarchy; JSON and raw chunk bytes, never pickle)
     path/versions/<id>/<i>/zarr.json  leaf i as a zarr v3 array (regular chunk grid)
     path/versions/<id>/<i>/c.3.0    its chunk files: *hard links* to ...
     path/chunks/ab/cdef...          ... the content-addressed chunk files (xxh3-128 address)
+    path/packs/<32 hex>.pack        packs: many chunks in one file, with a checksummed index
+                                    (written by the node-local tier; absent otherwise)
     path/locks/, path/scratch/      lock files; commits in flight (never versions)
 
 **Deduplication and zarr readability together.**  Each leaf is cut into
@@ -61,6 +63,14 @@ refuses hard links, the version's chunk files are copies (readable, not
 deduplicated there; ``chunks/`` stays deduplicated).  Sharding (zarr's
 ``sharding_indexed``) was the alternative: it puts a leaf's chunks in one
 file per shard, so a shared chunk cannot be shared across versions.
+
+**Packs (the node-local tier).**  ``History(path, comm=comm, local=dir)``
+stages commits on node-local storage and flushes each version as one pack
+per node (:mod:`vlcc_adjoint._lineage._local`, :mod:`vlcc_adjoint._lineage._packs`).
+Such a *packed version* has no zarr view (its group holds the manifest only);
+``History`` reads it like any other, deduplication works across loose chunks
+and packs, and ``export`` writes it as a plain zarr version again.  Every other
+commit keeps loose chunk files and the zarr view described above.
 
 **Delta chunks (opt-in).**  ``History(path, deltas=True)`` (recorded in the
 root as ``"deltas": true``, so every process then writes them) stores a

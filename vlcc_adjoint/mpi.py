@@ -69,6 +69,7 @@ from ._mpi._comm import RankFailedError as RankFailedError
 from ._mpi._comm import active_guard as active_guard
 from ._mpi._comm import box_intersection as box_intersection
 from ._mpi._comm import ensure_initialized as ensure_initialized
+from ._mpi._comm import split_by_node as split_by_node
 from ._mpi._decomp import Decomposition as Decomposition
 from ._mpi._decomp import DistributedArray as DistributedArray
 from ._mpi._decomp import reader_decomposition as reader_decomposition
@@ -106,6 +107,7 @@ __all__ = [
     "reader_decomposition",
     "run_adjoint",
     "schedule_fingerprint",
+    "split_by_node",
     "storage_layout",
     "write_checkpoint",
 ]

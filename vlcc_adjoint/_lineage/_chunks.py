@@ -1,4 +1,4 @@
-"""The content-addressed chunk files of a repository: storing, linking, delta chains.
+"""The content-addressed chunks of a repository: loose files, packs, delta chains.
 
 A chunk is stored once, in ``chunks/<2 hex>/<30 hex>`` under its address
 (:func:`._format.address_of`), by whichever commit first needs it: written
@@ -13,6 +13,16 @@ place; the :class:`~._delta.Resolver` reads such chains back, verified.
 :class:`ChunkStore` is this part of :class:`~vlcc_adjoint.lineage.History`.
 Every ``chunks/<2 hex>/`` directory is checked to be a real directory (never
 a link) before a file in it is read or written (:meth:`ChunkStore.chunk_path`).
+
+A chunk may also be an entry of a pack (``packs/<32 hex>.pack``, :mod:`._packs`,
+written by the node-local tier's flush).  Every read resolves an address here,
+in one place: the loose file if there is one, else the entry of a pack
+(:meth:`ChunkStore.read_blob`, :meth:`ChunkStore.read_into`,
+:meth:`ChunkStore.read_head`); so deduplication by address, delta chains and
+verification work across loose chunks and packs alike.  The packs' indexes
+are read once per process and kept (packs are immutable); an address found
+in no loose file and no known pack makes the store look for packs added
+since (one listing of ``packs/``).
 """
 
 from __future__ import annotations
@@ -20,7 +30,9 @@ from __future__ import annotations
 import copy
 import errno
 import os
+import secrets
 import shutil
+import threading
 
 from ..errors import VlccValueError
 from ..storage import CorruptCheckpointError, StorageError
@@ -28,6 +40,7 @@ from ..storage import format as SF
 from . import _delta
 from . import _format as F
 from ._format import Layout
+from ._packs import PackEntry, PackWriter, is_pack_name, read_index
 from ._repo import Repository
 
 __all__ = ["ChunkStore"]
@@ -54,6 +67,10 @@ class ChunkStore:
         self._links = True  # hard links work on this file system (until one is refused)
         self._deltas = self._enable(deltas)
         self.resolver = _delta.Resolver(self)
+        self._pack_lock = threading.Lock()
+        self._packs: dict[str, dict[str, PackEntry]] = {}  # pack name -> its index
+        self._where: dict[str, PackEntry] = {}  # address -> its entry in a pack
+        self._pack_damage: dict[str, CorruptCheckpointError] = {}  # pack name -> why unreadable
 
     # -- the delta setting ----------------------------------------------------------
 
@@ -97,6 +114,8 @@ class ChunkStore:
         other = copy.copy(self)
         other._dirs = set()
         other.resolver = _delta.Resolver(other)
+        other._pack_lock = threading.Lock()
+        other._packs, other._where, other._pack_damage = {}, {}, {}
         return other
 
     # -- paths -----------------------------------------------------------------------
@@ -111,8 +130,175 @@ class ChunkStore:
         return self.repo.p(F.CHUNKS, sub, addr[2:])
 
     def exists(self, addr: str) -> bool:
-        """Whether chunk `addr` is stored (as a full chunk or a delta object)."""
-        return os.path.lexists(self.repo.p(F.chunk_relpath(addr)))
+        """Whether chunk `addr` is stored (as a full chunk or a delta object,
+        loose or in a pack this process knows)."""
+        return addr in self._where or os.path.lexists(self.repo.p(F.chunk_relpath(addr)))
+
+    def present(self, addr: str, look: bool = False) -> bool:
+        """Whether chunk `addr` is on disk now: its loose file, or the pack file
+        holding it (what a version published without links checks, under the
+        gc lock held shared).  With `look`, packs written since this process
+        last looked (by other nodes' flushes) are looked for when `addr` is in
+        none it knows."""
+        if os.path.lexists(self.repo.p(F.chunk_relpath(addr))):
+            return True
+        entry = self._where.get(addr)
+        if entry is None and look:
+            self.scan_packs()
+            entry = self._where.get(addr)
+        return entry is not None and os.path.lexists(entry.path)
+
+    def stored_size(self, addr: str) -> int:
+        """The bytes chunk `addr` takes on disk (its loose file, else its pack
+        entry); 0 when it is in neither."""
+        try:
+            return os.lstat(self.repo.p(F.chunk_relpath(addr))).st_size
+        except OSError:
+            entry = self._where.get(addr)
+            return entry.length if entry is not None else 0
+
+    # -- packs ---------------------------------------------------------------------------
+
+    def scan_packs(self) -> dict[str, set[str] | None]:
+        """Read the indexes of the packs in ``packs/`` not read yet; return
+        ``{pack name: its addresses}`` of every pack there (``None``: a pack
+        whose index is damaged, kept in :attr:`pack_damage`)."""
+        root = self.repo.p(F.PACKS)
+        try:
+            SF.check_dir(root)
+            names = [n for n in os.listdir(root) if is_pack_name(n)]
+        except FileNotFoundError:
+            return {}
+        out: dict[str, set[str] | None] = {}
+        for name in names:
+            with self._pack_lock:
+                index = self._packs.get(name)
+            if index is None and name not in self._pack_damage:
+                try:
+                    index = read_index(os.path.join(root, name))
+                except FileNotFoundError:
+                    continue  # removed by gc meanwhile
+                except CorruptCheckpointError as err:
+                    self._pack_damage[name] = err
+                else:
+                    self._remember_pack(name, index)
+            out[name] = set(index) if index is not None else None
+        return out
+
+    @property
+    def pack_damage(self) -> dict[str, CorruptCheckpointError]:
+        """``{pack name: error}`` of the packs whose index did not read (met so far)."""
+        return dict(self._pack_damage)
+
+    def _remember_pack(self, name: str, index: dict[str, PackEntry]) -> None:
+        with self._pack_lock:
+            self._packs[name] = index
+            for addr, entry in index.items():
+                self._where.setdefault(addr, entry)
+
+    def forget_packs(self, names: set[str] | None) -> None:
+        """Drop removed packs (by gc) from what this process knows (``None``: all
+        of them; they are read again when needed)."""
+        with self._pack_lock:
+            if names is None:
+                self._packs, self._where, self._pack_damage = {}, {}, {}
+                return
+            for name in names:
+                self._packs.pop(name, None)
+                self._pack_damage.pop(name, None)
+            self._where = {
+                a: e for a, e in self._where.items() if os.path.basename(e.path) not in names
+            }
+
+    def packed(self, addr: str) -> PackEntry | None:
+        """The pack entry of chunk `addr`, looking for new packs once when it is in
+        none known; ``None`` when no pack holds it.  When a pack with a damaged
+        index exists, that damage is raised (the chunk may be in that pack)."""
+        entry = self._where.get(addr)
+        if entry is None:
+            self.scan_packs()
+            entry = self._where.get(addr)
+        if entry is None and self._pack_damage:
+            raise next(iter(self._pack_damage.values()))
+        return entry
+
+    def new_pack(self) -> PackWriter:
+        """A writer of a new pack, in ``scratch/`` until :meth:`publish_pack`."""
+        return PackWriter(self.repo.p(F.SCRATCH, f"p-{F.token()}.pack"))
+
+    def publish_pack(self, writer: PackWriter, durable: bool) -> str:
+        """Finish the pack of `writer` (fsynced with `durable`) and move it into
+        ``packs/`` (hard link: it appears whole); return its name."""
+        repo = self.repo
+        try:
+            writer.finish(durable)
+            SF.make_dir(repo.p(F.PACKS))  # a real directory, never a link
+            name = f"{secrets.token_hex(16)}.pack"
+            final = repo.p(F.PACKS, name)
+            try:
+                os.link(writer.path, final)
+            except OSError as err:
+                if err.errno not in LINK_UNSUPPORTED:
+                    raise
+                os.replace(writer.path, final)
+            if durable:
+                SF.fsync_dir(repo.p(F.PACKS))
+        finally:
+            if os.path.lexists(writer.path):
+                os.unlink(writer.path)
+        self._remember_pack(name, read_index(final))
+        return name
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read_blob(self, addr: str, limit: int) -> tuple[bytes, str]:
+        """The stored bytes of chunk `addr` (at most `limit`, else
+        ``CorruptCheckpointError``) and the file they came from (the loose
+        file, else the pack); ``FileNotFoundError`` when it is in neither."""
+        try:
+            path = self.chunk_path(addr)
+            return SF.read_limited(path, limit), path
+        except FileNotFoundError:
+            entry = self.packed(addr)
+            if entry is None:
+                raise
+        data = entry.read(limit)
+        return (data if isinstance(data, bytes) else bytes(data)), entry.path
+
+    def read_into(self, addr: str, out: memoryview) -> str:
+        """Fill `out` with the stored bytes of chunk `addr`, which must be exactly
+        ``len(out)`` (a raw chunk); return the file they came from."""
+        try:
+            path = self.chunk_path(addr)
+            SF.read_into(path, out)
+            return path
+        except FileNotFoundError:
+            entry = self.packed(addr)
+            if entry is None:
+                raise
+        if entry.length != len(out):
+            raise SF.corrupt_file(
+                entry.path,
+                f"holds {entry.length} bytes for chunk {addr}, its metadata says {len(out)}",
+            )
+        entry.read(len(out), out)
+        return entry.path
+
+    def read_head(self, addr: str, n: int) -> tuple[bytes, str]:
+        """The first (at most) `n` stored bytes of chunk `addr` and their file."""
+        try:
+            path = self.chunk_path(addr)
+            fd = SF.open_regular(path)
+            try:
+                return os.read(fd, n), path
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            entry = self.packed(addr)
+            if entry is None:
+                raise
+        data = entry.read(entry.length)
+        return bytes(data[:n]), entry.path
 
     def closure(self, addrs: set[str]) -> set[str]:
         """`addrs` and every base their delta objects need (transitively)."""
@@ -132,7 +318,7 @@ class ChunkStore:
         repo = self.repo
         sub = addr[:2]
         final = repo.p(F.CHUNKS, sub, addr[2:])
-        if os.path.lexists(final):
+        if addr in self._where or os.path.lexists(final):
             return 0
         blob = None
         if base and base != addr:
@@ -191,13 +377,46 @@ class ChunkStore:
                 os.link(src, dst)
                 return
             except FileNotFoundError:
-                raise StorageError(
-                    f"chunk {addr} is missing from {self.repo.path}/chunks (it was to "
-                    "be written by an earlier commit of this process that failed)"
-                ) from None
+                if not self._unpack(addr):
+                    raise StorageError(
+                        f"chunk {addr} is missing from {self.repo.path}/chunks (it was to "
+                        "be written by an earlier commit of this process that failed)"
+                    ) from None
+                self.link(addr, dst)
+                return
             except OSError as err:
                 if err.errno not in LINK_UNSUPPORTED:
                     raise
                 if err.errno != errno.EMLINK:  # too many links to this one file: copy just it
                     self._links = False
+        if not os.path.lexists(src) and not self._unpack(addr):
+            raise StorageError(f"chunk {addr} is missing from {self.repo.path}")
         shutil.copyfile(src, dst, follow_symlinks=False)
+
+    def _unpack(self, addr: str) -> bool:
+        """Store chunk `addr`, held in a pack, as a loose file too (a version
+        with a zarr view links it); ``False`` when no pack holds it."""
+        entry = self.packed(addr)
+        if entry is None:
+            return False
+        blob = entry.read(entry.length)
+        repo = self.repo
+        SF.make_dir(repo.p(F.CHUNKS, addr[:2]))
+        self._dirs.add(addr[:2])
+        tmp = repo.p(F.SCRATCH, f"c-{F.token()}")
+        SF.write_file(tmp, blob, repo.durable, exclusive=True)
+        try:
+            try:
+                os.link(tmp, repo.p(F.CHUNKS, addr[:2], addr[2:]))
+            except FileExistsError:
+                pass
+            except OSError as err:
+                if err.errno not in LINK_UNSUPPORTED:
+                    raise
+                os.replace(tmp, repo.p(F.CHUNKS, addr[:2], addr[2:]))
+            if repo.durable:
+                SF.fsync_dir(repo.p(F.CHUNKS, addr[:2]))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True

@@ -163,6 +163,7 @@ class Job:
     meta: dict = dataclasses.field(default_factory=dict)
     created: float = 0.0
     spent: list = dataclasses.field(default_factory=list)  # buffers to give back to the pool
+    packs: tuple[str, ...] | None = None  # a packed version's packs (its group has no zarr view)
 
 
 class CommitPipeline:
@@ -478,9 +479,19 @@ class CommitPipeline:
                     raise StorageError(f"merge parent {m} is not in the history (removed by gc?)")
                 if m not in parents:
                     parents.append(m)
+            for name in (
+                job.packs or ()
+            ):  # removed by a gc since they were written: fail, not publish
+                if not os.path.lexists(repo.p(F.PACKS, name)):
+                    raise StorageError(
+                        f"the pack {name} of this version was removed (by gc in another "
+                        "process) before the version was published"
+                    )
+            view = {"zarr_view": False} if job.packs is not None else {}
             manifest, digest = SF.sealed_group(
                 F.ROOT_KEY,
                 {
+                    **view,
                     "format": F.FORMAT,
                     "kind": "version",
                     "id": job.id,

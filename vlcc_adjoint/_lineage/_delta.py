@@ -51,7 +51,6 @@ is readable only through :class:`~vlcc_adjoint.lineage.History`.
 from __future__ import annotations
 
 import collections
-import os
 import struct
 import threading
 from typing import Protocol
@@ -61,7 +60,6 @@ import xxhash
 
 from ..errors import VlccValueError
 from ..storage import CorruptCheckpointError
-from ..storage import format as SF
 from . import _format as F
 
 __all__ = [
@@ -144,10 +142,15 @@ def parse(blob, n: int) -> tuple[str, int, int, bytes]:
 
 
 class ChunkFiles(Protocol):
-    """Where a repository's chunk files are (:class:`._chunks.ChunkStore`)."""
+    """Where a repository's stored chunks are (:class:`._chunks.ChunkStore`:
+    loose files or pack entries)."""
 
-    def chunk_path(self, addr: str) -> str:
-        """The file of chunk `addr`, in a checked (real) ``chunks/<2 hex>/`` directory."""
+    def read_blob(self, addr: str, limit: int) -> tuple[bytes, str]:
+        """The stored bytes of chunk `addr` (at most `limit`) and their file."""
+        ...
+
+    def read_head(self, addr: str, n: int) -> tuple[bytes, str]:
+        """The first (at most) `n` stored bytes of chunk `addr` and their file."""
         ...
 
 
@@ -198,8 +201,7 @@ class Resolver:
             if hit is not None:
                 raw, depth, total = hit
                 break
-            path = self.files.chunk_path(cur)
-            blob = SF.read_limited(path, n + n // 8 + 4096)
+            blob, path = self.files.read_blob(cur, n + n // 8 + 4096)
             try:
                 if is_delta(blob, n, cfg):
                     base, depth, total, payload = parse(blob, n)
@@ -258,12 +260,7 @@ def _check(raw, addr: str, tag: bytes, path: str) -> None:
 
 def base_of(files: ChunkFiles, addr: str) -> str | None:
     """The base address a stored delta object names (``None`` for a full chunk)."""
-    path = files.chunk_path(addr)  # in a real directory, never through a link
-    fd = SF.open_regular(path)
-    try:
-        head = os.read(fd, _HEAD.size)
-    finally:
-        os.close(fd)
+    head, path = files.read_head(addr, _HEAD.size)  # never through a link
     if len(head) < _HEAD.size or head[:8] != MAGIC:
         return None
     base = _HEAD.unpack(head)[7].decode("ascii", "replace")

@@ -82,6 +82,7 @@ VERSIONS = "versions"
 GRAPH = "graph"
 LOCKS = "locks"
 SCRATCH = "scratch"
+PACKS = "packs"  # packs of chunks (:mod:`._packs`), made by the first node-local flush
 
 MAX_NDIM = 32
 _HASH = re.compile(r"[0-9a-f]{32}")
@@ -381,6 +382,9 @@ class Manifest:
     created: float
     spec: dict
     leaves: tuple[tuple[Layout, dict | None, tuple[str, ...]], ...]  # (layout, codec, addresses)
+    #: Whether the version's group holds a zarr view (per-leaf arrays of linked
+    #: chunk files); ``False`` for packed versions (:mod:`._packs`).
+    zarr_view: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -440,4 +444,5 @@ def parse_manifest(vid: str, attrs) -> Manifest:
         float(created),
         spec,
         tuple(out),
+        attrs.get("zarr_view", True) is not False,
     )

@@ -12,7 +12,9 @@ then the leftovers of interrupted commits.  The order makes it safe:
    every reader at once; kept versions whose parents were removed get their
    nearest kept ancestors as parents), then their groups are renamed away
    and deleted.
-3. Chunk files whose address no kept manifest lists are deleted, and every
+3. Chunk files whose address no kept manifest lists are deleted, so are
+   packs (:mod:`._packs`) none of whose chunks a kept manifest lists (a pack
+   is kept whole while any kept version uses one of its chunks), and every
    entry of ``scratch/`` and every group in ``versions/`` the graph does not
    list (a commit killed between its rename and the graph update).
 
@@ -165,6 +167,16 @@ def collect(
                 if F.is_address(addr) and addr not in referenced:
                     removable.append(entry.path)
                     freed += entry.stat(follow_symlinks=False).st_size
+        # A pack goes when no kept version lists any of its chunks; a pack whose
+        # index is damaged is kept (``verify`` reports it).
+        dead_packs = {
+            name
+            for name, addrs in chunks.scan_packs().items()
+            if addrs is not None and not addrs & referenced
+        }
+        for name in sorted(dead_packs):
+            removable.append(repo.p(F.PACKS, name))
+            freed += os.lstat(repo.p(F.PACKS, name)).st_size
         debris = [e.path for e in os.scandir(repo.p(F.SCRATCH)) if e.name != "zarr.json"]
         debris += [
             e.path
@@ -198,6 +210,7 @@ def collect(
             repo.remove(away)
         for path in debris + removable:
             repo.remove(path)
+        chunks.forget_packs(dead_packs)
     return report
 
 

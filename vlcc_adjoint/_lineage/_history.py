@@ -53,6 +53,7 @@ from ._format import Manifest
 from ._gc import GCReport, KeepPolicy, collect, tree_bytes
 from ._graph import Graph, Version, render
 from ._info import LeafInfo, Usage, short
+from ._local import NodeLocal
 from ._parts import commit_staged, stage
 from ._ranks import RankGroup
 from ._read import Reader
@@ -126,6 +127,17 @@ class History:
       (:mod:`._ranks`).  ``None`` (default): this process alone.
     - `timeout`: with `comm`, the most seconds a collective step waits for
       the other ranks before :class:`~vlcc_adjoint.mpi.CollectiveTimeoutError`.
+    - `local`: with `comm`, a node-local directory (a RAM disk such as
+      ``/dev/shm``, or a local SSD): ``commit`` then copies each rank's
+      blocks there and returns, and a background flush per node moves the
+      version to `path` as one pack per node (:mod:`._local`); the version
+      is published (visible) at the next collective call: ``wait``,
+      ``commit``, ``close``, ``gc`` or a ref change.  ``None`` (default):
+      commits write to `path` before they return.
+    - `local_comm`: with `local`, the sub-communicator of `comm` whose ranks
+      share one node-local directory and write one pack per version (its
+      rank 0 flushes); each rank passes its own group's.  ``None`` (default):
+      the ranks of one node (:func:`vlcc_adjoint.mpi.split_by_node`).
 
     Use it as a context manager, or call :meth:`close`, so pending commits
     are finished.  One ``History`` object is safe to share between threads;
@@ -145,6 +157,8 @@ class History:
         deltas: bool | None = None,
         comm: Any = None,
         timeout: float | None = 600.0,
+        local: str | os.PathLike | None = None,
+        local_comm: Any = None,
     ) -> None:
         if mode not in ("a", "r"):
             raise VlccValueError(f"mode must be 'a' (read/write) or 'r' (read only), got {mode!r}")
@@ -163,6 +177,13 @@ class History:
         self._pid = os.getpid()
         self._closed = False
         self._ranks: RankGroup | None = None
+        self._local: NodeLocal | None = None
+        if local is not None and comm is None:
+            raise VlccValueError(
+                "local= stages the commits of ranks; give comm= too (MPI.COMM_SELF for one process)"
+            )
+        if local is not None and mode != "a":
+            raise VlccValueError("local= stages commits; open with mode='a'")
         if comm is None:
             self._open(deltas)
         else:
@@ -172,6 +193,13 @@ class History:
                 f"opening the history at {self.path}", lambda: self._open(deltas), self._shut
             )
             self._ranks.attach(self._commits)
+            if local is not None:
+                try:
+                    self._local = NodeLocal(self._ranks, os.fspath(local), local_comm)
+                except BaseException:  # agreed on every rank: undo the opening everywhere
+                    self._shut()
+                    self._ranks.close()
+                    raise
         _OPEN.add(self)
 
     def _open(self, deltas: bool | None) -> None:
@@ -226,8 +254,9 @@ class History:
             ) from err
 
     def _sync(self) -> Graph:
-        """Before a read: own commits finished, failures raised, graph current."""
-        self.wait()
+        """Before a read: own commits finished, failures raised, graph current
+        (local: a node-local commit not published yet is not waited for)."""
+        self._drain()
         return self._repo.refresh()
 
     def _open_version(self, ref: Ref) -> tuple[str, Manifest, Reader]:
@@ -236,7 +265,17 @@ class History:
         return vid, self._reader.manifest(vid), self._reader
 
     def wait(self) -> None:
-        """Block until every commit of this object is visible (or raise its failure)."""
+        """Block until every commit of this object is visible (or raise its failure).
+
+        With ``local=``: collective; waits for the node-local flush and
+        publishes the version (see `local`); its failure is raised on every
+        rank (the same :class:`~vlcc_adjoint.mpi.AgreedError`)."""
+        self._drain()
+        if self._local is not None:
+            self._local.finish()
+
+    def _drain(self) -> None:
+        """This process's own commits finished (not collective), failures raised."""
         self._check()
         self._commits.drain()
         self._check()
@@ -252,6 +291,8 @@ class History:
         try:
             if same_process:
                 self._commits.drain()
+                if self._local is not None:
+                    self._local.close()
         finally:
             self._closed = True
             if same_process:
@@ -317,7 +358,9 @@ class History:
         if self._ranks is not None:
             if merge:
                 raise VlccValueError("merge= is not supported with comm=; commit without it")
-            self.wait()
+            self._drain()
+            if self._local is not None:
+                return self._local.commit(state, message, meta, branch)
             return self._ranks.commit(state, message, meta, branch)
         merges = [merge] if isinstance(merge, (str, Version)) else list(merge)
         if merges:
@@ -384,7 +427,7 @@ class History:
         **Returns:** the new version's id.
         """
         self._check(write=True)
-        return commit_staged(self._commits, self.wait, spec, leaves, message, meta, branch, at)
+        return commit_staged(self._commits, self._drain, spec, leaves, message, meta, branch, at)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -711,6 +754,7 @@ class History:
         process (they hold ``locks/gc.lock`` shared) and holds them off while
         it runs.
         """
+        self.wait()  # with local=: the pending version is published first (collective)
         self._sync()
         self._check(write=True)
         if self._ranks is None:
@@ -723,6 +767,7 @@ class History:
         )
         report["removed"] = tuple(report["removed"])
         if not report["dry_run"]:  # rank 0's gc forgot them there; here too
+            self._chunks.forget_packs(None)
             self._reader.forget(set(report["removed"]))
             for vid in report["removed"]:
                 self._refs.forget_version(vid)
@@ -733,6 +778,7 @@ class History:
         with the outcome agreed and its result (text or ``None``) on every rank."""
         if self._ranks is None:
             return change(*args, **kwargs)
+        self.wait()  # with local=: the pending version is published first
         return self._ranks.on_root(
             what,
             lambda: change(*args, **kwargs),
@@ -751,6 +797,11 @@ class History:
                 for entry in os.scandir(sub.path):
                     chunks += 1
                     chunk_bytes += entry.stat(follow_symlinks=False).st_size
+        for addrs in self._chunks.scan_packs().values():  # chunks held in packs
+            for addr in addrs or ():
+                if not os.path.lexists(self._repo.p(F.chunk_relpath(addr))):
+                    chunks += 1
+                    chunk_bytes += self._chunks.stored_size(addr)
         logical = sum(a["nbytes"] for a in g.nodes.values())
         return Usage(
             len(g),
@@ -801,7 +852,7 @@ class History:
         when nothing is damaged; else its ``damaged`` lists every damaged file
         with the versions it breaks (``str()``: one line each and a summary).
         """
-        self.wait()
+        self._drain()
         return verify(self._reader)
 
     def __repr__(self) -> str:

@@ -13,7 +13,8 @@ class Usage:
     """Storage used by a repository (``History.usage``).
 
     **Attributes:** `versions`, `branches`, `tags`, `chunks` (distinct
-    chunk files), `chunk_bytes` (their bytes on disk, after compression),
+    chunks: loose files and entries of packs), `chunk_bytes` (their bytes on
+    disk, after compression),
     `logical_bytes` (the sum over versions of their state's bytes: what
     storing every version whole would cost), `disk_bytes` (every file of
     the repository, each inode counted once: hard links are free).

@@ -36,10 +36,12 @@ import numpy as np
 
 from ..errors import VlccTypeError, VlccValueError
 from ..state import byte_view
+from ..storage import StorageError
 from ..storage import format as SF
 from . import _format as F
 from ._commit import CommitPipeline, Job, LeafJob, ManifestLeaves, json_meta
 from ._format import Layout
+from ._packs import PackWriter
 
 __all__ = ["commit_staged", "stage"]
 
@@ -67,8 +69,13 @@ def stage(
     arrays: Sequence[np.ndarray],
     base: str | None,
     base_leaves: Sequence[int | None] | None,
+    pack: PackWriter | None = None,
 ) -> list[dict]:
-    """``History.stage`` (see there) through the commit pipeline of the writer."""
+    """``History.stage`` (see there) through the commit pipeline of the writer.
+
+    With `pack`, the chunks the repository lacks are appended to that pack
+    (:mod:`._packs`; full chunks, no deltas) instead of written as loose
+    files: the node-local tier's flush (:mod:`._local`)."""
     repo, chunks, refs = pipeline.repo, pipeline.chunks, pipeline.refs
     arrays = list(arrays)
     parent: ManifestLeaves | None = None
@@ -110,7 +117,12 @@ def stage(
                         data[:valid] = flat[off : off + valid]
                     addr = F.address_of(data, tag)
                     addrs.append(addr)
-                    if not chunks.exists(addr):
+                    if pack is not None:
+                        if addr not in pack and not chunks.present(addr):
+                            blob = F.encode_chunk(data, cfg)
+                            pack.add(addr, blob)
+                            written += len(blob)
+                    elif not chunks.exists(addr):
                         written += chunks.store(
                             addr, data, cfg, bases[j] if bases else None, layout
                         )
@@ -131,9 +143,17 @@ def commit_staged(
     meta: dict | None,
     branch: str | None,
     at: str | None,
+    packs: Sequence[str] | None = None,
+    vid: str | None = None,
 ) -> str:
     """``History.commit_staged`` (see there); `wait` finishes the writer's own
-    commits first (they may be the branch's tip)."""
+    commits first (they may be the branch's tip).
+
+    With `packs` (names in ``packs/``, maybe none), the version is a packed one: its
+    group holds the manifest only, no zarr view, and publication fails if a
+    pack was removed meanwhile (:mod:`._packs`).  `vid`: the id to give the
+    version (chosen earlier and returned by a node-local commit); a taken
+    one raises ``ValueError``."""
     if not isinstance(message, str):
         raise VlccTypeError(f"message must be a str, got {type(message).__name__}")
     meta = json_meta(meta)
@@ -160,7 +180,13 @@ def commit_staged(
         base = refs.head_id(g)
         if at is not None and target not in g.branches:
             base = refs.resolve(g, at)
-        vid = pipeline.new_id(g)
+        if vid is None:
+            vid = pipeline.new_id(g)
+        elif not F.VERSION_ID.fullmatch(vid) or vid in g:
+            raise VlccValueError(
+                f"the version id {vid!r} chosen for this version is invalid or taken "
+                "(another process published one with this id meanwhile); commit again"
+            )
     job = Job(
         vid,
         spec,
@@ -171,12 +197,20 @@ def commit_staged(
         message=message,
         meta=meta,
         created=time.time(),
+        packs=None if packs is None else tuple(packs),
     )
     with repo.gc_lock.shared():
         work = repo.p(F.SCRATCH, f"v-{vid}-{F.token()}")
         os.mkdir(work)
         try:
-            for i, lj in enumerate(jobs):
+            for lj in jobs if packs is not None else ():
+                for addr in lj.addrs:  # no links to fail on a chunk gc removed: look
+                    if not pipeline.chunks.present(addr, look=True):
+                        raise StorageError(
+                            f"chunk {addr} of this version is missing from {repo.path} "
+                            "(removed by gc in another process before the version was published)"
+                        )
+            for i, lj in enumerate(jobs if packs is None else ()):
                 leaf_dir = pipeline.leaf_dir(work, i, lj)
                 for (_, _, key), addr in zip(lj.layout.spans(), lj.addrs):
                     pipeline.chunks.link(addr, f"{leaf_dir}/{key}")

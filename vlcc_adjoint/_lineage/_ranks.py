@@ -60,6 +60,10 @@ So a version becomes visible in one atomic step (the graph's
 ``durable=True``); a failure anywhere leaves only unreferenced chunks,
 which ``gc`` sweeps.  Replicated values are taken from rank 0.
 
+With ``local=`` (``History(path, comm=comm, local=dir)``) step 2 becomes a
+copy into node-local storage, and the chunks reach the repository later, as
+one pack per node, written by a background flush (:mod:`._local`).
+
 Refs (``branch``, ``tag``, their deletion) and ``gc`` are collective too:
 rank 0 changes the graph, the outcome is agreed, every rank returns the
 same answer.  Reads (``log``, ``diff``, ``compare``...) are local.
@@ -97,6 +101,7 @@ from ._read import Reader
 
 __all__ = [
     "BLOCKS_TYPE",
+    "CommitPlan",
     "DISTRIBUTED_TYPE",
     "Blocks",
     "RankGroup",
@@ -275,6 +280,27 @@ def _structure_digest(spec: dict) -> np.ndarray:
 # -- the ranks' part of a History ---------------------------------------------------------
 
 
+@dataclasses.dataclass
+class CommitPlan:
+    """One rank's part of a distributed commit, checked (:meth:`RankGroup.prepare`).
+
+    **Attributes:** `leaves` and `spec` (the rank's flattened state); `dist`
+    (``{leaf: decomposition}`` of its blocks); `mine` (the leaves this rank
+    writes: its blocks, and on rank 0 the replicated values too); `index`
+    (each leaf's first leaf index in the version); `base` (the branch's tip
+    shared by rank 0: the delta base, ``""`` when none); `announced` (what
+    rank 0 shared instead, see :meth:`RankGroup.prepare`).
+    """
+
+    leaves: list[np.ndarray]
+    spec: dict
+    dist: dict[int, Decomposition]
+    mine: list[int]
+    index: list[int]
+    base: str
+    announced: str = ""
+
+
 class RankGroup:
     """The collective half of a :class:`~vlcc_adjoint.lineage.History` opened with ``comm=``.
 
@@ -368,39 +394,15 @@ class RankGroup:
     def commit(self, state: Any, message: str, meta: dict | None, branch: str | None) -> str:
         """``History.commit`` with ``comm=`` (collective; see the module docstring)."""
         guard, pipeline = self.guard, self.pipeline
+        plan = self.prepare(state, branch)
         error: BaseException | None = None
-        plan: tuple[list[np.ndarray], dict, dict[int, Decomposition]] | None = None
-        digest = np.zeros(2, np.uint64)
-        base = ""
-        try:
-            plan = self._plan(state)
-            digest = _structure_digest(plan[1])
-            if self.rank == 0:
-                base = self._base(branch) or ""
-        except Exception as err:
-            error = err
-        guard.agree(error, "checking the state of a distributed commit")
-        base = self.share(base.encode(), "sharing the delta base").decode()
-        digests = guard.allgather(digest, "comparing the ranks' states")
-        if not np.array_equal(digests[self.rank], digests[0]):
-            error = VlccValueError(
-                f"rank {self.rank}'s state has another structure than rank 0's (other keys, "
-                "types, dtypes, replicated shapes or decompositions); every rank commits the "
-                "same state with its own blocks"
-            )
-        guard.agree(error, "comparing the ranks' states")
-        assert plan is not None
-        leaves, spec, dist = plan
-        sizes = {i: d.nranks for i, d in dist.items()}
-        index = _new_indices(len(leaves), sizes)
-        mine = [i for i in range(len(leaves)) if i in dist or self.rank == 0]
         entries: list[dict] = []
         try:
             entries = stage(
                 pipeline,
-                [leaves[i] for i in mine],
-                base or None,
-                [index[i] + (self.rank if i in dist else 0) for i in mine],
+                [plan.leaves[i] for i in plan.mine],
+                plan.base or None,
+                [plan.index[i] + (self.rank if i in plan.dist else 0) for i in plan.mine],
             )
         except Exception as err:
             error = err
@@ -415,18 +417,71 @@ class RankGroup:
             assert parts is not None
             try:
                 by_rank = [json.loads(p.tobytes()) for p in parts]
-                vid = self._publish(spec, dist, mine, by_rank, message, meta, branch)
+                vid = self.publish(plan, by_rank, message, meta, branch)
             except Exception as err:
                 error = err
         guard.agree(error, "publishing a distributed version")
         vid = self.share(vid.encode(), "sharing the new version's id").decode()
-        repo = pipeline.repo
+        self.switched(branch)
+        return vid
+
+    def switched(self, branch: str | None) -> None:
+        """After rank 0 published a version onto `branch`: the other ranks switch
+        to it too, and every rank re-reads the graph."""
+        repo, pipeline = self.pipeline.repo, self.pipeline
         if self.rank != 0:
             with repo.lock:
                 if branch is not None:
                     pipeline.refs.switch(branch)
         repo.refresh()
-        return vid
+
+    def prepare(
+        self, state: Any, branch: str | None, announce: Callable[[], str] | None = None
+    ) -> CommitPlan:
+        """Step 1 of a distributed commit (collective): this rank's leaves checked,
+        rank 0's delta base shared, every rank's structure compared with rank
+        0's; the same :class:`~vlcc_adjoint.mpi.AgreedError` everywhere on failure.
+
+        With `announce`, rank 0 shares ``announce()`` instead of the delta base
+        (the plan's `announced`; its `base` is then ``""``): the node-local
+        tier's version id, in the same message."""
+        guard = self.guard
+        error: BaseException | None = None
+        plan: tuple[list[np.ndarray], dict, dict[int, Decomposition]] | None = None
+        digest = np.zeros(2, np.uint64)
+        base = ""
+        try:
+            plan = self._plan(state)
+            digest = _structure_digest(plan[1])
+            if self.rank == 0:
+                base = announce() if announce is not None else self._base(branch) or ""
+        except Exception as err:
+            error = err
+        guard.agree(error, "checking the state of a distributed commit")
+        base = self.share(base.encode(), "sharing the delta base").decode()
+        announced = ""
+        if announce is not None:
+            announced, base = base, ""
+        digests = guard.allgather(digest, "comparing the ranks' states")
+        if not np.array_equal(digests[self.rank], digests[0]):
+            error = VlccValueError(
+                f"rank {self.rank}'s state has another structure than rank 0's (other keys, "
+                "types, dtypes, replicated shapes or decompositions); every rank commits the "
+                "same state with its own blocks"
+            )
+        guard.agree(error, "comparing the ranks' states")
+        assert plan is not None
+        leaves, spec, dist = plan
+        sizes = {i: d.nranks for i, d in dist.items()}
+        return CommitPlan(
+            leaves,
+            spec,
+            dist,
+            [i for i in range(len(leaves)) if i in dist or self.rank == 0],
+            _new_indices(len(leaves), sizes),
+            base,
+            announced,
+        )
 
     def _plan(self, state: Any) -> tuple[list[np.ndarray], dict, dict[int, Decomposition]]:
         """This rank's leaves, spec and ``{leaf: decomposition}`` of its blocks, checked."""
@@ -455,17 +510,20 @@ class RankGroup:
             )
             return g.branches.get(target) or pipeline.refs.head_id(g)
 
-    def _publish(
+    def publish(
         self,
-        spec: dict,
-        dist: dict[int, Decomposition],
-        mine: list[int],
+        plan: CommitPlan,
         by_rank: list[list[dict]],
         message: str,
         meta: dict | None,
         branch: str | None,
+        packs: Sequence[str] | None = None,
+        vid: str | None = None,
     ) -> str:
-        """Rank 0: every rank's entries in the version's leaf order, published."""
+        """Rank 0: every rank's leaf entries (`by_rank`, rank ``r``'s staged
+        leaves of `plan` in order) in the version's leaf order, published
+        (:func:`._parts.commit_staged`; `packs` and `vid` as there)."""
+        spec, dist, mine = plan.spec, plan.dist, plan.mine
         if any(len(e) != (len(mine) if r == 0 else len(dist)) for r, e in enumerate(by_rank)):
             raise VlccValueError("a rank staged another number of blocks than its state holds")
         staged = [dict(zip(mine if r == 0 else sorted(dist), e)) for r, e in enumerate(by_rank)]
@@ -494,6 +552,8 @@ class RankGroup:
             meta,
             branch,
             None,
+            packs,
+            vid,
         )
 
     # -- load ------------------------------------------------------------------------

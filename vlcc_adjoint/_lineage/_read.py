@@ -260,17 +260,18 @@ class Reader:
             self.check_alloc(m, n, f"{where}, chunk {j}")
         data: Any
         try:
-            self.chunks.chunk_path(addr)  # a real directory, never a link
+            # The loose file (in a real directory, never through a link), else a pack's entry.
             if cfg is None:
                 if out is not None:
-                    SF.read_into(path, out)
+                    path = self.chunks.read_into(addr, out)
                     data = out
                 else:
-                    data = SF.read_limited(path, n)
+                    data, path = self.chunks.read_blob(addr, n)
                     if len(data) != n:
                         raise VlccValueError(f"{len(data)} bytes, its metadata says {n}")
             else:
-                data = F.decode_chunk(SF.read_limited(path, bound), cfg, n, out)
+                blob, path = self.chunks.read_blob(addr, bound)
+                data = F.decode_chunk(blob, cfg, n, out)
         except FileNotFoundError:
             raise self.corrupt(m, f"{where}, chunk {j} ({rel}) is missing", path) from None
         except CorruptCheckpointError as err:

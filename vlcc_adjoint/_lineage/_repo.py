@@ -32,7 +32,7 @@ from ._locks import FileLock, SharedExclusiveLock
 
 __all__ = ["Repository"]
 
-TOP = frozenset({"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH})
+TOP = frozenset({"zarr.json", F.CHUNKS, F.VERSIONS, F.GRAPH, F.LOCKS, F.SCRATCH, F.PACKS})
 
 #: What identifies one version of the graph file: inode, modification time, size.
 Stamp = tuple[int, int, int]

@@ -9,7 +9,10 @@ An export is a tar file (``.tar.gz``/``.tgz``: compressed) of a consistent
 snapshot: the graph is read once, and only the versions it lists and the
 chunks they use are archived, chunks first, so that every version's chunk
 files become tar *hard links* to them (the archive holds each chunk once, and
-extraction recreates the links).  ``locks/`` and ``scratch/`` are not
+extraction recreates the links).  A chunk held in a pack (:mod:`._packs`) is
+archived as a loose chunk file, and a packed version gets its zarr view in
+the archive (each leaf's array ``zarr.json`` and its chunk keys as hard links
+to those files): an imported copy has no packs and reads as plain zarr.  ``locks/`` and ``scratch/`` are not
 archived; opening the imported repository recreates them.  Import checks the
 archive before extracting it: only the repository's own top-level names,
 regular files, directories and hard links, through tarfile's ``data`` filter
@@ -28,7 +31,7 @@ from ..storage import StorageError
 from ..storage import format as SF
 from . import _format as F
 from ._graph import Graph, graph_file
-from ._read import Reader
+from ._read import Reader, compressed_bound
 from ._verify import check_intact, verify
 
 __all__ = ["check_import_target", "discard_import", "unpack_archive", "write_archive"]
@@ -94,16 +97,42 @@ def _archive(reader: Reader, g: Graph, tar: tarfile.TarFile) -> None:
     tar.addfile(info, io.BytesIO(data))
     ids = sorted(g.nodes, key=lambda v: g.nodes[v]["seq"])
     addrs: set[str] = set()
+    biggest = 0
     for vid in ids:
-        addrs |= reader.manifest(vid).addresses()
+        m = reader.manifest(vid)
+        addrs |= m.addresses()
+        biggest = max([biggest, *(layout.chunk_nbytes for layout, _, _ in m.leaves)])
     addrs = reader.chunks.closure(addrs)  # with the bases of delta chunks
     for addr in sorted(addrs):  # chunks first: version files then become tar hard links
         rel = F.chunk_relpath(addr)
-        _check_regular(repo.p(rel), directory=False)
-        tar.add(repo.p(rel), arcname=rel)
+        if os.path.lexists(repo.p(rel)):
+            _check_regular(repo.p(rel), directory=False)
+            tar.add(repo.p(rel), arcname=rel)
+        else:  # in a pack: archived as a loose chunk file (verified above)
+            blob, _ = reader.chunks.read_blob(addr, compressed_bound(biggest))
+            _add_bytes(tar, rel, blob)
     for vid in ids:
         _check_regular(repo.p(F.VERSIONS, vid), directory=True)
         tar.add(repo.p(F.VERSIONS, vid), arcname=f"{F.VERSIONS}/{vid}")
+        m = reader.manifest(vid)
+        if m.zarr_view or os.path.lexists(repo.p(F.VERSIONS, vid, "0")):
+            continue
+        # A packed version: its zarr view is added, so the copy is plain zarr again.
+        for i, (layout, cfg, leaf_addrs) in enumerate(m.leaves):
+            leaf = f"{F.VERSIONS}/{vid}/{i}"
+            _add_bytes(tar, f"{leaf}/zarr.json", F.array_meta(layout, cfg))
+            for (_, _, key), addr in zip(layout.spans(), leaf_addrs):
+                info = tarfile.TarInfo(f"{leaf}/{key}")
+                info.type, info.linkname = tarfile.LNKTYPE, F.chunk_relpath(addr)
+                info.mtime, info.mode = int(time.time()), 0o644
+                tar.addfile(info)
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """Add a regular file `name` holding `data` to the archive `tar`."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+    tar.addfile(info, io.BytesIO(data))
 
 
 def _check_regular(path: str, directory: bool) -> None:

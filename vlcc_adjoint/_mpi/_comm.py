@@ -79,6 +79,7 @@ __all__ = [
     "mpi_module",
     "poll",
     "redistribute",
+    "split_by_node",
 ]
 
 _ERR, _ACK, _P2P = 11, 12, 13
@@ -517,6 +518,15 @@ def _message(error: BaseException) -> str:
 # ---------------------------------------------------------------------------
 # moving blocks between decompositions
 # ---------------------------------------------------------------------------
+
+
+def split_by_node(comm: Any) -> Any:
+    """A new communicator of the ranks of `comm` that share this rank's node
+    (``comm.Split_type(MPI.COMM_TYPE_SHARED)``: the ranks that can share
+    memory, and so a node-local RAM disk); rank 0 of it is the node's leader.
+    Collective over `comm`; the caller frees the result."""
+    MPI = mpi_module()
+    return comm.Split_type(MPI.COMM_TYPE_SHARED)
 
 
 def box_intersection(

@@ -23,7 +23,9 @@ adds only its own layout (which groups, which attributes) on top:
   that digests are computed over.
 * **Safe files.**  :func:`open_regular`, :func:`read_limited`,
   :func:`read_into`, :func:`check_dir`, :func:`check_leaf`,
-  :func:`check_allocation`, :func:`remove_tree`.
+  :func:`check_allocation`, :func:`remove_tree`; :func:`open_sized` and
+  :func:`read_at` read ranges of a file (a pack's entries) whose offsets and
+  lengths come from inside the file, each checked against its size first.
 * **Atomic publication.**  :func:`write_file`, :func:`write_atomic`
   (scratch name, fsync when durable, rename), :func:`create_file` (a file
   that appears whole, once, however many processes create it),
@@ -135,11 +137,13 @@ __all__ = [
     "open_group",
     "open_regular",
     "open_sealed_text",
+    "open_sized",
     "open_sealed_text_group",
     "parse_json",
     "parse_json_at",
     "parse_mode",
     "publish",
+    "read_at",
     "read_into",
     "read_json",
     "read_limited",
@@ -309,6 +313,58 @@ def read_into(path: str, out: np.ndarray | bytearray | memoryview, *, direct: bo
             raise corrupt_file(path, "ended while it was read (truncated)")
     finally:
         os.close(fd)
+
+
+def open_sized(path: str) -> tuple[int, int]:
+    """A blocking descriptor of the regular file `path` (never through a link,
+    as :func:`open_regular`) and the file's size from the same ``fstat``: the
+    bound every offset and length read from inside the file is checked
+    against before anything is allocated (:func:`read_at`)."""
+    fd, st = _open_checked(path, os.O_RDONLY)
+    if _NONBLOCK:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd, st.st_size
+
+
+def read_at(
+    fd: int,
+    path: str,
+    size: int,
+    offset: int,
+    length: int,
+    out: memoryview | None = None,
+) -> bytes | memoryview:
+    """`length` bytes of the open file `fd` (the file `path` of `size` bytes,
+    from :func:`open_sized`) at `offset`.
+
+    The range is checked against `size` first, so a damaged or crafted
+    offset or length never makes a reader allocate or read past the file:
+    ``CorruptCheckpointError`` naming `path`.  With `out` (a writable byte
+    view of exactly `length` bytes) the bytes are read into it and `out` is
+    returned; else a new ``bytes``.  A file that ends before the range does
+    (truncated since it was measured) raises the same error.
+    """
+    if (
+        not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length)
+        or offset + length > size
+    ):
+        raise corrupt_file(
+            path, f"names bytes {offset}..{offset}+{length}, beyond its {size} bytes"
+        )
+    view = memoryview(bytearray(length)) if out is None else out
+    if len(view) != length:
+        raise VlccValueError(f"a buffer of {len(view)} bytes for a read of {length}")
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise corrupt_file(path, "ended while it was read (truncated)")
+        done += n
+    return view if out is not None else bytes(view)
 
 
 def allocation_limit() -> int:

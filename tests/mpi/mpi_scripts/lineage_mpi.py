@@ -3,6 +3,9 @@
     mpiexec -n 4 python tests/mpi/mpi_scripts/lineage_mpi.py commit PATH [deltas]
     mpiexec -n 3 python tests/mpi/mpi_scripts/lineage_mpi.py load PATH
     mpiexec -n 2 python tests/mpi/mpi_scripts/lineage_mpi.py fail PATH
+    mpiexec -n 4 python tests/mpi/mpi_scripts/lineage_mpi.py commit PATH local=DIR
+    mpiexec -n 3 python tests/mpi/mpi_scripts/lineage_mpi.py crash PATH local=DIR
+    mpiexec -n 2 python tests/mpi/mpi_scripts/lineage_mpi.py newest PATH
 
 ``commit`` writes three versions (``main``: v1, v2 where only rows 0..4 of
 ``u`` changed; ``alt``: v3 from v1 with another parameter), tags v1, and
@@ -10,11 +13,21 @@ prints the ids and the bytes each commit wrote.  ``load`` reads every
 version on this many ranks (the default decomposition and a 2-D one) and
 checks each block against the global functions below, bit for bit.
 ``fail`` makes one rank's commit fail and checks that every rank raises and
-that no version was added.  Each rank prints one JSON line.
+that no version was added.  ``local=DIR`` commits through the node-local
+tier (staged in ``DIR``, flushed as packs); ``two-nodes`` makes the tier
+see the ranks as two nodes (two flush threads, two packs per version).  ``crash`` commits v1 through the
+node-local tier and waits for it, commits v2 and then the last rank kills
+itself (SIGKILL) while v2 is being flushed: the others write the error their
+``wait`` raised to ``PATH.crash<rank>.json`` and exit.  ``newest`` loads the newest
+version on this many ranks and checks it is v1.  Each rank prints one JSON
+line.
 """
 
 import json
+import os
+import signal
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -73,7 +86,22 @@ def main() -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     mode, path = sys.argv[1], sys.argv[2]
     deltas = "deltas" in sys.argv[3:]
-    with History(path, comm=comm, deltas=deltas or None, chunk_bytes=256, timeout=60) as h:
+    local = next((a[len("local=") :] for a in sys.argv[3:] if a.startswith("local=")), None)
+    local_comm = None
+    if "two-nodes" in sys.argv[3:]:  # ranks 0-1 and 2-3 stage as two nodes
+        local_comm = comm.Split(rank * 2 // size, 0)
+    if mode == "crash":
+        crash(path, local, comm)
+        return
+    with History(
+        path,
+        comm=comm,
+        deltas=deltas or None,
+        chunk_bytes=256,
+        timeout=60,
+        local=local,
+        local_comm=local_comm,
+    ) as h:
         if mode == "commit":
             ids, written = {}, {}
             for version, kw in (
@@ -108,6 +136,11 @@ def main() -> None:
             check(h.checkout("first"), "v1", comm)
             assert h.head is None
             out = {"rank": rank, "verified": sorted(ids)}
+        elif mode == "newest":
+            newest = h.log()[0]
+            assert newest.message == "v1", newest.message
+            check(h.load(newest.id), "v1", comm)
+            out = {"rank": rank, "newest": newest.message, "versions": len(h)}
         elif mode == "fail":
             before = len(h)
             state = state_of("v1", comm)
@@ -137,6 +170,31 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown mode {mode}")
     print(json.dumps(out), flush=True)
+
+
+def crash(path: str, local: str | None, comm) -> None:
+    """v1 committed and flushed, v2 committed; the last rank dies during v2's flush."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    h = History(path, comm=comm, chunk_bytes=256, timeout=15, local=local)
+    h.commit(state_of("v1", comm), message="v1")
+    h.wait()
+    h.commit(state_of("v2", comm), message="v2")
+    if rank == size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        h.wait()
+    except Exception as err:  # the error every survivor reports
+        out = {
+            "rank": rank,
+            "error": f"{type(err).__name__}: {err}",
+            "after": time.monotonic() - t0,
+        }
+        # a file, not stdout: mpiexec may drop the output of a job that lost a rank
+        with open(f"{path}.crash{rank}.json", "w") as f:
+            json.dump(out, f)
+        os._exit(3)  # a rank is gone: no collective clean-up, no MPI_Finalize
+    raise AssertionError("wait() returned although a rank was killed")
 
 
 if __name__ == "__main__":
