@@ -108,9 +108,14 @@ def test_checkpoint_sequence_rnn_gradients_equal_autograd(kind, tmp_path):
     assert all(_close(a, b) for a, b in zip(got, want))
     if store is not None:
         # Every level's Saves and Loads went through the store (device, memory, disk;
-        # restores may be served by its read-ahead instead of the tier).
+        # restores may be served by its read-ahead instead of the tier).  The disk
+        # level is written in the background: a record deleted before the writer
+        # reaches it is never put (its loads were served from the staged copy), so
+        # a loaded machine may put fewer there than the schedule writes.
         stats, want_io = store.stats(), simulate(schedule)
-        assert [t.puts for t in stats.tiers] == list(want_io.writes)
+        assert stats.saves == sum(want_io.writes)
+        assert [t.puts for t in stats.tiers[:2]] == list(want_io.writes[:2])
+        assert stats.tiers[2].puts <= want_io.writes[2]
         assert stats.loads == sum(want_io.reads) and stats.tiers[0].gets == want_io.reads[0]
         assert store.steps(0) == store.steps(1) == store.steps(2) == []  # the run cleaned up
         store.close()
