@@ -14,6 +14,7 @@ from vlcc_adjoint.schedules import Revolve, io_plan
 from vlcc_adjoint.state import Layout, flatten, unflatten
 from vlcc_adjoint.storage import CorruptCheckpointError, MemoryTier, StorageError, TieredStore
 from vlcc_adjoint.storage._engine import _inline
+from vlcc_adjoint.storage._pool import SMALL_BYTES, BufferPool
 
 
 @dataclasses.dataclass
@@ -138,8 +139,9 @@ def test_the_short_path_leaves_the_store_as_the_general_path_does(k, monkeypatch
         assert f.tiers[0].used_bytes == 0 and f.pool_reused == 0  # freed only at the end
 
 
-def test_the_short_path_reuses_pooled_buffers_and_hands_out_the_callers_own_arrays():
-    x = np.arange(16.0)
+@pytest.mark.parametrize("size", [16, SMALL_BYTES // 8])
+def test_the_short_path_reuses_pooled_buffers_and_hands_out_the_callers_own_arrays(size):
+    x = np.arange(float(size))
     with TieredStore([MemoryTier()], workers=0) as store:
         for i in range(10):
             store.save(i, {"x": x}, 0)
@@ -148,7 +150,23 @@ def test_the_short_path_reuses_pooled_buffers_and_hands_out_the_callers_own_arra
             assert np.array_equal(store.load(i, 0)["x"], x)
             store.delete(i, 0)
         stats = store.stats()
-    assert stats.pool_reused >= 8 and stats.pool_allocated <= 2
+    if x.nbytes >= SMALL_BYTES:
+        assert stats.pool_reused >= 8 and stats.pool_allocated <= 2
+    else:  # below the pool's min_bytes: new arrays, neither pooled nor counted
+        assert stats.pool_reused == 0 and stats.pool_allocated == 0
+
+
+def test_the_pool_neither_keeps_nor_counts_buffers_below_its_min_bytes():
+    pool = BufferPool(1 << 20, min_bytes=SMALL_BYTES)
+    small, large = pool.take(np.float64, (8,)), pool.take(np.float64, (SMALL_BYTES // 8,))
+    assert pool.allocated == 1  # the large one
+    assert pool.recycle([small, large]) == 1 and pool.recycled == 1 and pool.refused == 0
+    assert pool.take(np.float64, (8,)) is not small  # dropped, not kept
+    assert pool.take(np.float64, (SMALL_BYTES // 8,)) is large and pool.reused == 1
+    # A pool without min_bytes (the default) keeps small buffers too.
+    plain = BufferPool(1 << 20)
+    buf = plain.take(np.float64, (8,))
+    assert plain.recycle([buf]) == 1 and plain.take(np.float64, (8,)) is buf
 
 
 def test_a_short_path_record_changed_behind_the_stores_back_is_refused_naming_the_step():
