@@ -106,10 +106,9 @@ class MemoryTier(Tier):
     ) -> None:
         """:meth:`adopt` of the record ``Record(spec, leaves, checksums)``,
         given in parts (the engine's short path for small states, which
-        spares building the record)."""
-        self._insert(key, spec, leaves, checksums)
-
-    def _insert(self, key, spec, leaves, checksums) -> None:
+        spares building the record).  Every way in (``put``, ``adopt``)
+        ends here: this is the insertion itself, in one frame for the
+        engine's once-per-save call."""
         # acquire/release rather than `with`: this runs once per save.
         lock = self._lock
         lock.acquire()
@@ -153,6 +152,10 @@ class MemoryTier(Tier):
             records[key] = (spec, leaves, checksums)
         finally:
             lock.release()
+
+    # put and adopt insert through this name, so that a subclass that
+    # overrides adopt_leaves does not change what they do.
+    _insert = adopt_leaves
 
     def get(self, key: str) -> Record:
         """The record under `key`, checksums verified; leaves are read-only views."""
