@@ -266,3 +266,23 @@ def test_the_plan_is_followed_on_the_short_path():
         with pytest.raises(PlanMismatchError, match="does not follow the plan"):
             store.save(4, np.zeros(8), 0)
         assert store.steps(0) == [0]
+
+
+def test_the_plan_clock_checks_a_call_by_the_code_action_code_gives_it():
+    # follow computes a Save/Load/Delete's code as step * per_step +
+    # offsets[kind][level], which must be action_code's own value.
+    from vlcc_adjoint.storage import PlanMismatchError
+    from vlcc_adjoint.storage._engine._clock import PlanClock, action_code
+
+    schedule = Revolve(30, 3)
+    clock = PlanClock(io_plan(schedule), 2, None)
+    for kind in range(8):
+        for level in range(2):
+            for step in (0, 1, 7, 29, 10**6):
+                want = action_code(kind, step, level, -1, 2)
+                assert step * clock.per_step + clock.offsets[kind][level] == want
+    # and a call off the plan is refused, naming the action it expected
+    with TieredStore([MemoryTier()], plan=io_plan(schedule), workers=0) as store:
+        first = schedule[0]
+        with pytest.raises(PlanMismatchError, match="expected action"):
+            store.save(first.step + 1, np.zeros(8), 0)
