@@ -286,3 +286,26 @@ def test_the_plan_clock_checks_a_call_by_the_code_action_code_gives_it():
         first = schedule[0]
         with pytest.raises(PlanMismatchError, match="expected action"):
             store.save(first.step + 1, np.zeros(8), 0)
+
+
+def test_load_and_delete_of_a_stored_step_still_validate_what_the_index_does_not_tell():
+    # load and delete look a record up before validating: a hit is a step
+    # and level validated by the record's save; anything else is validated.
+    from vlcc_adjoint.errors import VlccValueError
+
+    with TieredStore([MemoryTier(), MemoryTier()], workers=0) as store:
+        store.save(1, np.zeros(8), 0)
+        store.save(0, np.ones(8), 1)
+        for bad in (True, -1, 1.0, "1"):  # (True == 1 and hash(True) == hash(1))
+            with pytest.raises(VlccValueError, match="step must be an int"):
+                store.load(bad, 0)
+            with pytest.raises(VlccValueError, match="step must be an int"):
+                store.delete(bad, 0)
+        with pytest.raises(VlccValueError, match="level must be an int"):
+            store.load(0, True)  # level True would find step 0 on level 1
+        with pytest.raises(VlccValueError, match="level must be an int"):
+            store.delete(0, True)
+        assert np.array_equal(store.load(np.int64(1), np.int64(0)), np.zeros(8))
+        store.delete(np.int64(1), np.int64(0))
+        store.delete(0, 1)
+        assert store.stats().deletes == 2

@@ -36,8 +36,8 @@ spec, leaves and checksums), the same buffers back in the pool on delete.
 from __future__ import annotations
 
 import math
-import time
 from functools import partial
+from time import perf_counter
 
 from numpy import ndarray
 
@@ -183,18 +183,18 @@ class InlinePath:
             ):
                 return False
         record = self.clock.follow(SAVE, step, level)  # raises before any change
-        take = self.capture.pool.take_key
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         out: tuple
         sums: tuple
         if shape.n == 1 and shape.small:  # one small leaf: the usual small state
             if shape.recycles:
-                buf = take(shape.keys[0])
+                buf = self.capture.pool.take_key(shape.keys[0])
                 buf[...] = leaves[0]
             else:  # below the pool's min_bytes: a new array (the pool's take would be)
                 buf = leaves[0].copy()
             out, sums = (buf,), (shape.hashes[0](buf),)
         else:
+            take = self.capture.pool.take_key
             bufs, hashes = [], []
             for leaf, key, digest, pooled in zip(leaves, shape.keys, shape.hashes, shape.pooled):
                 if not pooled and digest is not None:
@@ -210,7 +210,7 @@ class InlinePath:
                     hashes.append(digest(buf))
                 bufs.append(buf)
             out, sums = tuple(bufs), tuple(hashes)
-        t1 = time.perf_counter()
+        t1 = perf_counter()
         spec = {
             "format": shape.format,
             "tree": layout.tree,
