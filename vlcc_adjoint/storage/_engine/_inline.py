@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from functools import partial
 from time import perf_counter
+from typing import Any
 
 from numpy import ndarray
 
@@ -79,7 +80,11 @@ class Shape:
         self.layout = layout
         self.format = layout.spec()["format"]
         self.keys = tuple((dtype, shape) for dtype, shape in layout.infos)
-        self.hashes = tuple(direct_hash(dtype, shape) for dtype, shape in layout.infos)
+        # Per leaf a function, or None for a leaf the kernel hashes (Any: the
+        # paths that call one know from `small` and `pooled` that it is set).
+        self.hashes: tuple[Any, ...] = tuple(
+            direct_hash(dtype, shape) for dtype, shape in layout.infos
+        )
         self.small = all(h is not None for h in self.hashes)
         self.nbytes = layout.nbytes
         self.n = len(self.keys)
