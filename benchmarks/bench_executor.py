@@ -4,7 +4,7 @@ the solver and the store cost next to nothing.
 Reproduce::
 
     . .venv/bin/activate
-    python benchmarks/bench_executor.py                   # ~30 s (2 rounds)
+    python benchmarks/bench_executor.py                   # ~1 minute (2 rounds)
     python benchmarks/bench_executor.py --steps 20000     # a smoke run
     # before/after: another version of the package, side by side
     mkdir -p /tmp/vlcc_orig && git archive <commit> vlcc_adjoint | tar -x -C /tmp/vlcc_orig
@@ -42,8 +42,10 @@ version's ("before") ``run_adjoint`` and dict-store run next to this tree's
 version and are timed once a round.  Each round runs its interpreters in an
 order rotated by one from the last, and the ratios are ratios of medians.
 ``_executor_instructions.py`` counts the instructions of the same
-quantities, each in its own interpreter too.  Writes ``bench_executor.json`` to ``--out`` (default:
-``$TMPDIR/vlcc-bench-results/``, outside the source tree, as every benchmark).
+quantities, each in its own interpreter too.  Writes
+``bench_executor.json`` to ``--out`` (default:
+``$TMPDIR/vlcc-bench-results/``, outside the source tree, as every
+benchmark), keeping the claims of a results file it rewrites.
 """
 
 from __future__ import annotations
