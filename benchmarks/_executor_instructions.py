@@ -1,10 +1,12 @@
 """The executor's own cost per action in instructions, which a machine
 shared with other work does not disturb: ``valgrind --tool=callgrind``
-counts the instructions of ``run_adjoint`` and of the bare loop of
-``bench_executor.py`` (the same solver calls from a plain loop over the
-table, snapshots kept as copies in a dict), each at ``n`` and ``n / 10``
-steps of ``Revolve(n, c)``; the differences between the two sizes remove
-the interpreter's start-up, the imports and the warm-up.
+counts the instructions of ``bench_executor.py``'s own measurements of
+``run_adjoint`` and of the bare loop (the same solver calls from a plain
+loop over the table, snapshots kept as copies in a dict), each in its own
+interpreter as the benchmark runs them (``bench_executor.py --child
+QUANTITY``), at ``n`` and ``n / 10`` steps of ``Revolve(n, c)``; the
+differences between the two sizes remove the interpreter's start-up, the
+imports and the warm-up.
 
 Reported: the instructions of ``run_adjoint`` as a multiple of the bare
 loop's, and the instructions per action above it.  With ``--baseline
@@ -34,42 +36,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-CHILD = """
-import sys
-import numpy as np
-sys.path.insert(0, {here!r})
-from bench_executor import TinySolver
-from vlcc_adjoint import run_adjoint
-from vlcc_adjoint.schedules import ActionKind, Revolve
-
-mode, steps, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-solver = TinySolver()
-u0, lam_n = np.linspace(0.0, 1.0, 8), np.ones(8)
-schedule = Revolve(steps, slots)
-table = schedule.table
-run_adjoint(solver, Revolve(200, slots), u0, lam_n)  # warm-up, as the benchmark does
-if mode == "run":
-    run_adjoint(solver, schedule, u0, lam_n)
-else:
-    held, u, lam = {{}}, u0, lam_n
-    forward, adjoint = solver.forward, solver.adjoint
-    for kind, a, b in zip(table["kind"].tolist(), table["a"].tolist(), table["b"].tolist()):
-        if kind == ActionKind.ADVANCE:
-            for i in range(a, b):
-                u = forward(u, i)
-        elif kind == ActionKind.SAVE:
-            held[a] = u.copy()
-        elif kind == ActionKind.LOAD:
-            u = held[a].copy()
-        elif kind == ActionKind.DELETE:
-            del held[a]
-        elif kind == ActionKind.REVERSE:
-            lam = adjoint(u, lam, a)
-"""
-
 
 def count(package: str, mode: str, steps: int, slots: int) -> int:
-    """Instructions callgrind collects for one child run."""
+    """Instructions callgrind collects for one child run of
+    ``bench_executor.py --child mode`` (``mode``: ``run_adjoint`` or
+    ``bare_loop``), the benchmark's own measurement in its own interpreter."""
     env = dict(os.environ, PYTHONPATH=package)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
@@ -77,10 +48,12 @@ def count(package: str, mode: str, steps: int, slots: int) -> int:
             "--tool=callgrind",
             f"--callgrind-out-file={os.path.join(tmp, 'out')}",
             sys.executable,
-            "-c",
-            CHILD.format(here=HERE),
+            os.path.join(HERE, "bench_executor.py"),
+            "--child",
             mode,
+            "--steps",
             str(steps),
+            "--slots",
             str(slots),
         ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -112,11 +85,11 @@ def main(argv=None) -> None:
     if args.baseline:
         packages["before"] = args.baseline
     delta = {}
-    for mode in ("bare", "run"):
+    for mode, what in (("bare", "bare_loop"), ("run", "run_adjoint")):
         for version, package in packages.items():
             if mode == "bare" and version == "before":
                 continue  # the bare loop does not depend on the version
-            n = {s: count(package, mode, s, args.slots) for s in (small, large)}
+            n = {s: count(package, what, s, args.slots) for s in (small, large)}
             delta[f"{mode} {version}" if mode == "run" else mode] = n[large] - n[small]
             print(f"{mode:4s} {version:6s} {n[small]:>14,d} {n[large]:>14,d}", flush=True)
     summary = {}

@@ -22,8 +22,8 @@ more than the step of a small state.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -151,7 +151,7 @@ class AdjointRun:
         forward = self.forward
         u = self.u
         i = a
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             if self.check_finite:
                 matches = self.matches if self.check else None
@@ -172,7 +172,7 @@ class AdjointRun:
         except BaseException:
             self.where, self.at = "the solver's forward step {0}", i
             raise
-        self.t_forward += time.perf_counter() - t0
+        self.t_forward += perf_counter() - t0
         self.forward_steps += b - a
         self.u = u
         if b == self.n and self.final_state is None:
@@ -182,7 +182,7 @@ class AdjointRun:
 
     def _advance_many(self, a: int, b: int) -> None:
         """Forward steps ``a .. b-1`` in one call of ``forward_many``."""
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             u = self.forward_many(self.u, a, b)
             if self.check and not self.matches(u):
@@ -190,7 +190,7 @@ class AdjointRun:
         except BaseException:
             self.where, self.at = "the solver's forward_many({0}, {1})", (a, b)
             raise
-        self.t_forward += time.perf_counter() - t0
+        self.t_forward += perf_counter() - t0
         self.forward_steps += b - a
         self.u = u
         if b == self.n and self.final_state is None:
@@ -199,45 +199,45 @@ class AdjointRun:
     # -- Save, Load, Delete, Move ------------------------------------------------
 
     def _save(self, i: int, level: int) -> None:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             self.store_save(i, self.u, level=level)
         except BaseException:
             self.where, self.at = "saving u_{0} on level {1}", (i, level)
             raise
-        self.t_store += time.perf_counter() - t0
+        self.t_store += perf_counter() - t0
 
     def _save_hooked(self, i: int, level: int) -> None:
         """Save what the solver's ``on_save(u, i)`` hands over."""
         try:
             state = self.on_save(self.u, i)
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             self.store_save(i, state, level=level)
         except BaseException:
             self.where, self.at = "saving u_{0} on level {1}", (i, level)
             raise
-        self.t_store += time.perf_counter() - t0
+        self.t_store += perf_counter() - t0
 
     def _load(self, i: int, level: int) -> None:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             self.u = self.store_load(i, level=level)
         except BaseException:
             self.where, self.at = "loading u_{0} from level {1}", (i, level)
             raise
-        self.t_store += time.perf_counter() - t0
+        self.t_store += perf_counter() - t0
         self.spare = None
 
     def _load_in_place(self, i: int, level: int) -> None:
         """Restore into the buffers of the state in hand (or of the spare)."""
         out = self.u if self.u is not None else self.spare
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             self.u = self.store_load(i, level=level, out=out)
         except BaseException:
             self.where, self.at = "loading u_{0} from level {1}", (i, level)
             raise
-        self.t_store += time.perf_counter() - t0
+        self.t_store += perf_counter() - t0
         self.spare = None
 
     def _load_hooked(self, i: int, level: int) -> None:
@@ -246,9 +246,9 @@ class AdjointRun:
         They stay valid until the record's Delete, a later action."""
         out = self.u if self.u is not None else self.spare
         try:
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             stored = self.store_load(i, level=level, copy=False)
-            self.t_store += time.perf_counter() - t0
+            self.t_store += perf_counter() - t0
             self.u = self.on_load(stored, i, out)
         except BaseException:
             self.where, self.at = "loading u_{0} from level {1}", (i, level)
@@ -256,22 +256,22 @@ class AdjointRun:
         self.spare = None
 
     def delete(self, i: int, level: int) -> None:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             self.store.delete(i, level=level)
         except BaseException:
             self.where, self.at = "deleting u_{0} from level {1}", (i, level)
             raise
-        self.t_store += time.perf_counter() - t0
+        self.t_store += perf_counter() - t0
 
     def move(self, i: int, src: int, dst: int) -> None:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             self.store.move(i, src, dst)
         except BaseException:
             self.where, self.at = "moving u_{0} from level {1} to level {2}", (i, src, dst)
             raise
-        self.t_store += time.perf_counter() - t0
+        self.t_store += perf_counter() - t0
 
     # -- Reverse -----------------------------------------------------------------
 
@@ -280,9 +280,9 @@ class AdjointRun:
         it) and the seed lambda_n, checked."""
         if self.final_state is None:
             self.where, self.at = "the solver's forward step {0} (computing u_n)", i
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             u_n = self.forward(self.copy(self.u), i)
-            self.t_forward += time.perf_counter() - t0
+            self.t_forward += perf_counter() - t0
             self.forward_steps += 1
             if self.check and not self.matches(u_n):
                 self._mismatch(u_n, f"forward step {i}")
@@ -304,9 +304,9 @@ class AdjointRun:
         if i == self.n - 1:
             self._seed(i)
         try:
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             adj = self.adjoint(self.u, self.adj, i)
-            self.t_adjoint += time.perf_counter() - t0
+            self.t_adjoint += perf_counter() - t0
             if self.check and not self.adj_matches(adj):
                 self._adjoint_mismatch(adj, i)
             if self.check_finite:

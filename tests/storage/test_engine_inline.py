@@ -14,6 +14,7 @@ from vlcc_adjoint.schedules import Revolve, io_plan
 from vlcc_adjoint.state import Layout, flatten, unflatten
 from vlcc_adjoint.storage import CorruptCheckpointError, MemoryTier, StorageError, TieredStore
 from vlcc_adjoint.storage._engine import _inline
+from vlcc_adjoint.storage._pool import SMALL_BYTES, BufferPool
 
 
 @dataclasses.dataclass
@@ -138,8 +139,9 @@ def test_the_short_path_leaves_the_store_as_the_general_path_does(k, monkeypatch
         assert f.tiers[0].used_bytes == 0 and f.pool_reused == 0  # freed only at the end
 
 
-def test_the_short_path_reuses_pooled_buffers_and_hands_out_the_callers_own_arrays():
-    x = np.arange(16.0)
+@pytest.mark.parametrize("size", [16, SMALL_BYTES // 8])
+def test_the_short_path_reuses_pooled_buffers_and_hands_out_the_callers_own_arrays(size):
+    x = np.arange(float(size))
     with TieredStore([MemoryTier()], workers=0) as store:
         for i in range(10):
             store.save(i, {"x": x}, 0)
@@ -148,7 +150,23 @@ def test_the_short_path_reuses_pooled_buffers_and_hands_out_the_callers_own_arra
             assert np.array_equal(store.load(i, 0)["x"], x)
             store.delete(i, 0)
         stats = store.stats()
-    assert stats.pool_reused >= 8 and stats.pool_allocated <= 2
+    if x.nbytes >= SMALL_BYTES:
+        assert stats.pool_reused >= 8 and stats.pool_allocated <= 2
+    else:  # below the pool's min_bytes: new arrays, neither pooled nor counted
+        assert stats.pool_reused == 0 and stats.pool_allocated == 0
+
+
+def test_the_pool_neither_keeps_nor_counts_buffers_below_its_min_bytes():
+    pool = BufferPool(1 << 20, min_bytes=SMALL_BYTES)
+    small, large = pool.take(np.float64, (8,)), pool.take(np.float64, (SMALL_BYTES // 8,))
+    assert pool.allocated == 1  # the large one
+    assert pool.recycle([small, large]) == 1 and pool.recycled == 1 and pool.refused == 0
+    assert pool.take(np.float64, (8,)) is not small  # dropped, not kept
+    assert pool.take(np.float64, (SMALL_BYTES // 8,)) is large and pool.reused == 1
+    # A pool without min_bytes (the default) keeps small buffers too.
+    plain = BufferPool(1 << 20)
+    buf = plain.take(np.float64, (8,))
+    assert plain.recycle([buf]) == 1 and plain.take(np.float64, (8,)) is buf
 
 
 def test_a_short_path_record_changed_behind_the_stores_back_is_refused_naming_the_step():
@@ -248,3 +266,46 @@ def test_the_plan_is_followed_on_the_short_path():
         with pytest.raises(PlanMismatchError, match="does not follow the plan"):
             store.save(4, np.zeros(8), 0)
         assert store.steps(0) == [0]
+
+
+def test_the_plan_clock_checks_a_call_by_the_code_action_code_gives_it():
+    # follow computes a Save/Load/Delete's code as step * per_step +
+    # offsets[kind][level], which must be action_code's own value.
+    from vlcc_adjoint.storage import PlanMismatchError
+    from vlcc_adjoint.storage._engine._clock import PlanClock, action_code
+
+    schedule = Revolve(30, 3)
+    clock = PlanClock(io_plan(schedule), 2, None)
+    for kind in range(8):
+        for level in range(2):
+            for step in (0, 1, 7, 29, 10**6):
+                want = action_code(kind, step, level, -1, 2)
+                assert step * clock.per_step + clock.offsets[kind][level] == want
+    # and a call off the plan is refused, naming the action it expected
+    with TieredStore([MemoryTier()], plan=io_plan(schedule), workers=0) as store:
+        first = schedule[0]
+        with pytest.raises(PlanMismatchError, match="expected action"):
+            store.save(first.step + 1, np.zeros(8), 0)
+
+
+def test_load_and_delete_of_a_stored_step_still_validate_what_the_index_does_not_tell():
+    # load and delete look a record up before validating: a hit is a step
+    # and level validated by the record's save; anything else is validated.
+    from vlcc_adjoint.errors import VlccValueError
+
+    with TieredStore([MemoryTier(), MemoryTier()], workers=0) as store:
+        store.save(1, np.zeros(8), 0)
+        store.save(0, np.ones(8), 1)
+        for bad in (True, -1, 1.0, "1"):  # (True == 1 and hash(True) == hash(1))
+            with pytest.raises(VlccValueError, match="step must be an int"):
+                store.load(bad, 0)
+            with pytest.raises(VlccValueError, match="step must be an int"):
+                store.delete(bad, 0)
+        with pytest.raises(VlccValueError, match="level must be an int"):
+            store.load(0, True)  # level True would find step 0 on level 1
+        with pytest.raises(VlccValueError, match="level must be an int"):
+            store.delete(0, True)
+        assert np.array_equal(store.load(np.int64(1), np.int64(0)), np.zeros(8))
+        store.delete(np.int64(1), np.int64(0))
+        store.delete(0, 1)
+        assert store.stats().deletes == 2

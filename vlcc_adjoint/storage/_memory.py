@@ -102,14 +102,17 @@ class MemoryTier(Tier):
     _adopt = adopt  # the name earlier versions used
 
     def adopt_leaves(
-        self, key: str, spec: dict, leaves: tuple[np.ndarray, ...], checksums: tuple[str, ...]
+        self,
+        key: str,
+        spec: dict | str,
+        leaves: tuple[np.ndarray, ...],
+        checksums: tuple[str, ...],
     ) -> None:
         """:meth:`adopt` of the record ``Record(spec, leaves, checksums)``,
         given in parts (the engine's short path for small states, which
-        spares building the record)."""
-        self._insert(key, spec, leaves, checksums)
-
-    def _insert(self, key, spec, leaves, checksums) -> None:
+        spares building the record).  Every way in (``put``, which hands
+        the spec as its JSON text, and ``adopt``) ends here: this is the
+        insertion itself, in one frame for the engine's once-per-save call."""
         # acquire/release rather than `with`: this runs once per save.
         lock = self._lock
         lock.acquire()
@@ -153,6 +156,10 @@ class MemoryTier(Tier):
             records[key] = (spec, leaves, checksums)
         finally:
             lock.release()
+
+    # put and adopt insert through this name, so that a subclass that
+    # overrides adopt_leaves does not change what they do.
+    _insert = adopt_leaves
 
     def get(self, key: str) -> Record:
         """The record under `key`, checksums verified; leaves are read-only views."""

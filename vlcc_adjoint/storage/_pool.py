@@ -44,6 +44,14 @@ writes into the buffer, no copy through the page cache; see
 a private byte block one page larger than it (:func:`empty`), and the
 blocks :func:`empty` made are remembered (weakly), so :func:`owns_memory`
 never mistakes a view of somebody else's array for a buffer of ours.
+
+Small buffers (below a pool's `min_bytes`; the store's pool uses
+:data:`SMALL_BYTES`) are not pooled at all: numpy serves an allocation of
+under 1 KiB from its own cache of freed small blocks, with no page fault
+and for less than the pool's book-keeping, so :meth:`BufferPool.take`
+allocates them and :meth:`BufferPool.recycle` drops them (to the garbage
+collector, once their owner lets go), and neither counts them.  A caller
+that knows a buffer is that small may allocate it and drop it itself.
 """
 
 from __future__ import annotations
@@ -56,7 +64,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-__all__ = ["ALIGNED_MIN", "BufferPool", "Lease", "PAGE", "empty", "owns_memory"]
+__all__ = ["ALIGNED_MIN", "SMALL_BYTES", "BufferPool", "Lease", "PAGE", "empty", "owns_memory"]
+
+#: Buffers smaller than this many bytes are not worth pooling (see the
+#: module docstring): numpy's cache of small data blocks holds blocks of
+#: under 1 KiB.
+SMALL_BYTES = 1024
 
 #: The alignment of large buffers (a page; a multiple of every disk's block size).
 PAGE = 4096
@@ -147,20 +160,24 @@ class BufferPool:
     **Arguments:**
 
     - `max_free_bytes`: the most bytes kept in the free lists.
+    - `min_bytes`: buffers smaller than this are not pooled (default 0:
+      every size is; a store's pool passes :data:`SMALL_BYTES`): ``take``
+      allocates them, ``recycle`` drops them, and no counter counts them.
     - `threadsafe`: ``True`` (default): every method may be called from any
       thread at any time (one lock around the free lists).  ``False``: no
       lock is taken; the owner calls the pool from one thread at a time (a
       single-threaded :class:`~vlcc_adjoint.storage.TieredStore`).
 
-    **Attributes** (counters): `reused` (buffers handed out from the free
-    lists), `allocated` (freshly allocated), `recycled` (taken back onto a
+    **Attributes** (counters, of buffers of at least `min_bytes`): `reused`
+    (buffers handed out from the free lists), `allocated` (freshly allocated), `recycled` (taken back onto a
     free list), `refused` (given back but not kept: not the pool's kind of
     buffer, or no room), `deferred` (given back while a lease held them;
     they follow when it ends), `free_bytes` (bytes on the free lists).
     """
 
-    def __init__(self, max_free_bytes: int, *, threadsafe: bool = True):
+    def __init__(self, max_free_bytes: int, *, min_bytes: int = 0, threadsafe: bool = True):
         self.max_free_bytes = int(max_free_bytes)
+        self.min_bytes = int(min_bytes)
         self.free_bytes = 0
         self.reused = 0
         self.allocated = 0
@@ -199,7 +216,8 @@ class BufferPool:
                 self.free_bytes -= arr.nbytes
                 self.reused += 1
                 return arr
-            self.allocated += 1
+            if key[0].itemsize * math.prod(key[1]) >= self.min_bytes:
+                self.allocated += 1
         finally:
             if lock is not None:
                 lock.release()
@@ -251,6 +269,9 @@ class BufferPool:
 
     def _give(self, arr: np.ndarray, key: tuple) -> int:
         """Lock held: `arr` back from its owner; 1 if it went onto a free list."""
+        nbytes = arr.nbytes
+        if nbytes < self.min_bytes:  # not pooled: dropped, uncounted
+            return 0
         i = id(arr)
         if self._leased:
             held = self._leased.get(i)
@@ -259,7 +280,6 @@ class BufferPool:
                     held[2] = True
                     self.deferred += 1
                 return 0
-        nbytes = arr.nbytes
         flags = arr.flags
         if (
             i in self._free_ids  # given back twice: keep one copy on the list

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from ...state import Layout, flatten_traits, immutable_array, leaf_digest
 from .._checksum import copy_checksum, leaf_checksum
 from .._dedup import LeafTable
-from .._pool import BufferPool
+from .._pool import SMALL_BYTES, BufferPool
 
 __all__ = ["Capture", "COPY", "REFERENCE", "TAKE"]
 
@@ -71,7 +71,7 @@ class Capture:
 
     def __init__(self, shared, pool_bytes: int, hold_limit: int | None):
         self.shared = shared
-        self.pool = BufferPool(pool_bytes, threadsafe=shared.threadsafe)
+        self.pool = BufferPool(pool_bytes, min_bytes=SMALL_BYTES, threadsafe=shared.threadsafe)
         self.table = LeafTable()  # (empty unless shared.dedup)
         self.dedup_owned: dict[str, bool] = {}  # digest -> its array is a buffer of ours
         self.hold_limit = hold_limit

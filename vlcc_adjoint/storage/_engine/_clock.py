@@ -126,6 +126,12 @@ class PlanClock:
         self.ops = ops  # (index, kind, step, level, dst, record) arrays, for messages
         index, kind, step, level, dst, record = ops
         self.codes = action_code(kind.astype(np.int64), step, level, dst, nlv).tolist()
+        # A code is linear in the step: the code of a call without a
+        # destination (Save, Load, Delete) is ``step * per_step +
+        # offsets[kind][level]``, both taken from action_code, so that
+        # follow computes it without a call.
+        self.per_step = action_code(0, 1, 0, -1, nlv) - action_code(0, 0, 0, -1, nlv)
+        self.offsets = [[action_code(k, 0, lv, -1, nlv) for lv in range(nlv)] for k in range(8)]
         self.index = index.tolist()
         self.records = record.tolist()
         # Per record: the position of its first read among its level's
@@ -160,7 +166,9 @@ class PlanClock:
             self.cursor, self.now = mark
 
     def follow(self, kind, step, level, dst=-1) -> int:
-        """Match a call against the plan's next I/O action; returns the record."""
+        """Match a call against the plan's next I/O action; returns the record.
+        `step` and `level` are validated by the caller (an int >= 0, and a
+        level of the store)."""
         if self.ops is None:
             return -1
         c = self.cursor
@@ -172,7 +180,11 @@ class PlanClock:
                 "done); construct the store with the io_plan of the schedule being run, or "
                 "with plan=None"
             )
-        if codes[c] != action_code(kind, step, level, dst, self.nlv):
+        if dst < 0:
+            code = step * self.per_step + self.offsets[kind][level]
+        else:
+            code = action_code(kind, step, level, dst, self.nlv)
+        if codes[c] != code:
             index, kinds, steps, levels, dsts, _ = self.ops
             call = describe(kind, step, level, dst)
             want = describe(int(kinds[c]), int(steps[c]), int(levels[c]), int(dsts[c]))

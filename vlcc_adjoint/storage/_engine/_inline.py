@@ -14,7 +14,9 @@ keeps) and each call only follows the plan.  Nothing is skipped:
 
 * **save**: the layout walk checks structure, dtypes, shapes and
   contiguity of the new state; every leaf is copied into a pooled buffer
-  keyed by its precomputed ``(dtype, shape)`` and checksummed (xxh3-64,
+  keyed by its precomputed ``(dtype, shape)`` (a leaf below the pool's
+  ``min_bytes``, which the pool would neither keep nor count, into a new
+  array: ``leaf.copy()``) and checksummed (xxh3-64,
   small leaves with one C call, :func:`~.._checksum.direct_hash`); the
   plan is followed (:meth:`~._clock.PlanClock.follow`); the tier's
   capacity is checked before anything changes and enforced again by its
@@ -33,8 +35,10 @@ spec, leaves and checksums), the same buffers back in the pool on delete.
 
 from __future__ import annotations
 
-import time
+import math
 from functools import partial
+from time import perf_counter
+from typing import Any
 
 from numpy import ndarray
 
@@ -52,16 +56,35 @@ class Shape:
     `keys` (per leaf its buffer pool key), `hashes` (per leaf the one-call
     checksum function, or ``None`` for a leaf the kernel copies and hashes),
     `nbytes`, `n` (the number of leaves), `root` (``(dtype, shape)`` of
-    a state that is one small array, else ``None``).
+    a state that is one small array, else ``None``), `pooled` (per leaf:
+    whether its buffer comes from the pool, i.e. it has at least
+    `min_bytes`), `recycles` (whether any leaf's does: a delete gives the
+    buffers back to the pool).
     """
 
-    __slots__ = ("layout", "keys", "hashes", "small", "nbytes", "n", "owned", "format", "root")
+    __slots__ = (
+        "layout",
+        "keys",
+        "hashes",
+        "small",
+        "nbytes",
+        "n",
+        "owned",
+        "format",
+        "root",
+        "pooled",
+        "recycles",
+    )
 
-    def __init__(self, layout):
+    def __init__(self, layout, min_bytes: int = 0):
         self.layout = layout
         self.format = layout.spec()["format"]
         self.keys = tuple((dtype, shape) for dtype, shape in layout.infos)
-        self.hashes = tuple(direct_hash(dtype, shape) for dtype, shape in layout.infos)
+        # Per leaf a function, or None for a leaf the kernel hashes (Any: the
+        # paths that call one know from `small` and `pooled` that it is set).
+        self.hashes: tuple[Any, ...] = tuple(
+            direct_hash(dtype, shape) for dtype, shape in layout.infos
+        )
         self.small = all(h is not None for h in self.hashes)
         self.nbytes = layout.nbytes
         self.n = len(self.keys)
@@ -69,6 +92,10 @@ class Shape:
         # (dtype, shape) when the state is one small array (the layout's
         # tree is its leaf): its walk and build done in place.
         self.root = layout.infos[0] if "leaf" in layout.tree and self.small else None
+        self.pooled = tuple(
+            dtype.itemsize * math.prod(shape) >= min_bytes for dtype, shape in layout.infos
+        )
+        self.recycles = any(self.pooled)
 
     def build(self, leaves):
         """The state around `leaves` (see :meth:`Layout.build`)."""
@@ -115,7 +142,7 @@ class InlinePath:
     def shape_of(self, layout) -> Shape:
         """The :class:`Shape` of `layout` (made once per layout)."""
         if layout is not self._layout:
-            self._shape, self._layout = Shape(layout), layout
+            self._shape, self._layout = Shape(layout, self.capture.pool.min_bytes), layout
         return self._shape
 
     def save(self, step: int, state, level: int) -> bool:
@@ -161,17 +188,25 @@ class InlinePath:
             ):
                 return False
         record = self.clock.follow(SAVE, step, level)  # raises before any change
-        take = self.capture.pool.take_key
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         out: tuple
         sums: tuple
         if shape.n == 1 and shape.small:  # one small leaf: the usual small state
-            buf = take(shape.keys[0])
-            buf[...] = leaves[0]
+            if shape.recycles:
+                buf = self.capture.pool.take_key(shape.keys[0])
+                buf[...] = leaves[0]
+            else:  # below the pool's min_bytes: a new array (the pool's take would be)
+                buf = leaves[0].copy()
             out, sums = (buf,), (shape.hashes[0](buf),)
         else:
+            take = self.capture.pool.take_key
             bufs, hashes = [], []
-            for leaf, key, digest in zip(leaves, shape.keys, shape.hashes):
+            for leaf, key, digest, pooled in zip(leaves, shape.keys, shape.hashes, shape.pooled):
+                if not pooled and digest is not None:
+                    buf = leaf.copy()
+                    hashes.append(digest(buf))
+                    bufs.append(buf)
+                    continue
                 buf = take(key)
                 if digest is None:  # large: copied and hashed in one pass, streamed
                     hashes.append(copy_checksum(leaf, buf, stream=True))
@@ -180,7 +215,7 @@ class InlinePath:
                     hashes.append(digest(buf))
                 bufs.append(buf)
             out, sums = tuple(bufs), tuple(hashes)
-        t1 = time.perf_counter()
+        t1 = perf_counter()
         spec = {
             "format": shape.format,
             "tree": layout.tree,
@@ -346,8 +381,10 @@ class InlinePath:
             end_leases(entry)
         if digests is None and leaves is not None and False not in owned:
             shape = entry.shape  # (None for a record the general path saved)
-            key = shape.keys[0] if shape is not None and shape.n == 1 else None
-            self.capture.pool.recycle(leaves, key)
+            if shape is None:
+                self.capture.pool.recycle(leaves)
+            elif shape.recycles:  # (else none is pooled: the pool would drop them all)
+                self.capture.pool.recycle(leaves, shape.keys[0] if shape.n == 1 else None)
         else:
             self.capture.release(leaves, owned, digests)
 

@@ -499,21 +499,15 @@ class TieredStore:
             sh = self._shared
             if sh.closed or self._jobs.failures:
                 self._enter()
-            if type(step) is not int or step < 0:
-                step = check_step(step)
-            if level is None:
-                if self._clock.plan is not None:
-                    level = self._default_level(step, DELETE)
-                else:
-                    levels = [k for k in range(sh.nlv) if (step, k) in sh.index]
-                    if not levels:
-                        raise StorageError(f"step {step} is not stored on any level")
-                    for k in levels:
-                        self.delete(step, k)
+            entry = None
+            if type(step) is int and type(level) is int:  # (a bool is not an int)
+                # stored: its step and level were validated by its save
+                entry = sh.index.get((step, level))
+            if entry is None:
+                entry = self._delete_entry(step, level)
+                if entry is None:  # deleted from every level holding it
                     return
-            if type(level) is not int or not 0 <= level < sh.nlv:
-                level = self._check_level(level)
-            entry = sh.index.get((step, level)) or self._lookup(step, level)
+                step, level = entry.step, entry.level
             self._clock.follow(DELETE, step, level)
             if entry.state == STORED and sh.inline[entry.tier] and entry.slot is None:
                 self._inline.delete(entry)  # now, in the caller: buffers back to the pool
@@ -525,6 +519,28 @@ class TieredStore:
         finally:
             if api is not None:
                 api.release()
+
+    def _delete_entry(self, step, level) -> Entry | None:
+        """API lock held: ``delete``'s validation of `step` and `level` and
+        its lookup, for a call whose record the index did not find at once:
+        the entry (raises if none), or ``None`` once ``level=None`` without
+        a plan has deleted the step from every level holding it."""
+        sh = self._shared
+        if type(step) is not int or step < 0:
+            step = check_step(step)
+        if level is None:
+            if self._clock.plan is not None:
+                level = self._default_level(step, DELETE)
+            else:
+                levels = [k for k in range(sh.nlv) if (step, k) in sh.index]
+                if not levels:
+                    raise StorageError(f"step {step} is not stored on any level")
+                for k in levels:
+                    self.delete(step, k)
+                return None
+        if type(level) is not int or not 0 <= level < sh.nlv:
+            level = self._check_level(level)
+        return sh.index.get((step, level)) or self._lookup(step, level)
 
     def _delete_general(self, entry: Entry, counter: str = "deletes") -> None:
         """API lock held, the plan followed: the record `entry` leaves the
@@ -875,6 +891,10 @@ class TieredStore:
         sh = self._shared
         if sh.closed or self._jobs.failures:
             self._enter()
+        if type(step) is int and type(level) is int:  # (a bool is not an int)
+            entry = sh.index.get((step, level))
+            if entry is not None:  # stored: its step and level were validated by its save
+                return entry
         if type(step) is not int or step < 0:
             step = check_step(step)
         if level is None:
