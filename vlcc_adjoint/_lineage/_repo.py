@@ -241,7 +241,10 @@ class Repository:
                 return
             with self.graph_lock.held():
                 for entry in os.scandir(self.p(F.SCRATCH)):
-                    if entry.name != "zarr.json":
+                    # scratch/zarr.json, and its scratch files: another process
+                    # opening the history may be creating it right now (create_file
+                    # removes its own; no lock covers the opening).
+                    if "zarr.json" not in (entry.name, SF.scratch_target(entry.name)):
                         self.remove(entry.path)
 
     def remove(self, path: str) -> None:
