@@ -102,6 +102,7 @@ import builtins
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -323,8 +324,11 @@ def _local_commits(a, comm, state: dict, local: np.ndarray, memcpy: float) -> li
 def model(runs: list[dict], a) -> dict:
     """The stated model's parameters from the runs, and its predictions."""
     first = [r for r in runs if r["ranks"] > 1] or runs
+    # The per-rank bandwidth of a first commit, from the run on the fewest ranks
+    # (one rank where it ran: no rank shares the cores with another).
+    fewest = min(r["ranks"] for r in runs)
     per_rank_bw = min(
-        r["bytes_per_rank"] / r["commits"][0]["blocked_s"] for r in runs if r["ranks"] == 1
+        r["bytes_per_rank"] / r["commits"][0]["blocked_s"] for r in runs if r["ranks"] == fewest
     )
     # m(S) = m0 + m1 n from the ranks > 0 of the first commit (or rank 0 serially)
     pts = []
@@ -436,6 +440,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    load_before = os.getloadavg()
     if a.mib is None:
         a.mib = 4.0 if a.quick else 16.0
     if a.worker:
@@ -513,7 +518,13 @@ def main(argv=None) -> None:
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "bench_mpi_lineage.json")
     with open(path, "w") as f:
-        json.dump({"runs": runs, "model": m, "args": vars(a)}, f, indent=1)
+        machine = {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        }
+        json.dump({"runs": runs, "model": m, "args": vars(a), "machine": machine}, f, indent=1)
     print(f"wrote {path}")
 
 
