@@ -241,13 +241,7 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
     :class:`~vlcc_adjoint.storage.CorruptCheckpointError` naming `path`;
     ``FileNotFoundError`` passes through.
     """
-    fd, _ = _open_checked(path, flags)
-    if _NONBLOCK:
-        try:
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
-        except BaseException:
-            os.close(fd)
-            raise
+    fd, _ = _open_blocking(path, flags)
     return fd
 
 
@@ -320,14 +314,20 @@ def open_sized(path: str) -> tuple[int, int]:
     as :func:`open_regular`) and the file's size from the same ``fstat``: the
     bound every offset and length read from inside the file is checked
     against before anything is allocated (:func:`read_at`)."""
-    fd, st = _open_checked(path, os.O_RDONLY)
+    fd, st = _open_blocking(path, os.O_RDONLY)
+    return fd, st.st_size
+
+
+def _open_blocking(path: str, flags: int) -> tuple[int, os.stat_result]:
+    """:func:`_open_checked`'s descriptor, switched back to blocking mode, and its ``fstat``."""
+    fd, st = _open_checked(path, flags)
     if _NONBLOCK:
         try:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
         except BaseException:
             os.close(fd)
             raise
-    return fd, st.st_size
+    return fd, st
 
 
 def read_at(
