@@ -162,6 +162,29 @@ def _tree(path: str) -> set[str]:
     return out
 
 
+def _counted_commit(h, path: str, comm, state, kind: str, wait: bool):
+    """One collective ``h.commit(state)`` of the History `h` at `path`, timed
+    and counted: this rank's blocked seconds, the seconds until ``h.wait()``
+    returned (with `wait`; else ``None``), the files it created under `path`
+    (listed on rank 0; empty elsewhere) and every rank's metadata calls
+    (gathered on rank 0; ``None`` elsewhere)."""
+    rank = comm.Get_rank()
+    before = _tree(path) if rank == 0 else set()
+    comm.Barrier()
+    flushed = None
+    with MetadataCounter(path) as counter:
+        counter.on = True
+        t0 = time.perf_counter()
+        h.commit(state, message=kind)
+        blocked = time.perf_counter() - t0
+        if wait:
+            h.wait()
+            flushed = time.perf_counter() - t0
+        counter.on = False
+    after = _tree(path) if rank == 0 else set()
+    return blocked, flushed, sorted(after - before), comm.gather(counter.count, root=0)
+
+
 def worker(a) -> None:
     from mpi4py import MPI
 
@@ -191,17 +214,7 @@ def worker(a) -> None:
             local[:k] += 1.0
             state["step"] = 1
         with History(path, comm=comm, durable=durable, chunk_bytes=a.chunk_bytes) as h:
-            before = _tree(path) if rank == 0 else set()
-            comm.Barrier()
-            with MetadataCounter(path) as counter:
-                counter.on = True
-                t0 = time.perf_counter()
-                h.commit(state, message=kind)
-                blocked = time.perf_counter() - t0
-                counter.on = False
-            after = _tree(path) if rank == 0 else set()
-        new = sorted(after - before)
-        ops = comm.gather(counter.count, root=0)
+            blocked, _, new, ops = _counted_commit(h, path, comm, state, kind, wait=False)
         results.append(
             {
                 "commit": kind,
@@ -293,19 +306,7 @@ def _local_commits(a, comm, state: dict, local: np.ndarray, memcpy: float) -> li
                 k = max(1, local.shape[0] // 10)
                 local[:k] += 1.0
                 state["step"] += 1
-            before = _tree(path) if rank == 0 else set()
-            comm.Barrier()
-            with MetadataCounter(path) as counter:
-                counter.on = True
-                t0 = time.perf_counter()
-                h.commit(state, message=kind)
-                blocked = time.perf_counter() - t0
-                h.wait()
-                flushed = time.perf_counter() - t0
-                counter.on = False
-            after = _tree(path) if rank == 0 else set()
-            new = sorted(after - before)
-            ops = comm.gather(counter.count, root=0)
+            blocked, flushed, new, ops = _counted_commit(h, path, comm, state, kind, wait=True)
             out.append(
                 {
                     "commit": kind,
