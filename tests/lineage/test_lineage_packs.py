@@ -12,6 +12,7 @@ The same tier on several ranks runs under mpiexec in tests/mpi.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import struct
@@ -236,3 +237,53 @@ def test_an_unusable_local_directory_fails_the_opening(tmp_path):
         History(tmp_path / "h", comm=MPI.COMM_SELF, local=tmp_path / "file" / "sub")
     with History(tmp_path / "h", comm=MPI.COMM_SELF, local=tmp_path / "local") as h:
         assert len(h) == 0  # the repository was left usable
+
+
+def _session(local, name: str, lock: bool) -> tuple:
+    """A staging directory `name` in `local` as a session leaves it: a stage file
+    and (with `lock`) its session.lock; returns the directory and, while the
+    lock is held as a live leader holds it, the lock's descriptor."""
+    d = local / name
+    d.mkdir(parents=True)
+    (d / "rank0.stage").write_bytes(b"\0" * 64)
+    if not lock:
+        return d, None
+    fd = os.open(d / "session.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    return d, fd
+
+
+def test_opening_sweeps_the_staging_directories_of_dead_sessions_only(tmp_path, u):
+    local = tmp_path / "local"
+    dead, fd = _session(local, "vlcc-00000000000000aa", lock=True)
+    os.close(fd)  # its leader died: nobody holds the lock
+    live, live_fd = _session(local, "vlcc-00000000000000bb", lock=True)
+    fcntl.flock(live_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live leader's lock
+    being_made, _ = _session(local, "vlcc-00000000000000cc", lock=False)
+    other = local / "vlcc-notasession"
+    other.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"1")
+    (local / "vlcc-00000000000000dd").symlink_to(outside)  # a link, never followed
+    try:
+        with _local(tmp_path) as h:
+            assert not dead.exists()  # swept
+            assert live.exists() and being_made.exists() and other.exists()
+            assert (outside / "keep").exists()
+            # the session's own directory is locked while the History is open
+            mine = [p for p in local.iterdir() if (p / "session.lock").exists() and p != live]
+            assert len(mine) == 1
+            probe = os.open(mine[0] / "session.lock", os.O_RDWR)
+            try:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(probe)
+            h.commit(_state(u))
+            h.wait()
+        assert not mine[0].exists()  # removed at close
+    finally:
+        os.close(live_fd)
+    with _local(tmp_path) as h:  # the live session's leader has gone since
+        assert not live.exists() and being_made.exists()
+        assert len(h) == 1

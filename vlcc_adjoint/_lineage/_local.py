@@ -71,8 +71,13 @@ every node's pack is durable.  A restart, on any number of ranks, sees
 exactly the versions published before the crash, each readable; ``gc``
 sweeps the rest.  Surviving ranks leave their next collective call with
 :class:`~vlcc_adjoint.mpi.CollectiveTimeoutError` after the History's
-`timeout` (or are ended by ``mpiexec``).  Staging directories of killed
-processes stay in ``dir`` (a RAM disk is emptied at reboot).
+`timeout` (or are ended by ``mpiexec``).  The leader holds an ``flock`` on
+``vlcc-<session>/session.lock`` while its History is open (the file
+appears already locked: it is locked under a scratch name, then renamed),
+and the kernel releases it when the leader dies; a leader opening a History
+removes the staging directories in ``dir`` whose lock it can take (their
+sessions' leaders are dead) and leaves those without a lock file (being
+made).
 
 Files on the shared path per version: one pack per node, the version's
 manifest (one group, one ``zarr.json``) and the graph file, whatever the
@@ -84,12 +89,15 @@ as any other).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import mmap
 import os
 import queue
+import re
 import secrets
 import shutil
+import stat
 import threading
 from typing import Any
 
@@ -147,6 +155,61 @@ class _Pending:
         self.error: BaseException | None = None
 
 
+#: The staging directory of a session in the node-local directory.
+_SESSION_DIR = re.compile(r"vlcc-[0-9a-f]{16}")
+#: The file whose ``flock`` the session's leader holds while it lives.
+_SESSION_LOCK = "session.lock"
+
+
+def _locked_session_file(session_dir: str) -> int:
+    """The descriptor of ``session_dir/session.lock``, locked (``flock``,
+    exclusive) before the file appears under its name: a sweep never sees
+    it unlocked while its session lives."""
+    tmp = SF.scratch_name(os.path.join(session_dir, _SESSION_LOCK))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(tmp, os.path.join(session_dir, _SESSION_LOCK))
+    except BaseException:
+        os.close(fd)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return fd
+
+
+def sweep_dead_sessions(local: str) -> list[str]:
+    """Remove the staging directories in `local` whose session's leader is
+    dead (its ``session.lock`` can be locked); return their paths.
+
+    A directory without that file (a session being made) and anything that
+    is not a real directory named like a session are left alone; a
+    directory is removed while its lock is held, without following links.
+    """
+    removed = []
+    for entry in os.scandir(local):
+        if not (_SESSION_DIR.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            fd = os.open(
+                os.path.join(entry.path, _SESSION_LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError:
+            continue  # no lock file (being made), a link, or gone
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its leader lives
+            SF.remove_tree(entry.path, local)
+            removed.append(entry.path)
+        finally:
+            os.close(fd)
+    return removed
+
+
 class NodeLocal:
     """The node-local tier of a :class:`~vlcc_adjoint.lineage.History` opened
     with ``comm=`` and ``local=`` (see the module docstring).
@@ -191,13 +254,18 @@ class NodeLocal:
                 target=self._flusher, name="vlcc-node-local-flush", daemon=True
             )
             self._thread.start()
+        self._session_lock: int | None = None
         error: BaseException | None = None
         try:
             os.makedirs(local, exist_ok=True)
+            if self.leader:
+                sweep_dead_sessions(local)
             try:
                 os.mkdir(self.dir)
             except FileExistsError:
                 SF.check_dir(self.dir)  # another rank of this node made it
+            if self.leader:
+                self._session_lock = _locked_session_file(self.dir)
         except Exception as err:
             error = err
         guard.agree(error, f"creating the node-local staging directory in {local}")
@@ -388,4 +456,7 @@ class NodeLocal:
                 self._thread = None
             if self.leader:  # the flush is over: nobody reads the staging files now
                 shutil.rmtree(self.dir, ignore_errors=True)
+                if self._session_lock is not None:
+                    os.close(self._session_lock)
+                    self._session_lock = None
             self.node.close()
