@@ -121,7 +121,10 @@ def _assert_same_state(a, b, path="state"):
         assert a.dtype == b.dtype and a.shape == b.shape, path
         assert torch.equal(a, b), path
     elif isinstance(a, dict):
-        assert list(a) == list(b), path
+        # The same keys, in any order: a dict's order is not part of the state (and
+        # DeepSpeed's universal checkpoint builds the moments' dicts in the order
+        # os.listdir gives their files).
+        assert set(a) == set(b), f"{path}: keys {list(a)} != {list(b)}"
         for k in a:
             _assert_same_state(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)):
